@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from areal_core.configbase import Section
+
+
+class SyntheticTask(Section):
+    """Chain-of-running-sums task; chain lengths drawn with P(k) proportional to 1/k**alpha."""
+
+    n_train: int = Field(20000, gt=0)
+    n_eval: int = Field(500, gt=0)
+    min_chain: int = Field(2, ge=1)
+    max_chain: int = Field(12, ge=1)
+    alpha: float = Field(1.0, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _chain_order(self):
+        if self.max_chain < self.min_chain:
+            raise ValueError(f"max_chain ({self.max_chain}) must be >= min_chain ({self.min_chain})")
+        if self.max_chain > 26:
+            raise ValueError(f"max_chain ({self.max_chain}) must be <= 26 (one letter label per step)")
+        return self
+
+
+class DataConfig(Section):
+    # `synthetic` or a path/URL to a records file (jsonl or parquet, the project's record schema)
+    dataset: str = "synthetic"
+    eval_dataset: str | None = None  # defaults to the synthetic held-out split
+    synthetic: SyntheticTask = SyntheticTask()
+    shuffle: bool = True

@@ -1,0 +1,184 @@
+"""The experiment config: one typed object composed of the components' own sections.
+
+``load_config(path)`` reads YAML and fails before anything starts, naming the file,
+line, key and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from areal_core.configbase import Section
+from areal_core.data.config import DataConfig
+from areal_core.eval.config import EvalConfig
+from areal_core.models.config import ModelConfig
+from areal_core.reward.config import RewardConfig
+from areal_core.rollout.config import RolloutConfig
+from areal_core.storage.config import StorageConfig
+from areal_core.trainer.config import TrainerConfig
+
+BUILTIN_MODELS = ("tiny", "smollm2-135m")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names file, line, key and expectation."""
+
+
+class ExperimentConfig(Section):
+    name: str = "experiment"
+    seed: int = 0
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    reward: RewardConfig = RewardConfig()
+    storage: StorageConfig = StorageConfig()
+    eval: EvalConfig = EvalConfig()
+    log_every: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        t, r = self.trainer, self.rollout
+        if t.batch_size % r.n_samples:
+            raise ValueError(
+                f"trainer.batch_size ({t.batch_size}) must be a multiple of "
+                f"rollout.n_samples ({r.n_samples}): each step trains whole groups of answers"
+            )
+        if t.batch_size % t.ppo_minibatches:
+            raise ValueError(
+                f"trainer.batch_size ({t.batch_size}) must be divisible by "
+                f"trainer.ppo_minibatches ({t.ppo_minibatches})"
+            )
+        per_mb = t.batch_size // t.ppo_minibatches
+        if t.microbatching == "fixed" and per_mb < t.n_microbatches:
+            raise ValueError(
+                f"trainer.n_microbatches ({t.n_microbatches}) exceeds the trajectories per "
+                f"PPO minibatch ({per_mb})"
+            )
+        if r.backend == "external" and not r.urls:
+            raise ValueError("rollout.urls must list at least one server when rollout.backend is 'external'")
+        if r.sampling.temperature == 0:
+            raise ValueError("rollout.sampling.temperature must be > 0 for RL (behaviour logprobs need a proper distribution)")
+        return self
+
+
+def _check_paths(cfg: ExperimentConfig, base: Path) -> None:
+    """Missing models or datasets fail here, before anything starts."""
+    m = cfg.model.name
+    if m not in BUILTIN_MODELS and "://" not in m:
+        p = (base / m) if not os.path.isabs(m) else Path(m)
+        if not (p / "config.json").is_file():
+            raise ConfigError(
+                f"model.name: '{m}' is neither a built-in model {BUILTIN_MODELS} nor an HF model "
+                f"folder (no config.json at {p})"
+            )
+    for key in ("dataset", "eval_dataset"):
+        d = getattr(cfg.data, key)
+        if d is None or d == "synthetic" or "://" in d:
+            continue
+        p = (base / d) if not os.path.isabs(d) else Path(d)
+        if not p.is_file():
+            raise ConfigError(f"data.{key}: dataset file '{d}' not found (looked at {p})")
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """Map each key path (tuple) in a YAML document to its 1-based line."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                kp = path + (k.value,)
+                lines[kp] = k.start_mark.line + 1
+                walk(v, kp)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                lines[path + (i,)] = v.start_mark.line + 1
+                walk(v, path + (i,))
+
+    try:
+        walk(yaml.compose(text), ())
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def format_validation_error(err: ValidationError, source: str, lines: dict[tuple, int]) -> str:
+    msgs = []
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        key = ".".join(str(x) for x in loc) or "(top level)"
+        line = None
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in lines:
+                line = lines[loc[:n]]
+                break
+        where = f"{source}:{line}" if line else source
+        typ, msg = e["type"], e["msg"]
+        if typ == "extra_forbidden":
+            msg = "unknown key"
+            parent = _section_at(loc[:-1])
+            if parent is not None:
+                msg += f"; expected one of: {', '.join(sorted(parent.model_fields))}"
+        elif "input" in e and typ not in ("missing",) and not isinstance(e["input"], dict):
+            msg += f" (got {e['input']!r})"
+        msgs.append(f"{where}: {key}: {msg}")
+    return "invalid config:\n  " + "\n  ".join(msgs)
+
+
+def _section_at(loc: tuple):
+    cls: Any = ExperimentConfig
+    for part in loc:
+        f = getattr(cls, "model_fields", {}).get(part)
+        if f is None:
+            return None
+        cls = f.annotation
+    return cls if hasattr(cls, "model_fields") else None
+
+
+def parse_config(data: dict, source: str = "<config>", text: str = "") -> ExperimentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of config sections at the top level, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source, _key_lines(text))) from None
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    """Set dotted keys (``trainer.eta``) in a raw config mapping; returns a new mapping."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = out
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {dotted}: '{p}' is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if overrides:
+        data = apply_overrides(data, overrides)
+    cfg = parse_config(data, str(path), text)
+    _check_paths(cfg, path.parent)
+    return cfg

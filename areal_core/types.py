@@ -1,0 +1,39 @@
+"""Records that cross component boundaries (controller -> buffer -> trainer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Trajectory:
+    """One sampled answer to one prompt, with everything the trainer needs.
+
+    ``traj_id`` is stable across regeneration and resume:
+    ``e{epoch}-p{prompt_id}-s{sample_index}``.
+    """
+
+    traj_id: str
+    group_id: str  # answers to the same prompt in the same epoch share it
+    seq_no: int  # admission order N (0-based) used by the staleness gate
+    admit_version: int  # policy version of the servers when it was admitted
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)  # behaviour logprobs
+    output_versions: list[int] = field(default_factory=list)  # version that sampled each token
+    finish_reason: str = ""
+    reference: str = ""  # what the reward function compares against
+    reward: float | None = None
+    correct: bool | None = None
+    reward_info: dict = field(default_factory=dict)
+
+    @property
+    def n_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    def to_row(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Trajectory":
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})
