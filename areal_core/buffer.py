@@ -1,0 +1,131 @@
+"""Replay buffer: rewarded trajectories wait here until the trainer takes them.
+
+The unit is a *group*: the n answers sampled for one prompt, admitted together.
+A group becomes ready once all its answers are generated and rewarded. Each
+group is handed out exactly once, oldest (lowest admission number) first.
+
+``take`` also enforces the staleness bound on what is trained: a group admitted
+while the policy was at version v may only be trained by a trainer at version
+<= v + eta. So before the trainer at version i trains, every untrained group
+admitted at version <= i - eta must be in its batch; ``take`` waits for those.
+With the admission gate of ``staleness_allows`` there are never more than B
+such trajectories, and with eta = 0 this is exactly synchronous RL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from areal_core.types import Trajectory
+
+
+class BufferClosed(RuntimeError):
+    """The producer side stopped (or failed) while the trainer was waiting."""
+
+
+@dataclass
+class _Group:
+    group_id: str
+    first_seq_no: int
+    admit_version: int
+    size: int
+    done: list[Trajectory] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return len(self.done) == self.size
+
+
+class ReplayBuffer:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._groups: dict[str, _Group] = {}  # admitted, not yet handed out
+        self._error: BaseException | None = None
+        self._closed = False
+        self.handed_out = 0  # trajectories
+
+    # producer side -------------------------------------------------------
+    def admit(self, group_id: str, first_seq_no: int, admit_version: int, size: int) -> None:
+        with self._cond:
+            if group_id in self._groups:
+                raise ValueError(f"group {group_id} admitted twice")
+            self._groups[group_id] = _Group(group_id, first_seq_no, admit_version, size)
+
+    def put(self, traj: Trajectory) -> None:
+        """Add one rewarded trajectory of an admitted group."""
+        with self._cond:
+            g = self._groups.get(traj.group_id)
+            if g is None:
+                raise KeyError(f"trajectory {traj.traj_id}: its group {traj.group_id} was never admitted")
+            if any(t.traj_id == traj.traj_id for t in g.done):
+                raise ValueError(f"trajectory {traj.traj_id} put twice")
+            g.done.append(traj)
+            if g.ready:
+                self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Wake the trainer with the producer's error."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # consumer side -------------------------------------------------------
+    def _pick(self, n_traj: int, version: int, eta: int) -> list[_Group] | None:
+        groups = sorted(self._groups.values(), key=lambda g: g.first_seq_no)
+        due = [g for g in groups if g.admit_version <= version - eta]
+        if any(not g.ready for g in due):
+            return None
+        if sum(g.size for g in due) > n_traj:
+            raise RuntimeError(
+                f"staleness bound cannot hold: {sum(g.size for g in due)} trajectories admitted at "
+                f"version <= {version - eta} are untrained but the batch holds {n_traj}; "
+                "were requests admitted without the staleness gate?"
+            )
+        picked, count = list(due), sum(g.size for g in due)
+        for g in groups:
+            if count >= n_traj:
+                break
+            if g.ready and g not in picked:
+                if count + g.size > n_traj:
+                    continue
+                picked.append(g)
+                count += g.size
+        return picked if count == n_traj else None
+
+    def take(self, n_traj: int, version: int, eta: int, timeout: float | None = None) -> list[Trajectory]:
+        """Block until n_traj trajectories can be trained at ``version``; return them, oldest first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise BufferClosed(f"rollout failed: {self._error!r}") from self._error
+                picked = self._pick(n_traj, version, eta)
+                if picked is not None:
+                    break
+                if self._closed:
+                    raise BufferClosed("rollout stopped before a full batch was ready")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"no batch of {n_traj} ready within {timeout} s")
+                self._cond.wait(remaining if remaining is not None else 1.0)
+            picked.sort(key=lambda g: g.first_seq_no)
+            out: list[Trajectory] = []
+            for g in picked:
+                del self._groups[g.group_id]
+                out.extend(sorted(g.done, key=lambda t: t.seq_no))
+            self.handed_out += len(out)
+            return out
+
+    # introspection -------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            ready = sum(g.size for g in self._groups.values() if g.ready)
+            pending = sum(g.size for g in self._groups.values()) - ready
+            return {"ready": ready, "pending": pending, "handed_out": self.handed_out}

@@ -1,0 +1,31 @@
+"""Turn the config's data section into train and held-out prompts for a tokenizer."""
+
+from __future__ import annotations
+
+from areal_core.controller import Prompt
+from areal_core.data.config import DataConfig
+from areal_core.data.prompting import encode_prompt
+from areal_core.data.records import Record, read_records
+from areal_core.data.synthetic import ChainTask
+
+
+def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
+    """(train records, held-out records)."""
+    if cfg.dataset == "synthetic":
+        task = ChainTask(cfg.synthetic)
+        train, held_out = task.train_records(), task.eval_records()
+    else:
+        train = read_records(cfg.dataset)
+        held_out = []
+    if cfg.eval_dataset is not None:
+        held_out = read_records(cfg.eval_dataset)
+    if not held_out:
+        raise ValueError("no held-out problems: set data.eval_dataset for a non-synthetic data.dataset")
+    return train, held_out
+
+
+def to_prompts(records: list[Record], tokenizer, instruction: str | None = None) -> list[Prompt]:
+    return [
+        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=r.answer)
+        for r in records
+    ]

@@ -1,0 +1,37 @@
+"""Held-out accuracy through the rollout protocol (any server that speaks it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from areal_core.rollout.client import RolloutPool
+
+
+async def _generate_all(urls, prompts, sampling, timeout_s):
+    pool = RolloutPool(urls, timeout_s=timeout_s)
+    try:
+        return await asyncio.gather(*(pool.generate(p.input_ids, sampling, rid=f"eval-{p.id}") for p in prompts))
+    finally:
+        await pool.aclose()
+
+
+def evaluate_prompts(urls, prompts, decode, rewards, *, temperature=0.0, max_new_tokens=128, timeout_s=600.0) -> dict:
+    """Generate one answer per prompt, grade them on the reward service; accuracy in 0..1."""
+    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": max_new_tokens}
+    responses = asyncio.run(_generate_all(urls, prompts, sampling, timeout_s))
+    texts = [decode(r.output_ids) for r in responses]
+    by_task: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_task.setdefault(p.task, []).append(i)
+    correct = [False] * len(prompts)
+    for task, idx in by_task.items():
+        results = rewards.grade_many(task, [texts[i] for i in idx], [prompts[i].reference for i in idx])
+        for i, r in zip(idx, results):
+            correct[i] = bool(r.correct)
+    lengths = [len(r.output_ids) for r in responses]
+    return {
+        "accuracy": sum(correct) / len(prompts),
+        "n": len(prompts),
+        "correct": correct,
+        "lengths": lengths,
+    }

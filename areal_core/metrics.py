@@ -1,0 +1,48 @@
+"""Per-step metrics and the trained-trajectory ledger, written atomically as parquet."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+class RunLog:
+    """Rows of metrics (one per step) and ledger rows (one per trained trajectory)."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.metrics: list[dict] = []
+        self.ledger: list[dict] = []
+
+    def log_step(self, row: dict, trained: list[tuple[str, int, int]]) -> None:
+        """``trained``: (trajectory_id, step, policy version that trained it) per trajectory."""
+        self.metrics.append(row)
+        self.ledger.extend({"trajectory_id": t, "step": s, "version": v} for t, s, v in trained)
+        self.flush()
+
+    def flush(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(pd.DataFrame(self.metrics), self.run_dir / "metrics.parquet")
+        write_parquet_atomic(
+            pd.DataFrame(self.ledger, columns=["trajectory_id", "step", "version"]), self.run_dir / "ledger.parquet"
+        )
+
+
+def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int) -> dict:
+    """Exactly-once check: no trajectory id trained twice, every step trained B of them."""
+    dup = ledger["trajectory_id"][ledger["trajectory_id"].duplicated()].tolist()
+    per_step = ledger.groupby("step").size()
+    bad_steps = per_step[per_step != batch_size].to_dict()
+    missing_steps = sorted(set(range(1, expected_steps + 1)) - set(per_step.index.tolist()))
+    ok = not dup and not bad_steps and not missing_steps
+    return {"ok": ok, "duplicates": dup[:20], "bad_steps": bad_steps, "missing_steps": missing_steps,
+            "n_trained": int(len(ledger))}

@@ -1,0 +1,19 @@
+"""One entry point for grading, by task kind; runs inside Dask workers."""
+
+from __future__ import annotations
+
+from areal_core.reward.result import RewardResult
+
+TASKS = ("chain",)
+
+
+def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
+    """Grade one response. ``task`` is a record's task kind."""
+    if task == "chain":
+        from areal_core.data.synthetic import check_chain, parse_chain_answer
+
+        parsed = parse_chain_answer(response)
+        ok = check_chain(response, reference)
+        reason = "ok" if ok else ("no answer found" if parsed is None else "wrong answer")
+        return RewardResult(correct=ok, parsed=parsed, reason=reason)
+    raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class RewardResult:
+    """A grading verdict, with what was parsed and why, for debugging."""
+
+    correct: bool
+    parsed: str | None = None  # the answer extracted from the response
+    reason: str = ""  # e.g. "ok", "wrong answer", "no answer found", "timeout"
+
+    def as_dict(self) -> dict:
+        return asdict(self)

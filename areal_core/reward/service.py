@@ -1,0 +1,78 @@
+"""The reward service: grading runs as Dask tasks, submitted without blocking.
+
+A LocalCluster is started by default; ``scheduler_address`` connects to an
+existing Dask cluster instead (the same code path: a distributed Client).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from areal_core.reward.config import RewardConfig
+from areal_core.reward.dispatch import grade
+from areal_core.reward.result import RewardResult
+
+log = logging.getLogger(__name__)
+
+
+class RewardService:
+    def __init__(self, cfg: RewardConfig):
+        from distributed import Client, LocalCluster
+
+        self.cfg = cfg
+        self._cluster = None
+        if cfg.scheduler_address:
+            self.client = Client(cfg.scheduler_address, timeout="30s")
+        else:
+            self._cluster = LocalCluster(
+                n_workers=cfg.n_workers,
+                threads_per_worker=cfg.threads_per_worker,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                worker_dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
+            self.client = Client(self._cluster)
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    def submit(
+        self,
+        task: str,
+        response: str,
+        reference: str,
+        on_done: Callable[[RewardResult | None, BaseException | None], None],
+        tests: list[dict] | None = None,
+    ):
+        """Submit one grading task; ``on_done(result, error)`` is called from a Dask thread."""
+        fut = self.client.submit(grade, task, response, reference, tests, pure=False, retries=2)
+
+        def _done(f):
+            try:
+                result = f.result()
+            except BaseException as e:  # delivered to the caller, which decides
+                on_done(None, e)
+            else:
+                on_done(result, None)
+
+        fut.add_done_callback(_done)
+        return fut
+
+    def grade_many(self, task: str, responses: list[str], references: list[str]) -> list[RewardResult]:
+        futs = self.client.map(grade, [task] * len(responses), responses, references, pure=False, retries=2)
+        return self.client.gather(futs)
+
+    def close(self) -> None:
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self) -> "RewardService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,141 @@
+"""The PPO trainer: blind to where trajectories came from; one call per training step.
+
+step(batch) = advantages -> (proximal logprobs) -> minibatch updates over
+micro-batches -> stats. The objective is chosen by config: decoupled PPO
+(clip around the proximal policy, importance weight pi_prox / pi_behav) or
+naive PPO (clip around the behaviour policy).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from areal_core.algo import (
+    allocate_microbatches,
+    compute_advantages,
+    decoupled_ppo_loss,
+    naive_ppo_loss,
+    split_fixed,
+)
+from areal_core.trainer.config import TrainerConfig
+from areal_core.trainer.packed_forward import check_supported, response_logprobs
+from areal_core.types import Trajectory
+
+
+def lr_lambda(cfg: TrainerConfig, total_steps: int):
+    o = cfg.optim
+
+    def f(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.lr_schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
+        return 1.0 - (1.0 - o.min_lr_ratio) * frac
+
+    return f
+
+
+class Trainer:
+    def __init__(self, model, cfg: TrainerConfig, temperature: float, total_steps: int):
+        check_supported(model)
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
+
+    def microbatches(self, seqlens: list[int]) -> list[list[int]]:
+        if self.cfg.microbatching == "dynamic":
+            return allocate_microbatches(seqlens, self.cfg.max_tokens_per_microbatch)
+        return split_fixed(len(seqlens), min(self.cfg.n_microbatches, len(seqlens)))
+
+    def _logprobs(self, seqs, starts, idx) -> torch.Tensor:
+        return response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
+
+    def step(self, batch: list[Trajectory], version: int) -> dict:
+        """One training step on ``batch`` by the policy at ``version``."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        for t in batch:
+            if not t.output_ids:
+                raise ValueError(f"trajectory {t.traj_id} has no output tokens")
+            if len(t.output_logprobs) != len(t.output_ids) or len(t.output_versions) != len(t.output_ids):
+                raise ValueError(f"trajectory {t.traj_id}: tokens, logprobs and versions differ in length")
+        seqs = [t.prompt_ids + t.output_ids for t in batch]
+        starts = [len(t.prompt_ids) for t in batch]
+        n_out = [len(t.output_ids) for t in batch]
+        rewards = torch.tensor([float(t.reward) for t in batch])
+        adv_seq = compute_advantages(rewards, [t.group_id for t in batch], mode=cfg.adv_norm)
+        behav = [torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch]
+        adv = [torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())]
+
+        minibatches = split_fixed(len(batch), cfg.ppo_minibatches)
+        # proximal logprobs: the weights before this step. With one minibatch they are the
+        # (detached) logprobs of the update's own forward pass; otherwise computed up front.
+        prox: list[torch.Tensor] | None = None
+        if cfg.objective == "decoupled" and len(minibatches) > 1:
+            prox = [None] * len(batch)
+            with torch.no_grad():
+                for mb in self.microbatches([len(s) for s in seqs]):
+                    for i, lp in zip(mb, self._logprobs(seqs, starts, mb).split([n_out[i] for i in mb])):
+                        prox[i] = lp
+
+        self.model.train()
+        sums: dict[str, float] = {}
+        n_forward = 0
+        grad_norms = []
+        for mbatch in minibatches:
+            n_tokens = sum(n_out[i] for i in mbatch)
+            self.optimizer.zero_grad(set_to_none=True)
+            for local in self.microbatches([len(seqs[i]) for i in mbatch]):
+                idx = [mbatch[j] for j in local]
+                logp = self._logprobs(seqs, starts, idx)
+                b = torch.cat([behav[i] for i in idx])
+                a = torch.cat([adv[i] for i in idx])
+                mask = torch.ones_like(logp, dtype=torch.bool)
+                if cfg.objective == "naive":
+                    loss, st = naive_ppo_loss(logp, b, a, mask, cfg.eps_clip, n_tokens=n_tokens)
+                else:
+                    p = logp.detach() if prox is None else torch.cat([prox[i] for i in idx])
+                    loss, st = decoupled_ppo_loss(
+                        logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens
+                    )
+                loss.backward()
+                n_forward += 1
+                share = logp.numel() / sum(n_out)
+                sums["loss"] = sums.get("loss", 0.0) + float(loss) * n_tokens / sum(n_out)
+                for k, v in st.items():
+                    if k.endswith("_max"):
+                        sums[k] = max(sums.get(k, -math.inf), v)
+                    else:
+                        sums[k] = sums.get(k, 0.0) + v * share
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)))
+            self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+
+        staleness = torch.tensor([version - v for t in batch for v in t.output_versions], dtype=torch.float32)
+        lengths = torch.tensor(n_out, dtype=torch.float32)
+        return {
+            **sums,
+            "reward": float(rewards.mean()),
+            "accuracy": sum(bool(t.correct) for t in batch) / len(batch),
+            "answer_len_mean": float(lengths.mean()),
+            "answer_len_p50": float(lengths.quantile(0.5)),
+            "answer_len_p90": float(lengths.quantile(0.9)),
+            "answer_len_max": float(lengths.max()),
+            "staleness_mean": float(staleness.mean()),
+            "staleness_max": int(staleness.max()),
+            "tokens_trained": int(sum(n_out)),
+            "forward_passes": n_forward,
+            "grad_norm": max(grad_norms),
+            "lr": lr,
+            "train_time_s": time.perf_counter() - t0,
+        }

@@ -1,0 +1,92 @@
+"""The replay buffer: exactly once, oldest first, and the staleness bound on what is trained."""
+
+import random
+import threading
+
+import pytest
+
+from areal_core.algo import staleness_allows
+from areal_core.buffer import BufferClosed, ReplayBuffer
+from areal_core.types import Trajectory
+
+
+def _traj(gid, seq, k, v):
+    return Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=seq, admit_version=v, prompt_ids=[1])
+
+
+def _admit_group(buf, gid, first, v, n):
+    buf.admit(gid, first, v, n)
+    return [_traj(gid, first + k, k, v) for k in range(n)]
+
+
+def test_oldest_first_and_only_whole_groups():
+    buf = ReplayBuffer()
+    g0 = _admit_group(buf, "g0", 0, 0, 2)
+    g1 = _admit_group(buf, "g1", 2, 0, 2)
+    g2 = _admit_group(buf, "g2", 4, 0, 2)
+    for t in g2 + g1 + g0[:1]:  # g0 incomplete
+        buf.put(t)
+    out = buf.take(4, version=0, eta=5, timeout=1)
+    assert [t.traj_id for t in out] == ["g1-s0", "g1-s1", "g2-s0", "g2-s1"]
+    with pytest.raises(TimeoutError):
+        buf.take(2, version=0, eta=5, timeout=0.05)
+    buf.put(g0[1])
+    assert [t.traj_id for t in buf.take(2, version=0, eta=5, timeout=1)] == ["g0-s0", "g0-s1"]
+
+
+def test_waits_for_due_groups_even_if_newer_ones_are_ready():
+    buf = ReplayBuffer()
+    old = _admit_group(buf, "old", 0, 0, 2)
+    new = [_admit_group(buf, f"n{i}", 2 + 2 * i, 1, 2) for i in range(2)]
+    for g in new:
+        for t in g:
+            buf.put(t)
+    # trainer at version 2 with eta 2: the group admitted at version 0 is due
+    with pytest.raises(TimeoutError):
+        buf.take(4, version=2, eta=2, timeout=0.05)
+    for t in old:
+        buf.put(t)
+    out = buf.take(4, version=2, eta=2, timeout=1)
+    assert {t.group_id for t in out} == {"old", "n0"}
+
+
+def test_errors_reach_the_trainer():
+    buf = ReplayBuffer()
+    buf.admit("g", 0, 0, 1)
+    threading.Timer(0.05, buf.fail, args=(RuntimeError("server died"),)).start()
+    with pytest.raises(BufferClosed, match="server died"):
+        buf.take(1, 0, 0)
+
+
+def test_double_put_and_unknown_group_rejected():
+    buf = ReplayBuffer()
+    (t,) = _admit_group(buf, "g", 0, 0, 1)
+    buf.put(t)
+    with pytest.raises(ValueError, match="put twice"):
+        buf.put(t)
+    with pytest.raises(KeyError, match="never admitted"):
+        buf.put(_traj("h", 5, 0, 0))
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_simulated_run_respects_bound_and_trains_each_once(eta):
+    """Admission by the gate, random completion order, trainer takes B per version."""
+    rng = random.Random(eta)
+    B, n, steps = 8, 2, 30
+    buf, version, submitted, running, trained = ReplayBuffer(), 0, 0, [], []
+    while version < steps:
+        while staleness_allows(submitted + n - 1, version, B, eta):
+            running.extend(_admit_group(buf, f"g{submitted}", submitted, version, n))
+            submitted += n
+        rng.shuffle(running)
+        for t in running[: rng.randint(1, len(running))]:  # some finish, in random order
+            buf.put(t)
+            running.remove(t)
+        try:
+            batch = buf.take(B, version, eta, timeout=0)
+        except TimeoutError:
+            continue
+        assert all(version - t.admit_version <= eta for t in batch)
+        trained += [t.traj_id for t in batch]
+        version += 1
+    assert len(trained) == len(set(trained)) == steps * B

@@ -1,0 +1,89 @@
+"""Config errors fail before anything starts and name file, line, key and expectation."""
+
+from pathlib import Path
+
+import pytest
+
+from areal_core.experiment import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_every_shipped_config_loads():
+    paths = sorted((REPO / "configs").glob("*.yaml"))
+    assert paths, "no configs shipped"
+    for p in paths:
+        load_config(p)
+
+
+def test_unknown_key_names_line_and_choices(tmp_path):
+    p = _write(tmp_path, "name: x\ntrainer:\n  batch_size: 16\n  etaa: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert f"{p}:4" in msg and "trainer.etaa" in msg and "unknown key" in msg and "eta" in msg
+
+
+def test_wrong_type(tmp_path):
+    p = _write(tmp_path, "trainer:\n  eta: four\n")
+    with pytest.raises(ConfigError, match=r"exp.yaml:2: trainer.eta: .*integer.*'four'"):
+        load_config(p)
+
+
+def test_no_silent_coercion_of_strings(tmp_path):
+    p = _write(tmp_path, "trainer:\n  batch_size: '128'\n")
+    with pytest.raises(ConfigError, match="trainer.batch_size"):
+        load_config(p)
+
+
+def test_negative_eta(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.eta: .*greater than or equal to 0"):
+        load_config(_write(tmp_path, "trainer:\n  eta: -1\n"))
+
+
+def test_batch_must_hold_whole_groups(tmp_path):
+    with pytest.raises(ConfigError, match=r"batch_size \(100\) must be a multiple of rollout.n_samples \(8\)"):
+        load_config(_write(tmp_path, "trainer:\n  batch_size: 100\nrollout:\n  n_samples: 8\n"))
+
+
+def test_minibatches_must_divide(tmp_path):
+    with pytest.raises(ConfigError, match="ppo_minibatches"):
+        load_config(_write(tmp_path, "trainer:\n  batch_size: 64\n  ppo_minibatches: 3\n"))
+
+
+def test_bad_literal(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.objective: .*'decoupled' or 'naive'"):
+        load_config(_write(tmp_path, "trainer:\n  objective: grpo\n"))
+
+
+def test_missing_dataset(tmp_path):
+    with pytest.raises(ConfigError, match=r"data.dataset: dataset file 'nope.jsonl' not found"):
+        load_config(_write(tmp_path, "data:\n  dataset: nope.jsonl\n"))
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.name: 'no/such/model' is neither a built-in model"):
+        load_config(_write(tmp_path, "model:\n  name: no/such/model\n"))
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"exp.yaml:3: not valid YAML"):
+        load_config(_write(tmp_path, "a: 1\nb: [1, 2\nc: 3\n"))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/no/such/config.yaml")
+
+
+def test_overrides_are_validated(tmp_path):
+    p = _write(tmp_path, "trainer:\n  eta: 4\n")
+    assert load_config(p, {"trainer.eta": 0}).trainer.eta == 0
+    with pytest.raises(ConfigError, match="trainer.eta"):
+        load_config(p, {"trainer.eta": -2})
