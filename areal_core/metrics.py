@@ -15,6 +15,19 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
+LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version",
+                  "min_token_version", "max_token_version", "n_tokens", "reward"]
+
+
+def ledger_rows(batch, step: int, version: int) -> list[dict]:
+    return [
+        {"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
+         "admit_version": t.admit_version, "min_token_version": min(t.output_versions),
+         "max_token_version": max(t.output_versions), "n_tokens": len(t.output_ids), "reward": t.reward}
+        for t in batch
+    ]
+
+
 class RunLog:
     """Rows of metrics (one per step) and ledger rows (one per trained trajectory)."""
 
@@ -23,17 +36,17 @@ class RunLog:
         self.metrics: list[dict] = []
         self.ledger: list[dict] = []
 
-    def log_step(self, row: dict, trained: list[tuple[str, int, int]]) -> None:
-        """``trained``: (trajectory_id, step, policy version that trained it) per trajectory."""
+    def log_step(self, row: dict, trained: list[dict]) -> None:
+        """``trained``: one ledger row per trained trajectory (see ``LEDGER_COLUMNS``)."""
         self.metrics.append(row)
-        self.ledger.extend({"trajectory_id": t, "step": s, "version": v} for t, s, v in trained)
+        self.ledger.extend(trained)
         self.flush()
 
     def flush(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(pd.DataFrame(self.metrics), self.run_dir / "metrics.parquet")
         write_parquet_atomic(
-            pd.DataFrame(self.ledger, columns=["trajectory_id", "step", "version"]), self.run_dir / "ledger.parquet"
+            pd.DataFrame(self.ledger, columns=LEDGER_COLUMNS), self.run_dir / "ledger.parquet"
         )
 
 

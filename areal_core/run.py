@@ -25,7 +25,7 @@ from areal_core.data.prompting import decode_response
 from areal_core.datasets import load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
-from areal_core.metrics import RunLog, check_ledger
+from areal_core.metrics import LEDGER_COLUMNS, RunLog, check_ledger, ledger_rows
 from areal_core.models import load_base_model
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
@@ -140,7 +140,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                     "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
                     "elapsed_s": now - rl_start,
                 }
-                runlog.log_step(row, [(t.traj_id, step, version - 1) for t in batch])
+                runlog.log_step(row, ledger_rows(batch, step, version - 1))
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
                                 stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
@@ -155,7 +155,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         eff = (tokens_total - warm_tokens) / (rl_end - warm_t)
     else:
         eff = tokens_total / (rl_end - rl_start)
-    ledger = check_ledger(pd.DataFrame(runlog.ledger, columns=["trajectory_id", "step", "version"]), steps, B)
+    ledger = check_ledger(pd.DataFrame(runlog.ledger, columns=LEDGER_COLUMNS), steps, B)
     m = runlog.metrics
     summary = {
         "name": cfg.name,

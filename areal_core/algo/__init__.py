@@ -1,0 +1,16 @@
+"""Pure algorithm pieces: PPO losses, the staleness gate, micro-batching, advantages."""
+
+from areal_core.algo.advantages import compute_advantages, expand_to_tokens
+from areal_core.algo.losses import decoupled_ppo_loss, naive_ppo_loss
+from areal_core.algo.microbatch import allocate_microbatches, split_fixed
+from areal_core.algo.staleness import staleness_allows
+
+__all__ = [
+    "allocate_microbatches",
+    "compute_advantages",
+    "decoupled_ppo_loss",
+    "expand_to_tokens",
+    "naive_ppo_loss",
+    "split_fixed",
+    "staleness_allows",
+]

@@ -21,8 +21,8 @@ class TinyArch(Section):
 class WarmStart(Section):
     """Supervised warm start on the task's reference solutions before RL (0 steps: none)."""
 
-    steps: int = Field(300, ge=0)
-    batch_size: int = Field(64, gt=0)
+    steps: int = Field(600, ge=0)
+    batch_size: int = Field(32, gt=0)
     lr: float = Field(1e-3, gt=0)
 
 

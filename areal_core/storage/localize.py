@@ -19,13 +19,14 @@ def local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def localize(url: str, cache_dir: str | None = None) -> str:
+def localize(url: str, cache_dir: str | None = None, fs: fsspec.AbstractFileSystem | None = None) -> str:
     """Return a local folder holding the files of ``url``.
 
     Local paths are returned as they are. Remote folders are copied once into
     ``cache_dir`` (default: a per-user temp folder), under a name derived from the
     URL, through a temporary folder renamed into place, so a half-copied folder
-    is never returned.
+    is never returned. ``fs``: the filesystem to read remote URLs with (default:
+    fsspec's for the URL's protocol).
     """
     if is_local(url):
         return local_path(url)
@@ -34,7 +35,10 @@ def localize(url: str, cache_dir: str | None = None) -> str:
     dest = cache / hashlib.sha256(url.encode()).hexdigest()[:24]
     if dest.is_dir():
         return str(dest)
-    fs, root = fsspec.core.url_to_fs(url)
+    if fs is None:
+        fs, root = fsspec.core.url_to_fs(url)
+    else:
+        root = fs._strip_protocol(url)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".partial-"))
     try:
         for remote in fs.find(root):

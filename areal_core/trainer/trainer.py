@@ -110,7 +110,7 @@ class Trainer:
                 loss.backward()
                 n_forward += 1
                 share = logp.numel() / sum(n_out)
-                sums["loss"] = sums.get("loss", 0.0) + float(loss) * n_tokens / sum(n_out)
+                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * n_tokens / sum(n_out)
                 for k, v in st.items():
                     if k.endswith("_max"):
                         sums[k] = max(sums.get(k, -math.inf), v)

@@ -1,0 +1,158 @@
+"""Synthetic reasoning task: the running sum of a chain of one-digit numbers.
+
+Prompt: labelled digits then "=", e.g. ``a3b5c7=``. Correct response: each
+label followed by the running total, then "|" and the final answer, e.g.
+``a3b8c15|15`` (the tokenizer's EOS follows). The chain length k is drawn from
+[min_chain, max_chain] with P(k) proportional to 1/k**alpha, which gives a
+heavy-tailed distribution of response lengths.
+
+Held-out split: a fixed share of the prompt space (chosen by a seeded hash of
+the prompt) is reserved for evaluation. Train draws reject reserved prompts,
+eval draws accept only reserved ones, so no eval prompt appears in the train
+split, both splits follow the same chain-length distribution, and the split
+does not depend on n_train or n_eval. Draws are i.i.d. within a split (short
+chains have few distinct prompts, e.g. 100 for k=2, so they repeat).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import string
+
+from areal_core.data.config import SyntheticTask
+from areal_core.data.records import Record
+
+LABELS = string.ascii_lowercase
+EVAL_SHARE_PER_MILLE = 200  # share of the prompt space reserved for eval
+_ENUMERATE_UP_TO = 3  # chain lengths with at most 10**3 prompts: draw from the enumerated share
+_INT = re.compile(r"[+-]?\d+")
+_PROMPT = re.compile(r"(?:[a-z]\d)+=")
+
+
+def chain_length_probs(min_chain: int, max_chain: int, alpha: float) -> dict[int, float]:
+    """P(k) proportional to 1/k**alpha for k in [min_chain, max_chain]."""
+    weights = {k: 1.0 / k**alpha for k in range(min_chain, max_chain + 1)}
+    total = sum(weights.values())
+    return {k: w / total for k, w in weights.items()}
+
+
+def make_prompt(digits: list[int]) -> str:
+    if not 1 <= len(digits) <= len(LABELS):
+        raise ValueError(f"chain length must be 1..{len(LABELS)}, got {len(digits)}")
+    return "".join(f"{LABELS[i]}{d}" for i, d in enumerate(digits)) + "="
+
+
+def make_solution(digits: list[int]) -> str:
+    """The correct response: labels with running totals, then '|' and the total."""
+    total = 0
+    parts = []
+    for i, d in enumerate(digits):
+        total += d
+        parts.append(f"{LABELS[i]}{total}")
+    return "".join(parts) + f"|{total}"
+
+
+def prompt_digits(prompt: str) -> list[int]:
+    """Inverse of :func:`make_prompt` (raises ValueError on a malformed prompt)."""
+    if not _PROMPT.fullmatch(prompt):
+        raise ValueError(f"not a chain prompt: {prompt!r}")
+    return [int(prompt[i + 1]) for i in range(0, len(prompt) - 1, 2)]
+
+
+def solve_chain(prompt: str) -> str:
+    return make_solution(prompt_digits(prompt))
+
+
+def parse_chain_answer(response: str) -> str | None:
+    """The final answer of a response: the integer after the last '|', or None."""
+    if "|" not in response:
+        return None
+    tail = response.rsplit("|", 1)[1].strip()
+    return tail if _INT.fullmatch(tail) else None
+
+
+def check_chain(response: str, answer: str) -> bool:
+    """True iff the text after the last '|' (stripped) is the integer ``answer``."""
+    got = parse_chain_answer(response)
+    want = answer.strip()
+    if got is None or not _INT.fullmatch(want):
+        return False
+    return int(got) == int(want)
+
+
+def is_eval_prompt(prompt: str, seed: int) -> bool:
+    """Whether ``prompt`` belongs to the held-out share of the prompt space."""
+    h = hashlib.blake2b(f"{seed}:{prompt}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") % 1000 < EVAL_SHARE_PER_MILLE
+
+
+class ChainTask:
+    """Deterministic train/eval record sets for the chain task, given the config."""
+
+    name = "chain"
+
+    def __init__(self, cfg: SyntheticTask):
+        self.cfg = cfg
+        self.probs = chain_length_probs(cfg.min_chain, cfg.max_chain, cfg.alpha)
+        self._ks = list(self.probs)
+        self._ws = [self.probs[k] for k in self._ks]
+        self._train: list[Record] | None = None
+        self._eval: list[Record] | None = None
+        self._pools: dict[tuple[int, bool], list[list[int]]] = {}
+
+    def sample_lengths(self, n: int, rng: random.Random) -> list[int]:
+        return rng.choices(self._ks, weights=self._ws, k=n)
+
+    def _pool(self, k: int, want_eval: bool) -> list[list[int]]:
+        """All digit chains of length k in the wanted share (small k only)."""
+        key = (k, want_eval)
+        if key not in self._pools:
+            chains = ([int(c) for c in f"{n:0{k}d}"] for n in range(10**k))
+            pool = [d for d in chains if is_eval_prompt(make_prompt(d), self.cfg.seed) == want_eval]
+            if not pool:
+                split = "eval" if want_eval else "train"
+                raise ValueError(f"chain length {k}: no prompt falls in the {split} share for seed {self.cfg.seed}")
+            self._pools[key] = pool
+        return self._pools[key]
+
+    def _draw(self, rng: random.Random, k: int, want_eval: bool) -> list[int]:
+        if k <= _ENUMERATE_UP_TO:
+            return list(rng.choice(self._pool(k, want_eval)))
+        # Rejection sampling within the chain length keeps P(k) intact.
+        while True:
+            digits = [rng.randrange(10) for _ in range(k)]
+            if is_eval_prompt(make_prompt(digits), self.cfg.seed) == want_eval:
+                return digits
+
+    def _records(self, split: str, n: int) -> list[Record]:
+        rng = random.Random(f"chain-{split}-{self.cfg.seed}")
+        want_eval = split == "eval"
+        out = []
+        for i in range(n):  # one draw at a time: a bigger split extends a smaller one
+            k = self.sample_lengths(1, rng)[0]
+            digits = self._draw(rng, k, want_eval)
+            solution = make_solution(digits)
+            out.append(
+                Record(
+                    id=f"chain-{split}-{i:06d}",
+                    task="chain",
+                    prompt=make_prompt(digits),
+                    answer=str(sum(digits)),
+                    solution=solution,
+                    source=f"synthetic:chain:seed={self.cfg.seed}",
+                    meta={"k": k},
+                )
+            )
+        return out
+
+    def train_records(self) -> list[Record]:
+        if self._train is None:
+            self._train = self._records("train", self.cfg.n_train)
+        return list(self._train)
+
+    def eval_records(self) -> list[Record]:
+        if self._eval is None:
+            self._eval = self._records("eval", self.cfg.n_eval)
+        return list(self._eval)

@@ -1,0 +1,84 @@
+"""Load the base policy named by a ModelConfig: tiny, smollm2-135m or an HF folder."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import transformers
+
+from areal_core.data.records import Record
+from areal_core.models.config import ModelConfig
+from areal_core.storage.localize import localize
+
+log = logging.getLogger(__name__)
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def load_hf_folder(url_or_path: str, dtype: torch.dtype | str = torch.float32, cache_dir: str | None = None):
+    """(model, tokenizer) from an HF checkpoint folder: a local path, file:// or any fsspec URL.
+
+    Remote folders are copied once to a local cache (``localize``). Nothing is
+    fetched from a model hub: a name that is not a folder is an error.
+    """
+    folder = localize(url_or_path, cache_dir=cache_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(dtype), local_files_only=True)
+    model.eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def load_base_model(
+    model_cfg: ModelConfig,
+    *,
+    train_records: list[Record] | None = None,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    progress: bool = True,
+    task: dict | None = None,
+):
+    """(model, tokenizer) of the policy to start RL from.
+
+    ``tiny``: the char tokenizer and a freshly built tiny model, warm-started
+    (cached, see ``cached_warm_start``) on the train records' (prompt,
+    solution) pairs when ``warm_start.steps > 0``. ``smollm2-135m``: the
+    packaged GGUF model. Anything else: an HF folder (path or URL).
+    ``cache_dir`` is the warm-start cache for ``tiny`` and the copy cache for
+    remote folders.
+    """
+    name = model_cfg.name
+    if name == "tiny":
+        from areal_core.models.tiny import build_tiny
+        from areal_core.models.tokenizer import build_char_tokenizer
+        from areal_core.models.warmstart import cached_warm_start
+
+        if model_cfg.dtype != "float32":
+            log.warning("tiny model runs in float32 (config asks for %s)", model_cfg.dtype)
+        if model_cfg.warm_start.steps == 0:
+            tokenizer = build_char_tokenizer()
+            return build_tiny(model_cfg.tiny, tokenizer, seed), tokenizer
+        if not train_records:
+            raise ValueError("tiny model with warm_start.steps > 0 needs train_records to warm start on")
+        pairs = [(r.prompt, r.solution) for r in train_records if r.solution]
+        if not pairs:
+            raise ValueError("no train record has a solution to warm start on")
+        model, tokenizer, info = cached_warm_start(
+            model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress
+        )
+        log.info(
+            "tiny warm start %s: final loss %.4f (%s)",
+            "loaded from cache" if info["cached"] else f"trained in {info['wall_s']:.1f}s",
+            info["final_loss"],
+            info["path"],
+        )
+        return model, tokenizer
+    if name == "smollm2-135m":
+        from areal_core.models.smollm2 import load_smollm2
+
+        return load_smollm2(_dtype(model_cfg.dtype))
+    return load_hf_folder(name, _dtype(model_cfg.dtype), cache_dir=cache_dir)

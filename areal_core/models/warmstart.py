@@ -1,0 +1,188 @@
+"""Supervised warm start of the tiny model on reference solutions, and its cache.
+
+The loss covers the solution and the EOS that ends it, never the prompt, so the
+model learns to answer prompts it is given (what RL will ask it to do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+from tqdm.auto import tqdm
+
+from areal_core.models.config import TinyArch, WarmStart
+
+IGNORE = -100
+FINAL_LR_FRACTION = 0.1  # linear decay from cfg.lr to 10% of it
+STATS_FILE = "warmstart_stats.json"
+
+
+def _encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    if tokenizer.eos_token_id is None:
+        raise ValueError("warm start needs a tokenizer with an EOS token")
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([s for _, s in pairs], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [(list(p), list(s) + [eos]) for p, s in zip(prompts, answers)]
+
+
+def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; labels are the token ids on the answer, IGNORE elsewhere."""
+    width = max(len(p) + len(s) for p, s in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    labels = torch.full((len(encoded), width), IGNORE, dtype=torch.long)
+    for row, (p, s) in enumerate(encoded):
+        n = len(p) + len(s)
+        ids[row, :n] = torch.tensor(p + s)
+        mask[row, :n] = 1
+        labels[row, len(p):n] = torch.tensor(s)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross entropy over the labelled (answer) tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True) -> dict:
+    """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
+
+    AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
+    steps of ``cfg.batch_size`` pairs drawn at random (seeded) from ``pairs``.
+    """
+    if not pairs:
+        raise ValueError("warm start needs at least one (prompt, solution) pair")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("warm start needs a tokenizer with a pad token")
+    encoded = _encode_pairs(tokenizer, pairs)
+    rng = random.Random(f"warmstart-{seed}")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    span = max(cfg.steps - 1, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - (1.0 - FINAL_LR_FRACTION) * min(i, span) / span)
+    losses: list[float] = []
+    n_tokens = 0
+    t0 = time.perf_counter()
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        bar = tqdm(range(cfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
+        for _ in bar:
+            batch = collate(rng.choices(encoded, k=cfg.batch_size), tokenizer.pad_token_id)
+            loss = sft_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            n_tokens += int((batch["labels"] != IGNORE).sum())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    model.eval()
+    tail = losses[-min(10, len(losses)):] if losses else []
+    return {
+        "steps": cfg.steps,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "losses": losses,
+        "answer_tokens": n_tokens,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def default_cache_dir() -> Path:
+    """``$AREAL_FLOW_CACHE/warmstart`` if set, else ``~/.cache/areal-flow/warmstart``."""
+    root = os.environ.get("AREAL_FLOW_CACHE") or os.path.join(Path.home(), ".cache", "areal-flow")
+    return Path(root) / "warmstart"
+
+
+def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed: int, task: dict | None) -> str:
+    """Hash of everything that determines the warmed-up weights.
+
+    The pairs themselves are hashed (so any data set, not only the synthetic
+    task, keys correctly); ``task`` (e.g. the synthetic task config) is kept in
+    the key too, for readability of the stored key file.
+    """
+    data = hashlib.sha256()
+    for p, s in pairs:
+        data.update(p.encode())
+        data.update(b"\x00")
+        data.update(s.encode())
+        data.update(b"\x01")
+    key = {
+        "arch": arch.model_dump(),
+        "warm_start": cfg.model_dump(),
+        "task": task,
+        "pairs_sha256": data.hexdigest(),
+        "seed": seed,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    return json.dumps(key, sort_keys=True)
+
+
+def _load(folder: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return model, tokenizer
+
+
+def cached_warm_start(
+    arch: TinyArch,
+    cfg: WarmStart,
+    pairs: list[tuple[str, str]],
+    seed: int,
+    *,
+    task: dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+):
+    """Build the tiny model and warm-start it, or load that result from the cache.
+
+    Returns ``(model, tokenizer, info)``; ``info`` holds the warm-start stats,
+    the cache folder and whether it was a cache hit. The folder is written
+    under a temp name and renamed into place, so a half-written entry is
+    never loaded.
+    """
+    from areal_core.models.tiny import build_tiny
+    from areal_core.models.tokenizer import build_char_tokenizer
+
+    key = cache_key(arch, cfg, pairs, seed, task)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    dest = root / hashlib.sha256(key.encode()).hexdigest()[:24]
+    if (dest / STATS_FILE).is_file():
+        model, tokenizer = _load(dest)
+        stats = json.loads((dest / STATS_FILE).read_text())
+        return model, tokenizer, {**stats, "path": str(dest), "cached": True}
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny(arch, tokenizer, seed)
+    stats = warm_start(model, tokenizer, pairs, cfg, seed, progress=progress)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "warmstart_key.json").write_text(key)
+        (tmp / STATS_FILE).write_text(json.dumps({k: v for k, v in stats.items() if k != "losses"}))
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process stored the same entry first; keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return model, tokenizer, {**stats, "path": str(dest), "cached": False}

@@ -1,0 +1,205 @@
+"""Async client of the rollout servers: the only code that knows their HTTP paths and JSON.
+
+``RolloutClient`` talks to one server; ``RolloutPool`` spreads generation over
+several (each request goes to the server with the fewest requests in flight
+from this pool) and broadcasts weight updates, pause and resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import httpx
+import pydantic
+
+from areal_core.rollout.protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    ModelInfo,
+    SamplingParams,
+    StatusResponse,
+    UpdateWeightsRequest,
+)
+
+GENERATE = "/generate"
+PAUSE = "/pause_generation"
+CONTINUE = "/continue_generation"
+UPDATE_WEIGHTS = "/update_weights_from_disk"
+HEALTH = "/health"
+MODEL_INFO = "/get_model_info"
+
+
+class RolloutServerError(RuntimeError):
+    """A rollout server answered with an error (``status``), or could not be reached (``status`` None)."""
+
+    def __init__(self, url: str, status: int | None, message: str):
+        super().__init__(f"rollout server {url}: {'HTTP ' + str(status) if status else 'unreachable'}: {message}")
+        self.url, self.status, self.message = url, status, message
+
+
+def _server_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:1000] or resp.reason_phrase
+    if isinstance(body, dict):
+        err = body.get("error")
+        for msg in (body.get("message"), err.get("message") if isinstance(err, dict) else err, body.get("detail")):
+            if msg:
+                return str(msg)
+    return str(body)[:1000]
+
+
+def check_health_sync(url: str, timeout_s: float = 2.0) -> bool:
+    """Blocking health probe, for code without an event loop (the launcher)."""
+    try:
+        r = httpx.get(url.rstrip("/") + HEALTH, timeout=timeout_s, trust_env=False)
+    except httpx.TransportError:
+        return False
+    return r.status_code == 200
+
+
+class RolloutClient:
+    def __init__(self, base_url: str, timeout_s: float = 600.0):
+        self.url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            trust_env=False,
+        )
+
+    async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None) -> bytes:
+        try:
+            if body is None:
+                resp = await self._http.request(method, path)
+            else:
+                resp = await self._http.request(method, path, content=body.model_dump_json(),
+                                                headers={"content-type": "application/json"})
+        except httpx.TransportError as e:
+            raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}") from e
+        if not resp.is_success:
+            raise RolloutServerError(self.url, resp.status_code, _server_message(resp))
+        return resp.content
+
+    async def _status(self, path: str, body: pydantic.BaseModel | None = None) -> StatusResponse:
+        st = StatusResponse.model_validate_json(await self._call("POST", path, body or _EMPTY))
+        if not st.success:
+            raise RolloutServerError(self.url, 200, st.message or f"{path} failed")
+        return st
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: dict | SamplingParams | None = None,
+        rid: str | None = None,
+        seed: int | None = None,
+    ) -> GenerateResponse:
+        params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
+        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=params, rid=rid, seed=seed)
+        return GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req))
+
+    async def pause(self) -> None:
+        await self._status(PAUSE)
+
+    async def resume(self) -> None:
+        await self._status(CONTINUE)
+
+    async def update_weights(self, model_path: str, version: int) -> None:
+        """Returns once the server generates with the weights in ``model_path`` as ``version``."""
+        await self._status(UPDATE_WEIGHTS, UpdateWeightsRequest(model_path=model_path, weight_version=version))
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._http.get(HEALTH, timeout=5.0)
+        except httpx.TransportError:
+            return False
+        return resp.status_code == 200
+
+    async def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rollout server {self.url} not healthy after {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo.model_validate_json(await self._call("GET", MODEL_INFO))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class _Empty(pydantic.BaseModel):
+    pass
+
+
+_EMPTY = _Empty()
+
+
+async def _all(coros) -> list:
+    """Run all to the end; then raise the first error, if any."""
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+class RolloutPool:
+    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0):
+        if not urls:
+            raise ValueError("RolloutPool needs at least one server URL")
+        self.clients = [RolloutClient(u, timeout_s) for u in urls]
+        self.in_flight = [0] * len(self.clients)  # generate requests awaiting an answer, per server
+        self.sent = [0] * len(self.clients)
+        self._next = 0
+
+    @property
+    def urls(self) -> list[str]:
+        return [c.url for c in self.clients]
+
+    def _pick(self) -> int:
+        n = len(self.clients)
+        order = [(self._next + k) % n for k in range(n)]  # ties rotate over the servers
+        i = min(order, key=lambda j: self.in_flight[j])
+        self._next = (i + 1) % n
+        return i
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: dict | SamplingParams | None = None,
+        rid: str | None = None,
+        seed: int | None = None,
+    ) -> GenerateResponse:
+        i = self._pick()
+        self.in_flight[i] += 1
+        self.sent[i] += 1
+        try:
+            return await self.clients[i].generate(input_ids, sampling, rid=rid, seed=seed)
+        finally:
+            self.in_flight[i] -= 1
+
+    async def update_weights(self, model_path: str, version: int) -> None:
+        await _all(c.update_weights(model_path, version) for c in self.clients)
+
+    async def pause(self) -> None:
+        await _all(c.pause() for c in self.clients)
+
+    async def resume(self) -> None:
+        await _all(c.resume() for c in self.clients)
+
+    async def health(self) -> list[bool]:
+        return list(await asyncio.gather(*(c.health() for c in self.clients)))
+
+    async def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        await _all(c.wait_healthy(timeout_s) for c in self.clients)
+
+    async def model_infos(self) -> list[ModelInfo]:
+        return await _all(c.model_info() for c in self.clients)
+
+    async def aclose(self) -> None:
+        await _all(c.aclose() for c in self.clients)

@@ -1,0 +1,405 @@
+"""Continuous-batching decoder with a KV cache: the core of the embedded rollout server.
+
+Requests join the running batch at the next step (at most ``max_running`` run,
+the rest wait FIFO) and leave as soon as they finish. Each loop iteration is one
+step: queued commands are applied, then either the sequences that need it are
+prefilled (new ones, or all of them after a weight update) or every running
+sequence decodes one token.
+
+Output conventions (what the trainer relies on):
+
+* ``output_ids`` include the token that stopped the sequence (a stop token or
+  the model's EOS), so the trainer trains on it; ``finish_reason.matched`` names it.
+* ``output_token_logprobs[i][0]`` is the behaviour logprob of token ``i``:
+  ``log_softmax(logits / temperature)`` at that token, BEFORE top-k/top-p
+  filtering (temperature 0: ``log_softmax(logits)``); see ``sampling.py``.
+* ``output_token_versions[i]`` is the engine's weight version when token ``i``
+  was sampled; ``weight_version`` is the version when the request finished.
+
+Weight updates: interruptible mode (default) applies the update between two
+steps, drops the KV cache and re-prefills every unfinished sequence (prompt +
+tokens so far) with the new weights; its next token is sampled from that
+prefill. Non-interruptible mode stops admitting, lets the running sequences
+finish under the old weights, then loads and admits again; while paused in
+that mode the update waits for ``resume()``.
+
+Threading: :meth:`start` runs the loop in a background thread; :meth:`submit`
+and the commands are thread-safe and return ``concurrent.futures.Future``s.
+With ``start=False`` the caller drives the loop with :meth:`step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+
+import torch
+
+from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
+from areal_core.rollout.protocol import ModelInfo, SamplingParams
+from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
+from areal_core.storage.localize import localize
+
+__all__ = ["EngineStopped", "RequestError", "RolloutEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class EngineStopped(RuntimeError):
+    """The engine was shut down."""
+
+
+def _deliver(fut: Future, result=None, error: BaseException | None = None) -> None:
+    try:
+        fut.set_result(result) if error is None else fut.set_exception(error)
+    except InvalidStateError:  # the caller cancelled it meanwhile
+        pass
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        model_path: str = "",
+        max_running: int = 256,
+        interruptible: bool = True,
+        weight_version: int = 0,
+        kv_slots: int = 16,
+        kv_capacity: int = 256,
+        prefill_tokens: int = 8192,
+        seed: int = 0,
+        start: bool = True,
+    ):
+        if max_running < 1:
+            raise ValueError("max_running must be >= 1")
+        model.eval()
+        self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity)
+        self.model_path = model_path
+        self.max_running = max_running
+        self.interruptible = interruptible
+        self.prefill_tokens = prefill_tokens
+        self.eos_ids = eos_token_ids(model)
+        self.vocab_size = self.kv.vocab_size
+        self.n_logits = model.lm_head.out_features
+        self.version = weight_version
+        self.generated_tokens = 0
+        self._steps = 0
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._commands: deque[tuple[str, object, Future]] = deque()
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._updates: deque[tuple[tuple[dict, int, str], Future]] = deque()
+        self._sampler: BatchSampler | None = None
+        self._needs_prefill = False
+        self._any_finished = False
+        self._paused = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, *, dtype: torch.dtype = torch.float32, **kwargs) -> "RolloutEngine":
+        """Load a Hugging Face model folder (local path or fsspec URL)."""
+        return cls(load_model(model_path, dtype), model_path=model_path, **kwargs)
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def max_positions(self) -> int:
+        return self.kv.max_positions
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            model_path=self.model_path,
+            weight_version=self.version,
+            max_running=self.max_running,
+            running=self.running,
+            waiting=self.waiting,
+            paused=self._paused,
+            interruptible=self.interruptible,
+            generated_tokens=self.generated_tokens,
+            eos_token_id=self.eos_ids[0] if self.eos_ids else None,
+        )
+
+    def alive(self) -> bool:
+        return not self._closed and (self._thread is None or self._thread.is_alive())
+
+    # -- thread-safe API -------------------------------------------------------
+    def submit(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams | dict | None = None,
+        rid: str | None = None,
+        seed: int | None = None,
+        return_logprob: bool = True,
+    ) -> Future:
+        """Queue a request; the future resolves to a :class:`GenerateResponse`.
+
+        Raises :class:`RequestError` for a request that cannot run here.
+        """
+        fut: Future = Future()
+        seq = new_sequence(input_ids, sampling, rid, seed, return_logprob, fut,
+                           vocab_size=self.vocab_size, max_positions=self.max_positions, eos_ids=self.eos_ids)
+        with self._lock:
+            if self._closed:
+                raise EngineStopped("the rollout engine is shut down")
+            self._waiting.append(seq)
+        self._wake.set()
+        return fut
+
+    def pause(self) -> Future:
+        """Stop decoding after the current step; requests stay queued."""
+        return self._command("pause")
+
+    def resume(self) -> Future:
+        return self._command("resume")
+
+    def abort_all(self) -> Future:
+        """Finish every queued and running request now with finish_reason ``abort``."""
+        return self._command("abort")
+
+    def update_weights(self, model_path: str, version: int) -> Future:
+        """Load new weights (HF folder or fsspec URL of safetensors) as ``version``.
+
+        The folder is read and checked here, in the caller's thread (raising
+        ``FileNotFoundError`` / ``ValueError`` for a bad one); the returned
+        future resolves once the engine decodes with the new weights.
+        """
+        staged = read_weights(self.kv.model, localize(model_path))
+        return self._command("update", (staged, int(version), model_path))
+
+    def _command(self, kind: str, arg: object = None) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise EngineStopped("the rollout engine is shut down")
+            self._commands.append((kind, arg, fut))
+        self._wake.set()
+        return fut
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="rollout-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop; queued and running requests end with ``abort``. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("engine thread still busy after %.0fs; aborting its requests anyway", timeout_s)
+        self._abort_requests()
+        self._fail_commands(EngineStopped("the rollout engine is shut down"))
+
+    def _fail_commands(self, error: BaseException) -> None:
+        while self._commands:
+            _deliver(self._commands.popleft()[2], error=error)
+        while self._updates:
+            _deliver(self._updates.popleft()[1], error=error)
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                if not self.step():
+                    self._wake.wait()
+                    self._wake.clear()
+        except BaseException as e:  # a bug outside a model step: fail everything instead of hanging callers
+            log.exception("engine loop crashed")
+            with self._lock:
+                self._closed = True
+            error = EngineStopped(f"the rollout engine crashed: {e!r}")
+            self._fail_running(error)
+            while self._waiting:
+                _deliver(self._waiting.popleft().future, error=error)
+            self._fail_commands(error)
+            raise
+
+    # -- one step ------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Apply queued commands, then prefill or decode once. Returns whether work remains."""
+        self._apply_commands()
+        self._apply_ready_updates()
+        if self._paused:
+            return False
+        self._admit()
+        if self._running:
+            try:
+                if self._needs_prefill:
+                    self._prefill_step()
+                else:
+                    self._decode_step()
+            except Exception as e:  # noqa: BLE001 - not swallowed: every running request gets the error
+                log.exception("engine step failed; failing %d running requests", len(self._running))
+                self._fail_running(e)
+            self._retire()
+            self._apply_ready_updates()
+        blocked = not self.interruptible and bool(self._updates)
+        return bool(self._running) or (bool(self._waiting) and not blocked)
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            kind, arg, fut = self._commands.popleft()
+            if kind == "pause":
+                self._paused = True
+            elif kind == "resume":
+                self._paused = False
+            elif kind == "abort":
+                self._abort_requests()
+            elif kind == "update":
+                self._updates.append((arg, fut))
+                continue  # resolved when applied
+            _deliver(fut, None)
+
+    def _apply_ready_updates(self) -> None:
+        while self._updates and (self.interruptible or not self._running):
+            (staged, version, path), fut = self._updates.popleft()
+            apply_weights(self.kv.model, staged)
+            self.version, self.model_path = version, path
+            if self._running:  # the cache was computed with the old weights
+                self.kv.release()
+                for s in self._running:
+                    s.needs_prefill = True
+                self._needs_prefill = True
+            log.debug("weights of version %d live (%d sequences to re-prefill)", version, len(self._running))
+            _deliver(fut, None)
+
+    def _admit(self) -> None:
+        if not self.interruptible and self._updates:
+            return  # draining for a non-interruptible update
+        room = self.max_running - len(self._running)
+        while room > 0 and self._waiting:
+            s = self._waiting.popleft()
+            if s.future.cancelled():
+                continue
+            self._running.append(s)
+            room -= 1
+            self._needs_prefill = True
+            self._sampler = None
+
+    def _prefill_step(self) -> None:
+        run = self._running
+        todo = sorted((i for i, s in enumerate(run) if s.needs_prefill), key=lambda i: len(run[i].prompt) + len(run[i].out))
+        toks = {i: run[i].prompt + run[i].out for i in todo}
+        self.kv.ensure(len(run), max(len(t) for t in toks.values()) + 1)
+        groups: list[list[int]] = [[]]
+        for i in todo:  # sorted by length: the last one of a group is the longest
+            g = groups[-1]
+            if g and (len(g) + 1) * len(toks[i]) > self.prefill_tokens:
+                groups.append(g := [])
+            g.append(i)
+        for g in groups:
+            logits = self.kv.prefill(g, [toks[i] for i in g])
+            seqs = [run[i] for i in g]
+            for i, s in zip(g, seqs):
+                s.cache_len = len(toks[i])
+                s.needs_prefill = False
+            sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator)
+            tokens, logprobs = sampler.sample(logits)
+            self._record(seqs, tokens.tolist(), logprobs.tolist())
+        self._needs_prefill = False
+
+    def _decode_step(self) -> None:
+        run = self._running
+        lens = [s.cache_len for s in run]
+        tokens = torch.tensor([s.out[-1] for s in run])
+        logits = self.kv.decode(tokens, torch.tensor(lens), max(lens) + 1)
+        for s in run:
+            s.cache_len += 1
+        if self._sampler is None:
+            self._sampler = BatchSampler([s.sampling for s in run], self.n_logits, self._generator)
+        new, logprobs = self._sampler.sample(logits)
+        self._record(run, new.tolist(), logprobs.tolist())
+
+    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
+        v = self.version
+        for s, t, lp in zip(seqs, tokens, logprobs):
+            s.out.append(t)
+            s.logprobs.append(lp)
+            s.versions.append(v)
+            if t in s.stop:
+                s.finish = ("stop", t)
+                self._any_finished = True
+            elif len(s.out) >= s.max_new:
+                s.finish = ("length", None)
+                self._any_finished = True
+        self.generated_tokens += len(tokens)
+        self._steps += 1
+        if self._steps % 32 == 0:  # callers that gave up (cancelled futures) leave the batch
+            for s in seqs:
+                if s.finish is None and s.future.cancelled():
+                    s.finish = ("abort", None)
+                    self._any_finished = True
+
+    def _retire(self) -> None:
+        """Deliver finished sequences and compact the survivors into rows 0..n-1."""
+        if not self._any_finished:
+            return
+        self._any_finished = False
+        run = self._running
+        n = len(run)
+        done = [i for i, s in enumerate(run) if s.finish is not None]
+        if not done:
+            return
+        finished = [run[i] for i in done]
+        keep = n - len(done)
+        holes = [i for i in done if i < keep]
+        movers = [j for j in range(keep, n) if run[j].finish is None]
+        if holes:
+            self.kv.move_rows(holes, movers, max(run[j].cache_len for j in movers))
+        for h, m in zip(holes, movers):
+            run[h] = run[m]
+        del run[keep:]
+        self._sampler = None
+        if not run and not self._waiting:
+            self.kv.release()
+        for s in finished:
+            self._finish(s)
+
+    def _finish(self, s: Sequence) -> None:
+        _deliver(s.future, s.response(self.version))
+
+    def _abort_requests(self) -> None:
+        with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        running, self._running = self._running, []
+        self._sampler = None
+        self._needs_prefill = False
+        self.kv.release()
+        for s in running + waiting:
+            s.finish = ("abort", None)
+            self._finish(s)
+
+    def _fail_running(self, error: BaseException) -> None:
+        running, self._running = self._running, []
+        self._sampler = None
+        self._needs_prefill = False
+        self._any_finished = False
+        self.kv.release()
+        for s in running:
+            _deliver(s.future, error=RuntimeError(f"generation failed in the engine: {error!r}"))

@@ -1,0 +1,165 @@
+"""Start and stop embedded rollout servers as child processes.
+
+Each server runs in its own session (process group), so ``stop()`` can signal
+it as a group; it is also told our PID and exits on its own if we die. Every
+started server is stopped at interpreter exit if nobody stopped it before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from areal_core.rollout.client import check_health_sync
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, n_bytes: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n_bytes))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+
+
+class ServerProcess:
+    """A running rollout server; ``stop()`` (idempotent) or use it as a context manager."""
+
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str):
+        self._proc = proc
+        self.pid = proc.pid
+        self.port = port
+        self.url = f"http://{host}:{port}"
+        self.log_path = log_path
+        atexit.register(self.stop)
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll()
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        return _tail(self.log_path, n_bytes)
+
+    def _signal(self, sig: int) -> None:
+        # the server leads its own session (start_new_session), so its group id is its pid
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the server, SIGKILL it after ``grace_s``; returns once it is gone."""
+        atexit.unregister(self.stop)
+        if self._proc.poll() is None:  # not reaped yet, so the pid is still ours
+            self._signal(signal.SIGTERM)
+            try:
+                self._proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("rollout server %d ignored SIGTERM for %.0fs; killing it", self.pid, grace_s)
+                self._signal(signal.SIGKILL)
+                self._proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ServerProcess(url={self.url!r}, pid={self.pid}, alive={self.alive()})"
+
+
+def _command(model_path: str, port: int, max_running: int, interruptible: bool, torch_threads: int,
+             weight_version: int, dtype: str) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "areal_core.rollout.server",
+        "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
+        "--max-running", str(max_running), "--torch-threads", str(torch_threads),
+        "--weight-version", str(weight_version), "--dtype", dtype, "--parent-pid", str(os.getpid()),
+    ]
+    if not interruptible:
+        cmd.append("--no-interruptible")
+    return cmd
+
+
+def start_server(
+    model_path: str,
+    *,
+    port: int | None = None,
+    max_running: int = 256,
+    interruptible: bool = True,
+    torch_threads: int = 1,
+    weight_version: int = 0,
+    log_path: str | None = None,
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 120.0,
+    dtype: str = "float32",
+) -> ServerProcess:
+    """Start a rollout server on 127.0.0.1 and return once ``/health`` answers.
+
+    ``port=None`` picks a free port (retrying with another one if it was taken
+    meanwhile). Raises ``RuntimeError`` with the log tail if the server exits
+    during startup, ``TimeoutError`` if it is not healthy in time.
+    """
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="rollout-server-", suffix=".log")
+        os.close(fd)
+    child_env = dict(os.environ)
+    child_env.update({"OMP_NUM_THREADS": str(torch_threads), "PYTHONUNBUFFERED": "1"})
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, child_env.get("PYTHONPATH")) if p)
+    child_env.update(env or {})
+    attempts = 1 if port is not None else 3
+    for attempt in range(attempts):
+        p = port if port is not None else free_port()
+        cmd = _command(model_path, p, max_running, interruptible, torch_threads, weight_version, dtype)
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    env=child_env, start_new_session=True)
+        server = ServerProcess(proc, "127.0.0.1", p, log_path)
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if not server.alive():
+                server.stop()
+                tail = server.log_tail()
+                if "address already in use" in tail.lower() and attempt + 1 < attempts:
+                    break  # someone took the port meanwhile: try another one
+                raise RuntimeError(
+                    f"rollout server for {model_path} exited with code {server.returncode} during startup; "
+                    f"log {log_path}:\n{tail}"
+                )
+            if check_health_sync(server.url, timeout_s=2.0):
+                log.info("rollout server %s up (pid %d, log %s)", server.url, server.pid, log_path)
+                return server
+            if time.monotonic() > deadline:
+                server.stop()
+                raise TimeoutError(
+                    f"rollout server for {model_path} not healthy after {startup_timeout_s:.0f}s; "
+                    f"log {log_path}:\n{server.log_tail()}"
+                )
+            time.sleep(0.2)
+    raise RuntimeError("unreachable")  # the loop returns or raises

@@ -1,0 +1,179 @@
+"""Per-request state (settings, outputs, response) and batched per-row sampling.
+
+Sampling: temperature, top-k, top-p, optional per-request seeds.
+
+Behaviour logprob (what the trainer uses as the old policy's logprob): for a
+sampled token ``t`` it is ``log_softmax(logits / temperature)[t]``, computed
+BEFORE top-k/top-p filtering, i.e. the logprob under the temperature-scaled
+full distribution. For temperature 0 (greedy) it is ``log_softmax(logits)[t]``.
+
+Sampling uses the Gumbel-max trick (equivalent to drawing from the categorical
+distribution): ``argmax(logp + G)`` with Gumbel noise ``G``, which lets every row
+draw its noise from its own generator when it has a seed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import pydantic
+import torch
+
+from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo, SamplingParams
+
+_NEG_INF = float("-inf")
+MAX_SEED = 1 << 63
+
+
+class RequestError(ValueError):
+    """A request the engine refuses (the server answers 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    generator: torch.Generator | None  # per-request seed, else the engine's generator
+
+
+class BatchSampler:
+    """Sampling settings of a fixed list of rows, turned into tensors once."""
+
+    def __init__(self, rows: list[RowSampling], vocab_size: int, default_generator: torch.Generator):
+        self.n = len(rows)
+        self.vocab_size = vocab_size
+        self.default_generator = default_generator
+        greedy = [r.temperature == 0 for r in rows]
+        self.all_greedy = all(greedy)
+        self.any_greedy = any(greedy)
+        self.greedy = torch.tensor(greedy, dtype=torch.bool)
+        temps = [1.0 if g else r.temperature for g, r in zip(greedy, rows)]
+        self.unit_temp = all(t == 1.0 for t in temps)
+        self.temps = torch.tensor(temps, dtype=torch.float32)[:, None]
+        ks = [r.top_k if 0 < r.top_k < vocab_size else vocab_size for r in rows]
+        self.use_top_k = any(k < vocab_size for k in ks)
+        self.top_k = torch.tensor(ks, dtype=torch.long)[:, None]
+        self.use_top_p = any(r.top_p < 1.0 for r in rows)
+        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32)[:, None]
+        self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
+
+    def _filtered(self, logp: torch.Tensor) -> torch.Tensor:
+        """``logp`` with tokens outside each row's top-k / top-p nucleus set to -inf."""
+        if self.use_top_p:
+            sorted_lp, order = torch.sort(logp, dim=-1, descending=True)
+        else:  # top-k only: the largest k of the batch is enough
+            sorted_lp, order = torch.topk(logp, int(self.top_k.max()), dim=-1)
+        if self.use_top_k:
+            ranks = torch.arange(sorted_lp.shape[-1])[None, :]
+            sorted_lp = sorted_lp.masked_fill(ranks >= self.top_k, _NEG_INF)
+        if self.use_top_p:  # nucleus over the (renormalised) top-k survivors
+            probs = torch.softmax(sorted_lp, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
+            sorted_lp = sorted_lp.masked_fill(before > self.top_p, _NEG_INF)
+        return torch.full_like(logp, _NEG_INF).scatter_(-1, order, sorted_lp)
+
+    def _gumbel(self, shape: torch.Size) -> torch.Tensor:
+        """Gumbel noise ``-log(-log(U))``, ``U ~ Uniform[0, 1)``; seeded rows use their own generator."""
+        u = torch.rand(shape, generator=self.default_generator)
+        for i, g in self.seeded:
+            u[i] = torch.rand(shape[-1], generator=g)
+        return u.log_().neg_().log_().neg_()  # U = 0 gives -inf: that token is never drawn
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``logits [n, vocab]`` -> (tokens ``[n]`` long, behaviour logprobs ``[n]`` float32)."""
+        logits = logits[:, : self.vocab_size]
+        if self.all_greedy:
+            tokens = torch.argmax(logits, dim=-1)
+            logp = torch.log_softmax(logits, dim=-1)
+            return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+        scaled = logits if self.unit_temp else logits / self.temps
+        logp = torch.log_softmax(scaled, dim=-1)
+        pool = self._filtered(logp) if (self.use_top_k or self.use_top_p) else logp
+        tokens = torch.argmax(pool + self._gumbel(pool.shape), dim=-1)
+        if self.any_greedy:
+            tokens = torch.where(self.greedy, torch.argmax(logits, dim=-1), tokens)
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside the engine: its settings and what it generated so far."""
+
+    rid: str
+    prompt: list[int]
+    max_new: int
+    stop: frozenset[int]  # stop_token_ids plus the model's EOS unless ignore_eos
+    sampling: RowSampling
+    return_logprob: bool
+    future: Future
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    cache_len: int = 0  # positions of this sequence held in the KV cache
+    needs_prefill: bool = True
+    finish: tuple[str, int | None] | None = None  # (finish type, matched stop token)
+
+    def response(self, version: int) -> GenerateResponse:
+        kind, matched = self.finish or ("abort", None)
+        meta = MetaInfo(
+            id=self.rid,
+            finish_reason=FinishReason(type=kind, matched=matched),
+            prompt_tokens=len(self.prompt),
+            completion_tokens=len(self.out),
+            output_token_logprobs=[(lp, t, None) for lp, t in zip(self.logprobs, self.out)] if self.return_logprob else [],
+            output_token_versions=list(self.versions),
+            weight_version=version,
+        )
+        return GenerateResponse(output_ids=list(self.out), meta_info=meta)
+
+
+def new_sequence(
+    input_ids: list[int],
+    sampling: SamplingParams | dict | None,
+    rid: str | None,
+    seed: int | None,
+    return_logprob: bool,
+    future: Future,
+    *,
+    vocab_size: int,
+    max_positions: int,
+    eos_ids: list[int],
+) -> Sequence:
+    """Check a request against the model and build its :class:`Sequence` (raises :class:`RequestError`)."""
+    if not isinstance(sampling, SamplingParams):
+        try:
+            sampling = SamplingParams.model_validate(sampling or {})
+        except pydantic.ValidationError as e:
+            raise RequestError(f"bad sampling params: {e}") from None
+    ids = list(input_ids)
+    if not ids:
+        raise RequestError("input_ids is empty")
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"input_ids hold {len(bad)} ids outside the vocabulary [0, {vocab_size}), e.g. {bad[0]!r}")
+    total = len(ids) + sampling.max_new_tokens
+    if total > max_positions:
+        raise RequestError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = {total} exceeds "
+            f"the model's context of {max_positions} positions"
+        )
+    gen = None
+    if seed is not None:
+        if not 0 <= seed < MAX_SEED:
+            raise RequestError(f"seed must be in [0, 2**63), got {seed}")
+        gen = torch.Generator().manual_seed(seed)
+    stop = set(sampling.stop_token_ids)
+    if not sampling.ignore_eos:
+        stop.update(eos_ids)
+    return Sequence(
+        rid=rid if rid is not None else uuid.uuid4().hex,
+        prompt=ids,
+        max_new=sampling.max_new_tokens,
+        stop=frozenset(stop),
+        sampling=RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, gen),
+        return_logprob=return_logprob,
+        future=future,
+    )

@@ -1,0 +1,250 @@
+"""The embedded rollout server: the engine behind a subset of SGLang's HTTP API.
+
+    python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
+        [--host 127.0.0.1] [--max-running 256] [--no-interruptible] \\
+        [--torch-threads 1] [--weight-version 0] [--dtype float32] [--parent-pid PID]
+
+Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
+answer ``{"message": ..., "error": {"message": ..., "type": ...}}`` naming the
+problem; an engine failure fails only the requests it touched (500).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+
+import pydantic
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
+from areal_core.rollout.protocol import GenerateRequest, StatusResponse, UpdateWeightsRequest
+
+log = logging.getLogger("areal_core.rollout.server")
+
+MAX_BODY_BYTES = 8 << 20
+_LOAD_FORMATS = (None, "auto", "safetensors")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class _Empty(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"message": message, "error": {"message": message, "type": kind}})
+
+
+def _explain(e: pydantic.ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        where = ".".join(str(x) for x in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    more = f" (+{e.error_count() - 5} more)" if e.error_count() > 5 else ""
+    return "invalid request body: " + "; ".join(parts) + more
+
+
+async def _body(request: Request) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body of {size} bytes exceeds the limit of {MAX_BODY_BYTES}")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(request: Request, model: type[pydantic.BaseModel], empty_ok: bool = False):
+    raw = await _body(request)
+    if empty_ok and not raw.strip():
+        raw = b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as e:
+        raise ApiError(400, _explain(e)) from None
+
+
+def _json(model: pydantic.BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
+def create_app(engine: RolloutEngine) -> FastAPI:
+    app = FastAPI(title="areal-flow rollout server", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request, e: ApiError):
+        return _error(e.status, e.message, e.kind)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail), "http")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request, e: RequestValidationError):
+        return _error(400, f"invalid request: {e.errors()[:3]}", "invalid_request")
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request, e: Exception):  # logged, answered as JSON; the server stays up
+        log.error("%s %s failed: %r", request.method, request.url.path, e)
+        return _error(500, f"internal error: {e!r}", "internal")
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        req = await _parse(request, GenerateRequest)
+        try:
+            fut = engine.submit(req.input_ids, req.sampling_params, rid=req.rid, seed=req.seed,
+                                return_logprob=req.return_logprob)
+        except RequestError as e:
+            raise ApiError(400, str(e)) from None
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+        try:
+            resp = await asyncio.wrap_future(fut)
+        except RuntimeError as e:  # the engine failed this request (and logged why)
+            raise ApiError(500, str(e), "engine") from None
+        return _json(resp)
+
+    async def _command(request: Request, make, message: str):
+        await _parse(request, _Empty, empty_ok=True)
+        try:
+            await asyncio.wrap_future(make())
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+        return _json(StatusResponse(success=True, message=message))
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        return await _command(request, engine.pause, "generation paused")
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        return await _command(request, engine.resume, "generation continued")
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        req = await _parse(request, UpdateWeightsRequest)
+        if req.load_format not in _LOAD_FORMATS:
+            raise ApiError(400, f"load_format {req.load_format!r} is not supported (safetensors only)")
+        t0 = time.perf_counter()
+        try:
+            fut = await asyncio.to_thread(engine.update_weights, req.model_path, req.weight_version)
+        except (OSError, ValueError) as e:
+            log.warning("weight update to version %d from %s refused: %s", req.weight_version, req.model_path, e)
+            return _json(StatusResponse(success=False, message=f"cannot load weights: {e}"), status=400)
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+        await asyncio.wrap_future(fut)
+        dt = time.perf_counter() - t0
+        log.info("weights of version %d from %s loaded in %.2fs", req.weight_version, req.model_path, dt)
+        return _json(StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.2f}s"))
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive():
+            return _error(503, "the engine is not running", "unavailable")
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return _json(engine.info())
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """Aborts in-flight generation on the first exit signal so connections close at once."""
+
+    engine: RolloutEngine | None = None
+
+    def abort_generation(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.abort_all()
+            except EngineStopped:
+                pass
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:  # no locks in a signal handler: abort from a helper thread
+            threading.Thread(target=self.abort_generation, name="abort-on-exit", daemon=True).start()
+        super().handle_exit(sig, frame)
+
+
+def _watch_parent(parent_pid: int, server: _Server) -> None:
+    """Exit when the process that started us is gone (we were re-parented)."""
+    while not server.should_exit:
+        if os.getppid() != parent_pid:
+            log.warning("parent process %d is gone; shutting down", parent_pid)
+            server.abort_generation()
+            server.should_exit = True
+            return
+        time.sleep(1.0)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m areal_core.rollout.server", description=__doc__.splitlines()[0])
+    ap.add_argument("--model-path", required=True, help="Hugging Face model folder or fsspec URL")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--no-interruptible", dest="interruptible", action="store_false",
+                    help="weight updates wait for running sequences instead of re-prefilling them")
+    ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--weight-version", type=int, default=0)
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s rollout[%(process)d]: %(message)s")
+    torch.set_num_threads(args.torch_threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    t0 = time.perf_counter()
+    engine = RolloutEngine.from_pretrained(
+        args.model_path, dtype=_DTYPES[args.dtype], max_running=args.max_running,
+        interruptible=args.interruptible, weight_version=args.weight_version,
+    )
+    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (max_running=%d, interruptible=%s)",
+             args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
+             args.max_running, args.interruptible)
+    config = uvicorn.Config(create_app(engine), host=args.host, port=args.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5, lifespan="off")
+    server = _Server(config)
+    server.engine = engine
+    if args.parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, server), name="parent-watch", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+        log.info("stopped")
+
+
+if __name__ == "__main__":
+    main()

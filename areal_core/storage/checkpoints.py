@@ -1,0 +1,382 @@
+"""Versioned checkpoint streaming over fsspec (a local folder, file:// or s3://).
+
+Layout::
+
+    <url>/v<N>/model.safetensors, config.json, tokenizer files, ...
+    <url>/v<N>/manifest.json      # written LAST
+
+A version exists iff its ``manifest.json`` exists and is valid. The manifest lists
+every file with its size and sha256, the version, the creation time and a
+free-form ``meta`` dict. Every object is written atomically (local: temp name +
+os.replace; S3: one PUT or a completed multipart upload), each write is retried
+with exponential backoff on transient errors, and the manifest is written only
+after every file is in place, so readers never see a partial version. ``prune``
+deletes the manifest FIRST, so a reader never sees a manifest without its files.
+
+S3 endpoint and credentials come from the environment (see ``fsutil``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from areal_core.storage.fsutil import (
+    filesystem,
+    invalidate,
+    is_local_fs,
+    join,
+    pipe_atomic,
+    put_file_atomic,
+    retry,
+)
+from areal_core.storage.localize import localize
+
+MANIFEST = "manifest.json"
+FORMAT = "areal-checkpoint/1"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class CheckpointError(RuntimeError):
+    """Base class of checkpoint store errors."""
+
+
+class VersionNotFoundError(CheckpointError, FileNotFoundError):
+    """The version has no manifest: it does not exist or is incomplete."""
+
+
+class ManifestError(CheckpointError, ValueError):
+    """The manifest exists but is not a valid manifest."""
+
+
+class VersionExistsError(CheckpointError):
+    """Refusing to overwrite a complete version."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file of a complete version does not match its manifest."""
+
+
+def _sha256_stream(f) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(8 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _local_files(folder: str) -> list[str]:
+    out = []
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), folder).replace(os.sep, "/")
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+class CheckpointStore:
+    """Publish and read complete, immutable model versions under ``url``."""
+
+    def __init__(self, url: str, retries: int = 5, backoff_s: float = 0.5,
+                 cache_dir: str | None = None):
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.fs, self.root = filesystem(url)
+        self.is_local = is_local_fs(self.fs)
+        self.url = self.root if self.is_local else url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.cache_dir = cache_dir
+
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: str) -> CheckpointStore:
+        """From a ``StorageConfig``: url None -> <run_dir>/checkpoints, cache_dir None ->
+        <run_dir>/.ckpt_cache."""
+        return cls(cfg.url or os.path.join(run_dir, "checkpoints"), retries=cfg.retries,
+                   cache_dir=cfg.cache_dir or os.path.join(run_dir, ".ckpt_cache"))
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    # -- paths ---------------------------------------------------------------
+    def version_url(self, version: int) -> str:
+        return join(self.url, f"v{_check_version(version)}")
+
+    def _vpath(self, version: int, name: str = "") -> str:
+        base = join(self.root, f"v{_check_version(version)}")
+        return join(base, name) if name else base
+
+    def _retry(self, fn, what: str):
+        return retry(fn, retries=self.retries, backoff_s=self.backoff_s, what=what)
+
+    # -- reading -----------------------------------------------------------
+    def read_manifest(self, version: int) -> dict:
+        """The validated manifest of ``version``; VersionNotFoundError or ManifestError."""
+        path = self._vpath(version, MANIFEST)
+        url = join(self.version_url(version), MANIFEST)
+
+        def _read() -> bytes:
+            invalidate(self.fs, path)
+            return self.fs.cat_file(path)
+
+        try:
+            raw = self._retry(_read, f"read {url}")
+        except FileNotFoundError as err:
+            raise VersionNotFoundError(
+                f"{url}: no manifest; version {version} does not exist or is incomplete") from err
+        try:
+            manifest = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ManifestError(f"{url}: manifest is not valid JSON ({err})") from err
+        problem = _manifest_problem(manifest, version)
+        if problem:
+            raise ManifestError(f"{url}: invalid manifest: {problem}")
+        return manifest
+
+    def _is_complete(self, version: int) -> bool:
+        try:
+            self.read_manifest(version)
+        except (VersionNotFoundError, ManifestError):
+            return False
+        return True
+
+    def _candidates(self) -> list[int]:
+        """Version numbers that have a folder (complete or not), sorted."""
+        def _ls() -> list[str]:
+            invalidate(self.fs, self.root)
+            try:
+                return self.fs.ls(self.root, detail=False)
+            except FileNotFoundError:
+                return []
+
+        out = []
+        for entry in self._retry(_ls, f"list {self.url}"):
+            m = _VERSION_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(set(out))
+
+    def versions(self) -> list[int]:
+        """Complete versions, sorted ascending."""
+        return [v for v in self._candidates() if self._is_complete(v)]
+
+    def latest(self) -> int | None:
+        for v in reversed(self._candidates()):
+            if self._is_complete(v):
+                return v
+        return None
+
+    def verify(self, version: int) -> dict:
+        """Check every file's size and sha256 against the manifest; returns the manifest.
+
+        Raises CorruptCheckpointError naming every mismatching or missing file."""
+        manifest = self.read_manifest(version)
+        problems = []
+        invalidate(self.fs, self._vpath(version))
+        for entry in manifest["files"]:
+            path = self._vpath(version, entry["path"])
+
+            def _check(path=path, entry=entry) -> str | None:
+                try:
+                    size = self.fs.info(path)["size"]
+                except FileNotFoundError:
+                    return f"{entry['path']}: missing"
+                if size != entry["size"]:
+                    return f"{entry['path']}: size {size} != {entry['size']}"
+                with self.fs.open(path, "rb") as f:
+                    digest = _sha256_stream(f)
+                if digest != entry["sha256"]:
+                    return f"{entry['path']}: sha256 {digest} != {entry['sha256']}"
+                return None
+
+            problem = self._retry(_check, f"verify {path}")
+            if problem:
+                problems.append(problem)
+        if problems:
+            raise CorruptCheckpointError(
+                f"{self.version_url(version)}: " + "; ".join(problems))
+        return manifest
+
+    def local_copy(self, version: int) -> str:
+        """A local folder holding ``version``, loadable with from_pretrained.
+
+        Local stores: the version folder itself. Remote: a copy under cache_dir
+        (made once; a cached copy whose manifest differs is made again)."""
+        manifest = self.read_manifest(version)
+        if self.is_local:
+            return self._vpath(version)
+        url = self.version_url(version)
+        for _ in range(2):
+            invalidate(self.fs, self._vpath(version))
+            dest = self._retry(lambda: localize(url, self.cache_dir, fs=self.fs), f"copy {url}")
+            if self._local_matches(dest, manifest):
+                return dest
+            shutil.rmtree(dest, ignore_errors=True)
+        raise CheckpointError(f"{url}: local copy in {dest} does not match the manifest "
+                              "(version changed or was pruned while copying)")
+
+    @staticmethod
+    def _local_matches(folder: str, manifest: dict) -> bool:
+        try:
+            with open(os.path.join(folder, MANIFEST), "rb") as f:
+                if json.loads(f.read()) != manifest:
+                    return False
+        except (OSError, ValueError):
+            return False
+        for entry in manifest["files"]:
+            p = os.path.join(folder, *entry["path"].split("/"))
+            if not os.path.isfile(p) or os.path.getsize(p) != entry["size"]:
+                return False
+        return True
+
+    # -- writing -------------------------------------------------------------
+    def publish(self, version: int, model: Any, tokenizer: Any = None,
+                meta: dict | None = None) -> str:
+        """save_pretrained ``model`` (safetensors) and ``tokenizer`` and publish them as
+        ``version``. Returns the version folder URL."""
+        _check_version(version)
+        _check_meta(meta)
+        self._prepare_slot(version)  # fail before the (possibly long) save
+        with tempfile.TemporaryDirectory(prefix="areal-ckpt-", dir=self.cache_dir and
+                                         _makedirs(self.cache_dir)) as tmp:
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            return self.publish_folder(version, tmp, meta)
+
+    def publish_folder(self, version: int, local_folder: str, meta: dict | None = None) -> str:
+        """Publish the files of an already saved model folder as ``version``.
+
+        A ``manifest.json`` in the folder is ignored (it is written anew)."""
+        _check_version(version)
+        _check_meta(meta)
+        if not os.path.isdir(local_folder):
+            raise FileNotFoundError(f"not a folder: {local_folder}")
+        names = _local_files(local_folder)
+        if not names:
+            raise ValueError(f"nothing to publish in {local_folder}")
+        files = []
+        for name in names:
+            src = os.path.join(local_folder, *name.split("/"))
+            with open(src, "rb") as f:
+                files.append({"path": name, "size": os.path.getsize(src),
+                              "sha256": _sha256_stream(f)})
+        self._prepare_slot(version)
+        for entry in files:
+            src = os.path.join(local_folder, *entry["path"].split("/"))
+            dest = self._vpath(version, entry["path"])
+            self._retry(lambda src=src, dest=dest: put_file_atomic(self.fs, src, dest),
+                        f"upload {entry['path']} to {self.version_url(version)}")
+        now = time.time()
+        manifest = {
+            "format": FORMAT,
+            "version": version,
+            "created": datetime.fromtimestamp(now, timezone.utc).isoformat(),
+            "created_unix": now,
+            "files": files,
+            "meta": dict(meta or {}),
+        }
+        data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        path = self._vpath(version, MANIFEST)
+        self._retry(lambda: pipe_atomic(self.fs, path, data),
+                    f"write manifest of {self.version_url(version)}")
+        return self.version_url(version)
+
+    def _prepare_slot(self, version: int) -> None:
+        """Refuse a complete version; remove a partial leftover of ``version``."""
+        if self._is_complete(version):
+            raise VersionExistsError(
+                f"{self.version_url(version)} is already a complete version; refusing to overwrite")
+        folder = self._vpath(version)
+
+        def _clean() -> None:
+            invalidate(self.fs, folder)
+            if self.fs.exists(folder):
+                self.fs.rm(folder, recursive=True)
+                invalidate(self.fs, folder)
+
+        self._retry(_clean, f"clean partial {self.version_url(version)}")
+
+    def prune(self, keep_last: int) -> list[int]:
+        """Delete all but the ``keep_last`` newest complete versions (never the latest).
+
+        Each version's manifest is deleted first, then its files. Returns the
+        deleted versions. Partial (manifest-less) folders are left alone."""
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1 (the latest version is never pruned)")
+        doomed = self.versions()[:-keep_last]
+        for v in doomed:
+            manifest, folder = self._vpath(v, MANIFEST), self._vpath(v)
+
+            def _rm_manifest(manifest=manifest) -> None:
+                invalidate(self.fs, manifest)
+                if self.fs.exists(manifest):
+                    self.fs.rm_file(manifest)
+
+            def _rm_folder(folder=folder) -> None:
+                invalidate(self.fs, folder)
+                if self.fs.exists(folder):
+                    self.fs.rm(folder, recursive=True)
+                invalidate(self.fs, folder)
+
+            self._retry(_rm_manifest, f"delete manifest of {self.version_url(v)}")
+            self._retry(_rm_folder, f"delete {self.version_url(v)}")
+        return doomed
+
+
+def _check_version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an int >= 0, got {version!r}")
+    return version
+
+
+def _check_meta(meta: dict | None) -> None:
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+    try:
+        json.dumps(meta)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"meta must be JSON-serialisable: {err}") from err
+
+
+def _makedirs(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _manifest_problem(m: Any, version: int) -> str | None:
+    if not isinstance(m, dict):
+        return f"expected a JSON object, got {type(m).__name__}"
+    if m.get("format") != FORMAT:
+        return f"format {m.get('format')!r} != {FORMAT!r}"
+    if m.get("version") != version:
+        return f"version {m.get('version')!r} != {version} (the folder's)"
+    if not isinstance(m.get("meta"), dict):
+        return "'meta' is not an object"
+    if not isinstance(m.get("created"), str):
+        return "'created' missing"
+    files = m.get("files")
+    if not isinstance(files, list) or not files:
+        return "'files' is not a non-empty list"
+    for e in files:
+        if not isinstance(e, dict):
+            return f"file entry {e!r} is not an object"
+        p = e.get("path")
+        if (not isinstance(p, str) or not p or p.startswith("/") or p == MANIFEST
+                or ".." in p.split("/")):
+            return f"bad file path {p!r}"
+        if isinstance(e.get("size"), bool) or not isinstance(e.get("size"), int) or e["size"] < 0:
+            return f"{p}: bad size {e.get('size')!r}"
+        if not isinstance(e.get("sha256"), str) or not _SHA256.match(e["sha256"]):
+            return f"{p}: bad sha256 {e.get('sha256')!r}"
+    return None

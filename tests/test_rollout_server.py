@@ -1,0 +1,251 @@
+"""The rollout server as a real process on 127.0.0.1, driven through the launcher and the client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
+from areal_core.rollout.launcher import start_server
+
+VOCAB = 64
+
+
+def tiny_qwen2(seed: int) -> torch.nn.Module:
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=3)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(prompt):].tolist()
+    return out[: out.index(3) + 1] if 3 in out else out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout-models")
+    out = {}
+    for name, seed in (("v0", 11), ("v1", 12)):
+        m = tiny_qwen2(seed)
+        m.save_pretrained(root / name)
+        out[name] = (str(root / name), m)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    log = str(tmp_path_factory.mktemp("rollout-logs") / "server.log")
+    with start_server(models["v0"][0], max_running=16, startup_timeout_s=60, log_path=log) as s:
+        yield s
+    assert not s.alive()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_client(url, fn):
+    client = RolloutClient(url, timeout_s=60)
+    try:
+        return await fn(client)
+    finally:
+        await client.aclose()
+
+
+def test_generate_matches_hf_greedy(server, models):
+    prompt = [5, 6, 7, 8]
+    resp = run(_with_client(server.url, lambda c: c.generate(prompt, {"temperature": 0.0, "max_new_tokens": 20},
+                                                             rid="greedy-1")))
+    assert resp.output_ids == hf_greedy(models["v0"][1], prompt, 20)
+    assert resp.meta_info.id == "greedy-1"
+    assert [t for _, t, _ in resp.meta_info.output_token_logprobs] == resp.output_ids
+    assert set(resp.meta_info.output_token_versions) == {0}
+
+
+def test_32_concurrent_requests(server):
+    async def go(c: RolloutClient):
+        before = (await c.model_info()).generated_tokens
+        reqs = [c.generate([i % VOCAB, 9, 10], {"max_new_tokens": 16, "ignore_eos": True}, rid=f"r{i}", seed=i)
+                for i in range(32)]
+        resps = await asyncio.gather(*reqs)
+        return before, resps, await c.model_info()
+
+    before, resps, info = run(_with_client(server.url, go))
+    assert [r.meta_info.id for r in resps] == [f"r{i}" for i in range(32)]
+    assert all(len(r.output_ids) == 16 and r.meta_info.finish_reason.type == "length" for r in resps)
+    assert info.generated_tokens - before == 32 * 16
+    assert info.running == 0 and info.waiting == 0
+
+
+def test_pool_spreads_requests_and_broadcasts(server):
+    async def go():
+        pool = RolloutPool([server.url, server.url + "/"], timeout_s=60)
+        try:
+            resps = await asyncio.gather(*(pool.generate([1, 2], {"max_new_tokens": 4}) for _ in range(8)))
+            await pool.pause()
+            paused = [i.paused for i in await pool.model_infos()]
+            await pool.resume()
+            return resps, pool.sent, pool.in_flight, paused, await pool.health()
+        finally:
+            await pool.aclose()
+
+    resps, sent, in_flight, paused, health = run(go())
+    assert len(resps) == 8 and sent == [4, 4] and in_flight == [0, 0]
+    assert paused == [True, True] and health == [True, True]
+
+
+def test_pause_and_continue(server):
+    async def go(c: RolloutClient):
+        await c.pause()
+        task = asyncio.create_task(c.generate([4, 5], {"max_new_tokens": 8}))
+        await asyncio.sleep(0.5)
+        info = await c.model_info()
+        assert not task.done()
+        assert info.paused and info.running + info.waiting == 1
+        await c.resume()
+        resp = await asyncio.wait_for(task, 30)
+        return resp, await c.model_info()
+
+    resp, info = run(_with_client(server.url, go))
+    assert len(resp.output_ids) >= 1 and not info.paused
+
+
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/generate", b"{not json", 400, "JSON"),
+    ("/generate", b'{"input_ids": "abc"}', 400, "input_ids"),
+    ("/generate", b'{"input_ids": []}', 400, "input_ids"),
+    ("/generate", b'{"input_ids": [1], "bogus": 1}', 400, "bogus"),
+    ("/generate", b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 10000000000}}', 400, "max_new_tokens"),
+    ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400, "temperature"),
+    ("/generate", b'{"input_ids": [99999999999999999999]}', 400, "vocabulary"),
+    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 511}}', 400, "context"),
+    ("/generate", b'{"input_ids": [1], "seed": -5}', 400, "seed"),
+    ("/update_weights_from_disk", b'{"model_path": "/no/such/folder", "weight_version": 1}', 400, "does not exist"),
+    ("/update_weights_from_disk", b'{"model_path": "x", "weight_version": -1}', 400, "weight_version"),
+    ("/pause_generation", b'{"mode": "abort"}', 400, "mode"),
+])
+def test_bad_requests_get_4xx_and_server_stays_up(server, path, body, status, words):
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, trust_env=False)
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"]
+    assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
+
+
+def test_oversized_body_and_unknown_path(server):
+    big = b'{"input_ids": [' + b"1," * (5 << 20) + b"1]}"
+    r = httpx.post(server.url + "/generate", content=big, trust_env=False)
+    assert r.status_code == 413 and "limit" in r.json()["message"]
+    r = httpx.get(server.url + "/no/such/endpoint", trust_env=False)
+    assert r.status_code == 404 and r.json()["message"]
+
+
+def test_client_raises_with_the_servers_message(server):
+    async def go(c: RolloutClient):
+        with pytest.raises(RolloutServerError, match="vocabulary") as e:
+            await c.generate([VOCAB + 1], {"max_new_tokens": 2})
+        assert e.value.status == 400
+        with pytest.raises(RolloutServerError, match="does not exist"):
+            await c.update_weights("/no/such/folder", 5)
+        assert (await c.model_info()).weight_version == 0
+        dead = RolloutClient("http://127.0.0.1:9", timeout_s=2)
+        assert not await dead.health()
+        with pytest.raises(RolloutServerError, match="unreachable"):
+            await dead.model_info()
+        await dead.aclose()
+
+    run(_with_client(server.url, go))
+
+
+def test_update_weights_mid_generation(server, models):
+    path0, _ = models["v0"]
+    path1, m1 = models["v1"]
+
+    async def go(c: RolloutClient):
+        long = [asyncio.create_task(c.generate([i + 4, 7], {"max_new_tokens": 400, "ignore_eos": True}))
+                for i in range(8)]
+        while (await c.model_info()).running < 8:
+            await asyncio.sleep(0.01)
+        await c.update_weights(path1, 1)
+        info = await c.model_info()
+        resps = await asyncio.gather(*long)
+        greedy = await c.generate([5, 6, 7, 8], {"temperature": 0.0, "max_new_tokens": 20})
+        await c.update_weights(path0, 2)  # leave the shared server as the other tests expect it
+        return info, resps, greedy
+
+    info, resps, greedy = run(_with_client(server.url, go))
+    assert info.weight_version == 1 and info.model_path == path1
+    for r in resps:
+        vs = r.meta_info.output_token_versions
+        assert vs == sorted(vs) and vs[-1] == 1 and r.meta_info.weight_version == 1
+    assert any(r.meta_info.output_token_versions[0] == 0 for r in resps)
+    assert greedy.output_ids == hf_greedy(m1, [5, 6, 7, 8], 20)
+    assert set(greedy.meta_info.output_token_versions) == {1}
+
+
+def test_non_interruptible_server_and_stop(models, tmp_path):
+    s = start_server(models["v0"][0], interruptible=False, weight_version=7, startup_timeout_s=60,
+                     log_path=str(tmp_path / "server.log"))
+    try:
+        info = run(_with_client(s.url, lambda c: c.model_info()))
+        assert not info.interruptible and info.weight_version == 7
+    finally:
+        s.stop()
+    assert not s.alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(s.pid, 0)
+    s.stop()  # idempotent
+
+
+def test_start_failure_reports_the_log(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with code") as e:
+        start_server(str(tmp_path / "no-model"), startup_timeout_s=60, log_path=str(tmp_path / "server.log"))
+    assert "no-model" in str(e.value)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie is gone for our purpose
+    except FileNotFoundError:
+        return True
+
+
+def test_server_exits_when_its_parent_dies(models, tmp_path):
+    code = (
+        "import time; from areal_core.rollout.launcher import start_server; "
+        f"s = start_server({models['v0'][0]!r}, log_path={str(tmp_path / 'server.log')!r}, startup_timeout_s=60); "
+        "print(s.pid, flush=True); time.sleep(600)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        pid = int(parent.stdout.readline())
+        parent.kill()  # no atexit, no stop(): the server must notice by itself
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if pid is not None and not _gone(pid):
+            os.killpg(pid, signal.SIGKILL)
