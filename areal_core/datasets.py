@@ -26,6 +26,15 @@ def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
 
 def to_prompts(records: list[Record], tokenizer, instruction: str | None = None) -> list[Prompt]:
     return [
-        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=r.answer)
+        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r))
         for r in records
     ]
+
+
+def reference(record: Record) -> str:
+    """What the grader compares a response with: the whole chain for the chain task."""
+    if record.task == "chain":
+        if not record.solution:
+            raise ValueError(f"chain record {record.id} has no solution to grade against")
+        return record.solution
+    return record.answer

@@ -68,9 +68,18 @@ def _percentiles(xs: list[int]) -> dict:
     return {"p50": float(t.quantile(0.5)), "p90": float(t.quantile(0.9)), "max": int(t.max())}
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bar is the one users watch; silence per-save/load bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
                    progress: bool = True, cache_dir: str | None = None) -> dict:
     t_start = time.perf_counter()
+    _quiet_libraries()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)

@@ -117,3 +117,15 @@ def test_every_solution_passes_and_running_totals_are_right():
             assert int(shown) == running
         assert int(final) == sum(digits) == int(r.answer)
         assert "".join(f"{lab}{v}" for lab, v in steps) == body
+
+
+def test_grade_chain_is_strict_about_the_chain():
+    from areal_core.data.synthetic import grade_chain
+
+    sol = "a3b8c15|15"
+    assert grade_chain("a3b8c15|15", sol) == (True, "15", "ok")
+    assert grade_chain(" a3b8c15|15 ", sol)[0]
+    assert grade_chain("a3b9c15|15", sol) == (False, "15", "wrong chain")  # right number, wrong chain
+    assert grade_chain("a3b8c15|16", sol) == (False, "16", "wrong final answer")
+    assert grade_chain("a3b8c15", sol) == (False, None, "no answer found")
+    assert grade_chain("", sol) == (False, None, "no answer found")

@@ -82,6 +82,26 @@ def check_chain(response: str, answer: str) -> bool:
     return int(got) == int(want)
 
 
+def grade_chain(response: str, solution: str) -> tuple[bool, str | None, str]:
+    """Strict grading of a chain response against the correct solution.
+
+    Correct means the whole chain is right: every labelled running total and the
+    final answer. A right final number reached through a wrong chain is graded
+    wrong ("wrong chain"): rewarding it lets a policy drift towards guessing the
+    final number and abandon the chain, which is what the task exists to need.
+    Returns (correct, parsed final answer, reason).
+    """
+    got = parse_chain_answer(response)
+    want = parse_chain_answer(solution)
+    if got is None:
+        return False, None, "no answer found"
+    if want is None or not _INT.fullmatch(got) or int(got) != int(want):
+        return False, got, "wrong final answer"
+    if response.strip() != solution.strip():
+        return False, got, "wrong chain"
+    return True, got, "ok"
+
+
 def is_eval_prompt(prompt: str, seed: int) -> bool:
     """Whether ``prompt`` belongs to the held-out share of the prompt space."""
     h = hashlib.blake2b(f"{seed}:{prompt}".encode(), digest_size=8).digest()

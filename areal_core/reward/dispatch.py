@@ -9,11 +9,9 @@ TASKS = ("chain",)
 
 def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
     """Grade one response. ``task`` is a record's task kind."""
-    if task == "chain":
-        from areal_core.data.synthetic import check_chain, parse_chain_answer
+    if task == "chain":  # the reference is the full correct chain
+        from areal_core.data.synthetic import grade_chain
 
-        parsed = parse_chain_answer(response)
-        ok = check_chain(response, reference)
-        reason = "ok" if ok else ("no answer found" if parsed is None else "wrong answer")
+        ok, parsed, reason = grade_chain(response, reference)
         return RewardResult(correct=ok, parsed=parsed, reason=reason)
     raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")

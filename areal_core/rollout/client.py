@@ -31,6 +31,9 @@ HEALTH = "/health"
 MODEL_INFO = "/get_model_info"
 
 
+CONNECTION_RETRIES = 4  # per request, for connection resets / refusals, with exponential backoff
+
+
 class RolloutServerError(RuntimeError):
     """A rollout server answered with an error (``status``), or could not be reached (``status`` None)."""
 
@@ -67,19 +70,25 @@ class RolloutClient:
         self._http = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            # expire idle connections well before the server does (SERVER_KEEP_ALIVE_S), so a
+            # request is never sent on a socket the server is closing
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=20.0),
             trust_env=False,
         )
 
-    async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None) -> bytes:
-        try:
-            if body is None:
-                resp = await self._http.request(method, path)
-            else:
-                resp = await self._http.request(method, path, content=body.model_dump_json(),
-                                                headers={"content-type": "application/json"})
-        except httpx.TransportError as e:
-            raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}") from e
+    async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None,
+                    retries: int = CONNECTION_RETRIES) -> bytes:
+        """One request; connection-level failures (reset, refused, dropped) are retried with backoff."""
+        content = None if body is None else body.model_dump_json()
+        headers = None if body is None else {"content-type": "application/json"}
+        for attempt in range(retries + 1):
+            try:
+                resp = await self._http.request(method, path, content=content, headers=headers)
+                break
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                if isinstance(e, httpx.TimeoutException) or attempt == retries:
+                    raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}") from e
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
         if not resp.is_success:
             raise RolloutServerError(self.url, resp.status_code, _server_message(resp))
         return resp.content

@@ -30,6 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import GenerateRequest, StatusResponse, UpdateWeightsRequest
 
+
+SERVER_KEEP_ALIVE_S = 75  # idle keep-alive; clients expire theirs sooner (client.py)
 log = logging.getLogger("areal_core.rollout.server")
 
 MAX_BODY_BYTES = 8 << 20
@@ -234,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
              args.max_running, args.interruptible)
     config = uvicorn.Config(create_app(engine), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5, lifespan="off")
+                            access_log=False, timeout_graceful_shutdown=5, lifespan="off",
+                            timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     server = _Server(config)
     server.engine = engine
     if args.parent_pid is not None:
