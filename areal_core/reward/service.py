@@ -22,6 +22,8 @@ class RewardService:
 
         self.cfg = cfg
         self._cluster = None
+        # distributed logs every worker and connection at INFO; keep the console for progress
+        logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger("distributed").level))
         if cfg.scheduler_address:
             self.client = Client(cfg.scheduler_address, timeout="30s")
         else:
