@@ -42,12 +42,13 @@ class RunLog:
         self.ledger.extend(trained)
         self.flush()
 
+    def ledger_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.ledger, columns=LEDGER_COLUMNS)
+
     def flush(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(pd.DataFrame(self.metrics), self.run_dir / "metrics.parquet")
-        write_parquet_atomic(
-            pd.DataFrame(self.ledger, columns=LEDGER_COLUMNS), self.run_dir / "ledger.parquet"
-        )
+        write_parquet_atomic(self.ledger_frame(), self.run_dir / "ledger.parquet")
 
 
 def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int) -> dict:

@@ -15,7 +15,6 @@ import logging
 import time
 from pathlib import Path
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -25,7 +24,7 @@ from areal_core.data.prompting import decode_response
 from areal_core.datasets import load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
-from areal_core.metrics import LEDGER_COLUMNS, RunLog, check_ledger, ledger_rows
+from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.models import load_base_model
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
@@ -96,8 +95,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
-    store = CheckpointStore(cfg.storage.url or str(run_dir / "checkpoints"), retries=cfg.storage.retries,
-                            cache_dir=cfg.storage.cache_dir or str(run_dir / ".ckpt_cache"))
+    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
     store.publish(0, model, tokenizer, meta={"step": 0})
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
@@ -164,7 +162,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         eff = (tokens_total - warm_tokens) / (rl_end - warm_t)
     else:
         eff = tokens_total / (rl_end - rl_start)
-    ledger = check_ledger(pd.DataFrame(runlog.ledger, columns=LEDGER_COLUMNS), steps, B)
+    ledger = check_ledger(runlog.ledger_frame(), steps, B)
     m = runlog.metrics
     summary = {
         "name": cfg.name,
