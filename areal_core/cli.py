@@ -62,10 +62,7 @@ def cmd_train(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="areal-flow", description="Fully asynchronous RL for LLM reasoning.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_train_command(sub) -> None:
     t = sub.add_parser("train", help="run one experiment from a YAML config")
     t.add_argument("config")
     t.add_argument("--run-dir", help="output folder (default: runs/<name>-<time>)")
@@ -76,9 +73,24 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--json", action="store_true", help="also print the summary as JSON")
     t.set_defaults(func=cmd_train)
 
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The parser with the core (Prefect-free) subcommands; flows/cli.py adds the rest."""
+    p = argparse.ArgumentParser(prog="areal-flow", description="Fully asynchronous RL for LLM reasoning.")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_train_command(sub)
+    return p, sub
+
+
+def run_parsed(p: argparse.ArgumentParser, argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, _ = build_parser()
+    return run_parsed(p, argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,7 +77,15 @@ def _quiet_libraries() -> None:
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
-                   progress: bool = True, cache_dir: str | None = None) -> dict:
+                   progress: bool = True, cache_dir: str | None = None,
+                   on_step: Callable[[dict], None] | None = None,
+                   on_checkpoint: Callable[[int, str], None] | None = None) -> dict:
+    """Run one experiment; return its summary (also written to ``run_dir/summary.json``).
+
+    ``on_step(row)`` is called after every training step with that step's metrics row;
+    ``on_checkpoint(version, url)`` after every published checkpoint (version 0 included).
+    Orchestrators (the Prefect flows) hook progress reports and events in here.
+    """
     t_start = time.perf_counter()
     _quiet_libraries()
     run_dir = Path(run_dir)
@@ -97,6 +106,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
 
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
     store.publish(0, model, tokenizer, meta={"step": 0})
+    if on_checkpoint:
+        on_checkpoint(0, store.version_url(0))
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
     with RewardService(cfg.reward) as rewards, rollout_servers(cfg, store.local_copy(0), run_dir) as urls:
@@ -132,6 +143,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 version += 1
                 t1 = time.perf_counter()
                 store.publish(version, model, tokenizer, meta={"step": step})
+                if on_checkpoint:
+                    on_checkpoint(version, store.version_url(version))
                 controller.update_weights(store.local_copy(version), version)
                 if cfg.storage.keep_last:
                     store.prune(cfg.storage.keep_last)
@@ -148,6 +161,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                     "elapsed_s": now - rl_start,
                 }
                 runlog.log_step(row, ledger_rows(batch, step, version - 1))
+                if on_step:
+                    on_step({**row, "total_steps": steps})
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
                                 stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
