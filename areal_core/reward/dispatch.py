@@ -4,14 +4,31 @@ from __future__ import annotations
 
 from areal_core.reward.result import RewardResult
 
-TASKS = ("chain",)
+TASKS = ("chain", "math", "code")
 
 
 def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
-    """Grade one response. ``task`` is a record's task kind."""
-    if task == "chain":  # the reference is the full correct chain
+    """Grade one response. ``task`` is a record's task kind.
+
+    chain: ``reference`` is the full correct chain. math: ``reference`` is the
+    reference answer. code: ``tests`` are the record's tests (``reference`` is
+    not used); the program is the response's last fenced code block.
+    """
+    if task == "chain":
         from areal_core.data.synthetic import grade_chain
 
         ok, parsed, reason = grade_chain(response, reference)
         return RewardResult(correct=ok, parsed=parsed, reason=reason)
+    if task == "math":
+        from areal_core.reward.math import grade_math_result
+
+        return grade_math_result(response, reference)
+    if task == "code":
+        from areal_core.reward.code import extract_code, grade_code
+
+        if not tests:
+            raise ValueError("a code task needs tests to grade against")
+        program = extract_code(response)
+        result = grade_code(program, tests)
+        return RewardResult(correct=result.passed, parsed=program[:2000], reason=result.reason)
     raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")

@@ -1,0 +1,259 @@
+"""Evaluate a checkpoint on benchmarks: serve it, sample k answers per problem, grade on Dask.
+
+Generation goes through the rollout protocol (``RolloutPool``), so any server
+that speaks it could be evaluated; here an embedded server is started on the
+model. Grading runs as Dask tasks on the reward service, submitted as each
+answer arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from areal_core.data.prompting import decode_response, encode_prompt
+from areal_core.data.records import Record
+from areal_core.eval.benchmarks import Benchmark, get_benchmark, load_benchmark, reference_response, reference_text
+from areal_core.eval.passk import maj_at_k, pass_at_k
+from areal_core.metrics import write_parquet_atomic
+from areal_core.reward.config import RewardConfig
+from areal_core.reward.result import RewardResult
+from areal_core.storage.fsutil import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = {"math": 1024, "code": 1024, "chain": 64}
+SMOLLM2 = "smollm2-135m"
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("AREAL_FLOW_CACHE") or Path.home() / ".cache" / "areal-flow")
+
+
+def model_folder(model: str) -> str:
+    """A folder (or URL) the rollout server can load: ``smollm2-135m`` is exported once to an HF folder."""
+    if model != SMOLLM2:
+        return model
+    dest = _cache_root() / "smollm2-135m-hf"
+    if (dest / "config.json").exists():
+        return str(dest)
+    from areal_core.models.smollm2 import load_smollm2
+
+    import transformers
+
+    gguf_model, tokenizer = load_smollm2()
+    # transformers refuses to save a model loaded from GGUF: copy its (dequantised) weights into a plain one
+    plain = transformers.AutoModelForCausalLM.from_config(gguf_model.config)
+    plain.load_state_dict(gguf_model.state_dict())
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)  # readers never see a half-written folder
+    return str(dest)
+
+
+def load_tokenizer(folder_or_url: str):
+    import transformers
+
+    from areal_core.storage.localize import localize
+
+    tok = transformers.AutoTokenizer.from_pretrained(localize(folder_or_url), local_files_only=True)
+    return tok
+
+
+class _Grades:
+    """Collects reward-service verdicts delivered by ``on_done`` callbacks (from Dask threads)."""
+
+    def __init__(self, n: int):
+        self.results: list[RewardResult | None] = [None] * n
+        self.errors: list[BaseException] = []
+        self._arrived = threading.Semaphore(0)
+
+    def submit(self, rewards, i: int, task: str, response: str, reference: str, tests: list[dict] | None) -> None:
+        def on_done(result: RewardResult | None, error: BaseException | None) -> None:
+            if error is not None:
+                self.errors.append(error)
+            self.results[i] = result
+            self._arrived.release()
+
+        rewards.submit(task, response, reference, on_done, tests=tests)
+
+    def wait(self, progress: bool = False, desc: str = "") -> list[RewardResult]:
+        from tqdm import tqdm
+
+        for _ in tqdm(range(len(self.results)), desc=desc, disable=not progress, dynamic_ncols=True):
+            self._arrived.acquire()
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} grading task(s) failed; first: {self.errors[0]!r}") \
+                from self.errors[0]
+        return self.results  # type: ignore[return-value]
+
+
+async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int]], sampling: dict, progress: bool,
+                    desc: str, on_done) -> None:
+    """Generate every job (rid, input_ids, seed); ``on_done(index, response)`` as each finishes."""
+    from tqdm import tqdm
+
+    from areal_core.rollout.client import RolloutPool
+
+    pool = RolloutPool(urls, timeout_s=3600.0)
+    bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
+
+    async def one(i: int, rid: str, ids: list[int], seed: int) -> None:
+        resp = await pool.generate(ids, sampling, rid=rid, seed=seed)
+        on_done(i, resp)
+        bar.update(1)
+
+    try:
+        await asyncio.gather(*(one(i, *job) for i, job in enumerate(jobs)))
+    finally:
+        bar.close()
+        await pool.aclose()
+
+
+def _bench_summary(bench: Benchmark, df: pd.DataFrame, samples: int) -> dict:
+    per_problem = df.sort_values(["problem_id", "sample"]).groupby("problem_id", sort=False)
+    p1, pk, maj = [], [], []
+    for _, g in per_problem:
+        n, c = len(g), int(g["correct"].sum())
+        p1.append(c / n)
+        pk.append(pass_at_k(n, c, samples))
+        if bench.task == "math":
+            # pandas stores a missing parsed answer as NaN in a string column: no vote
+            parsed = [a if isinstance(a, str) else None for a in g["parsed"]]
+            maj.append(maj_at_k(parsed, [bool(c) for c in g["correct"]], samples))
+    out = {
+        "label": bench.label,
+        "task": bench.task,
+        "n_problems": len(p1),
+        "samples": samples,
+        "pass@1": sum(p1) / len(p1),
+        f"pass@{samples}": sum(pk) / len(pk),
+        "mean_length": float(df["n_tokens"].mean()),
+        "truncated_share": float((df["finish_reason"] == "length").mean()),
+    }
+    if bench.task == "math":
+        out[f"maj@{samples}"] = sum(maj) / len(maj)
+    return out
+
+
+def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, rewards, *, samples: int,
+                    sampling: dict, progress: bool) -> pd.DataFrame:
+    jobs, meta = [], []
+    for pi, rec in enumerate(records):
+        ids = encode_prompt(tokenizer, rec, bench.instruction)
+        for s in range(samples):
+            jobs.append((f"eval-{bench.name}-{pi}-{s}", ids, 1_000_003 * s + pi))
+            meta.append((rec, s))
+    responses: list = [None] * len(jobs)
+    grades = _Grades(len(jobs))
+
+    def on_done(i: int, resp) -> None:  # submit grading at once: it overlaps generation
+        rec = meta[i][0]
+        text = decode_response(tokenizer, resp.output_ids)
+        responses[i] = (text, resp)
+        grades.submit(rewards, i, rec.task, text, reference_text(rec), rec.tests)
+
+    asyncio.run(_generate(urls, jobs, sampling, progress, bench.name, on_done))
+    results = grades.wait()
+    rows = []
+    for (rec, s), (text, resp), res in zip(meta, responses, results):
+        rows.append({
+            "problem_id": rec.id, "sample": s, "response": text, "parsed": res.parsed, "correct": bool(res.correct),
+            "reason": res.reason, "n_tokens": len(resp.output_ids), "finish_reason": resp.meta_info.finish_reason.type,
+        })
+    return pd.DataFrame(rows)
+
+
+def evaluate_checkpoint(
+    model: str,
+    benches: list[str],
+    *,
+    out_dir: str,
+    samples: int = 1,
+    limit: int | None = None,
+    temperature: float = 0.6,
+    top_p: float = 0.95,
+    max_new_tokens: int | None = None,
+    scheduler_address: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Evaluate ``model`` on ``benches``; writes ``out_dir/<bench>/results.parquet`` and ``out_dir/summary.json``.
+
+    ``model``: a checkpoint version folder or URL (``CheckpointStore``), an HF
+    model folder, or ``smollm2-135m``. Returns the summary dict.
+    """
+    from areal_core.reward.service import RewardService
+    from areal_core.rollout.launcher import start_server
+
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    chosen = [get_benchmark(b) for b in benches]  # unknown names fail before anything starts
+    problems = {b.name: load_benchmark(b.name, limit) for b in chosen}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    folder = model_folder(model)
+    tokenizer = load_tokenizer(folder)
+    summary: dict = {
+        "model": model,
+        "settings": {"samples": samples, "limit": limit, "temperature": temperature, "top_p": top_p,
+                     "max_new_tokens": max_new_tokens},
+        "benchmarks": {},
+    }
+    with start_server(folder, log_path=str(out / "rollout_server.log"), max_running=512) as server, \
+            RewardService(RewardConfig(scheduler_address=scheduler_address)) as rewards:
+        for bench in chosen:
+            tb = time.perf_counter()
+            sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0,
+                        "max_new_tokens": max_new_tokens or DEFAULT_MAX_NEW_TOKENS[bench.task]}
+            df = _evaluate_bench(bench, problems[bench.name], [server.url], tokenizer, rewards, samples=samples,
+                                 sampling=sampling, progress=progress)
+            (out / bench.name).mkdir(exist_ok=True)
+            write_parquet_atomic(df, out / bench.name / "results.parquet")
+            summary["benchmarks"][bench.name] = {**_bench_summary(bench, df, samples),
+                                                 "max_new_tokens": sampling["max_new_tokens"],
+                                                 "wall_s": time.perf_counter() - tb}
+            write_json_atomic(str(out / "summary.json"), summary)  # after each bench: partial results survive
+    summary["wall_s"] = time.perf_counter() - t0
+    write_json_atomic(str(out / "summary.json"), summary)
+    return summary
+
+
+def reference_check(bench_name: str, *, limit: int | None = None, scheduler_address: str | None = None,
+                    n_workers: int = 2, progress: bool = True) -> dict:
+    """Grade every problem's own reference solution: a self-check of the data and the grader."""
+    from areal_core.reward.service import RewardService
+
+    bench = get_benchmark(bench_name)
+    records = load_benchmark(bench_name, limit)
+    items, ids = [], []
+    for rec in records:
+        resp = reference_response(rec)
+        if resp is not None:
+            items.append((rec.task, resp, reference_text(rec), rec.tests))
+            ids.append(rec.id)
+    if not items:
+        raise ValueError(f"{bench_name}: the data has no reference solutions to check")
+    t0 = time.perf_counter()
+    cfg = RewardConfig(scheduler_address=scheduler_address, n_workers=n_workers)
+    with RewardService(cfg) as rewards:
+        grades = _Grades(len(items))
+        for i, (task, resp, ref, tests) in enumerate(items):
+            grades.submit(rewards, i, task, resp, ref, tests)
+        results = grades.wait(progress, f"{bench_name} reference")
+    failures = [{"id": i, "parsed": (r.parsed or "")[:200], "reason": r.reason}
+                for i, r in zip(ids, results) if not r.correct]
+    n_ok = len(results) - len(failures)
+    return {
+        "bench": bench_name, "label": bench.label, "n_problems": len(records), "n_with_reference": len(items),
+        "n_correct": n_ok, "accuracy": n_ok / len(items), "wall_s": time.perf_counter() - t0,
+        "failures": failures,
+    }

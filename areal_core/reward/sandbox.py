@@ -1,0 +1,293 @@
+"""Run untrusted programs (a model's code) with limits, isolated as far as the host allows.
+
+Two modes; :func:`sandbox_mode` picks the strongest one that works here, and
+``AREAL_SANDBOX_MODE=namespaces|rlimits`` forces one (forcing ``namespaces``
+where it cannot work is an error, never a silent downgrade).
+
+``namespaces`` (root and util-linux ``unshare``): fresh PID, mount, network,
+IPC and UTS namespaces; tmpfs over /tmp, /var/tmp and /dev/shm; a user id of
+its own; every process killed when the run ends.
+
+``rlimits`` (the fallback, e.g. CI without root): resource limits, scrubbed
+environment, fresh work folder, its own session; a user id of its own only when
+we are root. No network or filesystem isolation. :data:`GUARANTEES` says
+exactly what each mode guarantees; docs/EVALUATION.md explains it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+MODES = ("namespaces", "rlimits")
+UNSHARE_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
+_UID_BASE, _UID_SPAN = 2_000_000, 1_000_000  # sandbox user ids: unused by any real account
+
+# What each mode guarantees (True) or does not (False). Tests assert these.
+GUARANTEES = {
+    "namespaces": {
+        "limits": True,  # CPU, wall time, memory, processes, file size, output size
+        "scrubbed_env": True,
+        "no_network": True,
+        "writes_confined": True,  # only the work dir and private /tmp, /var/tmp, /dev/shm
+        "disk_bounded": True,  # tmpfs of limits.disk_mb
+        "own_user": True,  # cannot signal or read other processes; per-run process limit
+        "all_processes_killed": True,
+    },
+    "rlimits": {
+        "limits": True,
+        "scrubbed_env": True,
+        "no_network": False,
+        "writes_confined": False,  # world-writable host folders (/tmp) stay writable
+        "disk_bounded": False,  # only the size of each file is bounded
+        "own_user": None,  # filled in below: True when running as root
+        "all_processes_killed": None,  # by user id as root; by environment marker otherwise
+    },
+}
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def guarantees(mode: str | None = None) -> dict:
+    mode = mode or sandbox_mode()
+    g = dict(GUARANTEES[mode])
+    if mode == "rlimits":
+        g["own_user"] = _is_root()
+        # without an own user id, a process that clears its environment escapes the sweep
+        g["all_processes_killed"] = _is_root()
+    return g
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    wall_s: float = 10.0
+    cpu_s: int = 10
+    memory_mb: int = 1024  # address space
+    max_processes: int = 32  # tasks (processes and threads)
+    file_size_mb: int = 16  # any file written, stdout and stderr included
+    disk_mb: int = 64  # size of the private /tmp (namespaces mode)
+    max_open_files: int = 256
+
+
+@dataclass
+class SandboxRun:
+    mode: str
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    wall_s: float
+    stdout: str
+    stderr: str
+    leftovers_killed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def reason(self) -> str:
+        if self.timed_out:
+            return "wall time limit exceeded"
+        if self.signal is not None:
+            import signal as _signal
+
+            names = {_signal.SIGXCPU: "CPU time limit exceeded", _signal.SIGXFSZ: "file/output size limit exceeded",
+                     _signal.SIGKILL: "killed"}
+            return names.get(self.signal, f"killed by signal {self.signal}")
+        if self.exit_code != 0:
+            last = self.stderr.strip().splitlines()[-1:] or [""]
+            return f"exit code {self.exit_code}: {last[0][:200]}"
+        return "ok"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _probe_namespaces() -> str | None:
+    """None if the namespaces mode works here, else why not."""
+    if not _is_root():
+        return "not running as root"
+    if shutil.which("unshare") is None:
+        return "util-linux `unshare` not found"
+    try:
+        r = subprocess.run(["unshare", *UNSHARE_FLAGS, "true"], capture_output=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "`unshare` probe timed out"
+    if r.returncode != 0:
+        return f"`unshare` failed: {r.stderr.decode(errors='replace').strip()[:200]}"
+    return None
+
+
+@functools.cache
+def sandbox_mode() -> str:
+    forced = os.environ.get("AREAL_SANDBOX_MODE")
+    if forced:
+        if forced not in MODES:
+            raise ValueError(f"AREAL_SANDBOX_MODE={forced!r}: expected one of {', '.join(MODES)}")
+        if forced == "namespaces" and (why := _probe_namespaces()):
+            raise RuntimeError(f"AREAL_SANDBOX_MODE=namespaces but namespaces are unavailable: {why}")
+        return forced
+    return "namespaces" if _probe_namespaces() is None else "rlimits"
+
+
+def scrubbed_env(marker: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/nonexistent",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "AREAL_SANDBOX_RUN": marker,
+    }
+
+
+def run_sandboxed(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    mode: str | None = None,
+) -> SandboxRun:
+    """Run ``argv`` in a fresh work folder holding ``files``, under ``limits``.
+
+    ``argv[0]`` must be an absolute path (no PATH lookup). Output beyond
+    ``limits.file_size_mb`` kills the command (SIGXFSZ).
+    """
+    limits = limits or SandboxLimits()
+    mode = mode or sandbox_mode()
+    if mode not in MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}")
+    if not os.path.isabs(argv[0]):
+        raise ValueError(f"argv[0] must be an absolute path, got {argv[0]!r}")
+    marker = secrets.token_hex(8)
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if _is_root() else None
+    folder = tempfile.mkdtemp(prefix="areal-sandbox-")
+    try:
+        os.chmod(folder, 0o711)  # the sandbox user may pass through to work/, read nothing else
+        os.makedirs(os.path.join(folder, "files"))
+        for name, data in files.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"sandbox file names must be plain names, got {name!r}")
+            with open(os.path.join(folder, "files", name), "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+        with open(os.path.join(folder, "stdin"), "wb") as f:
+            f.write(stdin.encode())
+        spec = {"mode": mode, "argv": argv, "env": scrubbed_env(marker), "uid": uid, "marker": marker,
+                "limits": asdict(limits)}
+        with open(os.path.join(folder, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        cmd = [sys.executable, "-I", "-S", LAUNCHER, folder]
+        if mode == "namespaces":
+            cmd = ["unshare", *UNSHARE_FLAGS, *cmd]
+        status = _launch(cmd, limits, marker)
+        return SandboxRun(
+            mode=mode,
+            exit_code=status["exit_code"],
+            signal=status["signal"],
+            timed_out=status["timed_out"],
+            wall_s=status["wall_s"],
+            stdout=_read_capped(os.path.join(folder, "stdout"), limits),
+            stderr=_read_capped(os.path.join(folder, "stderr"), limits),
+            leftovers_killed=status["leftovers_killed"],
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _launch(cmd: list[str], limits: SandboxLimits, marker: str) -> dict:
+    """Run the launcher; its last stdout line is the JSON status."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=scrubbed_env(marker), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limits.wall_s + 30)  # the launcher enforces wall_s itself
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise RuntimeError(f"sandbox launcher did not finish within {limits.wall_s + 30:.0f}s") from None
+    lines = out.decode(errors="replace").strip().splitlines()
+    if proc.returncode < 0:
+        # the launcher was killed (a same-user program can do that in rlimits mode without root):
+        # the run failed; sweep whatever it left, then report it as killed
+        return {"exit_code": None, "signal": -proc.returncode, "timed_out": False, "wall_s": 0.0,
+                "leftovers_killed": _sweep_marker(marker)}
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"sandbox launcher failed (exit {proc.returncode}): {err.decode(errors='replace')[-1000:]}")
+    return json.loads(lines[-1])
+
+
+def _sweep_marker(marker: str) -> int:
+    """SIGKILL every process whose environment holds the run's marker; how many."""
+    killed = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"AREAL_SANDBOX_RUN={marker}".encode() in f.read():
+                    os.kill(int(pid), 9)
+                    killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def _read_capped(path: str, limits: SandboxLimits) -> str:
+    with open(path, "rb") as f:
+        return f.read(limits.file_size_mb * 1024 * 1024).decode(errors="replace")
+
+
+def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None, mode: str | None = None,
+               extra_files: dict[str, str] | None = None) -> SandboxRun:
+    """Run a Python program (``main.py``) in the sandbox with this interpreter, isolated (-I)."""
+    files = {"main.py": source, **(extra_files or {})}
+    return run_python_file("main.py", files, stdin, limits, mode)
+
+
+def run_python_file(main: str, files: dict[str, str], stdin: str = "", limits: SandboxLimits | None = None,
+                    mode: str | None = None) -> SandboxRun:
+    return run_sandboxed([sandbox_python(), "-I", main], files, stdin, limits, mode)
+
+
+def _usable_by_others(path: str) -> bool:
+    """True if a user with no relation to the file's owner can execute ``path``."""
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & 0o005 == 0o005:
+        return False
+    folder = os.path.dirname(path)
+    while True:
+        if not os.stat(folder).st_mode & 0o001:
+            return False
+        if folder == "/":
+            return True
+        folder = os.path.dirname(folder)
+
+
+@functools.cache
+def sandbox_python() -> str:
+    """The interpreter sandboxed programs run with.
+
+    ``AREAL_SANDBOX_PYTHON`` if set; else this interpreter, when the sandbox
+    user can execute it (as root the sandbox runs under a user id of its own,
+    which cannot enter e.g. a 0700 /root holding a pyenv Python); else the
+    system ``python3``.
+    """
+    forced = os.environ.get("AREAL_SANDBOX_PYTHON")
+    if forced:
+        return forced
+    if not _is_root() or _usable_by_others(sys.executable):
+        return sys.executable
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate) and _usable_by_others(candidate):
+            return candidate
+    raise RuntimeError(
+        f"no Python the sandbox user can run: {sys.executable} is not executable by other users and there is "
+        "no /usr/bin/python3; set AREAL_SANDBOX_PYTHON to an interpreter readable by all users"
+    )
