@@ -123,6 +123,20 @@ class ReplayBuffer:
             self.handed_out += len(out)
             return out
 
+    # resume --------------------------------------------------------------
+    def snapshot(self) -> list[dict]:
+        """Every admitted, untrained group with its rewarded trajectories (copies), oldest first.
+
+        ``done`` holds trajectory rows (``Trajectory.to_row``); the rest of each group is
+        still being generated or graded, which the controller's snapshot records.
+        """
+        with self._cond:
+            return [
+                {"group_id": g.group_id, "first_seq_no": g.first_seq_no, "admit_version": g.admit_version,
+                 "size": g.size, "done": [t.to_row() for t in sorted(g.done, key=lambda t: t.seq_no)]}
+                for g in sorted(self._groups.values(), key=lambda g: g.first_seq_no)
+            ]
+
     # introspection -------------------------------------------------------
     def counts(self) -> dict[str, int]:
         with self._cond:

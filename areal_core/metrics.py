@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -36,14 +37,31 @@ class RunLog:
         self.metrics: list[dict] = []
         self.ledger: list[dict] = []
 
-    def log_step(self, row: dict, trained: list[dict]) -> None:
+    def log_step(self, row: dict, trained: list[dict], flush: bool = True) -> None:
         """``trained``: one ledger row per trained trajectory (see ``LEDGER_COLUMNS``)."""
         self.metrics.append(row)
         self.ledger.extend(trained)
-        self.flush()
+        if flush:
+            self.flush()
 
     def ledger_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.ledger, columns=LEDGER_COLUMNS)
+
+    def to_parquet_bytes(self) -> dict[str, bytes]:
+        """{"metrics.parquet": ..., "ledger.parquet": ...}: what a resumable state stores."""
+        out = {}
+        for name, df in (("metrics.parquet", pd.DataFrame(self.metrics)), ("ledger.parquet", self.ledger_frame())):
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            out[name] = buf.getvalue()
+        return out
+
+    def restore(self, metrics: bytes, ledger: bytes) -> None:
+        """Replace the rows with those of a saved state (see ``to_parquet_bytes``) and flush."""
+        m, led = pd.read_parquet(io.BytesIO(metrics)), pd.read_parquet(io.BytesIO(ledger))
+        self.metrics = [{k: _plain(v) for k, v in r.items()} for r in m.to_dict("records")]
+        self.ledger = [{k: _plain(v) for k, v in r.items()} for r in led.to_dict("records")]
+        self.flush()
 
     def flush(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -51,12 +69,24 @@ class RunLog:
         write_parquet_atomic(self.ledger_frame(), self.run_dir / "ledger.parquet")
 
 
+def _plain(v):
+    """numpy scalars from a parquet round trip -> Python numbers (rows stay JSON-friendly)."""
+    return v.item() if hasattr(v, "item") else v
+
+
 def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int) -> dict:
-    """Exactly-once check: no trajectory id trained twice, every step trained B of them."""
+    """Exactly-once check: no trajectory id trained twice, every step trained B of them.
+
+    "None lost": trajectories are admitted in whole groups and trained in whole groups,
+    so with every step holding exactly B ids and none repeated, no admitted trajectory
+    was dropped from a batch; ``incomplete_groups`` lists groups trained only in part."""
     dup = ledger["trajectory_id"][ledger["trajectory_id"].duplicated()].tolist()
     per_step = ledger.groupby("step").size()
     bad_steps = per_step[per_step != batch_size].to_dict()
     missing_steps = sorted(set(range(1, expected_steps + 1)) - set(per_step.index.tolist()))
-    ok = not dup and not bad_steps and not missing_steps
+    groups = ledger["trajectory_id"].str.rsplit("-s", n=1).str[0]
+    sizes = groups.groupby(groups).size()
+    incomplete = sizes[sizes != sizes.max()].index.tolist() if len(sizes) else []
+    ok = not dup and not bad_steps and not missing_steps and not incomplete
     return {"ok": ok, "duplicates": dup[:20], "bad_steps": bad_steps, "missing_steps": missing_steps,
-            "n_trained": int(len(ledger))}
+            "incomplete_groups": incomplete[:20], "n_trained": int(len(ledger))}

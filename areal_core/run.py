@@ -5,6 +5,9 @@
     for each step: take B trajectories (staleness-bounded) -> PPO step -> publish v+1
                    -> servers load v+1 (interrupting in-flight generation)
     -> held-out accuracy after -> metrics.parquet, ledger.parquet, summary.json
+
+Each published version carries the run's resumable state (``storage/run_state.py``);
+``resume=True`` continues from the latest one (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -26,33 +29,30 @@ from areal_core.datasets import load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
-from areal_core.models import load_base_model
+from areal_core.models import load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
-from areal_core.rollout.launcher import start_server
+from areal_core.rollout.kv_forward import apply_weights, read_weights
+from areal_core.rollout.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore, write_json_atomic
+from areal_core.storage import run_state
 from areal_core.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path):
-    """Embedded servers started here (and stopped by PID), or the configured external ones."""
+def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0):
+    """(urls, restart) of embedded servers started here (and stopped by PID), which ``restart``
+    brings back after a crash; or the configured external ones (restart None)."""
     r = cfg.rollout
-    with contextlib.ExitStack() as stack:
-        if r.backend == "embedded":
-            urls = []
-            for k in range(r.n_servers):
-                srv = stack.enter_context(start_server(
-                    model_path, max_running=r.max_running, interruptible=r.interruptible,
-                    torch_threads=r.torch_threads, weight_version=0,
-                    log_path=str(run_dir / f"rollout_server_{k}.log"),
-                ))
-                urls.append(srv.url)
-        else:
-            urls = list(r.urls)
-        yield urls
+    if r.backend != "embedded":
+        yield list(r.urls), None
+        return
+    with EmbeddedServers(model_path, r.n_servers, weight_version=version, max_running=r.max_running,
+                         interruptible=r.interruptible, torch_threads=r.torch_threads,
+                         log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
+        yield s.urls, s.restart
 
 
 async def _push_weights(urls: list[str], path: str, version: int) -> None:
@@ -79,12 +79,17 @@ def _quiet_libraries() -> None:
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
                    progress: bool = True, cache_dir: str | None = None,
                    on_step: Callable[[dict], None] | None = None,
-                   on_checkpoint: Callable[[int, str], None] | None = None) -> dict:
+                   on_checkpoint: Callable[[int, str], None] | None = None,
+                   resume: bool = False) -> dict:
     """Run one experiment; return its summary (also written to ``run_dir/summary.json``).
 
     ``on_step(row)`` is called after every training step with that step's metrics row;
     ``on_checkpoint(version, url)`` after every published checkpoint (version 0 included).
     Orchestrators (the Prefect flows) hook progress reports and events in here.
+
+    ``resume``: continue from the latest checkpoint of this run's store (model, optimizer,
+    data position, buffer, partial answers, metrics and ledger); a store with no version
+    yet starts afresh, so a retry can always pass ``resume=True``.
     """
     t_start = time.perf_counter()
     _quiet_libraries()
@@ -94,27 +99,48 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     torch.set_num_threads(cfg.trainer.torch_threads)
     steps = max_steps or cfg.trainer.max_steps
     B, eta = cfg.trainer.batch_size, cfg.trainer.eta
-    write_json_atomic(str(run_dir / "config.json"), cfg.model_dump(mode="json"))
+    config = cfg.model_dump(mode="json")
+    write_json_atomic(str(run_dir / "config.json"), config)
 
     # data and model (the tiny model gets its supervised warm start here, cached)
     train_records, eval_records = load_records(cfg.data)
+    model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
-                                       cache_dir=cache_dir, progress=progress)
+                                       cache_dir=cache_dir, progress=progress, info=model_info)
     train_prompts = to_prompts(train_records, tokenizer)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
-    store.publish(0, model, tokenizer, meta={"step": 0})
-    if on_checkpoint:
-        on_checkpoint(0, store.version_url(0))
+    trainer = Trainer(model, cfg.trainer, cfg.rollout.sampling.temperature, steps)
+    runlog = RunLog(run_dir)
+    saved = run_state.load_latest(store, config) if resume else None
+    if saved is None:
+        version, before = 0, None
+        if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
+            trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
+        publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
+        store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
+            0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
+        if on_checkpoint:
+            on_checkpoint(0, store.version_url(0))
+    else:
+        version, before = saved.version, saved.state["before"]
+        with torch.no_grad():
+            apply_weights(model, read_weights(model, store.local_copy(version)))
+        trainer.load_state_dict(saved.trainer)
+        runlog.restore(saved.metrics, saved.ledger)
+        if version >= steps:
+            log.warning("the run already has %d steps (asked for %d); nothing to train", version, steps)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
-    with RewardService(cfg.reward) as rewards, rollout_servers(cfg, store.local_copy(0), run_dir) as urls:
-        if cfg.rollout.backend == "external":  # external servers must start from v0 too
-            asyncio.run(_push_weights(urls, store.local_copy(0), 0))
-        before = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
-                                  max_new_tokens=max_new)
+    with RewardService(cfg.reward) as rewards, \
+            rollout_servers(cfg, store.local_copy(version), run_dir, version) as (urls, restart):
+        if cfg.rollout.backend == "external":  # external servers must start from our version too
+            asyncio.run(_push_weights(urls, store.local_copy(version), version))
+        if before is None:
+            before = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
+                                      max_new_tokens=max_new)
         log.info("held-out accuracy before RL: %.3f", before["accuracy"])
 
         buffer = ReplayBuffer()
@@ -123,18 +149,18 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             sampling=cfg.rollout.sampling.model_dump(), reward_correct=cfg.trainer.reward_correct,
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
         )
-        controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings,
-                                       request_timeout_s=cfg.rollout.request_timeout_s)
-        trainer = Trainer(model, cfg.trainer, cfg.rollout.sampling.temperature, steps)
-        runlog = RunLog(run_dir)
-        version = 0
+        controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, version=version,
+                                       request_timeout_s=cfg.rollout.request_timeout_s,
+                                       model_path=store.local_copy(version), restart_server=restart)
+        if saved is not None:
+            controller.restore(saved.state["controller"])
+        first_step = version + 1
         rl_start = time.perf_counter()
         warm_t, warm_tokens, tokens_total = None, 0, 0
-        trained_lengths: list[int] = []
-        bar = tqdm(total=steps, desc=f"RL {cfg.name}", unit="step", disable=not progress)
+        bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {cfg.name}", unit="step", disable=not progress)
         controller.start()
         try:
-            for step in range(1, steps + 1):
+            for step in range(first_step, steps + 1):
                 t0 = time.perf_counter()
                 gen_before = controller.generated_tokens
                 batch = buffer.take(B, version, eta)
@@ -142,25 +168,28 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 stats = trainer.step(batch, version)
                 version += 1
                 t1 = time.perf_counter()
-                store.publish(version, model, tokenizer, meta={"step": step})
+                row = {
+                    "step": step, "version": version, **stats, "wait_time_s": t_wait,
+                    "generated_tokens": controller.generated_tokens - gen_before,
+                }
+                runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
+                # the state of this step goes into its version, so both appear together or not at all
+                extra = run_state.encode(step, config, controller.snapshot(), trainer.state_dict(),
+                                         runlog.to_parquet_bytes(), before)
+                store.publish(version, model, tokenizer, meta={"step": step}, extra=extra)
                 if on_checkpoint:
                     on_checkpoint(version, store.version_url(version))
                 controller.update_weights(store.local_copy(version), version)
                 if cfg.storage.keep_last:
                     store.prune(cfg.storage.keep_last)
                 now = time.perf_counter()
+                row.update({"publish_time_s": now - t1, "step_time_s": now - t0,
+                            "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
+                            "elapsed_s": now - rl_start})
+                runlog.flush()
                 tokens_total += stats["tokens_trained"]
-                trained_lengths.extend(len(t.output_ids) for t in batch)
-                if step == cfg.trainer.warmup_steps_for_throughput:
+                if step == first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
                     warm_t, warm_tokens = now, tokens_total
-                row = {
-                    "step": step, "version": version, **stats,
-                    "wait_time_s": t_wait, "publish_time_s": now - t1, "step_time_s": now - t0,
-                    "generated_tokens": controller.generated_tokens - gen_before,
-                    "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
-                    "elapsed_s": now - rl_start,
-                }
-                runlog.log_step(row, ledger_rows(batch, step, version - 1))
                 if on_step:
                     on_step({**row, "total_steps": steps})
                 bar.update(1)
@@ -173,11 +202,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         after = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
                                  max_new_tokens=max_new)
 
-    if warm_t is not None and steps > cfg.trainer.warmup_steps_for_throughput:
+    # throughput of this process's steps (after its own warm-up), so a resumed run is not
+    # credited with the time before the stop
+    if warm_t is not None and steps > first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
         eff = (tokens_total - warm_tokens) / (rl_end - warm_t)
     else:
-        eff = tokens_total / (rl_end - rl_start)
-    ledger = check_ledger(runlog.ledger_frame(), steps, B)
+        eff = tokens_total / max(rl_end - rl_start, 1e-9)
+    frame = runlog.ledger_frame()
+    ledger = check_ledger(frame, steps, B)
+    trained_lengths = frame["n_tokens"].astype(int).tolist()
     m = runlog.metrics
     summary = {
         "name": cfg.name,
@@ -192,7 +225,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "microbatching": cfg.trainer.microbatching,
         "max_staleness_observed": max(r["staleness_max"] for r in m),
         "effective_train_tokens_per_s": eff,
-        "tokens_trained": tokens_total,
+        "tokens_trained": int(sum(trained_lengths)),
+        "resumed_from_step": saved.version if saved is not None else None,
+        "rollout_resubmits": controller.resubmitted,
+        "grading_resubmits": rewards.n_resubmitted,
         "rl_time_s": rl_end - rl_start,
         "wall_time_s": time.perf_counter() - t_start,
         "answer_length_before": _percentiles(before["lengths"]),

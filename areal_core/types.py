@@ -23,9 +23,15 @@ class Trajectory:
     output_versions: list[int] = field(default_factory=list)  # version that sampled each token
     finish_reason: str = ""
     reference: str = ""  # what the reward function compares against
+    task: str = ""  # the record's task kind, which picks the grader
     reward: float | None = None
     correct: bool | None = None
     reward_info: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """Generation is complete (a partial trajectory has ``finish_reason`` "")."""
+        return self.finish_reason != ""
 
     @property
     def n_output_tokens(self) -> int:

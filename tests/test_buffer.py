@@ -90,3 +90,19 @@ def test_simulated_run_respects_bound_and_trains_each_once(eta):
         trained += [t.traj_id for t in batch]
         version += 1
     assert len(trained) == len(set(trained)) == steps * B
+
+
+def test_snapshot_lists_untrained_groups_with_their_rewarded_answers():
+    buf = ReplayBuffer()
+    g0 = _admit_group(buf, "g0", 0, 0, 2)
+    g1 = _admit_group(buf, "g1", 2, 1, 2)
+    g2 = _admit_group(buf, "g2", 4, 1, 2)
+    for t in g0 + g2[:1]:
+        t.reward = 1.0
+        buf.put(t)
+    assert [t.traj_id for t in buf.take(2, version=1, eta=1, timeout=1)] == ["g0-s0", "g0-s1"]
+    snap = buf.snapshot()
+    assert [g["group_id"] for g in snap] == ["g1", "g2"]
+    assert [g["admit_version"] for g in snap] == [1, 1] and snap[0]["done"] == []
+    assert [Trajectory.from_row(r).traj_id for r in snap[1]["done"]] == ["g2-s0"]
+    assert g1  # admitted, nothing rewarded yet

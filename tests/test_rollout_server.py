@@ -249,3 +249,32 @@ def test_server_exits_when_its_parent_dies(models, tmp_path):
         parent.stdout.close()
         if pid is not None and not _gone(pid):
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_partial_outputs_of_running_requests(server):
+    """/get_requests shows what an unfinished request has so far; it is a prefix of the answer,
+    and continuing from it (prompt + prefix, fewer tokens) is how a resumed run goes on."""
+    async def go(c: RolloutClient):
+        task = asyncio.ensure_future(c.generate([5, 6, 7], {"max_new_tokens": 300, "ignore_eos": True},
+                                                rid="long-1", seed=3))
+        seen = None
+        for _ in range(500):
+            snap = await c.requests()
+            mine = [p for p in snap.requests if p.rid == "long-1"]
+            if mine and len(mine[0].output_ids) >= 5:
+                seen = mine[0]
+                break
+            await asyncio.sleep(0.01)
+        resp = await task
+        cont = await c.generate([5, 6, 7] + seen.output_ids, {"max_new_tokens": 300 - len(seen.output_ids),
+                                                             "ignore_eos": True}, rid="long-1")
+        return seen, resp, cont, await c.requests()
+
+    seen, resp, cont, after = run(_with_client(server.url, go))
+    assert seen is not None and 5 <= len(seen.output_ids) < 300
+    k = len(seen.output_ids)
+    assert resp.output_ids[:k] == seen.output_ids
+    assert [lp for lp, _, _ in resp.meta_info.output_token_logprobs[:k]] == seen.output_token_logprobs
+    assert resp.meta_info.output_token_versions[:k] == seen.output_token_versions
+    assert len(seen.output_ids) + len(cont.output_ids) == 300
+    assert after.requests == []

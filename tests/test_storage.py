@@ -351,3 +351,49 @@ def test_retry_and_transient_classification():
     with pytest.raises(ConnectionError):
         fsutil.retry(flaky, retries=1, backoff_s=0.001)
     assert len(attempts) == 2
+
+
+def test_extra_files_publish_with_the_version_and_are_checked(tmp_path, tokenizer):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    store.publish(0, make_model(1), tokenizer, extra={"resume/state.json": b'{"step": 0}', "resume/t.pt": b"\x00" * 10})
+    names = [e["path"] for e in store.read_manifest(0)["files"]]
+    assert "resume/state.json" in names and "resume/t.pt" in names
+    assert store.read_file(0, "resume/state.json") == b'{"step": 0}'
+    with pytest.raises(FileNotFoundError, match="no file 'resume/other'"):
+        store.read_file(0, "resume/other")
+    (tmp_path / "ckpt/v0/resume/t.pt").write_bytes(b"\x01" * 10)  # same size, other bytes
+    with pytest.raises(CorruptCheckpointError, match="resume/t.pt"):
+        store.read_file(0, "resume/t.pt")
+
+
+def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, monkeypatch):
+    """A crash while publishing step 2 (its state written, its manifest not) leaves step 1's state."""
+    from areal_core.metrics import RunLog
+    from areal_core.storage import run_state
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    cfg = {"trainer": {"batch_size": 4}}
+    model = make_model(1)
+    runlog = RunLog(tmp_path / "run")
+    for step in (0, 1):
+        ctrl = {"n_submitted": 4 * step, "n_groups": step, "version": step, "groups": []}
+        store.publish(step, model, tokenizer, extra=run_state.encode(
+            step, cfg, ctrl, {"optimizer": {"x": torch.ones(2)}}, runlog.to_parquet_bytes(), None))
+
+    real_pipe = ckpt_mod.pipe_atomic
+
+    def crash_on_manifest(fs, path, data):
+        if path.endswith("manifest.json"):
+            raise KeyboardInterrupt("killed before the manifest")
+        real_pipe(fs, path, data)
+
+    monkeypatch.setattr(ckpt_mod, "pipe_atomic", crash_on_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        store.publish(2, model, tokenizer, extra=run_state.encode(
+            2, cfg, {"n_submitted": 8, "n_groups": 2, "version": 2, "groups": []}, {}, runlog.to_parquet_bytes(), None))
+    assert (tmp_path / "ckpt/v2/resume/state.json").exists()  # written, but not part of any version
+    saved = run_state.load_latest(store, cfg)
+    assert saved.version == 1 and saved.state["controller"]["n_groups"] == 1
+    assert torch.equal(saved.trainer["optimizer"]["x"], torch.ones(2))
+    with pytest.raises(run_state.ResumeError, match="trainer.batch_size"):
+        run_state.load_latest(store, {"trainer": {"batch_size": 8}})

@@ -2,6 +2,11 @@
 
 A LocalCluster is started by default; ``scheduler_address`` connects to an
 existing Dask cluster instead (the same code path: a distributed Client).
+
+A worker that dies (kill -9, OOM) is replaced by its nanny and the scheduler runs
+its tasks again elsewhere. A task the scheduler gives up on (``KilledWorker``:
+it was running on too many workers that died) is submitted again here, up to
+``RESUBMITS`` times; a grader that raises is retried by Dask (``retries``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from areal_core.reward.result import RewardResult
 
 log = logging.getLogger(__name__)
 
+RESUBMITS = 3  # per grading task, after KilledWorker
+
 
 class RewardService:
     def __init__(self, cfg: RewardConfig):
@@ -22,6 +29,7 @@ class RewardService:
 
         self.cfg = cfg
         self._cluster = None
+        self.n_resubmitted = 0  # grading tasks submitted again after KilledWorker
         # distributed logs every worker and connection at INFO; keep the console for progress
         logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger("distributed").level))
         if cfg.scheduler_address:
@@ -42,6 +50,12 @@ class RewardService:
     def scheduler_address(self) -> str:
         return self.client.scheduler.address
 
+    def worker_pids(self) -> dict[str, int]:
+        """{worker address: process id} of the workers now connected."""
+        import os
+
+        return self.client.run(os.getpid)
+
     def submit(
         self,
         task: str,
@@ -51,18 +65,30 @@ class RewardService:
         tests: list[dict] | None = None,
     ):
         """Submit one grading task; ``on_done(result, error)`` is called from a Dask thread."""
-        fut = self.client.submit(grade, task, response, reference, tests, pure=False, retries=2)
+        from distributed.scheduler import KilledWorker
 
-        def _done(f):
-            try:
-                result = f.result()
-            except BaseException as e:  # delivered to the caller, which decides
-                on_done(None, e)
-            else:
-                on_done(result, None)
+        def _submit(attempt: int):
+            fut = self.client.submit(grade, task, response, reference, tests, pure=False, retries=2)
 
-        fut.add_done_callback(_done)
-        return fut
+            def _done(f):
+                try:
+                    result = f.result()
+                except KilledWorker as e:
+                    if attempt < RESUBMITS:
+                        log.warning("grading task lost with its workers (%s); submitting it again", e)
+                        self.n_resubmitted += 1
+                        _submit(attempt + 1)
+                        return
+                    on_done(None, e)
+                except BaseException as e:  # delivered to the caller, which decides
+                    on_done(None, e)
+                else:
+                    on_done(result, None)
+
+            fut.add_done_callback(_done)
+            return fut
+
+        return _submit(0)
 
     def grade_many(self, task: str, responses: list[str], references: list[str]) -> list[RewardResult]:
         futs = self.client.map(grade, [task] * len(responses), responses, references, pure=False, retries=2)

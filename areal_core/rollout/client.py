@@ -18,6 +18,7 @@ from areal_core.rollout.protocol import (
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
+    RequestsSnapshot,
     SamplingParams,
     StatusResponse,
     UpdateWeightsRequest,
@@ -29,6 +30,7 @@ CONTINUE = "/continue_generation"
 UPDATE_WEIGHTS = "/update_weights_from_disk"
 HEALTH = "/health"
 MODEL_INFO = "/get_model_info"
+REQUESTS = "/get_requests"
 
 
 CONNECTION_RETRIES = 4  # per request, for connection resets / refusals, with exponential backoff
@@ -40,6 +42,11 @@ class RolloutServerError(RuntimeError):
     def __init__(self, url: str, status: int | None, message: str):
         super().__init__(f"rollout server {url}: {'HTTP ' + str(status) if status else 'unreachable'}: {message}")
         self.url, self.status, self.message = url, status, message
+
+    @property
+    def server_down(self) -> bool:
+        """Unreachable, or its engine stopped (503): a restarted or other server can take the request."""
+        return self.status in (None, 503)
 
 
 def _server_message(resp: httpx.Response) -> str:
@@ -136,6 +143,10 @@ class RolloutClient:
 
     async def model_info(self) -> ModelInfo:
         return ModelInfo.model_validate_json(await self._call("GET", MODEL_INFO))
+
+    async def requests(self) -> RequestsSnapshot:
+        """Partial outputs of the unfinished requests (a protocol extension, see protocol.py)."""
+        return RequestsSnapshot.model_validate_json(await self._call("GET", REQUESTS))
 
     async def aclose(self) -> None:
         await self._http.aclose()

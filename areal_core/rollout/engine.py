@@ -33,10 +33,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 
 import torch
 
+from areal_core.rollout.engine_parts import EngineStopped, requests_snapshot
+from areal_core.rollout.engine_parts import deliver as _deliver
 from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
@@ -45,17 +47,6 @@ from areal_core.storage.localize import localize
 __all__ = ["EngineStopped", "RequestError", "RolloutEngine"]
 
 log = logging.getLogger(__name__)
-
-
-class EngineStopped(RuntimeError):
-    """The engine was shut down."""
-
-
-def _deliver(fut: Future, result=None, error: BaseException | None = None) -> None:
-    try:
-        fut.set_result(result) if error is None else fut.set_exception(error)
-    except InvalidStateError:  # the caller cancelled it meanwhile
-        pass
 
 
 class RolloutEngine:
@@ -171,6 +162,10 @@ class RolloutEngine:
     def resume(self) -> Future:
         return self._command("resume")
 
+    def snapshot_requests(self) -> Future:
+        """Resolves to a :class:`RequestsSnapshot`: every unfinished request's output so far."""
+        return self._command("snapshot")
+
     def abort_all(self) -> Future:
         """Finish every queued and running request now with finish_reason ``abort``."""
         return self._command("abort")
@@ -264,16 +259,20 @@ class RolloutEngine:
     def _apply_commands(self) -> None:
         while self._commands:
             kind, arg, fut = self._commands.popleft()
+            result = None
             if kind == "pause":
                 self._paused = True
             elif kind == "resume":
                 self._paused = False
             elif kind == "abort":
                 self._abort_requests()
+            elif kind == "snapshot":  # between two steps: every sequence's lists agree
+                with self._lock:
+                    result = requests_snapshot(self.version, self._running + list(self._waiting))
             elif kind == "update":
                 self._updates.append((arg, fut))
                 continue  # resolved when applied
-            _deliver(fut, None)
+            _deliver(fut, result)
 
     def _apply_ready_updates(self) -> None:
         while self._updates and (self.interruptible or not self._running):

@@ -163,3 +163,55 @@ def start_server(
                 )
             time.sleep(0.2)
     raise RuntimeError("unreachable")  # the loop returns or raises
+
+
+class EmbeddedServers:
+    """``n`` embedded servers started together; one that died can be restarted on its port.
+
+    ``restart(i, model_path, version)`` stops server ``i`` (if anything is left of it)
+    and starts a new one on the same port with the given weights, so its URL and the
+    clients that use it stay valid. Use as a context manager: every server is stopped
+    by its PID on exit.
+    """
+
+    def __init__(self, model_path: str, n: int, *, weight_version: int = 0,
+                 log_paths: list[str] | None = None, **kwargs):
+        self._kwargs = kwargs
+        self._logs = log_paths or [None] * n
+        self.servers: list[ServerProcess] = []
+        self.restarts = 0
+        self._closed = False
+        try:
+            for k in range(n):
+                self.servers.append(start_server(model_path, weight_version=weight_version,
+                                                 log_path=self._logs[k], **kwargs))
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def restart(self, i: int, model_path: str, version: int) -> None:
+        old = self.servers[i]
+        log.warning("restarting rollout server %s (pid %d, alive=%s) with version %d",
+                    old.url, old.pid, old.alive(), version)
+        old.stop()
+        new = start_server(model_path, port=old.port, weight_version=version, log_path=self._logs[i],
+                           **self._kwargs)
+        self.servers[i] = new
+        self.restarts += 1
+        if self._closed:  # stopped while this one was starting (a restart runs in a worker thread)
+            new.stop()
+
+    def stop(self) -> None:
+        self._closed = True
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> "EmbeddedServers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -9,10 +9,13 @@ Endpoints (all JSON):
   POST /update_weights_from_disk  UpdateWeightsRequest -> StatusResponse
   GET  /health                    -> 200 {"status": "ok"}
   GET  /get_model_info            -> ModelInfo
+  GET  /get_requests              -> RequestsSnapshot (extension: partial outputs so far)
 
 Extension over SGLang: ``meta_info.output_token_versions`` gives, for each output
 token, the weight version that sampled it (SGLang reports one ``weight_version``
-per request).
+per request). A second extension, ``/get_requests``, lists the partial output of
+every unfinished request without disturbing it; the controller saves it so a
+resumed run continues those answers instead of starting them again.
 """
 
 from __future__ import annotations
@@ -87,3 +90,17 @@ class ModelInfo(_Body):
     interruptible: bool
     generated_tokens: int  # since start
     eos_token_id: int | None
+
+
+class PartialOutput(_Body):
+    """What an unfinished request has generated so far (running or waiting)."""
+
+    rid: str
+    output_ids: list[int]
+    output_token_logprobs: list[float]
+    output_token_versions: list[int]
+
+
+class RequestsSnapshot(_Body):
+    weight_version: int
+    requests: list[PartialOutput]

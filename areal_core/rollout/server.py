@@ -168,6 +168,13 @@ def create_app(engine: RolloutEngine) -> FastAPI:
     async def get_model_info():
         return _json(engine.info())
 
+    @app.get("/get_requests")
+    async def get_requests():
+        try:
+            return _json(await asyncio.wrap_future(engine.snapshot_requests()))
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+
     return app
 
 

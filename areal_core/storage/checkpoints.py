@@ -38,11 +38,16 @@ from areal_core.storage.fsutil import (
     retry,
 )
 from areal_core.storage.localize import localize
+from areal_core.storage.manifest import (
+    FORMAT,
+    MANIFEST,
+    check_meta,
+    check_version,
+    manifest_problem,
+    path_problem,
+)
 
-MANIFEST = "manifest.json"
-FORMAT = "areal-checkpoint/1"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
@@ -108,10 +113,10 @@ class CheckpointStore:
 
     # -- paths ---------------------------------------------------------------
     def version_url(self, version: int) -> str:
-        return join(self.url, f"v{_check_version(version)}")
+        return join(self.url, f"v{check_version(version)}")
 
     def _vpath(self, version: int, name: str = "") -> str:
-        base = join(self.root, f"v{_check_version(version)}")
+        base = join(self.root, f"v{check_version(version)}")
         return join(base, name) if name else base
 
     def _retry(self, fn, what: str):
@@ -136,7 +141,7 @@ class CheckpointStore:
             manifest = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ManifestError(f"{url}: manifest is not valid JSON ({err})") from err
-        problem = _manifest_problem(manifest, version)
+        problem = manifest_problem(manifest, version)
         if problem:
             raise ManifestError(f"{url}: invalid manifest: {problem}")
         return manifest
@@ -239,25 +244,49 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------
     def publish(self, version: int, model: Any, tokenizer: Any = None,
-                meta: dict | None = None) -> str:
+                meta: dict | None = None, extra: dict[str, bytes] | None = None) -> str:
         """save_pretrained ``model`` (safetensors) and ``tokenizer`` and publish them as
-        ``version``. Returns the version folder URL."""
-        _check_version(version)
-        _check_meta(meta)
+        ``version``, with ``extra`` files ({relative path: bytes}, e.g. a run's resumable
+        state) in the same version, so they appear with it or not at all. Returns the
+        version folder URL."""
+        check_version(version)
+        check_meta(meta)
+        for name in extra or {}:
+            if path_problem(name):
+                raise ValueError(f"extra file {name!r}: {path_problem(name)}")
         self._prepare_slot(version)  # fail before the (possibly long) save
         with tempfile.TemporaryDirectory(prefix="areal-ckpt-", dir=self.cache_dir and
                                          _makedirs(self.cache_dir)) as tmp:
             model.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
+            for name, data in (extra or {}).items():
+                dest = os.path.join(tmp, *name.split("/"))
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with open(dest, "wb") as f:
+                    f.write(data)
             return self.publish_folder(version, tmp, meta)
+
+    def read_file(self, version: int, name: str) -> bytes:
+        """One file of a complete version, checked against the manifest (size and sha256)."""
+        manifest = self.read_manifest(version)
+        entry = next((e for e in manifest["files"] if e["path"] == name), None)
+        if entry is None:
+            raise FileNotFoundError(f"{self.version_url(version)}: no file {name!r} in its manifest")
+        path = self._vpath(version, name)
+        data = self._retry(lambda: self.fs.cat_file(path), f"read {name} of {self.version_url(version)}")
+        digest = hashlib.sha256(data).hexdigest()
+        if len(data) != entry["size"] or digest != entry["sha256"]:
+            raise CorruptCheckpointError(f"{self.version_url(version)}/{name}: {len(data)} bytes, sha256 "
+                                         f"{digest}; the manifest says {entry['size']} bytes, {entry['sha256']}")
+        return data
 
     def publish_folder(self, version: int, local_folder: str, meta: dict | None = None) -> str:
         """Publish the files of an already saved model folder as ``version``.
 
         A ``manifest.json`` in the folder is ignored (it is written anew)."""
-        _check_version(version)
-        _check_meta(meta)
+        check_version(version)
+        check_meta(meta)
         if not os.path.isdir(local_folder):
             raise FileNotFoundError(f"not a folder: {local_folder}")
         names = _local_files(local_folder)
@@ -332,51 +361,6 @@ class CheckpointStore:
         return doomed
 
 
-def _check_version(version: int) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be an int >= 0, got {version!r}")
-    return version
-
-
-def _check_meta(meta: dict | None) -> None:
-    if meta is None:
-        return
-    if not isinstance(meta, dict):
-        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
-    try:
-        json.dumps(meta)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"meta must be JSON-serialisable: {err}") from err
-
-
 def _makedirs(path: str) -> str:
     os.makedirs(path, exist_ok=True)
     return path
-
-
-def _manifest_problem(m: Any, version: int) -> str | None:
-    if not isinstance(m, dict):
-        return f"expected a JSON object, got {type(m).__name__}"
-    if m.get("format") != FORMAT:
-        return f"format {m.get('format')!r} != {FORMAT!r}"
-    if m.get("version") != version:
-        return f"version {m.get('version')!r} != {version} (the folder's)"
-    if not isinstance(m.get("meta"), dict):
-        return "'meta' is not an object"
-    if not isinstance(m.get("created"), str):
-        return "'created' missing"
-    files = m.get("files")
-    if not isinstance(files, list) or not files:
-        return "'files' is not a non-empty list"
-    for e in files:
-        if not isinstance(e, dict):
-            return f"file entry {e!r} is not an object"
-        p = e.get("path")
-        if (not isinstance(p, str) or not p or p.startswith("/") or p == MANIFEST
-                or ".." in p.split("/")):
-            return f"bad file path {p!r}"
-        if isinstance(e.get("size"), bool) or not isinstance(e.get("size"), int) or e["size"] < 0:
-            return f"{p}: bad size {e.get('size')!r}"
-        if not isinstance(e.get("sha256"), str) or not _SHA256.match(e["sha256"]):
-            return f"{p}: bad sha256 {e.get('sha256')!r}"
-    return None

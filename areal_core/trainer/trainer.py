@@ -51,6 +51,35 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
 
+    def state_dict(self) -> dict:
+        """Optimizer and lr-scheduler state (the weights are the published checkpoint)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def adopt_moments(self, moments: dict[str, dict[str, torch.Tensor]]) -> int:
+        """Start AdamW from earlier moments (e.g. the warm start's), keyed by parameter name.
+
+        A fresh AdamW's first updates are about ``lr`` per parameter whatever the
+        gradient's size (the moments are still near zero), which knocks a small
+        warm-started model off its optimum; continuing its moments avoids that.
+        The hyperparameters (lr, betas, weight decay) stay this trainer's own.
+        Returns the number of parameters whose state was adopted.
+        """
+        n = 0
+        for name, p in self.model.named_parameters():
+            st = moments.get(name)
+            if st is None:
+                continue
+            if st["exp_avg"].shape != p.shape:
+                raise ValueError(f"moments for {name} have shape {tuple(st['exp_avg'].shape)}, "
+                                 f"the parameter has {tuple(p.shape)}")
+            self.optimizer.state[p] = {k: v.clone() for k, v in st.items()}
+            n += 1
+        return n
+
     def microbatches(self, seqlens: list[int]) -> list[list[int]]:
         if self.cfg.microbatching == "dynamic":
             return allocate_microbatches(seqlens, self.cfg.max_tokens_per_microbatch)

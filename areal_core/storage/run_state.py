@@ -1,0 +1,109 @@
+"""A run's resumable state, published inside each checkpoint version.
+
+Every version ``v<N>/`` of a run's CheckpointStore holds, besides the model:
+
+    resume/state.json       step, version, prompt-stream position, everything
+                            admitted and not trained (buffered, being graded, and
+                            partially generated answers with their tokens, logprobs
+                            and per-token versions), held-out accuracy before RL
+    resume/trainer.pt       optimizer and lr-scheduler state (torch.save)
+    resume/metrics.parquet  the metrics rows of steps 1..N
+    resume/ledger.parquet   the ledger rows of steps 1..N
+
+They are written into the version before its manifest, so they appear together
+with the weights of step N or not at all: a run killed at any moment resumes
+from its latest complete version, which is always a consistent state.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
+
+log = logging.getLogger(__name__)
+
+FORMAT = "areal-run-state/1"
+STATE, TRAINER, METRICS, LEDGER = "resume/state.json", "resume/trainer.pt", "resume/metrics.parquet", "resume/ledger.parquet"
+# config keys a resumed run may change; everything else must match the stopped run
+MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward.n_workers",
+                "rollout.urls", "rollout.request_timeout_s", "storage.keep_last")
+
+
+class ResumeError(CheckpointError):
+    """The run cannot be resumed from what is in its checkpoint store."""
+
+
+@dataclass
+class RunState:
+    version: int  # the checkpoint version this state belongs to (= training steps done)
+    state: dict  # the JSON part
+    trainer: dict  # Trainer.state_dict()
+    metrics: bytes
+    ledger: bytes
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def encode(step: int, config: dict, controller: dict, trainer: dict, runlog_files: dict[str, bytes],
+           before: dict | None) -> dict[str, bytes]:
+    """The files of a run state, for ``CheckpointStore.publish(..., extra=...)``."""
+    state = {"format": FORMAT, "step": step, "config": config, "controller": controller, "before": before}
+    buf = io.BytesIO()
+    torch.save(trainer, buf)
+    return {STATE: json.dumps(state).encode(), TRAINER: buf.getvalue(),
+            METRICS: runlog_files["metrics.parquet"], LEDGER: runlog_files["ledger.parquet"]}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Keys (dotted) whose values differ, except those a resume may change."""
+    a, b = _flat(saved), _flat(current)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS)]
+
+
+def load_latest(store: CheckpointStore, config: dict) -> RunState | None:
+    """The state of the newest complete version, or None if the store has no version.
+
+    Raises ResumeError if that version has no run state (written by an older
+    areal-flow, or by something else), or if ``config`` differs from the stopped
+    run's in a key that a resume may not change."""
+    version = store.latest()
+    if version is None:
+        return None
+    try:
+        raw = store.read_file(version, STATE)
+    except FileNotFoundError as err:
+        raise ResumeError(f"{store.version_url(version)} holds no run state ({STATE}); "
+                          "it cannot be resumed") from err
+    try:
+        state = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ResumeError(f"{store.version_url(version)}/{STATE}: not valid JSON ({err})") from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("step") != version:
+        raise ResumeError(f"{store.version_url(version)}/{STATE}: not a run state of step {version} "
+                          f"(format {state.get('format') if isinstance(state, dict) else None!r})")
+    diff = config_differences(state["config"], config)
+    if diff:
+        raise ResumeError(f"the config differs from the stopped run's in {', '.join(diff[:10])}; "
+                          f"a resumed run may change only {', '.join(MUTABLE_KEYS)}")
+    trainer = torch.load(io.BytesIO(store.read_file(version, TRAINER)), weights_only=True)
+    log.info("resuming from %s (step %d)", store.version_url(version), version)
+    return RunState(version, state, trainer, store.read_file(version, METRICS), store.read_file(version, LEDGER))

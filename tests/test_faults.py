@@ -1,0 +1,177 @@
+"""Faults a long run survives, in one short run on 127.0.0.1 with S3 (moto) checkpoints:
+
+* kill -9 of the rollout server while it generates: the controller restarts it and
+  resubmits the unfinished requests (continuing from what they had);
+* kill -9 of the Dask worker: its nanny starts a new one and the grading is retried;
+* the S3 endpoint frozen for 10 s while a checkpoint is published: the writes are
+  retried with backoff and no partial version ever becomes visible.
+
+Each time the run completes and every trajectory is trained exactly once.
+(kill -9 of the trainer itself: tests/test_resume.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import psutil
+import pytest
+
+import areal_core.run as run_module
+from areal_core.experiment import load_config
+from areal_core.reward.service import RewardService
+from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.storage import CheckpointStore
+from areal_core.storage.fsutil import ensure_bucket
+from infra.s3 import MotoS3Server
+
+HERE = Path(__file__).parent
+S3_OUTAGE_S = 10.0
+
+
+@pytest.mark.slow
+def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
+    made: dict[str, object] = {}
+
+    class Servers(EmbeddedServers):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made["servers"] = self
+
+    class Rewards(RewardService):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made["rewards"] = self
+
+    monkeypatch.setattr(run_module, "EmbeddedServers", Servers)
+    monkeypatch.setattr(run_module, "RewardService", Rewards)
+    events: dict[str, object] = {}
+
+    with MotoS3Server() as s3:
+        for k, v in s3.env(fast_timeouts=True).items():
+            monkeypatch.setenv(k, v)
+        ensure_bucket("s3://areal-faults")
+        url = "s3://areal-faults/run"
+        cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url})
+        steps, B = cfg.trainer.max_steps, cfg.trainer.batch_size
+        seen_versions: list[list[int]] = []
+
+        def faults(row):
+            step = row["step"]
+            if step == 2:  # requests of versions 2..4 are being generated right now
+                srv = made["servers"].servers[0]
+                events["server_pid"] = srv.pid
+                events["server_running"] = psutil.Process(srv.pid).is_running()
+                os.kill(srv.pid, signal.SIGKILL)
+            elif step == 4:
+                pids = made["rewards"].worker_pids()
+                events["worker_pids"] = set(pids.values())
+                for pid in pids.values():
+                    os.kill(pid, signal.SIGKILL)
+            elif step == 5:  # freeze S3 now: the publish of step 6 falls into the outage
+                s3.pause()
+                events["s3_paused_at"] = time.monotonic()
+                threading.Timer(S3_OUTAGE_S, s3.resume).start()
+            elif step == 7:
+                events["worker_pids_after"] = set(made["rewards"].worker_pids().values())
+            seen_versions.append(CheckpointStore(url).versions() if step >= 6 else [])
+
+        summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False,
+                                            cache_dir=str(tmp_path / "cache"), on_step=faults)
+        s3.resume()
+
+        # the run completed, every trajectory exactly once
+        assert summary["ledger_check"]["ok"], summary["ledger_check"]
+        assert summary["steps"] == steps and summary["final_version"] == steps
+        ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
+        assert len(ledger) == steps * B and not ledger["trajectory_id"].duplicated().any()
+
+        # the rollout server: killed while generating, restarted, requests resubmitted
+        assert events["server_running"]
+        assert made["servers"].restarts >= 1 and made["servers"].servers[0].pid != events["server_pid"]
+        assert summary["rollout_resubmits"] > 0
+
+        # the Dask worker: replaced by a new process
+        assert events["worker_pids_after"] and not events["worker_pids_after"] & events["worker_pids"]
+
+        # S3: the publish of step 6 waited out the outage; only complete versions, all intact
+        metrics = pd.read_parquet(tmp_path / "run/metrics.parquet").set_index("step")
+        assert metrics.loc[6, "publish_time_s"] > S3_OUTAGE_S / 3
+        store = CheckpointStore(url, cache_dir=str(tmp_path / "dl"))
+        assert store.versions() == list(range(steps + 1))
+        for v in range(steps + 1):
+            store.verify(v)
+        for vs in seen_versions:  # seen during the run: always a gap-free prefix
+            assert vs == list(range(len(vs)))
+
+
+@pytest.mark.slow
+def test_grading_survives_worker_killed_mid_batch():
+    """kill -9 of the only Dask worker while it works through 2,000 queued gradings: its
+    nanny starts a new one and the scheduler runs the lost tasks again."""
+    from areal_core.reward.config import RewardConfig
+
+    n, results, errors = 2000, [], []
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def on_done(result, error):
+        with lock:
+            (errors if error is not None else results).append(error or result)
+            if len(results) + len(errors) == n:
+                done.set()
+
+    with RewardService(RewardConfig(n_workers=1)) as rewards:
+        before = set(rewards.worker_pids().values())
+        for k in range(n):
+            rewards.submit("chain", "a1b2|2", "a1b2|2", on_done=on_done)
+        deadline = time.monotonic() + 30
+        while not results and time.monotonic() < deadline:  # the worker is grading now
+            time.sleep(0.01)
+        assert results and len(results) < n, "the batch finished before the kill"
+        for pid in before:
+            os.kill(pid, signal.SIGKILL)
+        assert done.wait(180), f"{len(results)} graded, {len(errors)} errors"
+        after = set(rewards.worker_pids().values())
+    assert not errors and len(results) == n and all(r.correct for r in results)
+    assert after and not after & before
+
+
+class _FakeFuture:
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def result(self):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+def test_task_given_up_by_the_scheduler_is_resubmitted():
+    """KilledWorker (the scheduler gave up on a task whose workers kept dying): submitted
+    again, up to RESUBMITS times; then the error reaches the caller."""
+    from distributed.scheduler import KilledWorker
+
+    from areal_core.reward import service as service_mod
+
+    for failures, expect_ok in ((2, True), (service_mod.RESUBMITS + 1, False)):
+        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + ["graded"]
+        svc = RewardService.__new__(RewardService)
+        svc.n_resubmitted = 0
+        svc.client = type("C", (), {"submit": lambda self, *a, **k: _FakeFuture(outcomes.pop(0))})()
+        got = []
+        svc.submit("chain", "x", "y", on_done=lambda r, e: got.append((r, e)))
+        assert len(got) == 1
+        if expect_ok:
+            assert got[0] == ("graded", None) and svc.n_resubmitted == failures
+        else:
+            assert isinstance(got[0][1], KilledWorker) and svc.n_resubmitted == service_mod.RESUBMITS
