@@ -1,0 +1,90 @@
+"""A sweep grid: the cartesian product over eta, objective and any other config keys."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+
+
+def _slug(v) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", str(v)).strip("_")
+
+
+def sweep_points(eta: list[int] | None = None, objective: list[str] | None = None,
+                 grid: dict[str, list] | None = None) -> list[tuple[str, dict]]:
+    """``[(label, overrides)]``, one per grid point; label like ``eta0-decoupled`` (+ ``key=value``)."""
+    axes: dict[str, list] = {}
+    if eta:
+        axes["trainer.eta"] = list(eta)
+    if objective:
+        axes["trainer.objective"] = list(objective)
+    for k, vals in (grid or {}).items():
+        if k in axes:
+            raise ValueError(f"sweep key {k} given twice")
+        if not isinstance(vals, list) or not vals:
+            raise ValueError(f"sweep key {k}: expected a non-empty list of values, got {vals!r}")
+        axes[k] = vals
+    if not axes:
+        raise ValueError("empty sweep: give eta, objective or grid values")
+    points = []
+    for combo in itertools.product(*axes.values()):
+        ov = dict(zip(axes, combo))
+        parts = []
+        for k, v in ov.items():
+            if k == "trainer.eta":
+                parts.append(f"eta{v}")
+            elif k == "trainer.objective":
+                parts.append(str(v))
+            else:
+                parts.append(f"{k.rsplit('.', 1)[-1]}{_slug(v)}")
+        points.append(("-".join(parts), ov))
+    return points
+
+
+def validate_points(config_path: str, points: list[tuple[str, dict]], base: dict | None = None) -> str:
+    """Load the config for every point (ConfigError on the first bad one); return the config's name."""
+    from areal_core.experiment import load_config  # imports torch (model configs): only when needed
+
+    name = ""
+    for _, ov in points:
+        name = load_config(config_path, {**(base or {}), **ov}).name
+    return name
+
+
+def freeze_config(config_path: str, dest: str, base: dict | None = None) -> str:
+    """Write the validated config (``base`` overrides applied, every key explicit) to ``dest``.
+
+    Every run of a sweep loads this copy, so an edit of the original file while the
+    sweep runs cannot change its later runs. Relative model/dataset paths are made
+    absolute against the original config's folder (where the loader checked them).
+    """
+    import yaml
+
+    from areal_core.experiment import BUILTIN_MODELS, load_config
+    from areal_core.storage.fsutil import write_text_atomic
+
+    cfg = load_config(config_path, base or {}).model_dump(mode="json")
+    folder = Path(config_path).resolve().parent
+
+    def absolute(p: str) -> str:
+        if "://" in p or os.path.isabs(p):
+            return p
+        for cand in (folder / p, Path.cwd() / p):
+            if cand.exists():
+                return str(cand)
+        return p
+
+    if cfg["model"]["name"] not in BUILTIN_MODELS:
+        cfg["model"]["name"] = absolute(cfg["model"]["name"])
+    for key in ("dataset", "eval_dataset"):
+        if cfg["data"][key] not in (None, "synthetic"):
+            cfg["data"][key] = absolute(cfg["data"][key])
+    write_text_atomic(dest, f"# frozen from {config_path} by the sweep\n" + yaml.safe_dump(cfg, sort_keys=False))
+    return dest
+
+
+def default_out_dir(name: str, kind: str = "sweep") -> str:
+    return str(Path("runs") / f"{kind}-{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
