@@ -1,0 +1,66 @@
+"""``python -m bench all|NAME [--quick]``: run benchmarks, print tables, write bench/results/*.json."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+import traceback
+
+from bench import BENCHMARKS
+from bench.common import RESULTS_DIR, format_table, save, update_summary
+
+HEADLINE = ("async_over_sync", "interruptible_gain", "dynamic_batching_gain", "engine_over_hf_generate")
+
+
+def run_one(name: str, quick: bool) -> dict:
+    mod = importlib.import_module(f"bench.{name}")
+    print(f"\n=== {name}{' (quick)' if quick else ''} ===", flush=True)
+    t0 = time.perf_counter()
+    result = mod.run(quick)
+    wall = time.perf_counter() - t0
+    path = save(name, quick, result, wall)
+    update_summary(name, quick, result, wall)
+    print(f"[{name}] {wall:.0f}s; wrote {path}", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("name", choices=("all",) + BENCHMARKS)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps (same outputs)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    names = BENCHMARKS if args.name == "all" else (args.name,)
+    failed: dict[str, str] = {}
+    t0 = time.perf_counter()
+    for name in names:
+        try:
+            run_one(name, args.quick)
+        except Exception as e:  # noqa: BLE001 - reported, recorded and reflected in the exit code
+            if len(names) == 1:
+                raise
+            traceback.print_exc()
+            failed[name] = repr(e)
+            print(f"[{name}] FAILED: {e!r}; going on with the next benchmark", file=sys.stderr, flush=True)
+    if args.name == "all":
+        import json
+
+        with open(RESULTS_DIR / "summary.json") as f:
+            summary = json.load(f)
+        summary["all_wall_s"] = time.perf_counter() - t0
+        summary["all_quick"] = args.quick
+        summary["failed"] = failed
+        from bench.common import write_json_atomic
+
+        write_json_atomic(RESULTS_DIR / "summary.json", summary)
+        rows = [(k, summary.get(k)) for k in HEADLINE]
+        print("\n" + format_table(["ratio (higher is better)", "value"], rows, title="summary"))
+        print(f"all benchmarks: {summary['all_wall_s']:.0f}s; failed: {sorted(failed) or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Asynchronous vs synchronous RL, end to end: the quickstart with eta in {0 (sync), 1, 4, 8}.
+
+Each setting is one ``run_experiment`` of ``configs/quickstart.yaml`` (tiny model,
+synthetic chain-sum task with heavy-tailed answer lengths, B = 128, one rollout server
+with one thread, trainer with one thread, one Dask reward worker: the same 2 cores),
+changed only by ``trainer.eta`` and ``rollout.interruptible``:
+
+* sync: eta 0 + interruptible false (exactly ``configs/quickstart_sync.yaml``);
+* async: eta 1, 4, 8, interruptible true (the quickstart's setting is eta 4).
+
+Measured: effective training throughput (``summary["effective_train_tokens_per_s"]``:
+generated tokens consumed by training per second, after the first 2 steps) and
+greedy held-out accuracy after the same number of steps.
+
+Steps: the quickstart runs 150 steps (about 7 min each on an idle machine); four of
+them do not fit in the 40-minute budget of ``python -m bench all`` beside the other
+benchmarks, so full mode runs STEPS_FULL steps per setting and --quick STEPS_QUICK.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from bench.common import REPO_ROOT, format_table, ratio
+
+CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
+SETTINGS = (("sync (eta 0)", 0, False), ("eta 1", 1, True), ("eta 4", 4, True), ("eta 8", 8, True))
+STEPS_FULL, STEPS_QUICK = 40, 4
+EVAL_FULL, EVAL_QUICK = 500, 48
+KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", "interruptible",
+        "max_staleness_observed", "effective_train_tokens_per_s", "tokens_trained", "rl_time_s", "wall_time_s",
+        "trained_answer_length")
+
+
+def run(quick: bool) -> dict:
+    from areal_core.experiment import load_config
+    from areal_core.run import run_experiment
+
+    steps = STEPS_QUICK if quick else STEPS_FULL
+    n_eval = EVAL_QUICK if quick else EVAL_FULL
+    root = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    runs = {}
+    for label, eta, interruptible in SETTINGS:
+        cfg = load_config(CONFIG, {"trainer.eta": eta, "rollout.interruptible": interruptible,
+                                   "eval.n_problems": n_eval, "name": f"bench-{label.split()[0]}-{eta}"})
+        print(f"{label}: {steps} steps, {n_eval} held-out problems ...", flush=True)
+        summary = run_experiment(cfg, root / f"eta{eta}", max_steps=steps, progress=True)
+        runs[label] = {k: summary.get(k) for k in KEEP}
+        runs[label]["run_dir"] = str(root / f"eta{eta}")
+    sync = runs["sync (eta 0)"]
+    rows = []
+    for label, r in runs.items():
+        rows.append((label, r["effective_train_tokens_per_s"], ratio(r["effective_train_tokens_per_s"],
+                                                                      sync["effective_train_tokens_per_s"]),
+                     r["rl_time_s"], r["max_staleness_observed"], r["accuracy_before"], r["accuracy_after"],
+                     100 * (r["accuracy_after"] - sync["accuracy_after"])))
+    print(format_table(["setting", "train tok/s", "over sync", "RL s", "max stale", "acc before", "acc after",
+                        "acc - sync (pts)"], rows,
+                       title=f"quickstart, {steps} steps each, held-out accuracy on {n_eval} problems"))
+    e4 = runs["eta 4"]
+    return {
+        "setup": {"config": str(CONFIG.relative_to(REPO_ROOT)), "steps_per_setting": steps,
+                  "eval_problems": n_eval,
+                  "why_not_150_steps": "4 x 150 quickstart steps (~7 min each on an idle machine) do not fit "
+                                       "in the 40-minute budget of `python -m bench all` with the other benchmarks",
+                  "settings": [{"label": lbl, "eta": e, "interruptible": i} for lbl, e, i in SETTINGS]},
+        "runs": runs,
+        "summary": {
+            "async_over_sync": ratio(e4["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]),
+            "async_over_sync_eta1": ratio(runs["eta 1"]["effective_train_tokens_per_s"],
+                                          sync["effective_train_tokens_per_s"]),
+            "async_over_sync_eta8": ratio(runs["eta 8"]["effective_train_tokens_per_s"],
+                                          sync["effective_train_tokens_per_s"]),
+            "async_accuracy_minus_sync_points": 100 * (e4["accuracy_after"] - sync["accuracy_after"]),
+            "async_vs_sync_steps": steps,
+        },
+    }

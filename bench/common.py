@@ -1,0 +1,209 @@
+"""Shared pieces of the benchmarks: result files, plain-text tables, machine facts, timing.
+
+Every benchmark module exposes ``run(quick: bool) -> dict``. The dict it returns
+is written to ``bench/results/<name>.json`` (atomically) by :func:`save`, and its
+``"summary"`` entry (flat ratios and figures) is merged into
+``bench/results/summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temp file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False, default=_jsonable)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(x):
+    if hasattr(x, "item"):  # numpy / torch scalars
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number for a table: ints as they are, floats with ``digits`` significant-ish digits."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        a = abs(x)
+        if a >= 1000:
+            return f"{x:,.0f}"
+        if a >= 100:
+            return f"{x:.1f}"
+        if a >= 1:
+            return f"{x:.{max(0, digits - 1)}f}"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence], title: str | None = None) -> str:
+    """A plain-text table with right-aligned numbers and left-aligned text."""
+    body = [[fmt(c) for c in r] for r in rows]
+    cols = list(zip(*([list(headers)] + body))) if body else [[h] for h in headers]
+    widths = [max(len(str(c)) for c in col) for col in cols]
+    numeric = [all(_looks_numeric(r[i]) for r in body) if body else False for i in range(len(headers))]
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if num else str(c).ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    out = []
+    if title:
+        out.append(title)
+    out.append(line(headers))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in body)
+    return "\n".join(out)
+
+
+def _looks_numeric(s: str) -> bool:
+    s = s.replace(",", "").replace("x", "").replace("%", "")
+    if s in ("-", ""):
+        return True
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is zero."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def spread(xs: Sequence[float]) -> dict:
+    """Median, min, max of repeated measurements (kept so noise is visible)."""
+    xs = list(xs)
+    return {"median": median(xs), "min": float(min(xs)), "max": float(max(xs)), "n": len(xs)}
+
+
+def machine_info() -> dict:
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    cpu = ln.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("flags"):
+                    flags = ln
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "load_average_1m": os.getloadavg()[0],
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def command(name: str, quick: bool) -> str:
+    return f"python -m bench {name}" + (" --quick" if quick else "")
+
+
+def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``result`` (plus machine facts and the command) to ``results_dir/<name>.json``."""
+    payload = {
+        "benchmark": name,
+        "command": command(name, quick),
+        "quick": quick,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": wall_s,
+        "machine": machine_info(),
+        **result,
+    }
+    path = results_dir / f"{name}.json"
+    write_json_atomic(path, payload)
+    return path
+
+
+def update_summary(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> dict:
+    """Merge this benchmark's ``summary`` figures into ``summary.json``; returns the new summary."""
+    path = results_dir / "summary.json"
+    summary: dict = {}
+    if path.exists():
+        with open(path) as f:
+            summary = json.load(f)
+    summary.setdefault("benchmarks", {})
+    summary["benchmarks"][name] = {
+        "command": command(name, quick), "quick": quick, "wall_s": wall_s,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    summary.update(result.get("summary", {}))
+    summary["machine"] = machine_info()
+    write_json_atomic(path, summary)
+    return summary
+
+
+class Timer:
+    """``with Timer() as t: ...`` then ``t.s`` (perf_counter seconds)."""
+
+    def __enter__(self) -> "Timer":
+        self.t0 = time.perf_counter()
+        self.s = 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.s = time.perf_counter() - self.t0
+
+
+def progress(iterable=None, total: int | None = None, desc: str = "", disable: bool = False):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, disable=disable, leave=False, file=sys.stderr)

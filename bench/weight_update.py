@@ -1,0 +1,110 @@
+"""Weight-update latency: pause -> load -> resume on a running rollout server.
+
+For the tiny model and SmolLM2-135M (float32 safetensors), checkpoints are published
+with ``CheckpointStore`` to a local folder (file://) and to S3 (a moto server on
+127.0.0.1, ``infra/s3.py``). An embedded rollout server (started with the moto
+environment) is told, over HTTP, to pause, load version v from the store's URL, and
+resume; each of the three calls is timed, and their sum is the latency.
+
+Every S3 load uses a version it has never loaded, so the download is always paid
+(the server caches remote folders by URL). file:// versions are read from the page
+cache after the first load, as a trainer's fresh checkpoint usually is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+
+from bench.common import Timer, format_table, median, progress, spread
+
+
+async def _cycle(url: str, model_url: str, version: int) -> dict:
+    from areal_core.rollout.client import RolloutClient
+
+    c = RolloutClient(url)
+    try:
+        t0 = time.perf_counter()
+        await c.pause()
+        t1 = time.perf_counter()
+        await c.update_weights(model_url, version)
+        t2 = time.perf_counter()
+        await c.resume()
+        t3 = time.perf_counter()
+        info = await c.model_info()
+    finally:
+        await c.aclose()
+    if info.weight_version != version:
+        raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
+    return {"pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
+
+
+def _publish(store, versions: range, folder: str) -> float:
+    with Timer() as t:
+        for v in versions:
+            store.publish_folder(v, folder, meta={"bench": True})
+    return t.s / max(1, len(versions))
+
+
+def bench_model(name: str, reps: int, s3_env: dict, tmp: str) -> list[dict]:
+    from areal_core.rollout.launcher import start_server
+    from areal_core.storage import CheckpointStore, ensure_bucket
+    from bench import models
+
+    folder = models.model_folder(name)
+    size_mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 1e6
+    local = CheckpointStore(os.path.join(tmp, f"ckpt-{name}"))
+    bucket = f"s3://bench-{uuid.uuid4().hex[:8]}"
+    old_env = {k: os.environ.get(k) for k in s3_env}
+    os.environ.update(s3_env)
+    try:
+        ensure_bucket(bucket)
+        s3 = CheckpointStore(f"{bucket}/{name}")
+        publish_s = {"file": _publish(local, range(1, reps + 1), folder),
+                     "s3": _publish(s3, range(1, reps + 1), folder)}
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    rows = []
+    with start_server(folder, env=s3_env, log_path=os.path.join(tmp, f"server-{name}.log")) as srv:
+        version = 0
+        for src, store in (("file", local), ("s3", s3)):
+            runs = []
+            for r in progress(range(1, reps + 1), desc=f"weight_update {name} {src}"):
+                version += 1
+                runs.append(asyncio.run(_cycle(srv.url, store.version_url(r), version)))
+            rows.append({"model": name, "source": src, "checkpoint_mb": size_mb, "publish_s": publish_s[src],
+                         "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
+    return rows
+
+
+def run(quick: bool) -> dict:
+    from infra.s3 import MotoS3Server
+
+    reps = {"tiny": 2 if quick else 5, "smollm2-135m": 1 if quick else 3}
+    tmp = tempfile.mkdtemp(prefix="bench-wu-")
+    rows = []
+    with MotoS3Server() as moto:
+        for name in ("tiny", "smollm2-135m"):
+            rows += bench_model(name, reps[name], moto.env(), tmp)
+    table = [(r["model"], r["source"], r["checkpoint_mb"], r["publish_s"], r["pause_s"]["median"],
+              r["load_s"]["median"], r["resume_s"]["median"], r["total_s"]["median"], r["total_s"]["n"])
+             for r in rows]
+    print(format_table(["model", "source", "MB", "publish s", "pause s", "load s", "resume s", "total s", "n"],
+                       table, title="weight update: pause -> load -> resume (idle embedded server, 1 thread)"))
+
+    def total(model, src):
+        return next(median([x["total_s"] for x in r["runs"]]) for r in rows if (r["model"], r["source"]) == (model, src))
+
+    return {
+        "setup": {"repetitions": reps, "server": "embedded, torch_threads 1, idle", "s3": "moto_server on 127.0.0.1"},
+        "rows": rows,
+        "summary": {f"weight_update_s_{m.split('-')[0]}_{s}": total(m, s)
+                    for m in ("tiny", "smollm2-135m") for s in ("file", "s3")},
+    }

@@ -1,0 +1,66 @@
+"""The benchmark plumbing (tables, atomic JSON, summary merging, batch builders); no timing checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from bench import BENCHMARKS
+from bench.common import fmt, format_table, ratio, spread, update_summary, write_json_atomic
+
+
+def test_format_table_aligns_numbers_and_text():
+    out = format_table(["name", "tok/s"], [("engine", 31300.0), ("HF generate", 24.25)], title="t")
+    lines = out.splitlines()
+    assert lines[0] == "t"
+    assert lines[1].startswith("name")
+    assert "31,300" in out and "24.2" in out
+    widths = {len(ln) for ln in lines[1:]}
+    assert len(widths) == 1  # numbers right-aligned to one width
+
+
+def test_fmt_and_ratio_handle_missing_values():
+    assert fmt(None) == "-" and fmt(True) == "yes" and fmt(3) == "3" and fmt(0.12345) == "0.123"
+    assert ratio(2.0, 1.0) == 2.0 and ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_write_json_atomic_leaves_no_temp_file(tmp_path):
+    write_json_atomic(tmp_path / "r.json", {"a": 1, "b": (1, 2)})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1, "b": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "bad.json", {"x": object()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_update_summary_merges_benchmarks(tmp_path):
+    update_summary("engine", True, {"summary": {"engine_over_hf_generate": 1.3}}, 1.0, results_dir=tmp_path)
+    s = update_summary("dynamic_batching", False, {"summary": {"dynamic_batching_gain": 1.2}}, 2.0,
+                       results_dir=tmp_path)
+    assert s["engine_over_hf_generate"] == 1.3 and s["dynamic_batching_gain"] == 1.2
+    assert set(s["benchmarks"]) == {"engine", "dynamic_batching"}
+    assert s["benchmarks"]["engine"]["command"] == "python -m bench engine --quick"
+
+
+def test_every_benchmark_module_has_run():
+    import importlib
+
+    for name in BENCHMARKS:
+        assert callable(importlib.import_module(f"bench.{name}").run)
+
+
+def test_dynamic_batching_batches_and_memory_safe_count():
+    from bench import dynamic_batching as db
+
+    lens = db.heavy_tailed_lengths(2000, random.Random(0))
+    assert min(lens) >= 4 and max(lens) <= db.MAX_NEW
+    assert max(lens) > 4 * sorted(lens)[len(lens) // 2]  # a long tail
+    n = db.memory_safe_fixed()
+    per_mb = math.ceil(db.B / n)
+    assert per_mb * (db.PROMPT_LEN[1] + db.MAX_NEW) <= db.BUDGET  # every fixed micro-batch fits the budget
+    batch = db.make_batch(random.Random(1), vocab=40)
+    assert len(batch) == db.B and len({t.group_id for t in batch}) == db.B // db.N_SAMPLES
