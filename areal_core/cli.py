@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from areal_core.eval.cli import add_eval_command
+
 
 def _overrides(pairs: list[str]) -> dict:
     out = {}
@@ -55,7 +57,8 @@ def cmd_train(args) -> int:
     from areal_core.run import run_experiment
 
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg.name)
-    summary = run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress)
+    summary = run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress,
+                             resume=args.resume)
     print_summary(summary, run_dir)
     if args.json:
         print(json.dumps(summary))
@@ -69,6 +72,8 @@ def add_train_command(sub) -> None:
     t.add_argument("--max-steps", type=int, help="override trainer.max_steps")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set trainer.eta=0 (repeatable)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its latest checkpoint (see docs/OPERATIONS.md)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.add_argument("--json", action="store_true", help="also print the summary as JSON")
     t.set_defaults(func=cmd_train)
@@ -79,6 +84,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     p = argparse.ArgumentParser(prog="areal-flow", description="Fully asynchronous RL for LLM reasoning.")
     sub = p.add_subparsers(dest="command", required=True)
     add_train_command(sub)
+    add_eval_command(sub)
     return p, sub
 
 

@@ -64,6 +64,9 @@ class ExperimentConfig(Section):
             raise ValueError("rollout.urls must list at least one server when rollout.backend is 'external'")
         if r.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature must be > 0 for RL (behaviour logprobs need a proper distribution)")
+        if t.optim.continue_warm_start and (self.model.name != "tiny" or self.model.warm_start.steps == 0):
+            raise ValueError("trainer.optim.continue_warm_start needs the tiny model with a warm start "
+                             "(model.name: tiny, model.warm_start.steps > 0)")
         return self
 
 

@@ -87,3 +87,10 @@ def test_overrides_are_validated(tmp_path):
     assert load_config(p, {"trainer.eta": 0}).trainer.eta == 0
     with pytest.raises(ConfigError, match="trainer.eta"):
         load_config(p, {"trainer.eta": -2})
+
+
+def test_continue_warm_start_needs_a_warm_started_tiny_model(tmp_path):
+    text = "model:\n  name: tiny\n  warm_start: {steps: %d}\ntrainer:\n  optim: {continue_warm_start: true}\n"
+    load_config(_write(tmp_path, text % 10))
+    with pytest.raises(ConfigError, match="continue_warm_start needs the tiny model with a warm start"):
+        load_config(_write(tmp_path, text % 0))

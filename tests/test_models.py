@@ -12,6 +12,7 @@ from areal_core.models import (
     build_char_tokenizer,
     build_tiny,
     cached_warm_start,
+    load_optimizer_moments,
     load_base_model,
     load_hf_folder,
     smollm2_available,
@@ -138,6 +139,46 @@ def test_load_base_model_tiny(tmp_path, records):
     m2, _ = load_base_model(cfg, train_records=records[0][:50], cache_dir=str(tmp_path), progress=False)
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 1
+    info: dict = {}
+    load_base_model(cfg, train_records=records[0][:50], cache_dir=str(tmp_path), progress=False, info=info)
+    moments = load_optimizer_moments(info["warm_start"]["optimizer_moments"])
+    shapes = {n: tuple(p.shape) for n, p in m1.named_parameters()}
+    assert {n: tuple(st["exp_avg"].shape) for n, st in moments.items()} == shapes
+    assert all(float(st["exp_avg_sq"].sum()) > 0 for st in moments.values())
+
+
+def test_adopted_moments_continue_adamw_exactly():
+    """A trainer that adopts an AdamW's moments takes the step that AdamW would have taken."""
+    from areal_core.trainer.config import TrainerConfig
+    from areal_core.trainer.trainer import Trainer
+
+    tok = build_char_tokenizer()
+    m1 = build_tiny(SMALL, tok, seed=0)
+    x = torch.randint(3, len(tok), (4, 12), generator=torch.Generator().manual_seed(0))
+
+    def loss(m):
+        return m(input_ids=x).logits.pow(2).mean()
+
+    cfg = TrainerConfig.model_validate(
+        {"optim": {"lr": 1e-3, "beta2": 0.98, "weight_decay": 0.0, "lr_schedule": "constant"}})
+    opt = torch.optim.AdamW(m1.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=cfg.optim.eps, weight_decay=0.0)
+    for _ in range(3):
+        opt.zero_grad()
+        loss(m1).backward()
+        opt.step()
+    names = {id(p): n for n, p in m1.named_parameters()}
+    moments = {names[id(p)]: st for p, st in opt.state.items()}
+    m2, m3 = build_tiny(SMALL, tok, seed=0), build_tiny(SMALL, tok, seed=0)
+    m2.load_state_dict(m1.state_dict())
+    m3.load_state_dict(m1.state_dict())
+    adopting, fresh = Trainer(m2, cfg, 1.0, 10), Trainer(m3, cfg, 1.0, 10)
+    assert adopting.adopt_moments(moments) == len(list(m2.parameters()))
+    for o, m in ((opt, m1), (adopting.optimizer, m2), (fresh.optimizer, m3)):
+        o.zero_grad()
+        loss(m).backward()
+        o.step()
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert not all(torch.allclose(a, b, atol=1e-7) for a, b in zip(m1.parameters(), m3.parameters()))
 
 
 def test_load_hf_folder_missing(tmp_path):

@@ -17,7 +17,10 @@ from areal_core.data.synthetic import (
 
 def test_prompt_and_solution_format():
     assert make_prompt([3, 5, 7]) == "a3b5c7="
-    assert solve_chain("a3b5c7=") == "a3b8c15|15"
+    assert solve_chain("a3b5c7=") == "a3=3,b5=8,c7=15|15"  # the default, explicit format
+    assert solve_chain("a3b5c7=", "compact") == "a3b8c15|15"
+    with pytest.raises(ValueError, match="unknown chain format"):
+        solve_chain("a3b5c7=", "verbose")
     with pytest.raises(ValueError):
         solve_chain("a3b5c7")
 
@@ -102,9 +105,9 @@ def test_parse_chain_answer():
     assert parse_chain_answer("a3|1 5") is None
 
 
-def test_every_solution_passes_and_running_totals_are_right():
-    train, held_out = _split(n_train=2000, n_eval=300)
-    for r in train + held_out:
+def test_every_compact_solution_passes_and_running_totals_are_right():
+    task = ChainTask(SyntheticTask(n_train=2000, n_eval=300, format="compact"))
+    for r in task.train_records() + task.eval_records():
         assert check_chain(r.solution, r.answer)
         digits = [int(d) for d in re.findall(r"[a-z](\d)", r.prompt)]
         labels = re.findall(r"([a-z])\d", r.prompt)
@@ -129,3 +132,18 @@ def test_grade_chain_is_strict_about_the_chain():
     assert grade_chain("a3b8c15|16", sol) == (False, "16", "wrong final answer")
     assert grade_chain("a3b8c15", sol) == (False, None, "no answer found")
     assert grade_chain("", sol) == (False, None, "no answer found")
+
+
+def test_every_explicit_solution_writes_each_digit_and_running_total():
+    train, held_out = _split(n_train=2000, n_eval=300)
+    for r in train + held_out:
+        assert check_chain(r.solution, r.answer)
+        prompt_steps = re.findall(r"([a-z])(\d)", r.prompt)
+        body, final = r.solution.split("|")
+        steps = [re.fullmatch(r"([a-z])(\d)=(\d+)", part).groups() for part in body.split(",")]
+        assert [(lab, d) for lab, d, _ in steps] == prompt_steps
+        running = 0
+        for _, d, shown in steps:
+            running += int(d)
+            assert int(shown) == running
+        assert int(final) == running == int(r.answer)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from areal_core.configbase import Section
@@ -14,6 +16,8 @@ class SyntheticTask(Section):
     max_chain: int = Field(12, ge=1)
     alpha: float = Field(1.0, ge=0)
     seed: int = 0
+    # explicit: a3=3,b5=8,c7=15|15 (each step writes the digit it adds); compact: a3b8c15|15
+    format: Literal["explicit", "compact"] = "explicit"
 
     @model_validator(mode="after")
     def _chain_order(self):

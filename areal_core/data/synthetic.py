@@ -1,8 +1,11 @@
 """Synthetic reasoning task: the running sum of a chain of one-digit numbers.
 
-Prompt: labelled digits then "=", e.g. ``a3b5c7=``. Correct response: each
-label followed by the running total, then "|" and the final answer, e.g.
-``a3b8c15|15`` (the tokenizer's EOS follows). The chain length k is drawn from
+Prompt: labelled digits then "=", e.g. ``a3b5c7=``. Correct response, in the
+default ``explicit`` format: each step writes its label, the digit it adds and
+the new running total, then "|" and the final answer, e.g. ``a3=3,b5=8,c7=15|15``.
+The ``compact`` format writes only the running totals, ``a3b8c15|15``; it is
+harder for a small model (each step must look the digit up in the prompt
+without writing it down). The tokenizer's EOS follows the answer. The chain length k is drawn from
 [min_chain, max_chain] with P(k) proportional to 1/k**alpha, which gives a
 heavy-tailed distribution of response lengths.
 
@@ -44,14 +47,19 @@ def make_prompt(digits: list[int]) -> str:
     return "".join(f"{LABELS[i]}{d}" for i, d in enumerate(digits)) + "="
 
 
-def make_solution(digits: list[int]) -> str:
-    """The correct response: labels with running totals, then '|' and the total."""
+FORMATS = ("explicit", "compact")
+
+
+def make_solution(digits: list[int], fmt: str = "explicit") -> str:
+    """The correct response: the chain of running totals, then '|' and the total."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown chain format {fmt!r}; expected one of {FORMATS}")
     total = 0
     parts = []
     for i, d in enumerate(digits):
         total += d
-        parts.append(f"{LABELS[i]}{total}")
-    return "".join(parts) + f"|{total}"
+        parts.append(f"{LABELS[i]}{d}={total}" if fmt == "explicit" else f"{LABELS[i]}{total}")
+    return ("," if fmt == "explicit" else "").join(parts) + f"|{total}"
 
 
 def prompt_digits(prompt: str) -> list[int]:
@@ -61,8 +69,8 @@ def prompt_digits(prompt: str) -> list[int]:
     return [int(prompt[i + 1]) for i in range(0, len(prompt) - 1, 2)]
 
 
-def solve_chain(prompt: str) -> str:
-    return make_solution(prompt_digits(prompt))
+def solve_chain(prompt: str, fmt: str = "explicit") -> str:
+    return make_solution(prompt_digits(prompt), fmt)
 
 
 def parse_chain_answer(response: str) -> str | None:
@@ -153,7 +161,7 @@ class ChainTask:
         for i in range(n):  # one draw at a time: a bigger split extends a smaller one
             k = self.sample_lengths(1, rng)[0]
             digits = self._draw(rng, k, want_eval)
-            solution = make_solution(digits)
+            solution = make_solution(digits, self.cfg.format)
             out.append(
                 Record(
                     id=f"chain-{split}-{i:06d}",

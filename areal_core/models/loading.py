@@ -41,6 +41,7 @@ def load_base_model(
     cache_dir: str | None = None,
     progress: bool = True,
     task: dict | None = None,
+    info: dict | None = None,
 ):
     """(model, tokenizer) of the policy to start RL from.
 
@@ -49,7 +50,8 @@ def load_base_model(
     solution) pairs when ``warm_start.steps > 0``. ``smollm2-135m``: the
     packaged GGUF model. Anything else: an HF folder (path or URL).
     ``cache_dir`` is the warm-start cache for ``tiny`` and the copy cache for
-    remote folders.
+    remote folders. Pass a dict as ``info`` to receive the warm start's stats
+    and the path of its optimizer moments (``info["warm_start"]``).
     """
     name = model_cfg.name
     if name == "tiny":
@@ -67,14 +69,16 @@ def load_base_model(
         pairs = [(r.prompt, r.solution) for r in train_records if r.solution]
         if not pairs:
             raise ValueError("no train record has a solution to warm start on")
-        model, tokenizer, info = cached_warm_start(
+        model, tokenizer, ws_info = cached_warm_start(
             model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress
         )
+        if info is not None:
+            info["warm_start"] = ws_info
         log.info(
             "tiny warm start %s: final loss %.4f (%s)",
-            "loaded from cache" if info["cached"] else f"trained in {info['wall_s']:.1f}s",
-            info["final_loss"],
-            info["path"],
+            "loaded from cache" if ws_info["cached"] else f"trained in {ws_info['wall_s']:.1f}s",
+            ws_info["final_loss"],
+            ws_info["path"],
         )
         return model, tokenizer
     if name == "smollm2-135m":

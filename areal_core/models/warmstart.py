@@ -25,6 +25,8 @@ from areal_core.models.config import TinyArch, WarmStart
 IGNORE = -100
 FINAL_LR_FRACTION = 0.1  # linear decay from cfg.lr to 10% of it
 STATS_FILE = "warmstart_stats.json"
+MOMENTS_FILE = "optimizer_moments.pt"  # AdamW state per parameter name, for RL to continue from
+CACHE_LAYOUT = 2  # bump when the cache folder's contents change
 
 
 def _encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -92,7 +94,10 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.eval()
     tail = losses[-min(10, len(losses)):] if losses else []
+    names = {id(p): n for n, p in model.named_parameters()}
+    moments = {names[id(p)]: {k: v.detach().clone() for k, v in st.items()} for p, st in opt.state.items()}
     return {
+        "optimizer_moments": moments,
         "steps": cfg.steps,
         "first_loss": losses[0] if losses else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
@@ -127,6 +132,7 @@ def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed
         "task": task,
         "pairs_sha256": data.hexdigest(),
         "seed": seed,
+        "layout": CACHE_LAYOUT,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
     }
@@ -153,6 +159,8 @@ def cached_warm_start(
     """Build the tiny model and warm-start it, or load that result from the cache.
 
     Returns ``(model, tokenizer, info)``; ``info`` holds the warm-start stats,
+    the path of the saved AdamW moments (``optimizer_moments``, see
+    ``load_optimizer_moments``),
     the cache folder and whether it was a cache hit. The folder is written
     under a temp name and renamed into place, so a half-written entry is
     never loaded.
@@ -166,7 +174,8 @@ def cached_warm_start(
     if (dest / STATS_FILE).is_file():
         model, tokenizer = _load(dest)
         stats = json.loads((dest / STATS_FILE).read_text())
-        return model, tokenizer, {**stats, "path": str(dest), "cached": True}
+        return model, tokenizer, {**stats, "path": str(dest), "cached": True,
+                                  "optimizer_moments": str(dest / MOMENTS_FILE)}
 
     tokenizer = build_char_tokenizer()
     model = build_tiny(arch, tokenizer, seed)
@@ -177,7 +186,9 @@ def cached_warm_start(
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "warmstart_key.json").write_text(key)
-        (tmp / STATS_FILE).write_text(json.dumps({k: v for k, v in stats.items() if k != "losses"}))
+        torch.save(stats["optimizer_moments"], tmp / MOMENTS_FILE)
+        (tmp / STATS_FILE).write_text(json.dumps({k: v for k, v in stats.items()
+                                                  if k not in ("losses", "optimizer_moments")}))
         try:
             os.rename(tmp, dest)
         except OSError:  # another process stored the same entry first; keep theirs
@@ -185,4 +196,11 @@ def cached_warm_start(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return model, tokenizer, {**stats, "path": str(dest), "cached": False}
+    stats.pop("losses")
+    return model, tokenizer, {**stats, "path": str(dest), "cached": False,
+                              "optimizer_moments": str(dest / MOMENTS_FILE)}
+
+
+def load_optimizer_moments(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
+    """The warm start's AdamW state, keyed by parameter name (see ``Trainer.adopt_moments``)."""
+    return torch.load(path, map_location="cpu", weights_only=True)

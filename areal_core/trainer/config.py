@@ -17,6 +17,8 @@ class OptimConfig(Section):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: float = Field(1e-5, gt=0)
     grad_clip: float = Field(1.0, gt=0)
+    # start AdamW from the tiny model's warm-start moments instead of zeros (see Trainer.adopt_moments)
+    continue_warm_start: bool = False
 
 
 class TrainerConfig(Section):
