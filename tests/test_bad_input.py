@@ -88,9 +88,6 @@ def test_dataset_rows_valid_or_named_error(tmp_path_factory, rows):
         assert len(records) == len(rows)
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="known bug, reported: read_records lets a UnicodeDecodeError through for a "
-                          "JSONL line that is not UTF-8 (areal_core/data/records.py, owned elsewhere)")
 @FAST
 @given(lines=st.lists(st.binary(max_size=40), min_size=1, max_size=4))
 def test_dataset_garbage_lines_named_error(tmp_path_factory, lines):

@@ -143,3 +143,12 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
         write_records(RECORDS, str(fresh))
     assert not fresh.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    from areal_core.data.records import RecordError, read_records
+
+    p = tmp_path / "rows.jsonl"
+    p.write_bytes(b'{"id": "a", "task": "chain", "prompt": "a1=", "answer": "1"}\n{"id": "\xff"}\n')
+    with pytest.raises(RecordError, match=r"rows.jsonl, line 2: not valid UTF-8"):
+        read_records(str(p))

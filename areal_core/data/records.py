@@ -71,7 +71,11 @@ def _validate(row: Any, where: str) -> Record:
 
 def _read_jsonl(f, url: str) -> list[Record]:
     out = []
-    for lineno, raw in enumerate(io.TextIOWrapper(f, encoding="utf-8"), start=1):
+    for lineno, raw_bytes in enumerate(f, start=1):
+        try:
+            raw = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RecordError(f"{url}, line {lineno}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
         if not raw.strip():
             continue
         try:
