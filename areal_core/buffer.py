@@ -78,16 +78,23 @@ class ReplayBuffer:
 
     # consumer side -------------------------------------------------------
     def _pick(self, n_traj: int, version: int, eta: int) -> list[_Group] | None:
+        """Whole groups for the batch at ``version``, or None to wait.
+
+        A group admitted at version a must be trained by version a + eta (its deadline).
+        Due groups (deadline == version) go first; the rest of the batch is the oldest ready
+        groups, unless taking them would leave the older groups still generating more than the
+        batches before their deadlines can hold (earliest-deadline-first): then wait for those.
+        """
         groups = sorted(self._groups.values(), key=lambda g: g.first_seq_no)
+        if not _deadlines_fit(groups, version, eta, n_traj, first_batch=version):
+            raise RuntimeError(
+                f"staleness bound cannot hold at version {version} with eta {eta}: more untrained "
+                f"trajectories are due than batches of {n_traj} can take before their deadlines; "
+                "were requests admitted without the staleness gate?"
+            )
         due = [g for g in groups if g.admit_version <= version - eta]
         if any(not g.ready for g in due):
             return None
-        if sum(g.size for g in due) > n_traj:
-            raise RuntimeError(
-                f"staleness bound cannot hold: {sum(g.size for g in due)} trajectories admitted at "
-                f"version <= {version - eta} are untrained but the batch holds {n_traj}; "
-                "were requests admitted without the staleness gate?"
-            )
         picked, count = list(due), sum(g.size for g in due)
         for g in groups:
             if count >= n_traj:
@@ -97,7 +104,10 @@ class ReplayBuffer:
                     continue
                 picked.append(g)
                 count += g.size
-        return picked if count == n_traj else None
+        if count != n_traj:
+            return None
+        left = [g for g in groups if g not in picked]
+        return picked if _deadlines_fit(left, version, eta, n_traj, first_batch=version + 1) else None
 
     def take(self, n_traj: int, version: int, eta: int, timeout: float | None = None) -> list[Trajectory]:
         """Block until n_traj trajectories can be trained at ``version``; return them, oldest first."""
@@ -143,3 +153,13 @@ class ReplayBuffer:
             ready = sum(g.size for g in self._groups.values() if g.ready)
             pending = sum(g.size for g in self._groups.values()) - ready
             return {"ready": ready, "pending": pending, "handed_out": self.handed_out}
+
+
+def _deadlines_fit(groups, version: int, eta: int, batch: int, first_batch: int) -> bool:
+    """Whether the batches at versions first_batch.. can train every group by its deadline."""
+    owed = 0
+    for g in sorted(groups, key=lambda g: g.admit_version):
+        owed += g.size
+        if owed > (g.admit_version + eta - first_batch + 1) * batch:
+            return False
+    return True

@@ -68,6 +68,34 @@ def test_double_put_and_unknown_group_rejected():
         buf.put(_traj("h", 5, 0, 0))
 
 
+def test_does_not_take_newer_groups_when_older_ones_would_miss_their_deadline():
+    """B 4 (groups of 2), eta 2. At v0 six groups are admitted and g0 is slow; at v1 two more.
+    Training the new, short g6 and g7 at v1 would leave g0, g3, g4, g5 (8 answers) due at v2,
+    where a batch holds 4: the buffer waits for older groups instead."""
+    buf = ReplayBuffer()
+    old = [_admit_group(buf, f"g{i}", 2 * i, 0, 2) for i in range(6)]
+    for t in old[1] + old[2]:
+        buf.put(t)
+    assert [t.group_id for t in buf.take(4, version=0, eta=2, timeout=1)] == ["g1", "g1", "g2", "g2"]
+    new = [_admit_group(buf, f"g{i}", 2 * i, 1, 2) for i in (6, 7)]
+    for t in new[0] + new[1]:
+        buf.put(t)
+    with pytest.raises(TimeoutError):
+        buf.take(4, version=1, eta=2, timeout=0.05)
+    for t in old[3] + old[4]:
+        buf.put(t)
+    assert [t.group_id for t in buf.take(4, version=1, eta=2, timeout=1)] == ["g3", "g3", "g4", "g4"]
+
+
+def test_unreachable_state_is_an_error_not_a_wait():
+    buf = ReplayBuffer()
+    for i in range(3):  # 6 answers admitted at v0, due at v0, batch of 4: no choice can work
+        for t in _admit_group(buf, f"g{i}", 2 * i, 0, 2):
+            buf.put(t)
+    with pytest.raises(RuntimeError, match="staleness bound cannot hold"):
+        buf.take(4, version=0, eta=0, timeout=1)
+
+
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_simulated_run_respects_bound_and_trains_each_once(eta):
     """Admission by the gate, random completion order, trainer takes B per version."""
@@ -79,7 +107,8 @@ def test_simulated_run_respects_bound_and_trains_each_once(eta):
             running.extend(_admit_group(buf, f"g{submitted}", submitted, version, n))
             submitted += n
         rng.shuffle(running)
-        for t in running[: rng.randint(1, len(running))]:  # some finish, in random order
+        slow = {t.group_id for t in running if int(t.group_id[1:]) % 3 == 0} if rng.random() < 0.7 else set()
+        for t in [t for t in running if t.group_id not in slow][: rng.randint(1, len(running))]:
             buf.put(t)
             running.remove(t)
         try:
@@ -100,7 +129,7 @@ def test_snapshot_lists_untrained_groups_with_their_rewarded_answers():
     for t in g0 + g2[:1]:
         t.reward = 1.0
         buf.put(t)
-    assert [t.traj_id for t in buf.take(2, version=1, eta=1, timeout=1)] == ["g0-s0", "g0-s1"]
+    assert [t.traj_id for t in buf.take(2, version=1, eta=2, timeout=1)] == ["g0-s0", "g0-s1"]
     snap = buf.snapshot()
     assert [g["group_id"] for g in snap] == ["g1", "g2"]
     assert [g["admit_version"] for g in snap] == [1, 1] and snap[0]["done"] == []

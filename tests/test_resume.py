@@ -181,7 +181,8 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     prefix, lps, vers = [10, 11, 12, 13, 14], [-1.0, -2.0, -3.0, -4.0, -5.0], [3, 3, 4, 4, 4]
     base = {"group_id": "e0-pA", "admit_version": 4, "prompt_ids": [5, 6, 7], "reference": "r", "task": "chain",
             "reward": None}
-    state = {"n_submitted": 2, "n_groups": 1, "version": 4, "groups": [{
+    # consistent with the gate: versions 0..4 trained 5 batches of 2, plus this group = 12 submitted
+    state = {"n_submitted": 12, "n_groups": 1, "version": 4, "groups": [{
         "group_id": "e0-pA", "first_seq_no": 0, "admit_version": 4, "size": 2, "trajectories": [
             {**base, "traj_id": "e0-pA-s0", "seq_no": 0, "output_ids": prefix, "output_logprobs": lps,
              "output_versions": vers, "finish_reason": ""},
