@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from areal_core.storage.fsutil import write_bytes_atomic
+
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    write_bytes_atomic(str(path), df.to_parquet(index=False))
 
 
 LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version",

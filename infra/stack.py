@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from areal_core.storage.fsutil import write_text_atomic
+
 REPO = Path(__file__).resolve().parent.parent
 POOL = "areal-local"
 DEFAULT_PORT = 4200
@@ -190,9 +192,7 @@ class Stack:
         return state
 
     def _write_state(self, state: dict) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.state_path)
+        write_text_atomic(str(self.state_path), json.dumps(state, indent=2))
 
     def _cli(self, env: dict, args: list[str], log) -> None:
         r = subprocess.run([_prefect_exe(), *args], env=env, cwd=str(REPO), capture_output=True, text=True,

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
-import uuid
 from typing import Any, Iterable, Literal
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from areal_core.storage.localize import is_local, local_path
+from areal_core.storage.fsutil import write_bytes_atomic
 
 
 class Record(BaseModel):
@@ -159,25 +156,9 @@ def write_records(records: Iterable[Record | dict], url: str) -> None:
     completes, so readers see either the previous object or the whole new
     one; a temp key + copy + delete would add two requests and a window where
     a stray temp object can be left behind, for no gain in atomicity.
+    Both are ``storage.fsutil.write_bytes_atomic``.
     """
     fmt = _format(url)
     recs = [r if isinstance(r, Record) else _validate(r, f"{url}, record {i}") for i, r in enumerate(records)]
     data = _encode(recs, fmt)
-    if is_local(url):
-        path = os.path.abspath(local_path(url))
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:6]}.tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.pipe_file(path, data)
+    write_bytes_atomic(url, data)
