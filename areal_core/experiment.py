@@ -70,14 +70,15 @@ class ExperimentConfig(Section):
         return self
 
 
-def _check_paths(cfg: ExperimentConfig, base: Path) -> None:
-    """Missing models or datasets fail here, before anything starts."""
+def _check_paths(cfg: ExperimentConfig, source: Path) -> None:
+    """Missing models or datasets fail here, before anything starts (named after ``source``)."""
+    base = source.parent
     m = cfg.model.name
     if m not in BUILTIN_MODELS and "://" not in m:
         p = (base / m) if not os.path.isabs(m) else Path(m)
         if not (p / "config.json").is_file():
             raise ConfigError(
-                f"model.name: '{m}' is neither a built-in model {BUILTIN_MODELS} nor an HF model "
+                f"{source}: model.name: '{m}' is neither a built-in model {BUILTIN_MODELS} nor an HF model "
                 f"folder (no config.json at {p})"
             )
     for key in ("dataset", "eval_dataset"):
@@ -86,7 +87,7 @@ def _check_paths(cfg: ExperimentConfig, base: Path) -> None:
             continue
         p = (base / d) if not os.path.isabs(d) else Path(d)
         if not p.is_file():
-            raise ConfigError(f"data.{key}: dataset file '{d}' not found (looked at {p})")
+            raise ConfigError(f"{source}: data.{key}: dataset file '{d}' not found (looked at {p})")
 
 
 def _key_lines(text: str) -> dict[tuple, int]:
@@ -183,5 +184,5 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
     if overrides:
         data = apply_overrides(data, overrides)
     cfg = parse_config(data, str(path), text)
-    _check_paths(cfg, path.parent)
+    _check_paths(cfg, path)
     return cfg

@@ -94,3 +94,11 @@ def test_continue_warm_start_needs_a_warm_started_tiny_model(tmp_path):
     load_config(_write(tmp_path, text % 10))
     with pytest.raises(ConfigError, match="continue_warm_start needs the tiny model with a warm start"):
         load_config(_write(tmp_path, text % 0))
+
+
+def test_missing_model_or_dataset_names_the_config_file(tmp_path):
+    p = _write(tmp_path, "name: x\n")
+    with pytest.raises(ConfigError, match=rf"^{p}: model.name: '' is neither"):
+        load_config(p, {"model.name": ""})
+    with pytest.raises(ConfigError, match=rf"^{p}: data.dataset: dataset file 'gone.jsonl' not found"):
+        load_config(p, {"data.dataset": "gone.jsonl"})
