@@ -67,6 +67,9 @@ class ExperimentConfig(Section):
         if t.optim.continue_warm_start and (self.model.name != "tiny" or self.model.warm_start.steps == 0):
             raise ValueError("trainer.optim.continue_warm_start needs the tiny model with a warm start "
                              "(model.name: tiny, model.warm_start.steps > 0)")
+        if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
+            raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
+                             f"data.dataset: synthetic (got {self.data.dataset!r})")
         return self
 
 

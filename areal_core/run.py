@@ -176,14 +176,18 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 # the state of this step goes into its version, so both appear together or not at all
                 extra = run_state.encode(step, config, controller.snapshot(), trainer.state_dict(),
                                          runlog.to_parquet_bytes(), before)
+                t2 = time.perf_counter()
                 store.publish(version, model, tokenizer, meta={"step": step}, extra=extra)
                 if on_checkpoint:
                     on_checkpoint(version, store.version_url(version))
+                t3 = time.perf_counter()
                 controller.update_weights(store.local_copy(version), version)
+                t4 = time.perf_counter()
                 if cfg.storage.keep_last:
                     store.prune(cfg.storage.keep_last)
                 now = time.perf_counter()
-                row.update({"publish_time_s": now - t1, "step_time_s": now - t0,
+                row.update({"state_time_s": t2 - t1, "checkpoint_write_s": t3 - t2, "weight_sync_s": t4 - t3,
+                            "publish_time_s": now - t1, "step_time_s": now - t0,
                             "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
                             "elapsed_s": now - rl_start})
                 runlog.flush()

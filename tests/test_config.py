@@ -96,6 +96,15 @@ def test_continue_warm_start_needs_a_warm_started_tiny_model(tmp_path):
         load_config(_write(tmp_path, text % 0))
 
 
+def test_warm_start_length_alpha_needs_the_synthetic_task(tmp_path):
+    text = "model:\n  warm_start: {length_alpha: 3.0}\n"
+    assert load_config(_write(tmp_path, text)).model.warm_start.length_alpha == 3.0
+    with pytest.raises(ConfigError, match="length_alpha weights demonstrations by chain length"):
+        load_config(_write(tmp_path, text), {"data.dataset": str(tmp_path / "exp.yaml")})
+    with pytest.raises(ConfigError, match="length_alpha"):
+        load_config(_write(tmp_path, "model:\n  warm_start: {length_alpha: -1}\n"))
+
+
 def test_missing_model_or_dataset_names_the_config_file(tmp_path):
     p = _write(tmp_path, "name: x\n")
     with pytest.raises(ConfigError, match=rf"^{p}: model.name: '' is neither"):

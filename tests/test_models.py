@@ -19,7 +19,7 @@ from areal_core.models import (
     warm_start,
 )
 from areal_core.models.config import ModelConfig, TinyArch, WarmStart
-from areal_core.models.warmstart import collate, default_cache_dir
+from areal_core.models.warmstart import chain_length_weights, collate, default_cache_dir
 
 SMALL = TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -119,6 +119,39 @@ def test_cached_warm_start_returns_identical_model(tmp_path, records):
     # another seed: another entry
     _, _, info3 = cached_warm_start(SMALL, cfg, pairs, 1, cache_dir=tmp_path, progress=False)
     assert not info3["cached"] and info3["path"] != info1["path"]
+
+
+def test_chain_length_weights_give_each_length_its_target_share():
+    lengths = [2] * 60 + [3] * 30 + [6] * 10  # empirical shares 0.6 / 0.3 / 0.1
+    w = chain_length_weights(lengths, alpha=2.0)
+    target = {k: k**-2.0 / (2**-2.0 + 3**-2.0 + 6**-2.0) for k in (2, 3, 6)}
+    share = {k: sum(wi for wi, ki in zip(w, lengths) if ki == k) / sum(w) for k in (2, 3, 6)}
+    assert share == pytest.approx(target, abs=1e-12)
+    assert chain_length_weights([4, 4], alpha=3.0) == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError, match="chain length must be >= 1"):
+        chain_length_weights([2, 0], alpha=1.0)
+
+
+def test_length_alpha_skews_the_warm_start_towards_short_chains(tmp_path, records):
+    """The weighted warm start draws short chains as often as k**-alpha says (seeded draws counted)."""
+    import random
+
+    train = records[0][:400]
+    cfg = ModelConfig(name="tiny", tiny=SMALL, warm_start=WarmStart(steps=2, batch_size=4, length_alpha=4.0))
+    w = chain_length_weights([r.meta["k"] for r in train], 4.0)
+    drawn = random.Random(0).choices([r.meta["k"] for r in train], weights=w, k=4000)
+    present = {r.meta["k"] for r in train}
+    target = 2**-4 / sum(k**-4 for k in present)  # 0.76 when all of 2..12 are present
+    assert sum(k == 2 for k in drawn) / len(drawn) == pytest.approx(target, abs=0.03)
+    assert sum(r.meta["k"] == 2 for r in train) / len(train) < 0.4  # the unweighted share is far lower
+    plain = load_base_model(cfg.model_copy(update={"warm_start": WarmStart(steps=2, batch_size=4)}),
+                            train_records=train, cache_dir=str(tmp_path), progress=False)[0]
+    skewed = load_base_model(cfg, train_records=train, cache_dir=str(tmp_path), progress=False)[0]
+    assert not all(torch.equal(a, b) for a, b in zip(plain.parameters(), skewed.parameters()))
+    assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2  # own cache entries
+    no_k = [Record(id="r1", task="math", prompt="1+1?", answer="2", solution="2")]
+    with pytest.raises(ValueError, match="record 'r1' has none"):
+        load_base_model(cfg, train_records=no_k, cache_dir=str(tmp_path), progress=False)
 
 
 def test_default_cache_dir_env(monkeypatch, tmp_path):

@@ -24,6 +24,12 @@ class WarmStart(Section):
     steps: int = Field(600, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(1e-3, gt=0)
+    # Chain task only: draw demonstrations with P(chain length k) proportional to
+    # k**-length_alpha instead of the train split's own distribution. A value
+    # above data.synthetic.alpha makes the demonstrations mostly short, so the
+    # model starts strong on short chains and partial on long ones, and RL has
+    # the long chains to learn from its own rewarded answers. None: as drawn.
+    length_alpha: float | None = Field(None, ge=0)
 
 
 class ModelConfig(Section):

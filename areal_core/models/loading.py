@@ -57,7 +57,7 @@ def load_base_model(
     if name == "tiny":
         from areal_core.models.tiny import build_tiny
         from areal_core.models.tokenizer import build_char_tokenizer
-        from areal_core.models.warmstart import cached_warm_start
+        from areal_core.models.warmstart import cached_warm_start, chain_length_weights
 
         if model_cfg.dtype != "float32":
             log.warning("tiny model runs in float32 (config asks for %s)", model_cfg.dtype)
@@ -66,11 +66,20 @@ def load_base_model(
             return build_tiny(model_cfg.tiny, tokenizer, seed), tokenizer
         if not train_records:
             raise ValueError("tiny model with warm_start.steps > 0 needs train_records to warm start on")
-        pairs = [(r.prompt, r.solution) for r in train_records if r.solution]
-        if not pairs:
+        demos = [r for r in train_records if r.solution]
+        if not demos:
             raise ValueError("no train record has a solution to warm start on")
+        pairs = [(r.prompt, r.solution) for r in demos]
+        weights = None
+        if model_cfg.warm_start.length_alpha is not None:
+            missing = next((r.id for r in demos if "k" not in (r.meta or {})), None)
+            if missing is not None:
+                raise ValueError(f"model.warm_start.length_alpha needs chain-task records with a chain length "
+                                 f"(meta.k); record {missing!r} has none (use data.dataset: synthetic)")
+            weights = chain_length_weights([int(r.meta["k"]) for r in demos], model_cfg.warm_start.length_alpha)
         model, tokenizer, ws_info = cached_warm_start(
-            model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress
+            model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress,
+            weights=weights,
         )
         if info is not None:
             info["warm_start"] = ws_info

@@ -59,14 +59,18 @@ def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True) -> dict:
+def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True,
+               weights: list[float] | None = None) -> dict:
     """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
 
     AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
-    steps of ``cfg.batch_size`` pairs drawn at random (seeded) from ``pairs``.
+    steps of ``cfg.batch_size`` pairs drawn at random (seeded) from ``pairs``,
+    with probability proportional to ``weights`` when given.
     """
     if not pairs:
         raise ValueError("warm start needs at least one (prompt, solution) pair")
+    if weights is not None and len(weights) != len(pairs):
+        raise ValueError(f"warm start got {len(weights)} weights for {len(pairs)} pairs")
     if tokenizer.pad_token_id is None:
         raise ValueError("warm start needs a tokenizer with a pad token")
     encoded = _encode_pairs(tokenizer, pairs)
@@ -82,7 +86,7 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
         torch.manual_seed(seed)
         bar = tqdm(range(cfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
         for _ in bar:
-            batch = collate(rng.choices(encoded, k=cfg.batch_size), tokenizer.pad_token_id)
+            batch = collate(rng.choices(encoded, weights=weights, k=cfg.batch_size), tokenizer.pad_token_id)
             loss = sft_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -107,13 +111,31 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     }
 
 
+def chain_length_weights(lengths: list[int], alpha: float) -> list[float]:
+    """Per-example weights that turn the empirical chain-length mix into P(k) ~ k**-alpha.
+
+    Weight of an example of length k: k**-alpha / (share of examples of length k),
+    so sampling with these weights gives each length exactly its target share.
+    """
+    if not lengths:
+        raise ValueError("no chain lengths to weight")
+    counts: dict[int, int] = {}
+    for k in lengths:
+        if k < 1:
+            raise ValueError(f"chain length must be >= 1, got {k}")
+        counts[k] = counts.get(k, 0) + 1
+    total = sum(k**-alpha for k in counts)
+    return [(k**-alpha / total) / counts[k] for k in lengths]
+
+
 def default_cache_dir() -> Path:
     """``$AREAL_FLOW_CACHE/warmstart`` if set, else ``~/.cache/areal-flow/warmstart``."""
     root = os.environ.get("AREAL_FLOW_CACHE") or os.path.join(Path.home(), ".cache", "areal-flow")
     return Path(root) / "warmstart"
 
 
-def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed: int, task: dict | None) -> str:
+def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed: int, task: dict | None,
+              weights: list[float] | None = None) -> str:
     """Hash of everything that determines the warmed-up weights.
 
     The pairs themselves are hashed (so any data set, not only the synthetic
@@ -131,6 +153,7 @@ def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed
         "warm_start": cfg.model_dump(),
         "task": task,
         "pairs_sha256": data.hexdigest(),
+        "weights_sha256": None if weights is None else hashlib.sha256(json.dumps(weights).encode()).hexdigest(),
         "seed": seed,
         "layout": CACHE_LAYOUT,
         "transformers": transformers.__version__,
@@ -155,6 +178,7 @@ def cached_warm_start(
     task: dict | None = None,
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
+    weights: list[float] | None = None,
 ):
     """Build the tiny model and warm-start it, or load that result from the cache.
 
@@ -168,7 +192,7 @@ def cached_warm_start(
     from areal_core.models.tiny import build_tiny
     from areal_core.models.tokenizer import build_char_tokenizer
 
-    key = cache_key(arch, cfg, pairs, seed, task)
+    key = cache_key(arch, cfg, pairs, seed, task, weights)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = root / hashlib.sha256(key.encode()).hexdigest()[:24]
     if (dest / STATS_FILE).is_file():
@@ -179,7 +203,7 @@ def cached_warm_start(
 
     tokenizer = build_char_tokenizer()
     model = build_tiny(arch, tokenizer, seed)
-    stats = warm_start(model, tokenizer, pairs, cfg, seed, progress=progress)
+    stats = warm_start(model, tokenizer, pairs, cfg, seed, progress=progress, weights=weights)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
     try:
