@@ -219,3 +219,17 @@ def test_cli_prints_env_and_stops_its_server():
         proc.wait(timeout=30)
     assert proc.returncode == 0
     assert not alive(moto_pid)
+
+
+def test_records_round_trip_over_s3(s3):
+    """Records files on S3 go through the project's S3 settings (the moto endpoint from the
+    environment), for reading as well as writing."""
+    from areal_core.data.records import Record, RecordError, read_records, write_records
+
+    recs = [Record(id=f"c{i}", task="chain", prompt="a3b5=", answer="8", meta={"k": 2}) for i in range(3)]
+    for ext in ("jsonl", "parquet"):
+        url = f"s3://areal-test/data/recs.{ext}"
+        write_records(recs, url)
+        assert read_records(url) == recs
+    with pytest.raises(RecordError, match="no such records file"):
+        read_records("s3://areal-test/data/missing.jsonl")

@@ -13,10 +13,9 @@ import io
 import json
 from typing import Any, Iterable, Literal
 
-import fsspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from areal_core.storage.fsutil import write_bytes_atomic
+from areal_core.storage.fsutil import filesystem, write_bytes_atomic
 
 
 class Record(BaseModel):
@@ -112,8 +111,9 @@ def _json_field(text: str, where: str, field: str) -> Any:
 def read_records(url: str) -> list[Record]:
     """Read and validate every record of a ``.jsonl`` or ``.parquet`` file."""
     fmt = _format(url)
+    fs, path = filesystem(url)  # the project's S3 settings (endpoint and credentials from the environment)
     try:
-        f = fsspec.open(url, "rb").open()
+        f = fs.open(path, "rb")
     except FileNotFoundError:
         raise RecordError(f"{url}: no such records file") from None
     with f:
