@@ -17,7 +17,8 @@ Nothing admitted is lost:
   the current weights. The trajectory keeps its id throughout.
 * ``snapshot()`` is a consistent cut of everything admitted and not trained
   (rewarded groups in the buffer, answers being graded, and the partial output
-  of answers being generated, read from the servers) plus the prompt stream
+  of answers being generated, as the servers reported it at the last
+  ``refresh_partials()``) plus the prompt stream
   position. ``restore()`` puts it back before ``start()``: rewarded answers go to
   the buffer, finished ones to grading, partial ones are continued.
 """
@@ -30,6 +31,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from areal_core.algo import staleness_allows
@@ -64,6 +66,12 @@ class ControllerSettings:
     reward_wrong: float
     shuffle: bool = True
     seed: int = 0
+
+
+def _log_refresh_error(fut: Future) -> None:
+    # nobody waits for a refresh: a snapshot without fresh partial outputs is still exact
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("reading partial outputs failed: %r", fut.exception())
 
 
 def prompt_stream(prompts: list[Prompt], shuffle: bool, seed: int, skip: int = 0) -> Iterator[tuple[int, Prompt]]:
@@ -122,6 +130,7 @@ class RolloutController:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._partials: dict = {}  # traj id -> (output length held when asked, partial output)
 
     # lifecycle (called from the trainer's thread) -------------------------
     def start(self) -> "RolloutController":
@@ -139,9 +148,21 @@ class RolloutController:
         self._thread.join(timeout=60)
         self._loop = None
 
-    def update_weights(self, model_path: str, version: int) -> None:
-        """Make every server load ``version``; returns once all have it. Then the gate moves."""
-        self._call(self._update_weights(model_path, version))
+    def update_weights(self, model_path: str, version: int) -> Future:
+        """Make every server load ``version``; the gate moves once all have it.
+
+        Returns at once: the future resolves when the update is done (or raises its
+        error), so the trainer can start its next step meanwhile. Updates are applied
+        in the order they are asked for."""
+        assert self._loop is not None, "controller not started"
+        return asyncio.run_coroutine_threadsafe(self._update_weights(model_path, version), self._loop)
+
+    def refresh_partials(self) -> None:
+        """Ask the servers, in the background, for the partial output of the answers they
+        are generating; the next ``snapshot()`` includes what has come back by then."""
+        assert self._loop is not None, "controller not started"
+        fut = asyncio.run_coroutine_threadsafe(self._refresh_partials(), self._loop)
+        fut.add_done_callback(_log_refresh_error)
 
     def snapshot(self) -> dict:
         """Everything admitted and not yet trained, and the stream position (JSON-friendly).
@@ -313,22 +334,30 @@ class RolloutController:
             await client.update_weights(model_path, version)
 
     # resume ------------------------------------------------------------------
-    async def _snapshot(self) -> dict:
+    async def _refresh_partials(self) -> None:
         with self._lock:
-            asked_at = {tid: len(t.output_ids) for tid, t in self._live.items()}
-        partial = {}
+            asked_at = {tid: len(t.output_ids) for tid, t in self._live.items() if not t.finished}
+        fresh = {}
         for client in self.pool.clients:
             try:
-                partial.update({p.rid: p for p in (await client.requests()).requests})
+                fresh.update({p.rid: p for p in (await client.requests()).requests})
             except RolloutServerError as e:  # a dead server: its answers restart from what we hold
                 log.warning("no partial outputs from %s: %s", client.url, e)
+        self._partials = {rid: (asked_at[rid], p) for rid, p in fresh.items() if rid in asked_at}
+
+    async def _snapshot(self) -> dict:
+        # A partial output read from a server is a prefix of that request's answer for as long as
+        # the request runs (generation only appends), so one read during the training step is as
+        # good as one read now. It applies only while we still hold what we held when asking:
+        # once the answer came back (or was resubmitted), it is superseded.
+        partials = self._partials
         with self._lock:  # no await below: admission and generation (this loop) cannot interleave
             groups = self.buffer.snapshot()
             live = {}
             for tid, t in self._live.items():
                 row = copy.deepcopy(t.to_row())  # generation goes on extending t's lists
-                p = partial.get(tid)
-                if p is not None and not t.finished and asked_at.get(tid) == len(t.output_ids):
+                asked, p = partials.get(tid, (None, None))
+                if p is not None and not t.finished and asked == len(t.output_ids):
                     row["output_ids"] = row["output_ids"] + p.output_ids
                     row["output_logprobs"] = row["output_logprobs"] + p.output_token_logprobs
                     row["output_versions"] = row["output_versions"] + p.output_token_versions

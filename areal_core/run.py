@@ -3,7 +3,8 @@
     records -> model (+ supervised warm start) -> publish v0 -> rollout servers + Dask
     -> held-out accuracy before -> controller (background) ->
     for each step: take B trajectories (staleness-bounded) -> PPO step -> publish v+1
-                   -> servers load v+1 (interrupting in-flight generation)
+                   -> servers load v+1 (interrupting in-flight generation) while the
+                      trainer takes its next batch; the gate moves once they have it
     -> held-out accuracy after -> metrics.parquet, ledger.parquet, summary.json
 
 Each published version carries the run's resumable state (``storage/run_state.py``);
@@ -160,14 +161,19 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {cfg.name}", unit="step", disable=not progress)
         controller.start()
         try:
+            syncing = None  # the weight update of the last version, running while the trainer works
             for step in range(first_step, steps + 1):
                 t0 = time.perf_counter()
                 gen_before = controller.generated_tokens
                 batch = buffer.take(B, version, eta)
                 t_wait = time.perf_counter() - t0
+                controller.refresh_partials()  # for the resume state, read while we train
                 stats = trainer.step(batch, version)
                 version += 1
                 t1 = time.perf_counter()
+                if syncing is not None:
+                    syncing.result()  # updates go in order; the previous one is usually long done
+                t_sync = time.perf_counter() - t1
                 row = {
                     "step": step, "version": version, **stats, "wait_time_s": t_wait,
                     "generated_tokens": controller.generated_tokens - gen_before,
@@ -181,12 +187,12 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 if on_checkpoint:
                     on_checkpoint(version, store.version_url(version))
                 t3 = time.perf_counter()
-                controller.update_weights(store.local_copy(version), version)
-                t4 = time.perf_counter()
+                syncing = controller.update_weights(store.local_copy(version), version)
                 if cfg.storage.keep_last:
                     store.prune(cfg.storage.keep_last)
                 now = time.perf_counter()
-                row.update({"state_time_s": t2 - t1, "checkpoint_write_s": t3 - t2, "weight_sync_s": t4 - t3,
+                row.update({"weight_sync_wait_s": t_sync, "state_time_s": t2 - t1 - t_sync,
+                            "checkpoint_write_s": t3 - t2,
                             "publish_time_s": now - t1, "step_time_s": now - t0,
                             "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
                             "elapsed_s": now - rl_start})
@@ -199,6 +205,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
                                 stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
+            if syncing is not None:
+                syncing.result()  # the servers hold the final weights before the evaluation
         finally:
             bar.close()
             controller.stop()
