@@ -207,3 +207,52 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     assert cont.output_logprobs[:5] == lps and cont.output_versions == vers + [5] * 7
     assert done.output_ids == [20, 3] and done.output_versions == [4, 4] and done.reward == 1.0
     assert controller.n_groups > 1  # the stream went on after the restored position
+
+
+def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
+    """refresh_partials() reads the servers' partial outputs in the background; the next
+    snapshot() includes them, and each is a prefix of the answer the request goes on to give."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from areal_core.buffer import ReplayBuffer
+    from areal_core.controller import ControllerSettings, Prompt, RolloutController
+    from areal_core.rollout.launcher import start_server
+
+    # big enough that 2 answers of 400 tokens take a few seconds to generate, so reads land mid-answer
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=512, eos_token_id=3)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    buffer = ReplayBuffer()
+    settings = ControllerSettings(batch_size=2, eta=0, n_samples=2,
+                                  sampling={"max_new_tokens": 400, "ignore_eos": True},
+                                  reward_correct=1.0, reward_wrong=-1.0)
+    prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
+    with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
+        controller = RolloutController([srv.url], prompts, lambda ids: "", _InstantRewards(), buffer, settings,
+                                       version=0, model_path=str(tmp_path / "m"))
+        controller.start()
+        try:
+            deadline = time.monotonic() + 60
+            partial = []
+            while not partial:  # only the first group passes the gate at eta 0: 2 answers of 400 tokens
+                assert time.monotonic() < deadline, "no partial output reached the snapshot"
+                controller.refresh_partials()
+                time.sleep(0.05)
+                snap = controller.snapshot()
+                partial = [t for g in snap["groups"] for t in g["trajectories"]
+                           if t["output_ids"] and not t["finish_reason"]]
+            batch = buffer.take(2, version=0, eta=0, timeout=120)
+        finally:
+            controller.stop()
+    assert snap["n_submitted"] == 2 and len(snap["groups"]) == 1
+    final = {t.traj_id: t for t in batch}
+    for t in partial:
+        n = len(t["output_ids"])
+        assert 0 < n < 400
+        done = final[t["traj_id"]]
+        assert len(done.output_ids) == 400
+        assert done.output_ids[:n] == t["output_ids"]
+        assert done.output_logprobs[:n] == t["output_logprobs"]
+        assert done.output_versions[:n] == t["output_versions"]
