@@ -370,9 +370,10 @@ class RolloutController:
                 "groups": groups}
 
     async def _shutdown(self) -> None:
-        self._main.cancel()
-        for t in list(self._tasks):
+        # every task of this loop: admission, generation, and a partial-output read still running
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in others:
             t.cancel()
-        await asyncio.gather(self._main, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         await self.pool.aclose()
         self._loop.call_soon(self._loop.stop)

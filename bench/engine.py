@@ -72,7 +72,8 @@ def run_hf(model, batch: list[list[int]], new: int) -> float:
     return n / t.s
 
 
-def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str) -> list[dict]:
+def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str,
+                warm_each_batch: bool = True) -> list[dict]:
     from areal_core.rollout.launcher import free_port
     from bench import models
     from bench.vllm_peer import VLLMServer
@@ -90,8 +91,9 @@ def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir
     results = {k: {bs: [] for bs in BATCHES} for k in list(engines) + ["vLLM fp32"]}
     for bs in BATCHES:
         b = prompts(bs, vocab, bs)
-        for f in engines.values():  # warm-up: first-call costs off the clock
-            f(b, 4)
+        if warm_each_batch or bs == BATCHES[0]:
+            for f in engines.values():  # warm-up: first-call costs off the clock
+                f(b, 4)
         for r in progress(range(reps), desc=f"engine {name} bs={bs}"):
             for k in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
                 results[k][bs].append(engines[k](b))
@@ -143,7 +145,8 @@ def run(quick: bool) -> dict:
         print(f"vLLM is left out: {reason}")
     rows, errors = [], {}
     for name, new in (("tiny", 32 if quick else 64), ("smollm2-135m", 8 if quick else 32)):
-        r, err = bench_model(name, new, reps, reason, log_dir)
+        # --quick warms up once per model, not per batch size (SmolLM2's batch-64 warm-up alone takes ~10 s)
+        r, err = bench_model(name, new, reps, reason, log_dir, warm_each_batch=not quick)
         rows += r
         if err:
             errors[name] = err

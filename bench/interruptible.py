@@ -107,7 +107,7 @@ def run(quick: bool) -> dict:
     from areal_core.rollout.launcher import start_server
 
     reps = 1 if quick else 3
-    warmup_s, window_s = (4.0, 10.0) if quick else (6.0, 30.0)
+    warmup_s, window_s = (2.0, 5.0) if quick else (6.0, 30.0)
     cadence_s = 2.0  # about one quickstart training step on this machine
     tmp = tempfile.mkdtemp(prefix="bench-int-")
     folders = _folders(tmp)
