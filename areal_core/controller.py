@@ -30,12 +30,13 @@ import copy
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from areal_core.algo import staleness_allows
 from areal_core.buffer import ReplayBuffer
+from areal_core.prompt_sampling import make_sampler
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool, RolloutServerError
@@ -54,6 +55,7 @@ class Prompt:
     task: str
     input_ids: list[int]
     reference: str
+    bucket: str | None = None  # for the curriculum: the record's meta field it is grouped by
 
 
 @dataclass
@@ -66,26 +68,13 @@ class ControllerSettings:
     reward_wrong: float
     shuffle: bool = True
     seed: int = 0
+    curriculum: dict | None = None  # {"ema": .., "floor": ..}: BucketCurriculum over Prompt.bucket
 
 
 def _log_refresh_error(fut: Future) -> None:
     # nobody waits for a refresh: a snapshot without fresh partial outputs is still exact
     if not fut.cancelled() and fut.exception() is not None:
         log.error("reading partial outputs failed: %r", fut.exception())
-
-
-def prompt_stream(prompts: list[Prompt], shuffle: bool, seed: int, skip: int = 0) -> Iterator[tuple[int, Prompt]]:
-    """Endless (epoch, prompt) stream; each epoch is a fresh permutation when shuffling.
-
-    ``skip``: start after that many prompts (the saved position of a resumed run)."""
-    epoch, offset = divmod(skip, len(prompts))
-    while True:
-        order = list(range(len(prompts)))
-        if shuffle:
-            random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        for i in order[offset:]:
-            yield epoch, prompts[i]
-        epoch, offset = epoch + 1, 0
 
 
 class RolloutController:
@@ -117,7 +106,8 @@ class RolloutController:
         self.request_timeout_s = request_timeout_s
         self.restart_server = restart_server
         self._prompts = prompts
-        self._stream = prompt_stream(prompts, settings.shuffle, settings.seed)
+        self._sampler = make_sampler(prompts, settings.shuffle, settings.seed, settings.curriculum)
+        self._tally: dict[str, list] = {}  # group id -> [prompt id, correct, rewarded] until all n are in
         self.n_submitted = 0
         self.n_groups = 0  # prompts drawn from the stream: its position
         self.n_generated = 0
@@ -175,7 +165,9 @@ class RolloutController:
         if self._loop is not None:
             raise RuntimeError("restore() must come before start()")
         self.n_submitted, self.n_groups = int(state["n_submitted"]), int(state["n_groups"])
-        self._stream = prompt_stream(self._prompts, self.s.shuffle, self.s.seed, skip=self.n_groups)
+        self._sampler = make_sampler(self._prompts, self.s.shuffle, self.s.seed, self.s.curriculum,
+                                     state.get("sampler") or {"n_drawn": self.n_groups})
+        self._tally = {gid: list(t) for gid, t in state.get("tally", {}).items()}
         for g in state["groups"]:
             self.buffer.admit(g["group_id"], g["first_seq_no"], g["admit_version"], g["size"])
             for row in g["trajectories"]:
@@ -219,8 +211,10 @@ class RolloutController:
                     await self._gate.wait_for(
                         lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta)
                     )
-                epoch, prompt = next(self._stream)
-                group_id = f"e{epoch}-p{prompt.id}"
+                with self._lock:  # the sampler's pass rates change in reward callbacks
+                    epoch, prompt = self._sampler.next()
+                    group_id = f"e{epoch}-p{prompt.id}"
+                    self._tally[group_id] = [prompt.id, 0, 0]
                 first = self.n_submitted
                 self.n_submitted += n
                 self.n_groups += 1
@@ -295,7 +289,24 @@ class RolloutController:
             traj.reward = self.s.reward_correct if result.correct else self.s.reward_wrong
             traj.reward_info = result.as_dict()
             self._live.pop(traj.traj_id, None)
+            self._count(traj)
             self.buffer.put(traj)
+
+    def _count(self, traj: Trajectory) -> None:
+        """Tally a rewarded answer; a group's last one tells the sampler (caller holds the lock)."""
+        tally = self._tally.setdefault(traj.group_id, [None, 0, 0])  # None: a state saved without tallies
+        tally[1] += bool(traj.correct)
+        tally[2] += 1
+        if tally[2] == self.s.n_samples:
+            del self._tally[traj.group_id]
+            if tally[0] is not None:
+                self._sampler.observe(tally[0], tally[1], tally[2])
+
+    @property
+    def pass_rates(self) -> dict[str, float]:
+        """The curriculum's running pass rate per bucket (empty without a curriculum)."""
+        with self._lock:
+            return self._sampler.estimates()
 
     # servers: weight updates and recovery ---------------------------------------
     async def _update_weights(self, model_path: str, version: int) -> None:
@@ -362,12 +373,15 @@ class RolloutController:
                     row["output_logprobs"] = row["output_logprobs"] + p.output_token_logprobs
                     row["output_versions"] = row["output_versions"] + p.output_token_versions
                 live.setdefault(t.group_id, []).append(row)
+            # the sampler has seen every finished group; the tallies hold the others' answers so far
+            sampler = self._sampler.state()
+            tally = {gid: list(t) for gid, t in self._tally.items()}
         for g in groups:
             g["trajectories"] = g.pop("done") + live.pop(g["group_id"], [])
         if live:
             raise RuntimeError(f"snapshot: answers of groups {sorted(live)[:5]} are not in the buffer")
         return {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,
-                "groups": groups}
+                "sampler": sampler, "tally": tally, "groups": groups}
 
     async def _shutdown(self) -> None:
         # every task of this loop: admission, generation, and a partial-output read still running

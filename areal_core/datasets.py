@@ -24,11 +24,22 @@ def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
     return train, held_out
 
 
-def to_prompts(records: list[Record], tokenizer, instruction: str | None = None) -> list[Prompt]:
+def to_prompts(records: list[Record], tokenizer, instruction: str | None = None,
+               bucket_by: str | None = None) -> list[Prompt]:
+    """Prompts for the controller; ``bucket_by``: the meta field that gives each its curriculum bucket."""
     return [
-        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r))
+        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r),
+               bucket=None if bucket_by is None else bucket(r, bucket_by))
         for r in records
     ]
+
+
+def bucket(record: Record, field: str) -> str:
+    """The record's curriculum bucket: its ``meta[field]``, as text."""
+    if field not in record.meta or record.meta[field] is None:
+        raise ValueError(f"data.curriculum.by is {field!r}, but record {record.id} has no meta field {field!r} "
+                         f"(its meta fields: {sorted(record.meta) or 'none'})")
+    return str(record.meta[field])
 
 
 def reference(record: Record) -> str:

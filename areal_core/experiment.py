@@ -70,6 +70,10 @@ class ExperimentConfig(Section):
         if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
             raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
                              f"data.dataset: synthetic (got {self.data.dataset!r})")
+        cur = self.data.curriculum
+        if cur is not None and self.data.dataset == "synthetic" and cur.by != "k":
+            raise ValueError(f"data.curriculum.by: the synthetic task's records have one meta field, 'k' (the chain "
+                             f"length); got {cur.by!r}")
         return self
 
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
-from areal_core.datasets import load_records, to_prompts
+from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
@@ -105,10 +105,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
 
     # data and model (the tiny model gets its supervised warm start here, cached)
     train_records, eval_records = load_records(cfg.data)
+    curriculum = cfg.data.curriculum
+    if curriculum:  # a record without the field fails here, before the warm start
+        for r in train_records:
+            bucket(r, curriculum.by)
     model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
-    train_prompts = to_prompts(train_records, tokenizer)
+    train_prompts = to_prompts(train_records, tokenizer, bucket_by=curriculum.by if curriculum else None)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
@@ -149,6 +153,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             batch_size=B, eta=eta, n_samples=cfg.rollout.n_samples,
             sampling=cfg.rollout.sampling.model_dump(), reward_correct=cfg.trainer.reward_correct,
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
+            curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
         )
         controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, version=version,
                                        request_timeout_s=cfg.rollout.request_timeout_s,
@@ -177,6 +182,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 row = {
                     "step": step, "version": version, **stats, "wait_time_s": t_wait,
                     "generated_tokens": controller.generated_tokens - gen_before,
+                    **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
                 }
                 runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
                 # the state of this step goes into its version, so both appear together or not at all

@@ -105,6 +105,17 @@ def test_warm_start_length_alpha_needs_the_synthetic_task(tmp_path):
         load_config(_write(tmp_path, "model:\n  warm_start: {length_alpha: -1}\n"))
 
 
+def test_curriculum_settings_are_checked(tmp_path):
+    cfg = load_config(_write(tmp_path, "data:\n  curriculum: {by: k}\n"))
+    assert (cfg.data.curriculum.by, cfg.data.curriculum.ema, cfg.data.curriculum.floor) == ("k", 0.2, 0.02)
+    with pytest.raises(ConfigError, match="synthetic task's records have one meta field, 'k'"):
+        load_config(_write(tmp_path, "data:\n  curriculum: {by: level}\n"))
+    with pytest.raises(ConfigError, match=r"data.curriculum.floor: .*less than or equal to 0.25"):
+        load_config(_write(tmp_path, "data:\n  curriculum: {by: k, floor: 0.5}\n"))
+    with pytest.raises(ConfigError, match=r"data.curriculum.by"):
+        load_config(_write(tmp_path, "data:\n  curriculum: {ema: 0.5}\n"))
+
+
 def test_missing_model_or_dataset_names_the_config_file(tmp_path):
     p = _write(tmp_path, "name: x\n")
     with pytest.raises(ConfigError, match=rf"^{p}: model.name: '' is neither"):

@@ -16,9 +16,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from areal_core.controller import prompt_stream
 from areal_core.datasets import load_records
 from areal_core.experiment import load_config
+from areal_core.prompt_sampling import PromptStream
 from areal_core.run import run_experiment
 from areal_core.storage import CheckpointStore
 from areal_core.storage import run_state
@@ -50,10 +50,10 @@ def check_run(run_dir: Path, summary: dict, steps: int, B: int, eta: int) -> pd.
 def stream_ids(cfg, n_groups: int) -> list[list[str]]:
     """The trajectory ids of the first ``n_groups`` groups of the run's prompt stream."""
     train, _ = load_records(cfg.data)
-    stream = prompt_stream([SimpleNamespace(id=r.id) for r in train], cfg.data.shuffle, cfg.seed)
+    stream = PromptStream([SimpleNamespace(id=r.id) for r in train], cfg.data.shuffle, cfg.seed)
     out = []
     for _ in range(n_groups):
-        epoch, p = next(stream)
+        epoch, p = stream.next()
         out.append([f"e{epoch}-p{p.id}-s{k}" for k in range(cfg.rollout.n_samples)])
     return out
 

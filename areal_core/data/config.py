@@ -28,9 +28,20 @@ class SyntheticTask(Section):
         return self
 
 
+class Curriculum(Section):
+    """Adaptive prompt mix for RL (areal_core.prompt_sampling.BucketCurriculum): prompts are
+    grouped by a meta field of their records, and a group is drawn with weight
+    share * max(p * (1 - p), floor), p its running pass rate."""
+
+    by: str = Field(min_length=1)  # the records' meta field, e.g. "k" (chain length) or "level" (MATH)
+    ema: float = Field(0.2, gt=0, le=1)  # weight of each finished group in the running pass rate
+    floor: float = Field(0.02, ge=0, le=0.25)  # lowest p(1-p) weight, so no bucket is dropped for good
+
+
 class DataConfig(Section):
     # `synthetic` or a path/URL to a records file (jsonl or parquet, the project's record schema)
     dataset: str = "synthetic"
     eval_dataset: str | None = None  # defaults to the synthetic held-out split
     synthetic: SyntheticTask = SyntheticTask()
     shuffle: bool = True
+    curriculum: Curriculum | None = None  # None: the data set's own mix, in shuffled epochs

@@ -1,0 +1,187 @@
+"""Prompt samplers: the plain shuffled stream and the pass-rate curriculum, alone and in the controller."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from areal_core.prompt_sampling import BucketCurriculum, PromptStream
+
+
+def _prompts(n: int) -> list[SimpleNamespace]:
+    return [SimpleNamespace(id=f"p{i}") for i in range(n)]
+
+
+def test_prompt_stream_is_the_seeded_permutation_per_epoch():
+    prompts = _prompts(7)
+    stream = PromptStream(prompts, shuffle=True, seed=3)
+    got = [stream.next() for _ in range(21)]
+    for epoch in range(3):
+        order = list(range(7))
+        random.Random(3 * 1_000_003 + epoch).shuffle(order)  # the documented order, computed here
+        assert got[7 * epoch: 7 * epoch + 7] == [(epoch, prompts[i]) for i in order]
+    plain = PromptStream(prompts, shuffle=False, seed=3)
+    assert [plain.next()[1].id for _ in range(9)] == [f"p{i}" for i in (0, 1, 2, 3, 4, 5, 6, 0, 1)]
+
+
+def test_prompt_stream_restarts_from_its_state():
+    prompts = _prompts(5)
+    a = PromptStream(prompts, True, 1)
+    for _ in range(8):
+        a.next()
+    b = PromptStream(prompts, True, 1, state=a.state())
+    assert [a.next() for _ in range(6)] == [b.next() for _ in range(6)]
+
+
+def _curriculum(sizes: dict[str, int], **kw) -> tuple[BucketCurriculum, list]:
+    prompts, buckets = [], []
+    for b, n in sizes.items():
+        for i in range(n):
+            prompts.append(SimpleNamespace(id=f"{b}-{i}"))
+            buckets.append(b)
+    return BucketCurriculum(prompts, buckets, seed=0, **kw), prompts
+
+
+def test_curriculum_before_any_result_follows_the_data_mix():
+    cur, _ = _curriculum({"2": 60, "3": 30, "10": 10})
+    assert cur.names == ["2", "3", "10"]  # numeric order
+    counts = Counter(cur.next()[1].id.split("-")[0] for _ in range(6000))
+    for b, share in (("2", 0.6), ("3", 0.3), ("10", 0.1)):
+        assert abs(counts[b] / 6000 - share) < 0.03, counts
+
+
+def test_curriculum_moves_to_the_buckets_with_mixed_results():
+    cur, _ = _curriculum({"easy": 50, "mixed": 25, "hard": 25}, ema=0.5, floor=0.02)
+    for _ in range(30):  # "easy" always right, "hard" always wrong, "mixed" half right
+        cur.observe("easy-0", 8, 8)
+        cur.observe("hard-0", 0, 8)
+        cur.observe("mixed-0", 4, 8)
+    p = cur.estimates()
+    assert p["easy"] == pytest.approx(1.0, abs=1e-6) and p["hard"] == pytest.approx(0.0, abs=1e-6)
+    assert p["mixed"] == pytest.approx(0.5)
+    # expected shares, computed independently: share * max(p(1-p), floor)
+    w = {"easy": 0.5 * 0.02, "mixed": 0.25 * 0.25, "hard": 0.25 * 0.02}
+    counts = Counter(cur.next()[1].id.split("-")[0] for _ in range(8000))
+    for b in w:
+        assert abs(counts[b] / 8000 - w[b] / sum(w.values())) < 0.02, (counts, w)
+
+
+def test_curriculum_running_pass_rate_is_an_exponential_average():
+    cur, _ = _curriculum({"a": 3}, ema=0.25)
+    ref = 0.5
+    for correct in (8, 0, 2, 6, 8):
+        cur.observe("a-1", correct, 8)
+        ref = 0.75 * ref + 0.25 * correct / 8
+    assert cur.estimates()["a"] == pytest.approx(ref)
+
+
+def test_curriculum_visits_every_prompt_of_a_bucket_once_per_epoch():
+    cur, prompts = _curriculum({"x": 4, "y": 6})
+    seen: dict[tuple[str, int], list[str]] = {}
+    for _ in range(200):
+        epoch, p = cur.next()
+        seen.setdefault((p.id[0], epoch), []).append(p.id)
+    for (b, epoch), ids in seen.items():
+        size = 4 if b == "x" else 6
+        assert len(ids) == len(set(ids)) <= size  # no repeat within an epoch of its bucket
+        if (b, epoch + 1) in seen:
+            assert len(ids) == size  # a finished epoch covered the whole bucket
+
+
+def test_curriculum_restarts_from_its_state():
+    a, _ = _curriculum({"2": 20, "5": 10, "9": 5})
+    first = []
+    for i in range(40):
+        first.append(a.next())
+        a.observe(first[-1][1].id, i % 9, 8)
+    b, _ = _curriculum({"2": 20, "5": 10, "9": 5})
+    b = BucketCurriculum(b.prompts, [p.id.split("-")[0] for p in b.prompts], seed=0, state=a.state())
+    for i in range(30):
+        x, y = a.next(), b.next()
+        assert (x[0], x[1].id) == (y[0], y[1].id)
+        a.observe(x[1].id, i % 3, 8)
+        b.observe(y[1].id, i % 3, 8)
+    assert a.state() == b.state()
+
+
+def test_curriculum_rejects_bad_settings_and_results():
+    with pytest.raises(ValueError, match="floor"):
+        _curriculum({"a": 2}, floor=0.3)
+    with pytest.raises(ValueError, match="ema"):
+        _curriculum({"a": 2}, ema=0.0)
+    cur, _ = _curriculum({"a": 2})
+    with pytest.raises(ValueError, match="cannot have 9 correct"):
+        cur.observe("a-0", 9, 8)
+
+
+def test_curriculum_names_a_record_without_the_field():
+    from areal_core.data.records import Record
+    from areal_core.datasets import bucket
+
+    rec = Record(id="math-17", task="math", prompt="1+1?", answer="2", meta={"subject": "algebra"})
+    with pytest.raises(ValueError, match=r"record math-17 has no meta field 'level' \(its meta fields: \['subject'\]\)"):
+        bucket(rec, "level")
+    assert bucket(Record(id="c", task="chain", prompt="a1=", answer="1", meta={"k": 2}), "k") == "2"
+
+
+class _ByReference:
+    """Grades at once: reference 'easy' is always right, 'hard' never, 'mixed' every other time."""
+
+    def __init__(self):
+        self.n_mixed = 0
+
+    def submit(self, task, text, reference, on_done, tests=None):
+        from areal_core.reward.result import RewardResult
+
+        if reference == "mixed":
+            self.n_mixed += 1
+        correct = reference == "easy" or (reference == "mixed" and self.n_mixed % 2 == 0)
+        on_done(RewardResult(correct=correct, parsed=text, reason="test"), None)
+
+
+def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from areal_core.buffer import ReplayBuffer
+    from areal_core.controller import ControllerSettings, Prompt, RolloutController
+    from areal_core.rollout.launcher import start_server
+
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    prompts = [Prompt(id=f"{kind}{i}", task="chain", input_ids=[5, 6, i], reference=kind, bucket=kind)
+               for kind in ("easy", "mixed", "hard") for i in range(10)]
+    settings = ControllerSettings(batch_size=8, eta=0, n_samples=2, sampling={"max_new_tokens": 2, "ignore_eos": True},
+                                  reward_correct=1.0, reward_wrong=-1.0, curriculum={"ema": 0.5, "floor": 0.02})
+    buffer = ReplayBuffer()
+    with start_server(str(tmp_path / "m"), weight_version=0, max_running=16) as srv:
+        controller = RolloutController([srv.url], prompts, lambda ids: "", _ByReference(), buffer, settings,
+                                       version=0, model_path=str(tmp_path / "m"))
+        controller.start()
+        try:
+            taken = []
+            for v in range(12):
+                taken += buffer.take(8, version=v, eta=0, timeout=60)
+                controller.update_weights(str(tmp_path / "m"), v + 1).result(timeout=60)
+            snap = controller.snapshot()
+            rates = controller.pass_rates
+        finally:
+            controller.stop()
+    assert rates["easy"] > 0.9 and rates["hard"] < 0.1
+    kinds = Counter(t.reference for t in taken[len(taken) // 2:])
+    assert kinds["mixed"] > kinds["easy"] + kinds["hard"], kinds  # the mix moved to where results differ
+    assert snap["sampler"]["pass_rate"] == pytest.approx(rates)
+    assert snap["sampler"]["n_drawn"] == snap["n_groups"]
+    for gid, (prompt_id, correct, done) in snap["tally"].items():
+        assert gid.endswith(f"-p{prompt_id}") and 0 <= correct <= done < 2
+    # a restored controller starts from the saved pass rates, positions and tallies
+    again = RolloutController(["http://127.0.0.1:9"], prompts, lambda ids: "", _ByReference(), ReplayBuffer(),
+                              settings, version=snap["version"], model_path=str(tmp_path / "m"))
+    again.restore(snap)
+    assert again.pass_rates == pytest.approx(rates)
+    assert again._sampler.state() == snap["sampler"] and again._tally == snap["tally"]
