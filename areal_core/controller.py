@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
