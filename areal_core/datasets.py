@@ -25,12 +25,15 @@ def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
 
 
 def to_prompts(records: list[Record], tokenizer, instruction: str | None = None,
-               bucket_by: str | None = None) -> list[Prompt]:
-    """Prompts for the controller; ``bucket_by``: the meta field that gives each its curriculum bucket."""
+               buckets: list[str] | None = None) -> list[Prompt]:
+    """Prompts for the controller; ``buckets``: each record's curriculum bucket (see :func:`bucket`)."""
+    buckets = buckets if buckets is not None else [None] * len(records)
+    if len(buckets) != len(records):
+        raise ValueError(f"{len(buckets)} buckets for {len(records)} records")
     return [
         Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r),
-               bucket=None if bucket_by is None else bucket(r, bucket_by))
-        for r in records
+               bucket=b)
+        for r, b in zip(records, buckets)
     ]
 
 

@@ -105,14 +105,12 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
 
     # data and model (the tiny model gets its supervised warm start here, cached)
     train_records, eval_records = load_records(cfg.data)
-    curriculum = cfg.data.curriculum
-    if curriculum:  # a record without the field fails here, before the warm start
-        for r in train_records:
-            bucket(r, curriculum.by)
+    curriculum = cfg.data.curriculum  # a record without its field fails here, before the warm start
+    buckets = [bucket(r, curriculum.by) for r in train_records] if curriculum else None
     model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
-    train_prompts = to_prompts(train_records, tokenizer, bucket_by=curriculum.by if curriculum else None)
+    train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
