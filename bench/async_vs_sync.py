@@ -37,9 +37,8 @@ KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", 
 
 
 def run(quick: bool) -> dict:
-    from distributed import LocalCluster
-
     from areal_core.experiment import load_config
+    from areal_core.reward.service import RewardService
     from areal_core.run import run_experiment
 
     steps = STEPS_QUICK if quick else STEPS_FULL
@@ -47,12 +46,11 @@ def run(quick: bool) -> dict:
     batch = {"trainer.batch_size": BATCH_QUICK} if quick else {}
     root = Path(tempfile.mkdtemp(prefix="bench-async-"))
     runs = {}
-    # one Dask cluster (one worker process, as each run would start) serves every setting
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None, worker_dashboard_address=None) as cluster:
+    # one Dask cluster, the one the config's reward section would start in each run, serves every setting
+    with RewardService(load_config(CONFIG).reward) as shared:
         for label, eta, interruptible in SETTINGS:
             cfg = load_config(CONFIG, {"trainer.eta": eta, "rollout.interruptible": interruptible,
-                                       "eval.n_problems": n_eval, "reward.scheduler_address": cluster.scheduler_address,
+                                       "eval.n_problems": n_eval, "reward.scheduler_address": shared.scheduler_address,
                                        "name": f"bench-{label.split()[0]}-{eta}", **batch})
             print(f"{label}: {steps} steps, {n_eval} held-out problems ...", flush=True)
             summary = run_experiment(cfg, root / f"eta{eta}", max_steps=steps, progress=True)
