@@ -312,3 +312,26 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on():
     g = engine.submit(PROMPTS[1], dict(max_new_tokens=5, ignore_eos=True))
     run_to_end(engine)
     assert len(g.result().output_ids) == 5 and engine.running == 0
+
+
+def test_prefill_groups_cut_greedily_under_the_padded_token_budget():
+    import random
+
+    from areal_core.rollout.engine_parts import prefill_groups
+
+    assert prefill_groups({0: 5, 1: 3, 2: 4}, 100) == [[1, 2, 0]]  # ascending length, one pass
+    assert prefill_groups({7: 50, 8: 50, 9: 50}, 100) == [[7, 8], [9]]  # ties keep their order
+    assert prefill_groups({0: 300, 1: 10}, 100) == [[1], [0]]  # too long for the budget: alone
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = {i: rng.randint(1, 60) for i in rng.sample(range(100), rng.randint(1, 30))}
+        budget = rng.randint(1, 400)
+        groups = prefill_groups(lengths, budget)
+        flat = [i for g in groups for i in g]
+        assert sorted(flat) == sorted(lengths)  # every sequence exactly once
+        assert [lengths[i] for i in flat] == sorted(lengths.values())  # in ascending length
+        for g, nxt in zip(groups, groups[1:] + [None]):
+            padded = len(g) * max(lengths[i] for i in g)
+            assert len(g) == 1 or padded <= budget  # within budget, unless alone
+            if nxt is not None:  # greedy: the next sequence would have broken the budget
+                assert (len(g) + 1) * lengths[nxt[0]] > budget

@@ -37,7 +37,7 @@ from concurrent.futures import Future
 
 import torch
 
-from areal_core.rollout.engine_parts import EngineStopped, requests_snapshot
+from areal_core.rollout.engine_parts import EngineStopped, prefill_groups, requests_snapshot
 from areal_core.rollout.engine_parts import deliver as _deliver
 from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
@@ -302,16 +302,9 @@ class RolloutEngine:
 
     def _prefill_step(self) -> None:
         run = self._running
-        todo = sorted((i for i, s in enumerate(run) if s.needs_prefill), key=lambda i: len(run[i].prompt) + len(run[i].out))
-        toks = {i: run[i].prompt + run[i].out for i in todo}
+        toks = {i: s.prompt + s.out for i, s in enumerate(run) if s.needs_prefill}
         self.kv.ensure(len(run), max(len(t) for t in toks.values()) + 1)
-        groups: list[list[int]] = [[]]
-        for i in todo:  # sorted by length: the last one of a group is the longest
-            g = groups[-1]
-            if g and (len(g) + 1) * len(toks[i]) > self.prefill_tokens:
-                groups.append(g := [])
-            g.append(i)
-        for g in groups:
+        for g in prefill_groups({i: len(t) for i, t in toks.items()}, self.prefill_tokens):
             logits = self.kv.prefill(g, [toks[i] for i in g])
             seqs = [run[i] for i in g]
             for i, s in zip(g, seqs):

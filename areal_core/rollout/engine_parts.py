@@ -1,4 +1,5 @@
-"""Small pieces of the engine: its stop error, future delivery, the partial-output snapshot."""
+"""Small pieces of the engine: its stop error, future delivery, the partial-output snapshot,
+the grouping of a prefill."""
 
 from __future__ import annotations
 
@@ -26,3 +27,17 @@ def requests_snapshot(version: int, seqs) -> RequestsSnapshot:
                       output_token_versions=list(s.versions))
         for s in seqs if s.finish is None
     ])
+
+
+def prefill_groups(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
+    """The keys of ``lengths`` (sequence -> tokens to prefill) in ascending length, cut into
+    consecutive groups of one padded forward pass each: a group grows while its size times
+    its longest (last) length stays within ``max_tokens``. A longer sequence goes alone.
+    Ties keep the order of ``lengths``."""
+    groups: list[list[int]] = [[]]
+    for i in sorted(lengths, key=lengths.__getitem__):
+        g = groups[-1]
+        if g and (len(g) + 1) * lengths[i] > max_tokens:
+            groups.append(g := [])
+        g.append(i)
+    return groups
