@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from areal_core.rollout.engine import RequestError, RolloutEngine
+from areal_core.rollout.engine_parts import prefill_groups
 from areal_core.rollout.kv_forward import UnsupportedModelError
 
 VOCAB = 64
@@ -315,10 +317,6 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on():
 
 
 def test_prefill_groups_cut_greedily_under_the_padded_token_budget():
-    import random
-
-    from areal_core.rollout.engine_parts import prefill_groups
-
     assert prefill_groups({0: 5, 1: 3, 2: 4}, 100) == [[1, 2, 0]]  # ascending length, one pass
     assert prefill_groups({7: 50, 8: 50, 9: 50}, 100) == [[7, 8], [9]]  # ties keep their order
     assert prefill_groups({0: 300, 1: 10}, 100) == [[1], [0]]  # too long for the budget: alone

@@ -303,8 +303,9 @@ class RolloutEngine:
     def _prefill_step(self) -> None:
         run = self._running
         toks = {i: s.prompt + s.out for i, s in enumerate(run) if s.needs_prefill}
-        self.kv.ensure(len(run), max(len(t) for t in toks.values()) + 1)
-        for g in prefill_groups({i: len(t) for i, t in toks.items()}, self.prefill_tokens):
+        lengths = {i: len(t) for i, t in toks.items()}
+        self.kv.ensure(len(run), max(lengths.values()) + 1)
+        for g in prefill_groups(lengths, self.prefill_tokens):
             logits = self.kv.prefill(g, [toks[i] for i in g])
             seqs = [run[i] for i in g]
             for i, s in zip(g, seqs):
