@@ -19,10 +19,14 @@ from areal_core.storage.fsutil import (
     write_text_atomic,
 )
 from areal_core.storage.localize import localize
+from areal_core.storage.snapshot import snapshot_model
+from areal_core.storage.writer import CheckpointWriteError, CheckpointWriter, WriteResult
 
 __all__ = [
     "CheckpointError",
     "CheckpointStore",
+    "CheckpointWriteError",
+    "CheckpointWriter",
     "CorruptCheckpointError",
     "ManifestError",
     "VersionExistsError",
@@ -33,7 +37,9 @@ __all__ = [
     "read_bytes",
     "read_json",
     "retry",
+    "snapshot_model",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
+    "WriteResult",
 ]

@@ -18,6 +18,7 @@ S3 endpoint and credentials come from the environment (see ``fsutil``).
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -33,10 +34,12 @@ from areal_core.storage.fsutil import (
     invalidate,
     is_local_fs,
     join,
+    move_file_atomic,
     pipe_atomic,
     put_file_atomic,
     retry,
 )
+from areal_core.storage.delta import materialise
 from areal_core.storage.localize import localize
 from areal_core.storage.manifest import (
     FORMAT,
@@ -214,8 +217,33 @@ class CheckpointStore:
         """A local folder holding ``version``, loadable with from_pretrained.
 
         Local stores: the version folder itself. Remote: a copy under cache_dir
-        (made once; a cached copy whose manifest differs is made again)."""
+        (made once; a cached copy whose manifest differs is made again). A delta
+        version (meta ``format: delta``) is materialised once into a full folder
+        (base + delta, bit for bit) under cache_dir (local stores without one:
+        ``<store>/.full``), so readers need not know about deltas."""
         manifest = self.read_manifest(version)
+        raw = self._raw_local_copy(version, manifest)
+        if manifest["meta"].get("format") != "delta":
+            return raw
+        base = manifest["meta"].get("base_version")
+        base_meta = self.read_manifest(check_version(base))["meta"]
+        if base_meta.get("format") == "delta":
+            raise ManifestError(f"{self.version_url(version)}: its base v{base} is itself a delta")
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
+        dest = os.path.join(self._full_dir(), f"{self._url_key(version)}-full-{digest}")
+        return materialise(raw, self.local_copy(base), dest)
+
+    def _url_key(self, version: int) -> str:
+        return hashlib.sha256(self.version_url(version).encode()).hexdigest()[:16]
+
+    def _full_dir(self) -> str:
+        if self.cache_dir:
+            return self.cache_dir
+        if self.is_local:
+            return os.path.join(self.root, ".full")
+        return os.path.join(tempfile.gettempdir(), "areal-flow-cache")
+
+    def _raw_local_copy(self, version: int, manifest: dict) -> str:
         if self.is_local:
             return self._vpath(version)
         url = self.version_url(version)
@@ -281,10 +309,13 @@ class CheckpointStore:
                                          f"{digest}; the manifest says {entry['size']} bytes, {entry['sha256']}")
         return data
 
-    def publish_folder(self, version: int, local_folder: str, meta: dict | None = None) -> str:
+    def publish_folder(self, version: int, local_folder: str, meta: dict | None = None,
+                       move: bool = False) -> str:
         """Publish the files of an already saved model folder as ``version``.
 
-        A ``manifest.json`` in the folder is ignored (it is written anew)."""
+        A ``manifest.json`` in the folder is ignored (it is written anew). ``move``
+        (local stores, ``local_folder`` on the store's filesystem): rename the files
+        into the version instead of copying them (each fsynced first)."""
         check_version(version)
         check_meta(meta)
         if not os.path.isdir(local_folder):
@@ -302,7 +333,8 @@ class CheckpointStore:
         for entry in files:
             src = os.path.join(local_folder, *entry["path"].split("/"))
             dest = self._vpath(version, entry["path"])
-            self._retry(lambda src=src, dest=dest: put_file_atomic(self.fs, src, dest),
+            place = move_file_atomic if move and self.is_local else put_file_atomic
+            self._retry(lambda src=src, dest=dest, place=place: place(self.fs, src, dest),
                         f"upload {entry['path']} to {self.version_url(version)}")
         now = time.time()
         manifest = {
@@ -335,13 +367,18 @@ class CheckpointStore:
         self._retry(_clean, f"clean partial {self.version_url(version)}")
 
     def prune(self, keep_last: int) -> list[int]:
-        """Delete all but the ``keep_last`` newest complete versions (never the latest).
+        """Delete all but the ``keep_last`` newest complete versions (never the latest),
+        and never the full version a kept delta version is made against.
 
-        Each version's manifest is deleted first, then its files. Returns the
-        deleted versions. Partial (manifest-less) folders are left alone."""
+        Each version's manifest is deleted first, then its files, then its
+        materialised full copy if any. Returns the deleted versions. Partial
+        (manifest-less) folders are left alone."""
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1 (the latest version is never pruned)")
-        doomed = self.versions()[:-keep_last]
+        versions = self.versions()
+        kept = versions[-keep_last:]
+        bases = {self.read_manifest(v)["meta"].get("base_version") for v in kept}
+        doomed = [v for v in versions[:-keep_last] if v not in bases]
         for v in doomed:
             manifest, folder = self._vpath(v, MANIFEST), self._vpath(v)
 
@@ -358,6 +395,8 @@ class CheckpointStore:
 
             self._retry(_rm_manifest, f"delete manifest of {self.version_url(v)}")
             self._retry(_rm_folder, f"delete {self.version_url(v)}")
+            for full in glob.glob(os.path.join(glob.escape(self._full_dir()), f"{self._url_key(v)}-full-*")):
+                shutil.rmtree(full, ignore_errors=True)
         return doomed
 
 

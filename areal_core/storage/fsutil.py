@@ -254,6 +254,19 @@ def put_file_atomic(fs: fsspec.AbstractFileSystem, src: str, dest: str) -> None:
         invalidate(fs, dest)
 
 
+def move_file_atomic(fs: fsspec.AbstractFileSystem, src: str, dest: str) -> None:
+    """Rename local file ``src`` to ``dest`` (same filesystem), durably: the file's data
+    is fsynced before the rename, the folder after it."""
+    if not is_local_fs(fs):
+        raise ValueError(f"move_file_atomic: {dest} is not on a local filesystem")
+    with open(src, "rb+") as f:
+        os.fsync(f.fileno())
+    folder = os.path.dirname(dest) or "."
+    os.makedirs(folder, exist_ok=True)
+    os.replace(src, dest)
+    _fsync_dir(folder)
+
+
 def ensure_bucket(url: str, env: Mapping[str, str] | None = None) -> str:
     """Create the bucket of an s3:// URL if it does not exist. Returns the bucket name."""
     if not url.startswith(("s3://", "s3a://")):

@@ -33,7 +33,8 @@ FORMAT = "areal-run-state/1"
 STATE, TRAINER, METRICS, LEDGER = "resume/state.json", "resume/trainer.pt", "resume/metrics.parquet", "resume/ledger.parquet"
 # config keys a resumed run may change; everything else must match the stopped run
 MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward.n_workers",
-                "rollout.urls", "rollout.request_timeout_s", "storage.keep_last")
+                "rollout.urls", "rollout.request_timeout_s", "storage.keep_last",
+                "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every")
 
 
 class ResumeError(CheckpointError):
