@@ -13,4 +13,5 @@ BENCHMARKS = (
     "interruptible",
     "rewards",
     "async_vs_sync",
+    "checkpoints",
 )
