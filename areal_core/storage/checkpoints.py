@@ -13,6 +13,10 @@ with exponential backoff on transient errors, and the manifest is written only
 after every file is in place, so readers never see a partial version. ``prune``
 deletes the manifest FIRST, so a reader never sees a manifest without its files.
 
+A delta version (``writer.py``; meta ``format: delta``, ``base_version: B``) holds
+``model.delta`` instead of ``model.safetensors``; ``local_copy`` rebuilds the full
+folder from it and v<B>, and ``prune`` keeps v<B> while the delta is kept.
+
 S3 endpoint and credentials come from the environment (see ``fsutil``).
 """
 
