@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from areal_core.trainer.packed_attention import _per_sequence_sdpa, _bounds, packed_causal_attention
+from areal_core.trainer.packed_attention import packed_causal_attention, per_sequence_sdpa
 
 
 def _reference(q, k, v, lens, scale):
@@ -34,7 +34,7 @@ def test_values_and_gradients_match_reference(impl, lens):
     if impl == "fused_cpu":
         out = packed_causal_attention(q, k, v, lens, scale)
     else:
-        out = _per_sequence_sdpa(q, k, v, _bounds(lens), scale)
+        out = per_sequence_sdpa(q, k, v, lens, scale)
     ref = _reference(q, k, v, lens, scale)
     assert out.shape == q.shape
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)

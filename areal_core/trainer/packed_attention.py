@@ -11,9 +11,11 @@ strided view of the stream: no padding, no copies in, one concatenation out.
 On CPU the calls go straight to PyTorch's fused flash-attention kernels
 (forward and backward) inside one autograd node, which keeps the per-sequence
 overhead to one kernel call each way (an autograd graph of views per sequence
-costs about four times as much on the tiny model; see bench/dynamic_batching.py
-and docs/PERFORMANCE.md for the measured comparison). Elsewhere each sequence
-goes through ``F.scaled_dot_product_attention`` with autograd.
+costs about four times as much per sequence). Elsewhere each sequence goes
+through ``F.scaled_dot_product_attention`` with autograd. ``python -m bench
+dynamic_batching`` measures these against the padded view and a block-diagonal
+mask; flex_attention has no CPU backward and nested tensors no causal SDPA
+(torch 2.13).
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ class _FlashPerSequenceCPU(torch.autograd.Function):
         return _tokens_first(dq), _tokens_first(dk), _tokens_first(dv), None, None
 
 
-def _per_sequence_sdpa(q, k, v, bounds, scale) -> torch.Tensor:
+def per_sequence_sdpa(q, k, v, lens: list[int], scale: float) -> torch.Tensor:
+    """The same attention through ``F.scaled_dot_product_attention`` per sequence, with autograd
+    (any device; on CPU about 2x the fused path's time on the tiny model)."""
     outs = []
-    for a, b in bounds:
+    for a, b in _bounds(lens):
         o = F.scaled_dot_product_attention(
             _heads_first(q[a:b]), _heads_first(k[a:b]), _heads_first(v[a:b]),
             is_causal=True, scale=scale, enable_gqa=True,
@@ -101,7 +105,6 @@ def packed_causal_attention(
         raise ValueError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
     if sum(lens) != q.shape[0] or k.shape[0] != q.shape[0] or min(lens, default=0) < 1:
         raise ValueError(f"sequence lengths {lens} do not tile the packed stream of {q.shape[0]} tokens")
-    bounds = _bounds(lens)
     if q.device.type == "cpu":
-        return _FlashPerSequenceCPU.apply(q, k, v, bounds, scale)
-    return _per_sequence_sdpa(q, k, v, bounds, scale)
+        return _FlashPerSequenceCPU.apply(q, k, v, _bounds(lens), scale)
+    return per_sequence_sdpa(q, k, v, lens, scale)
