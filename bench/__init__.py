@@ -8,6 +8,7 @@ Benchmarks are not tests: they print tables and write JSON, and assert nothing a
 
 BENCHMARKS = (
     "dynamic_batching",
+    "prox_approx",
     "engine",
     "weight_update",
     "interruptible",

@@ -40,12 +40,17 @@ def test_matches_hf_forward(model, temperature):
     torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=0)
 
 
-def test_gradients_match_hf():
-    model = _models()[0]
-    seqs, starts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]], [3, 1]
-    response_logprobs(model, seqs, starts).sum().backward()
+@pytest.mark.parametrize("model", _models(), ids=["qwen2", "llama"])
+def test_gradients_match_hf(model):
+    g = torch.Generator().manual_seed(2)
+    lens, starts = [6, 3, 33, 6, 2, 12], [3, 1, 20, 5, 1, 4]
+    seqs = [torch.randint(0, 50, (n,), generator=g).tolist() for n in lens]
+    weights = torch.randn(sum(n - s for n, s in zip(lens, starts)), generator=g)  # a loss that weighs each token
+    model.zero_grad()
+    (response_logprobs(model, seqs, starts, 0.8) * weights).sum().backward()
     ours = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    _reference(model, seqs, starts, 1.0).sum().backward()
+    (_reference(model, seqs, starts, 0.8) * weights.double()).sum().backward()
     for n, p in model.named_parameters():
+        assert ours[n].abs().max() > 0, n
         torch.testing.assert_close(ours[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)

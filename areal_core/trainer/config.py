@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from areal_core.configbase import Section
 
@@ -32,9 +32,21 @@ class TrainerConfig(Section):
     reward_wrong: float = -5.0
     adv_norm: Literal["batch", "group", "none"] = "batch"
     ppo_minibatches: int = Field(1, gt=0)
+    # pi_prox for decoupled PPO with ppo_minibatches > 1 (with one minibatch it is the update's own
+    # forward, exact and free): "recompute" = a no-grad forward pass over the batch before the
+    # update; "loglinear" = AReaL's interpolation between behaviour and current logprobs by version
+    # (no extra forward; areal_core/algo/prox.py)
+    prox_logp: Literal["recompute", "loglinear"] = "recompute"
     microbatching: Literal["dynamic", "fixed"] = "dynamic"
     max_tokens_per_microbatch: int = Field(4096, gt=0)  # dynamic
     n_microbatches: int = Field(4, gt=0)  # fixed
     warmup_steps_for_throughput: int = Field(2, ge=0)  # excluded from effective throughput
     optim: OptimConfig = OptimConfig()
     torch_threads: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _prox_needs_decoupled(self):
+        if self.prox_logp != "recompute" and self.objective != "decoupled":
+            raise ValueError(f"trainer.prox_logp = {self.prox_logp!r} needs trainer.objective = 'decoupled' "
+                             f"(the {self.objective!r} objective has no proximal policy)")
+        return self

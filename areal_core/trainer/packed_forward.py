@@ -1,9 +1,9 @@
 """Training forward pass over a packed micro-batch.
 
 Sequences are concatenated into one stream of tokens: embeddings, projections,
-MLPs and the LM head run on exactly the real tokens (no padding). Only the
-attention scores are computed per sequence, on a right-padded view whose
-padding never reaches a real query (causal masking). Works with the
+MLPs and the LM head run on exactly the real tokens (no padding), and so does
+attention: each sequence attends causally to itself only, one fused kernel call
+per sequence on a view of the stream (``packed_attention``). Works with the
 Llama-family decoders of Hugging Face transformers (Llama, Qwen2, Mistral),
 reusing the model's own modules and parameters, so gradients flow into it.
 """
@@ -11,7 +11,8 @@ reusing the model's own modules and parameters, so gradients flow into it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from areal_core.trainer.packed_attention import packed_causal_attention
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -29,6 +30,9 @@ def check_supported(model) -> None:
         )
     if getattr(model.config, "use_sliding_window", False):
         raise NotImplementedError("sliding-window attention is not supported by the packed forward")
+    if getattr(model.config, "attention_dropout", 0.0):
+        raise NotImplementedError("attention dropout is not supported by the packed forward "
+                                  f"(model.config.attention_dropout = {model.config.attention_dropout})")
 
 
 def response_logprobs(
@@ -44,11 +48,10 @@ def response_logprobs(
     inner = model.model
     dev = inner.embed_tokens.weight.device
     lens = torch.tensor([len(s) for s in seqs], device=dev)
-    n, L, T = len(seqs), int(lens.max()), int(lens.sum())
+    seq_lens = lens.tolist()
+    T = sum(seq_lens)
     ids = torch.tensor([t for s in seqs for t in s], device=dev)
-    pos = torch.cat([torch.arange(int(l), device=dev) for l in lens])
-    row = torch.repeat_interleave(torch.arange(n, device=dev), lens)
-    flat = row * L + pos  # packed token -> slot in the padded [n, L] view
+    pos = torch.cat([torch.arange(n, device=dev) for n in seq_lens])
 
     h = inner.embed_tokens(ids)[None]  # [1, T, H]
     cos, sin = inner.rotary_emb(h, pos[None])
@@ -62,15 +65,7 @@ def response_logprobs(
         v = attn.v_proj(x).view(T, -1, d)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-
-        def padded(t):
-            out = t.new_zeros(n * L, t.shape[1], d).index_copy(0, flat, t)
-            return out.view(n, L, -1, d).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(
-            padded(q), padded(k), padded(v), is_causal=True, scale=attn.scaling, enable_gqa=True
-        )
-        o = o.transpose(1, 2).reshape(n * L, -1)[flat]
+        o = packed_causal_attention(q, k, v, seq_lens, attn.scaling).reshape(T, -1)
         h = h + attn.o_proj(o)[None]
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = inner.norm(h)[0]

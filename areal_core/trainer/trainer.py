@@ -17,6 +17,7 @@ from areal_core.algo import (
     allocate_microbatches,
     compute_advantages,
     decoupled_ppo_loss,
+    loglinear_prox_logp,
     naive_ppo_loss,
     split_fixed,
 )
@@ -88,6 +89,24 @@ class Trainer:
     def _logprobs(self, seqs, starts, idx) -> torch.Tensor:
         return response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
 
+    def prox_path(self, n_minibatches: int) -> str:
+        """How this step gets pi_prox: "none" (naive objective), "current_forward" (one minibatch:
+        the update's own forward, detached), "recompute" or "loglinear" (``trainer.prox_logp``)."""
+        if self.cfg.objective == "naive":
+            return "none"
+        return "current_forward" if n_minibatches == 1 else self.cfg.prox_logp
+
+    def _recompute_prox(self, seqs, starts, n_out) -> tuple[list[torch.Tensor], int]:
+        """pi_prox logprobs of every trajectory by the weights before this step (no-grad forward
+        passes), and the number of passes."""
+        prox: list[torch.Tensor] = [None] * len(seqs)
+        groups = self.microbatches([len(s) for s in seqs])
+        with torch.no_grad():
+            for mb in groups:
+                for i, lp in zip(mb, self._logprobs(seqs, starts, mb).split([n_out[i] for i in mb])):
+                    prox[i] = lp
+        return prox, len(groups)
+
     def step(self, batch: list[Trajectory], version: int) -> dict:
         """One training step on ``batch`` by the policy at ``version``."""
         t0 = time.perf_counter()
@@ -106,15 +125,9 @@ class Trainer:
         adv = [torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())]
 
         minibatches = split_fixed(len(batch), cfg.ppo_minibatches)
-        # proximal logprobs: the weights before this step. With one minibatch they are the
-        # (detached) logprobs of the update's own forward pass; otherwise computed up front.
-        prox: list[torch.Tensor] | None = None
-        if cfg.objective == "decoupled" and len(minibatches) > 1:
-            prox = [None] * len(batch)
-            with torch.no_grad():
-                for mb in self.microbatches([len(s) for s in seqs]):
-                    for i, lp in zip(mb, self._logprobs(seqs, starts, mb).split([n_out[i] for i in mb])):
-                        prox[i] = lp
+        path = self.prox_path(len(minibatches))
+        prox, n_prox_forward = self._recompute_prox(seqs, starts, n_out) if path == "recompute" else (None, 0)
+        versions = [torch.tensor(t.output_versions) for t in batch] if path == "loglinear" else None
 
         self.model.train()
         sums: dict[str, float] = {}
@@ -132,7 +145,12 @@ class Trainer:
                 if cfg.objective == "naive":
                     loss, st = naive_ppo_loss(logp, b, a, mask, cfg.eps_clip, n_tokens=n_tokens)
                 else:
-                    p = logp.detach() if prox is None else torch.cat([prox[i] for i in idx])
+                    if path == "recompute":
+                        p = torch.cat([prox[i] for i in idx])
+                    elif path == "loglinear":
+                        p = loglinear_prox_logp(b, logp.detach(), torch.cat([versions[i] for i in idx]), version)
+                    else:  # one minibatch: the weights before this step are the ones of this forward
+                        p = logp.detach()
                     loss, st = decoupled_ppo_loss(
                         logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens
                     )
@@ -164,6 +182,8 @@ class Trainer:
             "staleness_max": int(staleness.max()),
             "tokens_trained": int(sum(n_out)),
             "forward_passes": n_forward,
+            "prox_logp_path": path,
+            "prox_forward_passes": n_prox_forward,
             "grad_norm": max(grad_norms),
             "lr": lr,
             "train_time_s": time.perf_counter() - t0,
