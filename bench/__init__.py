@@ -3,6 +3,9 @@
     python -m bench all [--quick]      # every benchmark, then bench/results/summary.json
     python -m bench NAME [--quick]     # one of BENCHMARKS
 
+``trl_peer`` needs TRL's own venv (bench/.venvs/trl): it creates it on first use, or run
+``make bench-trl`` ahead of time.
+
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
 
@@ -13,4 +16,5 @@ BENCHMARKS = (
     "interruptible",
     "rewards",
     "async_vs_sync",
+    "trl_peer",
 )
