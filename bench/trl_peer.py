@@ -240,11 +240,14 @@ def prepare_inputs(root: Path) -> dict:
 
 def run_setting(inputs: dict, P: int, G: int, T: int, steps: int, root: Path, scheduler: str) -> dict:
     tag = f"P{P}xG{G}_T{T}"
-    print(f"{tag}: TRL, {steps} steps ...", flush=True)
-    runs = {"TRL GRPOTrainer": run_trl(inputs, P, G, T, steps, root / tag / "trl")}
-    for label, mode in MODES:
+    jobs = [("TRL GRPOTrainer", lambda: run_trl(inputs, P, G, T, steps, root / tag / "trl"))]
+    jobs += [(label, lambda mode=mode: run_areal(mode, inputs, P, G, T, steps, root / tag / mode, scheduler))
+             for label, mode in MODES]
+    runs = {}
+    for label, job in jobs:
         print(f"{tag}: {label}, {steps} steps ...", flush=True)
-        runs[label] = run_areal(mode, inputs, P, G, T, steps, root / tag / mode, scheduler)
+        load_before = os.getloadavg()[0]
+        runs[label] = {**job(), "load_avg_1m": [load_before, os.getloadavg()[0]]}
     eff = {k: v["effective_train_tokens_per_s"] for k, v in runs.items()}
     trl, sync, asyn = eff["TRL GRPOTrainer"], eff["areal-flow sync"], eff["areal-flow async"]
     return {"setting": {"prompts_per_step": P, "answers_per_prompt": G, "max_new_tokens": T, "steps": steps},
@@ -258,10 +261,15 @@ def print_table(tag: str, res: dict) -> None:
     for label, r in res["runs"].items():
         s = r["per_step_tokens_per_s"]
         rows.append((label, r["effective_train_tokens_per_s"], ratio(r["effective_train_tokens_per_s"], trl),
-                     s.get("median"), s.get("min"), s.get("max"), r["mean_step_s"], r["reward_mean"]))
+                     s.get("median"), s.get("min"), s.get("max"), r["mean_step_s"], r["reward_mean"],
+                     max(r["load_avg_1m"])))
     st = res["setting"]
-    print(format_table(["system", "eff. train tok/s", "vs TRL", "step tok/s med", "min", "max", "step s", "reward"],
-                       rows, title=f"{tag}: {st['steps']} steps, warm-up {WARMUP} excluded, {CORES} cores"))
+    print(format_table(["system", "eff. train tok/s", "vs TRL", "step tok/s med", "min", "max", "step s", "reward",
+                        "load 1m"], rows, title=f"{tag}: {st['steps']} steps, warm-up {WARMUP} excluded, {CORES} cores"))
+    busiest = max(max(r["load_avg_1m"]) for r in res["runs"].values())
+    if busiest > CORES:
+        print(f"note: load average up to {busiest:.1f} on {os.cpu_count()} cores: other work shared the cores, "
+              f"and TRL's {CORES} OpenMP threads suffer most from that; compare on an idle machine", flush=True)
 
 
 def run(quick: bool) -> dict:
