@@ -136,6 +136,9 @@ def write_model_folder(path: Path, seed: int) -> int:
     from areal_core.models.tiny import build_tiny
     from areal_core.models.tokenizer import build_char_tokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     tokenizer = build_char_tokenizer()
     model = build_tiny(TinyArch(), tokenizer, seed)
     model.save_pretrained(str(path))
