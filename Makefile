@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup clean ui-browser
+.PHONY: demo test setup clean ui-browser bench-trl
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,16 @@ ui-browser:
 	  apt-get install -y -q chromium-headless-shell >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium-headless-shell >/dev/null 2>&1) || \
 	  echo "warning: could not install chromium-headless-shell (not root?); tests/test_ui_screenshot.py will be skipped"
+
+# TRL 1.16.0 in its own venv for `python -m bench trl_peer` (torch's CPU wheel first; ~1-2 min, PyPI)
+TRL_VENV := bench/.venvs/trl
+$(TRL_VENV)/.installed:
+	python3.11 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0
+	$(TRL_VENV)/bin/python -m pip --disable-pip-version-check -q install trl==1.16.0
+	touch $@
+
+bench-trl: $(TRL_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) runs

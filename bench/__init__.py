@@ -3,6 +3,9 @@
     python -m bench all [--quick]      # every benchmark, then bench/results/summary.json
     python -m bench NAME [--quick]     # one of BENCHMARKS
 
+``trl_peer`` needs TRL's own venv (bench/.venvs/trl): it creates it on first use, or run
+``make bench-trl`` ahead of time.
+
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
 
@@ -15,4 +18,5 @@ BENCHMARKS = (
     "rewards",
     "async_vs_sync",
     "checkpoints",
+    "trl_peer",
 )
