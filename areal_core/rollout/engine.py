@@ -85,7 +85,9 @@ class RolloutEngine:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._updates: deque[tuple[tuple[dict, int, str], Future]] = deque()
-        self._sampler: BatchSampler | None = None
+        self._sampler: BatchSampler | None = None  # the decode batch's; None when the batch changed
+        self._lens = self._tokens = torch.empty(0, dtype=torch.long)  # valid while _sampler is set
+        self._max_len = 0
         self._needs_prefill = False
         self._any_finished = False
         self._paused = False
@@ -278,6 +280,7 @@ class RolloutEngine:
         while self._updates and (self.interruptible or not self._running):
             (staged, version, path), fut = self._updates.popleft()
             apply_weights(self.kv.model, staged)
+            self.kv.weights_changed()
             self.version, self.model_path = version, path
             if self._running:  # the cache was computed with the old weights
                 self.kv.release()
@@ -315,31 +318,40 @@ class RolloutEngine:
             tokens, logprobs = sampler.sample(logits)
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
+        self._sampler = None  # the decode batch's tensors are rebuilt from the sequences
 
     def _decode_step(self) -> None:
+        """One token for every running sequence. While the batch stays the same (``_sampler`` set),
+        its last tokens and cache lengths stay in tensors from one step to the next."""
         run = self._running
-        lens = [s.cache_len for s in run]
-        tokens = torch.tensor([s.out[-1] for s in run])
-        logits = self.kv.decode(tokens, torch.tensor(lens), max(lens) + 1)
-        for s in run:
-            s.cache_len += 1
         if self._sampler is None:
             self._sampler = BatchSampler([s.sampling for s in run], self.n_logits, self._generator)
-        new, logprobs = self._sampler.sample(logits)
-        self._record(run, new.tolist(), logprobs.tolist())
+            self._lens = torch.tensor([s.cache_len for s in run])
+            self._tokens = torch.tensor([s.out[-1] for s in run])
+            self._max_len = max(s.cache_len for s in run)
+        logits = self.kv.decode(self._tokens, self._lens, self._max_len + 1)
+        self._lens += 1
+        self._max_len += 1
+        self._tokens, logprobs = self._sampler.sample(logits)
+        self._record(run, self._tokens.tolist(), logprobs.tolist(), cached=1)
 
-    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
+    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float], cached: int = 0) -> None:
+        """Append each sequence's new token; ``cached``: positions each one just added to the KV cache."""
         v = self.version
+        finished = False
         for s, t, lp in zip(seqs, tokens, logprobs):
-            s.out.append(t)
+            out = s.out
+            out.append(t)
             s.logprobs.append(lp)
             s.versions.append(v)
+            s.cache_len += cached
             if t in s.stop:
                 s.finish = ("stop", t)
-                self._any_finished = True
-            elif len(s.out) >= s.max_new:
+                finished = True
+            elif len(out) >= s.max_new:
                 s.finish = ("length", None)
-                self._any_finished = True
+                finished = True
+        self._any_finished |= finished
         self.generated_tokens += len(tokens)
         self._steps += 1
         if self._steps % 32 == 0:  # callers that gave up (cancelled futures) leave the batch

@@ -1,143 +1,74 @@
-"""Batched forward passes with a KV cache over a Hugging Face causal LM.
+"""Batched forward passes with a KV cache over a Hugging Face causal LM (Llama / Qwen2 layout).
 
-The model's own submodules do the work (embeddings, norms, q/k/v/o projections,
-MLPs, rotary embedding, LM head); only the attention and the cache are ours.
+The model's parameters are the source of truth; this module runs its own lean forward
+over *fused* copies of some of them, built by :meth:`KVForward.weights_changed`:
 
-Cache layout: per layer, K and V shaped ``[slots, kv_heads, capacity, head_dim]``.
-Row ``i`` of the cache belongs to the ``i``-th running sequence; the caller keeps
-running sequences compacted in rows ``0..n-1`` (see :meth:`KVForward.move_rows`).
-Grouped-query attention reshapes the queries to ``[n, kv_heads, groups, ...]`` so
-the K/V heads are never repeated in memory.
+* per layer, one ``[(groups + 2) * kv_heads * head_dim, hidden]`` projection for q, k and v,
+  rows ordered per kv head ``j`` as ``[q heads of group j, k_j, v_j]``: the rotary embedding
+  then applies to one strided view, and ``[k_j, v_j]`` is one contiguous row to cache;
+* per layer, one ``[2 * intermediate, hidden]`` projection for gate and up;
+* in float32, each layer's two RMSNorm weights folded into the projection that follows.
+
+Whoever changes the model's weights (in place or by replacing parameters) must call
+:meth:`KVForward.weights_changed` before the next forward. The KV cache does not depend
+on the weights and is left as it is.
+
+Cache layout: per layer one tensor ``[slots, kv_heads, capacity, 2 * head_dim]`` (K then V
+per position), plus one additive mask ``[slots, kv_heads, capacity]`` (0 where a position
+holds a token, -inf elsewhere) shared by the layers. Row ``i`` belongs to the ``i``-th
+running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVForward.move_rows`).
+Grouped-query attention views the queries as ``[n * kv_heads, groups, head_dim]``, so K/V
+heads are never repeated in memory.
 """
 
 from __future__ import annotations
 
-import glob
-import json
-import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
-from areal_core.storage.localize import localize
+from areal_core.rollout.model_io import (  # noqa: F401 - re-exported: the engine's imports
+    SUPPORTED_ARCHITECTURES,
+    UnsupportedModelError,
+    apply_weights,
+    check_supported,
+    eos_token_ids,
+    load_model,
+    read_weights,
+)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 _NEG_INF = float("-inf")
+_STANDARD_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")
 
 
-class UnsupportedModelError(ValueError):
-    """The model uses an architecture or feature the engine does not implement."""
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps)``: an RMSNorm whose weight was folded into the next projection."""
+    return F.rms_norm(x, x.shape[-1:], None, eps)
 
 
-def check_supported(model: torch.nn.Module) -> None:
-    cfg = model.config
-    arch = getattr(cfg, "model_type", "?")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported by the rollout engine (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    layer_types = getattr(cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
-        raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported by the rollout engine")
-    inner = getattr(model, "model", None)
-    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if inner is None or not hasattr(inner, name):
-            raise UnsupportedModelError(f"{arch}: model.model.{name} is missing; not a supported decoder layout")
-    for layer in inner.layers:
-        attn = layer.self_attn
-        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-            raise UnsupportedModelError(f"{arch}: q/k norms are not supported by the rollout engine")
-        if getattr(attn, "sliding_window", None):
-            raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported by the rollout engine")
+@dataclass(slots=True)
+class FusedLayer:
+    """One decoder layer's weights as the lean forward uses them (see the module docstring)."""
+
+    norm1: object  # callable: x -> normed x (weight folded into qkv when ``folded``)
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_t: torch.Tensor  # o_proj.weight.t()
+    o_bias: torch.Tensor | None
+    norm2: object
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_t: torch.Tensor  # down_proj.weight.t()
+    down_bias: torch.Tensor | None
 
 
-def eos_token_ids(model: torch.nn.Module) -> list[int]:
-    """The model's EOS ids, from its config and generation config."""
-    ids: list[int] = []
-    for cfg in (model.config, getattr(model, "generation_config", None)):
-        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        for e in [eos] if isinstance(eos, int) else (eos or []):
-            if e not in ids:
-                ids.append(int(e))
-    return ids
+def _bias(linear: torch.nn.Linear) -> torch.Tensor:
+    return linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0])
 
 
-def load_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A Hugging Face causal LM from a local folder or fsspec URL, checked for support."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(localize(model_path), dtype=dtype).eval()
-    check_supported(model)
-    return model
-
-
-# -- weights --------------------------------------------------------------------
-
-def _ignored_key(name: str) -> bool:
-    return name.endswith("rotary_emb.inv_freq")
-
-
-def read_weights(model: torch.nn.Module, folder: str) -> dict[str, torch.Tensor]:
-    """Read and check the safetensors weights in ``folder`` against ``model``.
-
-    Returns tensors keyed by the model's parameter names, converted to the
-    model's dtypes, ready for :func:`apply_weights`. Nothing in the model is
-    touched, so a bad folder leaves the running weights intact. A tied LM head
-    takes the embedding's weights (its own tensor in the file, if any, is skipped).
-    """
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"model folder {folder!r} does not exist")
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors files in {folder!r}")
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            wanted = set(json.load(f)["weight_map"].values())
-        files = [p for p in files if os.path.basename(p) in wanted]
-    params = dict(model.named_parameters())  # tied parameters appear once
-    tied = [n for n, _ in model.named_parameters(remove_duplicate=False) if n not in params]
-    staged: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                if name in tied or _ignored_key(name):
-                    continue
-                if name not in params:
-                    raise ValueError(f"{os.path.basename(path)}: tensor {name!r} does not belong to the model")
-                t = f.get_tensor(name)
-                p = params[name]
-                if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"{name}: shape {tuple(t.shape)} in the checkpoint, {tuple(p.shape)} in the model")
-                staged[name] = t.to(p.dtype)
-    missing = sorted(set(params) - set(staged))
-    if missing:
-        raise ValueError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    return staged
-
-
-@torch.no_grad()
-def apply_weights(model: torch.nn.Module, staged: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    for name, t in staged.items():
-        params[name].copy_(t)
-
-
-# -- forward passes -------------------------------------------------------------
-
-def _fast_norm(module: torch.nn.Module):
-    """The fused ``rms_norm`` kernel for a standard float32 Llama/Qwen2 RMSNorm, else the module.
-
-    Same formula as the module (``weight * x * rsqrt(mean(x^2) + eps)``), fewer kernel launches.
-    """
-    w = getattr(module, "weight", None)
-    eps = getattr(module, "variance_epsilon", None)
-    if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm") and w is not None and eps is not None \
-            and w.dtype == torch.float32:
-        shape = tuple(w.shape)
-        return lambda x: F.rms_norm(x, shape, w, eps)
-    return module
+def _foldable(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
+    return type(norm).__name__ in _STANDARD_NORMS and dtype == torch.float32 and norm.weight.dtype == dtype
 
 
 class KVForward:
@@ -171,24 +102,79 @@ class KVForward:
         self.vocab_size = self.embed.num_embeddings
         self.dtype = self.embed.weight.dtype
         self.device = self.embed.weight.device
+        self.act = F.silu if getattr(cfg, "hidden_act", None) == "silu" else self.layers[0].mlp.act_fn
         self.max_slots = max_slots
         self.init_slots = max(1, min(init_slots, max_slots))
         self.init_capacity = max(1, min(init_capacity, self.max_positions))
         self.attn_chunk_bytes = attn_chunk_bytes
-        half = self.head_dim // 2
-        self._rope_sign = torch.cat((-torch.ones(half), torch.ones(self.head_dim - half))).to(self.device, self.dtype)
-        self._positions = torch.arange(self.max_positions, device=self.device)
-        self._norms = [(_fast_norm(l.input_layernorm), _fast_norm(l.post_attention_layernorm)) for l in self.layers]
-        self._final_norm = _fast_norm(self.norm)
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.slots = 0
-        self.capacity = 0
+        self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
+        self.fused: list[FusedLayer] = []
+        self.weights_changed()
+        self.release()
+
+    # weights -----------------------------------------------------------------
+    @torch.no_grad()
+    def weights_changed(self) -> None:
+        """Rebuild the fused weights from the model's current parameters.
+
+        Call after any change to the model's weights (``apply_weights``, ``load_state_dict``,
+        parameters replaced). Cheap next to a weight load; the KV cache is kept.
+        """
+        self.fused = [self._fuse(layer) for layer in self.layers]
+        norm = self.norm
+        if _foldable(norm, self.dtype):
+            w, eps = norm.weight, norm.variance_epsilon
+            self._final_norm = lambda x: F.rms_norm(x, x.shape[-1:], w, eps)
+        else:
+            self._final_norm = norm
+
+    def _fuse(self, layer: torch.nn.Module) -> FusedLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        kv, g, hd = self.n_kv, self.groups, self.head_dim
+        lin = (attn.q_proj, attn.k_proj, attn.v_proj)
+        per_group = [t.view(kv, -1, *t.shape[1:]) for t in (x.weight for x in lin)]  # [kv, g*hd | hd, hidden]
+        qkv = torch.cat(per_group, dim=1).reshape(kv * (g + 2) * hd, -1)
+        qkv_bias = None
+        if any(x.bias is not None for x in lin):
+            qkv_bias = torch.cat([_bias(x).view(kv, -1) for x in lin], dim=1).reshape(-1)
+        gate_up = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight))
+        gate_up_bias = None
+        if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+            gate_up_bias = torch.cat((_bias(mlp.gate_proj), _bias(mlp.up_proj)))
+        norms = []
+        for norm, w in ((layer.input_layernorm, "qkv"), (layer.post_attention_layernorm, "gate_up")):
+            if _foldable(norm, self.dtype):
+                if w == "qkv":
+                    qkv = qkv * norm.weight
+                else:
+                    gate_up = gate_up * norm.weight
+                eps = norm.variance_epsilon
+                norms.append(lambda x, eps=eps: _rms(x, eps))
+            else:
+                norms.append(norm)
+        return FusedLayer(norms[0], qkv.contiguous(), qkv_bias, attn.o_proj.weight.t(), attn.o_proj.bias,
+                          norms[1], gate_up.contiguous(), gate_up_bias, mlp.down_proj.weight.t(), mlp.down_proj.bias)
+
+    def _mlp(self, f: FusedLayer, h: torch.Tensor) -> None:
+        """``h += mlp(norm2(h))`` in place; ``h`` is 2-D."""
+        gu = F.linear(f.norm2(h), f.gate_up, f.gate_up_bias)
+        half = gu.shape[-1] // 2
+        h.addmm_(self.act(gu[:, :half]).mul_(gu[:, half:]), f.down_t)
+        if f.down_bias is not None:
+            h.add_(f.down_bias)
+
+    def _out_proj(self, f: FusedLayer, h: torch.Tensor, o: torch.Tensor) -> None:
+        """``h += o_proj(o)`` in place; both 2-D."""
+        h.addmm_(o, f.o_t)
+        if f.o_bias is not None:
+            h.add_(f.o_bias)
 
     # cache management ------------------------------------------------------
     def release(self) -> None:
-        self.k, self.v = [], []
+        self.kv: list[torch.Tensor] = []
+        self.mask = torch.empty(0, self.n_kv, 0, dtype=self.dtype, device=self.device)
         self.slots = self.capacity = 0
+        self._row_base = torch.empty(0, self.n_kv, dtype=torch.long, device=self.device)
 
     def ensure(self, slots: int, length: int) -> None:
         """Make room for ``slots`` rows of ``length`` positions, keeping the contents."""
@@ -201,39 +187,54 @@ class KVForward:
         new_slots = self.slots if slots <= self.slots else min(self.max_slots, max(slots, 2 * self.slots, self.init_slots))
         new_cap = self.capacity if length <= self.capacity else min(
             self.max_positions, max(length, 2 * self.capacity, self.init_capacity))
-        shape = (new_slots, self.n_kv, new_cap, self.head_dim)
         old_s, old_c = self.slots, self.capacity
-        for store in (self.k, self.v):
-            for i in range(len(self.layers)):
-                t = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if old_s:
-                    t[:old_s, :, :old_c] = store[i]
-                if i < len(store):
-                    store[i] = t
-                else:
-                    store.append(t)
+        # zeros, not empty: masked positions still enter the matmuls and must be finite
+        shape = (new_slots, self.n_kv, new_cap, 2 * self.head_dim)
+        for i in range(len(self.layers)):
+            t = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if old_s:
+                t[:old_s, :, :old_c] = self.kv[i][:old_s, :, :old_c]
+            if i < len(self.kv):
+                self.kv[i] = t
+            else:
+                self.kv.append(t)
+        mask = torch.full((new_slots, self.n_kv, new_cap), _NEG_INF, dtype=self.dtype, device=self.device)
+        mask[:old_s, :, :old_c] = self.mask
+        self.mask = mask
         self.slots, self.capacity = new_slots, new_cap
+        # flat row of (slot, kv head, position 0) in a cache tensor viewed as [-1, 2 * head_dim]
+        self._row_base = torch.arange(new_slots * self.n_kv, device=self.device).view(new_slots, self.n_kv) * new_cap
+        if self._rope.shape[0] < new_cap:
+            self._rope = self._rope_table(new_cap)
+
+    def _rope_table(self, n: int) -> torch.Tensor:
+        """``[n, 2, head_dim]``: cos and sin of positions ``0..n-1`` from the model's rotary module,
+        the sin with its first half negated (``rotate_half(x) * sin == roll(x, hd/2) * signed sin``; see :meth:`_rotate`)."""
+        pos = torch.arange(n, device=self.device)[None]
+        cos, sin = self.rotary(torch.zeros(1, dtype=self.dtype, device=self.device), pos)
+        half = self.head_dim // 2
+        sin = sin[0].clone()
+        sin[:, :half].neg_()
+        return torch.stack((cos[0], sin), dim=1)
 
     def move_rows(self, dst: list[int], src: list[int], length: int) -> None:
-        """Copy rows ``src`` onto rows ``dst`` (the first ``length`` positions)."""
+        """Copy rows ``src`` onto rows ``dst`` (the first ``length`` positions; the mask entirely)."""
         if not dst or not self.slots:
             return
         d = torch.tensor(dst, device=self.device)
         s = torch.tensor(src, device=self.device)
         length = min(length, self.capacity)
-        for store in (self.k, self.v):
-            for t in store:
-                t[d, :, :length] = t[s, :, :length]
-
-    # shared pieces -----------------------------------------------------------
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        for t in self.kv:
+            t[d, :, :length] = t[s, :, :length]
+        self.mask[d] = self.mask[s]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._final_norm(h)).float()
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotary embedding in place: ``x = x * cos + rotate_half(x) * sin``."""
+        rolled = x.roll(self.head_dim // 2, -1)  # [x2, x1]; the signed sin makes it [-x2, x1]
+        x.mul_(cos).addcmul_(rolled, sin)
 
     # decode ------------------------------------------------------------------
     @torch.no_grad()
@@ -246,33 +247,24 @@ class KVForward:
         """
         n = tokens.shape[0]
         self.ensure(n, max_len)
-        nh, nkv, hd, g, L = self.n_heads, self.n_kv, self.head_dim, self.groups, max_len
-        h = self.embed(tokens)  # [n, hidden]
-        cos, sin = self.rotary(h, lengths[:, None])  # [n, 1, head_dim]
-        # rotate_half(x) * sin == roll(x, hd/2) * (sin with its first half negated)
-        sin = sin * self._rope_sign
-        valid = self._positions[:L][None, :] <= lengths[:, None]  # [n, L]
-        mask = torch.zeros(valid.shape, dtype=self.dtype, device=self.device).masked_fill_(~valid, _NEG_INF)
-        mask = mask[:, None, None, :].expand(n, nkv, 1, L).reshape(n * nkv, 1, L)
-        # flat row of each (sequence, kv head, position) in a cache tensor viewed as [-1, head_dim]
-        slot = torch.arange(n * nkv, device=self.device).view(n, nkv) * self.capacity
-        write = (slot + lengths[:, None]).view(-1)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self._norms[i][0](h)
-            qk = torch.cat((attn.q_proj(x).view(n, nh, hd), attn.k_proj(x).view(n, nkv, hd)), dim=1)
-            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
-            kc, vc = self.k[i], self.v[i]
-            kc.view(-1, hd).index_copy_(0, write, qk[:, nh:].reshape(n * nkv, hd))
-            vc.view(-1, hd).index_copy_(0, write, attn.v_proj(x).view(n * nkv, hd))
-            q = qk[:, :nh].reshape(n * nkv, g, hd)
-            keys = kc[:n, :, :L].reshape(n * nkv, L, hd)
-            scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # [n*kv, g, L]
+        kv, g, hd, L = self.n_kv, self.groups, self.head_dim, max_len
+        h = F.embedding(tokens, self.embed.weight)  # [n, hidden]
+        rope = self._rope[lengths]  # [n, 2, hd]
+        cos, sin = rope[:, None, None, 0], rope[:, None, None, 1]  # [n, 1, 1, hd]
+        write = (self._row_base[:n] + lengths[:, None]).view(-1)  # [n * kv]
+        self.mask.view(-1).index_fill_(0, write, 0.0)
+        mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
+        for f, cache in zip(self.fused, self.kv):
+            y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
+            self._rotate(y[:, :, : g + 1], cos, sin)  # the queries and the key
+            cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
+            rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
+            scores = torch.baddbmm(mask, y[:, :, :g].reshape(n * kv, g, hd), rows[..., :hd].transpose(1, 2),
+                                   alpha=self.scale)  # [n*kv, g, L]
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
-            o = torch.bmm(probs, vc[:n, :, :L].reshape(n * nkv, L, hd)).view(n, nh * hd)
-            h = h + attn.o_proj(o)
-            h = h + layer.mlp(self._norms[i][1](h))
-        return self.lm_head(self._final_norm(h)).float()
+            self._out_proj(f, h, torch.bmm(probs, rows[..., hd:]).view(n, -1))
+            self._mlp(f, h)
+        return self._logits(h)
 
     # prefill -----------------------------------------------------------------
     @torch.no_grad()
@@ -291,35 +283,31 @@ class KVForward:
         lens_t = torch.tensor(lens, device=self.device)
         row_t = torch.tensor(rows, device=self.device)
         pos = torch.arange(L, device=self.device)
-        h = self.embed(ids)  # [m, L, hidden]
-        cos, sin = self.rotary(h, pos[None, :])
-        cos, sin = cos[:, None], sin[:, None]  # [1, 1, L, head_dim]
-        padding = pos[None, None, :] >= lens_t[:, None, None]  # [m, 1, L]: keys past each sequence's end
-        nh, nkv, hd, g = self.n_heads, self.n_kv, self.head_dim, self.groups
+        valid = pos[None, :] < lens_t[:, None]  # [m, L]
+        self.mask[row_t] = torch.where(torch.arange(self.capacity, device=self.device) < lens_t[:, None],
+                                       0.0, _NEG_INF).to(self.dtype)[:, None, :]
+        h = F.embedding(ids, self.embed.weight).view(m * L, -1)
+        cos, sin = self._rope[:L, None, None, 0], self._rope[:L, None, None, 1]  # [L, 1, 1, hd]
+        kv, g, hd = self.n_kv, self.groups, self.head_dim
+        hidden = (pos[None, :] > pos[:, None])[None] | ~valid[:, None, :]  # [m, L(query), L(key)]
         # queries per chunk so that the scores stay under attn_chunk_bytes
-        chunk = max(1, self.attn_chunk_bytes // max(1, m * nh * L * 4))
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self._norms[i][0](h)
-            q = self._rope(attn.q_proj(x).view(m, L, nh, hd).transpose(1, 2), cos, sin)
-            k = self._rope(attn.k_proj(x).view(m, L, nkv, hd).transpose(1, 2), cos, sin)
-            v = attn.v_proj(x).view(m, L, nkv, hd).transpose(1, 2)
-            self.k[i][row_t, :, :L] = k
-            self.v[i][row_t, :, :L] = v
-            qg = (q * self.scale).reshape(m, nkv, g, L, hd)
-            kt = k[:, :, None].transpose(-1, -2)  # [m, kv, 1, hd, L]
-            vg = v[:, :, None]  # [m, kv, 1, L, hd]
+        chunk = max(1, self.attn_chunk_bytes // max(1, m * self.n_heads * L * 4))
+        for f, cache in zip(self.fused, self.kv):
+            y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(m, L, kv, g + 2, hd)
+            self._rotate(y[..., : g + 1, :], cos, sin)
+            cache.view(self.slots, kv, self.capacity, 2, hd)[row_t, :, :L] = y[..., g:, :].transpose(1, 2)
+            q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
+            kt = y[..., g, :].permute(0, 2, 3, 1)[:, :, None]  # [m, kv, 1, hd, L]
+            v = y[..., g + 1, :].transpose(1, 2)[:, :, None]  # [m, kv, 1, L, hd]
             outs = []
             for c0 in range(0, L, chunk):
                 c1 = min(L, c0 + chunk)  # keys past c1 are in the future of these queries
-                hidden = (pos[None, :c1] > pos[c0:c1, None])[None] | padding[..., :c1]  # [m, c, c1]
-                s = torch.matmul(qg[:, :, :, c0:c1], kt[..., :c1]).float()
-                s.masked_fill_(hidden[:, None, None], _NEG_INF)
+                s = torch.matmul(q[:, :, :, c0:c1], kt[..., :c1]).float()
+                s.masked_fill_(hidden[:, None, None, c0:c1, :c1], _NEG_INF)
                 p = torch.softmax(s, dim=-1).to(self.dtype)
-                outs.append(torch.matmul(p, vg[:, :, :, :c1]))
+                outs.append(torch.matmul(p, v[:, :, :, :c1]))
             o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)  # [m, kv, g, L, hd]
-            o = o.reshape(m, nh, L, hd).transpose(1, 2).reshape(m, L, nh * hd)
-            h = h + attn.o_proj(o)
-            h = h + layer.mlp(self._norms[i][1](h))
-        last = h[torch.arange(m, device=self.device), lens_t - 1]  # [m, hidden]
+            self._out_proj(f, h, o.permute(0, 3, 1, 2, 4).reshape(m * L, -1))
+            self._mlp(f, h)
+        last = h.view(m, L, -1)[torch.arange(m, device=self.device), lens_t - 1]  # [m, hidden]
         return self._logits(last)

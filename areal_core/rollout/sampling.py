@@ -7,9 +7,12 @@ sampled token ``t`` it is ``log_softmax(logits / temperature)[t]``, computed
 BEFORE top-k/top-p filtering, i.e. the logprob under the temperature-scaled
 full distribution. For temperature 0 (greedy) it is ``log_softmax(logits)[t]``.
 
-Sampling uses the Gumbel-max trick (equivalent to drawing from the categorical
-distribution): ``argmax(logp + G)`` with Gumbel noise ``G``, which lets every row
-draw its noise from its own generator when it has a seed.
+Drawing: inverse CDF with ONE uniform per row (not one per vocabulary entry, which costs
+as much as the model's LM head at a 50k vocabulary): ``probs = exp(logp)`` (filtered tokens
+have 0), ``cdf = cumsum(probs)`` in float64, ``u ~ Uniform[0, 1)``, and the token is the
+first index with ``cdf > u * cdf[-1] * (1 - 2^-52)``. A token of probability 0 can never be drawn
+(its cdf equals its predecessor's) and the target stays strictly below ``cdf[-1]``.
+A row with a seed draws its uniform from its own generator.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo, SamplingParams
 
 _NEG_INF = float("-inf")
+_BELOW_ONE = 1.0 - 2.0**-52
 MAX_SEED = 1 << 63
 
 
@@ -75,12 +79,22 @@ class BatchSampler:
             sorted_lp = sorted_lp.masked_fill(before > self.top_p, _NEG_INF)
         return torch.full_like(logp, _NEG_INF).scatter_(-1, order, sorted_lp)
 
-    def _gumbel(self, shape: torch.Size) -> torch.Tensor:
-        """Gumbel noise ``-log(-log(U))``, ``U ~ Uniform[0, 1)``; seeded rows use their own generator."""
-        u = torch.rand(shape, generator=self.default_generator)
+    def _uniform(self) -> torch.Tensor:
+        """float64 ``[n, 1]`` uniforms in [0, 1); seeded rows draw theirs from their own generator."""
+        u = torch.rand((self.n, 1), generator=self.default_generator, dtype=torch.float64)
         for i, g in self.seeded:
-            u[i] = torch.rand(shape[-1], generator=g)
-        return u.log_().neg_().log_().neg_()  # U = 0 gives -inf: that token is never drawn
+            u[i] = torch.rand(1, generator=g, dtype=torch.float64)
+        return u
+
+    def _pick(self, cdf: torch.Tensor) -> torch.Tensor:
+        """``[n, 1]``: per row, the first index where the (unnormalised) float64 ``cdf`` exceeds
+        ``u * cdf[-1]`` (the target kept strictly below ``cdf[-1]``)."""
+        # u < 1 and total * (1 - 2^-52) < total, so the rounded product stays below total
+        return torch.searchsorted(cdf, self._uniform().mul_(cdf[:, -1:] * _BELOW_ONE), right=True)
+
+    def _draw(self, logp: torch.Tensor) -> torch.Tensor:
+        """One token per row from the distribution ``exp(logp)``."""
+        return self._pick(torch.cumsum(logp.exp(), dim=-1, dtype=torch.float64))[:, 0]
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``logits [n, vocab]`` -> (tokens ``[n]`` long, behaviour logprobs ``[n]`` float32)."""
@@ -90,12 +104,24 @@ class BatchSampler:
             logp = torch.log_softmax(logits, dim=-1)
             return tokens, logp.gather(-1, tokens[:, None])[:, 0]
         scaled = logits if self.unit_temp else logits / self.temps
+        if not (self.use_top_k or self.use_top_p):
+            return self._sample_full(logits, scaled)
         logp = torch.log_softmax(scaled, dim=-1)
-        pool = self._filtered(logp) if (self.use_top_k or self.use_top_p) else logp
-        tokens = torch.argmax(pool + self._gumbel(pool.shape), dim=-1)
+        tokens = self._draw(self._filtered(logp))
         if self.any_greedy:
             tokens = torch.where(self.greedy, torch.argmax(logits, dim=-1), tokens)
         return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+    def _sample_full(self, logits: torch.Tensor, scaled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """No filtering: one pass of ``exp(scaled - max)`` serves both the draw and the logprob
+        ``scaled[t] - max - log(sum)``, the formula of ``log_softmax``."""
+        top = scaled.amax(dim=-1, keepdim=True)
+        cdf = torch.cumsum(torch.exp(scaled - top), dim=-1, dtype=torch.float64)
+        tokens = self._pick(cdf)
+        if self.any_greedy:
+            tokens = torch.where(self.greedy[:, None], torch.argmax(logits, dim=-1, keepdim=True), tokens)
+        logp = scaled.gather(-1, tokens).sub_(top).sub_(cdf[:, -1:].log().float())
+        return tokens[:, 0], logp[:, 0]
 
 
 @dataclass(slots=True, eq=False)
