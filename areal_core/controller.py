@@ -39,6 +39,7 @@ from areal_core.prompt_sampling import make_sampler
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool, RolloutServerError
+from areal_core.rollout.weight_transport import WeightTransport
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -85,12 +86,15 @@ class RolloutController:
         rewards: RewardService,
         buffer: ReplayBuffer,
         settings: ControllerSettings,
+        transport: WeightTransport,
         version: int = 0,
         request_timeout_s: float = 600.0,
         model_path: str = "",
         restart_server: Callable[[int, str, int], None] | None = None,
     ):
-        """``model_path``: the weights of ``version`` (a server that comes back gets them).
+        """``transport`` moves new weights to the servers (``update_weights``).
+        ``model_path``: a checkpoint folder of ``version`` that a restarted server starts from
+        (``restart_from`` moves it on); the transport then brings it to the current weights.
         ``restart_server(i, model_path, version)``: restart server ``i`` (blocking); None
         for servers managed elsewhere, which the controller waits for instead."""
         if not prompts:
@@ -101,7 +105,8 @@ class RolloutController:
         self.buffer = buffer
         self.s = settings
         self.version = version
-        self.model_path = model_path
+        self.transport = transport
+        self._restart_source, self.model_version = (lambda: model_path), version  # what a restarted server loads
         self.request_timeout_s = request_timeout_s
         self.restart_server = restart_server
         self._prompts = prompts
@@ -123,10 +128,19 @@ class RolloutController:
 
     # lifecycle (called from the trainer's thread) -------------------------
     def start(self) -> "RolloutController":
+        """Start generating; returns once the weight transport is connected (or raises why not)."""
         self._thread = threading.Thread(target=self._thread_main, name="rollout-controller", daemon=True)
         self._thread.start()
         self._ready.wait()
+        try:
+            self._call(self._wait_connected())
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    async def _wait_connected(self) -> None:
+        await self._connected
 
     def stop(self) -> None:
         """Stop admitting, abandon in-flight requests, close connections."""
@@ -137,14 +151,20 @@ class RolloutController:
         self._thread.join(timeout=60)
         self._loop = None
 
-    def update_weights(self, model_path: str, version: int) -> Future:
-        """Make every server load ``version``; the gate moves once all have it.
+    def update_weights(self, version: int) -> Future:
+        """Push the weights staged in the transport (as ``version``) to every server; the gate
+        moves once all have them.
 
         Returns at once: the future resolves when the update is done (or raises its
-        error), so the trainer can start its next step meanwhile. Updates are applied
-        in the order they are asked for."""
+        error), so the trainer can start its next step meanwhile. The caller stages the
+        next version only after this future resolved."""
         assert self._loop is not None, "controller not started"
-        return asyncio.run_coroutine_threadsafe(self._update_weights(model_path, version), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._update_weights(version), self._loop)
+
+    def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
+        """A newer checkpoint for servers that must be restarted (see ``__init__``):
+        ``local_copy()`` gives its folder (a download, made only when a server restarts)."""
+        self._restart_source, self.model_version = local_copy, version
 
     def refresh_partials(self) -> None:
         """Ask the servers, in the background, for the partial output of the answers they
@@ -192,6 +212,7 @@ class RolloutController:
             self._spawn(traj)
         self._restored = []
         self._main = self._loop.create_task(self._admit_loop())
+        self._connected = self._loop.create_task(self.transport.connect(self.pool.clients))
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
@@ -253,6 +274,8 @@ class RolloutController:
                 except RolloutServerError as e:
                     if not e.server_down or resubmits >= MAX_RESUBMITS:
                         raise
+                    if e.timed_out:  # the server may still be decoding it: stop that first
+                        await self._abort(e.url, traj.traj_id)
                     resubmits += 1
                     self.resubmitted += 1
                     log.warning("generation of %s lost with its server (%s); resubmitting (%d)",
@@ -308,22 +331,27 @@ class RolloutController:
             return self._sampler.estimates()
 
     # servers: weight updates and recovery ---------------------------------------
-    async def _update_weights(self, model_path: str, version: int) -> None:
+    async def _update_weights(self, version: int) -> None:
         async with self._servers_lock:
-            self.model_path = model_path
-            await asyncio.gather(*(self._update_one(i, model_path, version) for i in range(len(self.urls))))
+            try:
+                if self.transport.staged_version != version:
+                    raise RuntimeError(f"update to version {version}, but the transport holds "
+                                       f"version {self.transport.staged_version}")
+                await self.transport.push(self.pool.clients)
+            except RolloutServerError as e:
+                if not e.server_down:
+                    raise
+                log.warning("weight update of %s failed (%s); recovering the server", e.url, e)
+                await self._bring_back(self.pool.urls.index(e.url))
         async with self._gate:
             self.version = version
             self._gate.notify_all()
 
-    async def _update_one(self, i: int, model_path: str, version: int) -> None:
+    async def _abort(self, url: str, rid: str) -> None:
         try:
-            await self.pool.clients[i].update_weights(model_path, version)
-        except RolloutServerError as e:
-            if not e.server_down:
-                raise
-            log.warning("weight update of %s failed (%s); recovering the server", e.url, e)
-            await self._bring_back(i, model_path, version)
+            await self.pool.clients[self.pool.urls.index(url)].abort_request(rid)
+        except RolloutServerError as e:  # down as well: nothing runs there any more
+            log.warning("could not abort %s on %s before resubmitting: %s", rid, url, e)
 
     async def _recover(self, url: str) -> None:
         """The server at ``url`` failed a request: make sure it is up and at the current weights."""
@@ -333,15 +361,18 @@ class RolloutController:
                 info = await self.pool.clients[i].model_info()
                 if info.weight_version == self.version:
                     return  # restarted meanwhile (or a passing failure)
-            await self._bring_back(i, self.model_path, self.version)
+            await self._bring_back(i)
 
-    async def _bring_back(self, i: int, model_path: str, version: int) -> None:
+    async def _bring_back(self, i: int) -> None:
+        """Restart server ``i`` from the last checkpoint and give it the transport's staged weights."""
         client = self.pool.clients[i]
         if self.restart_server is not None:
-            await asyncio.to_thread(self.restart_server, i, model_path, version)
+            path = await asyncio.to_thread(self._restart_source)
+            await asyncio.to_thread(self.restart_server, i, path, self.model_version)
         await client.wait_healthy(self.request_timeout_s)
-        if (await client.model_info()).weight_version != version:
-            await client.update_weights(model_path, version)
+        staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
+        if staged is not None and (await client.model_info()).weight_version != staged:
+            await self.transport.resend(self.pool.clients, i)
 
     # resume ------------------------------------------------------------------
     async def _refresh_partials(self) -> None:

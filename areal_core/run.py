@@ -2,13 +2,16 @@
 
     records -> model (+ supervised warm start) -> publish v0 -> rollout servers + Dask
     -> held-out accuracy before -> controller (background) ->
-    for each step: take B trajectories (staleness-bounded) -> PPO step -> publish v+1
-                   -> servers load v+1 (interrupting in-flight generation) while the
-                      trainer takes its next batch; the gate moves once they have it
+    for each step: take B trajectories (staleness-bounded) -> PPO step -> stage v+1
+                   -> the transport pushes v+1 to the servers while the trainer takes
+                      its next batch; the gate moves once they have it
+                   -> every checkpoint_every steps: a checkpoint, written in the background
     -> held-out accuracy after -> metrics.parquet, ledger.parquet, summary.json
 
-Each published version carries the run's resumable state (``storage/run_state.py``);
-``resume=True`` continues from the latest one (docs/OPERATIONS.md).
+Weights reach the servers every step through the weight transport (memory, not files);
+checkpoints follow ``storage.checkpoint_every`` and are written in the background, each
+with the run's resumable state (``storage/run_state.py``); ``resume=True`` continues from
+the latest one and redoes the steps after it (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.kv_forward import apply_weights, read_weights
 from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.weight_transport import make_transport
+from areal_core.run_checkpoints import RunCheckpoints
 from areal_core.storage import CheckpointStore, write_json_atomic
 from areal_core.storage import run_state
 from areal_core.trainer.trainer import Trainer
@@ -51,7 +56,7 @@ def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, versi
         yield list(r.urls), None
         return
     with EmbeddedServers(model_path, r.n_servers, weight_version=version, max_running=r.max_running,
-                         interruptible=r.interruptible, torch_threads=r.torch_threads,
+                         weight_update=r.weight_update, torch_threads=r.torch_threads,
                          log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
         yield s.urls, s.restart
 
@@ -153,67 +158,78 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
         )
-        controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, version=version,
-                                       request_timeout_s=cfg.rollout.request_timeout_s,
+        transport = make_transport(cfg.rollout.transport(), str(run_dir))
+        controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, transport,
+                                       version=version, request_timeout_s=cfg.rollout.request_timeout_s,
                                        model_path=store.local_copy(version), restart_server=restart)
         if saved is not None:
             controller.restore(saved.state["controller"])
         first_step = version + 1
+
+        def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
+            if on_checkpoint:
+                on_checkpoint(result.version, result.url)
+            controller.restart_from(lambda: store.local_copy(result.version), result.version)
+
+        checkpoints = RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written)
         rl_start = time.perf_counter()
         warm_t, warm_tokens, tokens_total = None, 0, 0
         bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {cfg.name}", unit="step", disable=not progress)
-        controller.start()
-        try:
-            syncing = None  # the weight update of the last version, running while the trainer works
-            for step in range(first_step, steps + 1):
-                t0 = time.perf_counter()
-                gen_before = controller.generated_tokens
-                batch = buffer.take(B, version, eta)
-                t_wait = time.perf_counter() - t0
-                controller.refresh_partials()  # for the resume state, read while we train
-                stats = trainer.step(batch, version)
-                version += 1
-                t1 = time.perf_counter()
+        with checkpoints:
+            try:
+                controller.start()
+                syncing = None  # the push of the last version, running while the trainer works
+                for step in range(first_step, steps + 1):
+                    t0 = time.perf_counter()
+                    gen_before = controller.generated_tokens
+                    batch = buffer.take(B, version, eta)  # waits only for what the staleness bound needs
+                    t_wait = time.perf_counter() - t0
+                    checkpointing = checkpoints.due(step, final=step == steps)
+                    if checkpointing:
+                        controller.refresh_partials()  # for the resume state, read while we train
+                    stats = trainer.step(batch, version)
+                    version += 1
+                    t1 = time.perf_counter()
+                    if syncing is not None:
+                        syncing.result()  # the transport's buffer is free once the previous push is done
+                    t_sync = time.perf_counter() - t1
+                    transport.stage(model, version)
+                    syncing = controller.update_weights(version)  # servers get it while we go on
+                    t2 = time.perf_counter()
+                    row = {
+                        "step": step, "version": version, **stats, "wait_time_s": t_wait,
+                        "generated_tokens": controller.generated_tokens - gen_before,
+                        **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
+                    }
+                    runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
+                    t_ckpt_wait = 0.0
+                    if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                        t_ckpt_wait = checkpoints.write(step, model, run_state.encode(
+                            step, config, controller.snapshot(), trainer.state_dict(), runlog.to_parquet_bytes(),
+                            before), final=step == steps)
+                    else:
+                        checkpoints.poll()
+                    now = time.perf_counter()
+                    row.update({"weight_sync_wait_s": t_sync, "weight_stage_s": t2 - t1 - t_sync,
+                                "checkpoint": checkpointing, "checkpoint_wait_s": t_ckpt_wait,
+                                "publish_time_s": now - t1, "step_time_s": now - t0,
+                                "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
+                                "elapsed_s": now - rl_start})
+                    runlog.flush()
+                    tokens_total += stats["tokens_trained"]
+                    if step == first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
+                        warm_t, warm_tokens = now, tokens_total
+                    if on_step:
+                        on_step({**row, "total_steps": steps})
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
+                                    stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
                 if syncing is not None:
-                    syncing.result()  # updates go in order; the previous one is usually long done
-                t_sync = time.perf_counter() - t1
-                row = {
-                    "step": step, "version": version, **stats, "wait_time_s": t_wait,
-                    "generated_tokens": controller.generated_tokens - gen_before,
-                    **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
-                }
-                runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
-                # the state of this step goes into its version, so both appear together or not at all
-                extra = run_state.encode(step, config, controller.snapshot(), trainer.state_dict(),
-                                         runlog.to_parquet_bytes(), before)
-                t2 = time.perf_counter()
-                store.publish(version, model, tokenizer, meta={"step": step}, extra=extra)
-                if on_checkpoint:
-                    on_checkpoint(version, store.version_url(version))
-                t3 = time.perf_counter()
-                syncing = controller.update_weights(store.local_copy(version), version)
-                if cfg.storage.keep_last:
-                    store.prune(cfg.storage.keep_last)
-                now = time.perf_counter()
-                row.update({"weight_sync_wait_s": t_sync, "state_time_s": t2 - t1 - t_sync,
-                            "checkpoint_write_s": t3 - t2,
-                            "publish_time_s": now - t1, "step_time_s": now - t0,
-                            "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
-                            "elapsed_s": now - rl_start})
-                runlog.flush()
-                tokens_total += stats["tokens_trained"]
-                if step == first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
-                    warm_t, warm_tokens = now, tokens_total
-                if on_step:
-                    on_step({**row, "total_steps": steps})
-                bar.update(1)
-                bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
-                                stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
-            if syncing is not None:
-                syncing.result()  # the servers hold the final weights before the evaluation
-        finally:
-            bar.close()
-            controller.stop()
+                    syncing.result()  # the servers hold the final weights before the evaluation
+            finally:
+                bar.close()
+                controller.stop()
+                transport.close()
         rl_end = time.perf_counter()
         after = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
                                  max_new_tokens=max_new)
@@ -237,7 +253,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "final_version": version,
         "eta": eta,
         "objective": cfg.trainer.objective,
-        "interruptible": cfg.rollout.interruptible,
+        "weight_update": cfg.rollout.weight_update,
+        "weight_transport": cfg.rollout.transport().kind,
         "microbatching": cfg.trainer.microbatching,
         "max_staleness_observed": max(r["staleness_max"] for r in m),
         "effective_train_tokens_per_s": eff,
@@ -252,6 +269,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "trained_answer_length": _percentiles(trained_lengths),
         "ledger_check": ledger,
         "checkpoints": store.url,
+        "checkpoint_writes": checkpoints.written,
+        "checkpoint_bytes_per_step": sum(w["bytes"] for w in checkpoints.written) / max(1, steps - first_step + 1),
     }
     write_json_atomic(str(run_dir / "summary.json"), summary)
     return summary

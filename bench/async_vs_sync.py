@@ -3,10 +3,10 @@
 Each setting is one ``run_experiment`` of ``configs/quickstart.yaml`` (tiny model,
 synthetic chain-sum task with heavy-tailed answer lengths, B = 128, one rollout server
 with one thread, trainer with one thread, one Dask reward worker: the same 2 cores),
-changed only by ``trainer.eta`` and ``rollout.interruptible``:
+changed only by ``trainer.eta`` and ``rollout.weight_update``:
 
-* sync: eta 0 + interruptible false (exactly ``configs/quickstart_sync.yaml``);
-* async: eta 1, 4, 8, interruptible true (the quickstart's setting is eta 4).
+* sync: eta 0 + weight_update drain (exactly ``configs/quickstart_sync.yaml``);
+* async: eta 1, 4, 8 + the quickstart's weight_update (the quickstart's setting is eta 4).
 
 Measured: effective training throughput (``summary["effective_train_tokens_per_s"]``:
 generated tokens consumed by training per second, after the first 2 steps) and
@@ -27,11 +27,11 @@ from pathlib import Path
 from bench.common import REPO_ROOT, format_table, ratio
 
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
-SETTINGS = (("sync (eta 0)", 0, False), ("eta 1", 1, True), ("eta 4", 4, True), ("eta 8", 8, True))
+SETTINGS = (("sync (eta 0)", 0, "drain"), ("eta 1", 1, None), ("eta 4", 4, None), ("eta 8", 8, None))
 STEPS_FULL, STEPS_QUICK = 40, 3
 EVAL_FULL, EVAL_QUICK = 500, 24
 BATCH_QUICK = 32  # --quick: 4 prompts x 8 answers per step (the quickstart's B = 128 in full mode)
-KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", "interruptible",
+KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", "weight_update",
         "max_staleness_observed", "effective_train_tokens_per_s", "tokens_trained", "rl_time_s", "wall_time_s",
         "trained_answer_length")
 
@@ -48,8 +48,8 @@ def run(quick: bool) -> dict:
     runs = {}
     # one Dask cluster, the one the config's reward section would start in each run, serves every setting
     with RewardService(load_config(CONFIG).reward) as shared:
-        for label, eta, interruptible in SETTINGS:
-            cfg = load_config(CONFIG, {"trainer.eta": eta, "rollout.interruptible": interruptible,
+        for label, eta, mode in SETTINGS:
+            cfg = load_config(CONFIG, {"trainer.eta": eta, **({"rollout.weight_update": mode} if mode else {}),
                                        "eval.n_problems": n_eval, "reward.scheduler_address": shared.scheduler_address,
                                        "name": f"bench-{label.split()[0]}-{eta}", **batch})
             print(f"{label}: {steps} steps, {n_eval} held-out problems ...", flush=True)
@@ -73,7 +73,7 @@ def run(quick: bool) -> dict:
                   "eval_problems": n_eval,
                   "why_not_all_quickstart_steps": "4 x 200 quickstart steps (~10 min each on an idle machine) do not fit "
                                        "in the 40-minute budget of `python -m bench all` with the other benchmarks",
-                  "settings": [{"label": lbl, "eta": e, "interruptible": i} for lbl, e, i in SETTINGS]},
+                  "settings": [{"label": lbl, "eta": e, "weight_update": m or "as configured"} for lbl, e, m in SETTINGS]},
         "runs": runs,
         "summary": {
             "async_over_sync": ratio(e4["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]),

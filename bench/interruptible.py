@@ -1,20 +1,24 @@
-"""Interruptible vs non-interruptible generation while new versions are published (paper Fig. 6).
+"""Generation under weight updates, by weight-update mode (paper Fig. 6, plus PipelineRL's keep_kv).
 
 An embedded rollout server (tiny model, one thread, max_running 256) is kept busy by a
 closed loop of C concurrent requests: each request that finishes is replaced at once.
 Answer lengths are heavy-tailed (lognormal, median 40 tokens, up to 480; ``ignore_eos``
 so the length is what was asked). Meanwhile a "trainer" loop does what ``run.py`` does:
-a training step (here: ``cadence_s`` of sleep, about one quickstart step), then
-``update_weights`` (alternating two checkpoint folders) and a wait until it is live.
+a training step (here: ``cadence_s`` of sleep), then a push of new weights through the
+tensor transport (alternating two models) and a wait until they are live.
 
-* interruptible: the update applies between two decode steps; unfinished sequences are
-  re-prefilled under the new weights and go on;
-* non-interruptible: the server stops admitting, lets the running sequences finish
-  (the long tail decodes at a small batch), then loads.
+* reprefill (AReaL's interruptible generation): the update applies between two decode
+  steps; unfinished sequences are re-prefilled under the new weights and go on;
+* keep_kv (PipelineRL): the update applies between two decode steps; unfinished sequences
+  go on over the KV cache computed by the old weights;
+* drain (the synchronous baseline's mode): the server stops admitting, lets the running
+  sequences finish (the long tail decodes at a small batch), then loads.
+
+``interruptible_gain`` = the better in-flight mode (reprefill or keep_kv) over drain.
 
 Generation throughput = tokens the server generated (``generated_tokens`` of
-``/get_model_info``) in the measured window / window length. The two modes run one
-after the other, alternating order over repetitions, on servers started the same way.
+``/get_model_info``) in the measured window / window length. The modes run one
+after the other, rotating their order over repetitions, on servers started the same way.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ def _length(rng: random.Random) -> int:
     return max(4, min(MAX_NEW, int(rng.lognormvariate(math.log(40), 1.0))))
 
 
-async def _measure(url: str, folders: list[str], cadence_s: float, warmup_s: float, window_s: float,
+async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, window_s: float,
                    seed: int) -> dict:
     from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.weight_transport import TensorTransport
 
     gen = RolloutClient(url)
     ctl = RolloutClient(url)
@@ -55,15 +60,19 @@ async def _measure(url: str, folders: list[str], cadence_s: float, warmup_s: flo
             r = await gen.generate(prompt, sp)
             done_tokens[0] += len(r.output_ids)
 
+    transport = TensorTransport()
+
     async def trainer() -> None:
         version = (await ctl.model_info()).weight_version
+        await transport.connect([ctl])
         while not stop.is_set():
             await asyncio.sleep(cadence_s)  # the training step; then publish and wait until live (run.py)
             if stop.is_set():
                 return
             version += 1
             t0 = time.perf_counter()
-            await ctl.update_weights(folders[version % 2], version)
+            transport.stage(models[version % 2], version)
+            await transport.push([ctl])
             update_lat.append(time.perf_counter() - t0)
 
     tasks = [asyncio.create_task(worker()) for _ in range(CONCURRENCY)] + [asyncio.create_task(trainer())]
@@ -81,6 +90,7 @@ async def _measure(url: str, folders: list[str], cadence_s: float, warmup_s: flo
         await asyncio.gather(*tasks, return_exceptions=True)
         await gen.aclose()
         await ctl.aclose()
+        transport.close()
     return {
         "generated_tokens_per_s": (i1.generated_tokens - i0.generated_tokens) / (t1 - t0),
         "finished_tokens_per_s": (d1 - d0) / (t1 - t0),
@@ -90,17 +100,15 @@ async def _measure(url: str, folders: list[str], cadence_s: float, warmup_s: flo
     }
 
 
-def _folders(tmp: str) -> list[str]:
+def _models(tmp: str) -> tuple[str, list]:
+    """A folder the servers start from, and two models whose weights are pushed in turn."""
     from bench.models import build_tiny_model
 
-    out = []
-    for seed in (1, 2):
-        model, tok = build_tiny_model(seed)
-        d = os.path.join(tmp, f"tiny-v{seed}")
-        model.save_pretrained(d)
-        tok.save_pretrained(d)
-        out.append(d)
-    return out
+    models = [build_tiny_model(seed) for seed in (1, 2)]
+    folder = os.path.join(tmp, "tiny-v1")
+    models[0][0].save_pretrained(folder)
+    models[0][1].save_pretrained(folder)
+    return folder, [m for m, _ in models]
 
 
 def run(quick: bool) -> dict:
@@ -108,16 +116,16 @@ def run(quick: bool) -> dict:
 
     reps = 1 if quick else 3
     warmup_s, window_s = (2.0, 5.0) if quick else (6.0, 30.0)
-    cadence_s = 2.0  # about one quickstart training step on this machine
+    cadence_s = 1.0  # about one quickstart training step on this machine
     tmp = tempfile.mkdtemp(prefix="bench-int-")
-    folders = _folders(tmp)
-    res: dict[str, list[dict]] = {"interruptible": [], "non-interruptible": []}
-    for r in progress(range(reps), desc="interruptible"):
-        order = list(res) if r % 2 == 0 else list(res)[::-1]
+    folder, models = _models(tmp)
+    res: dict[str, list[dict]] = {"reprefill": [], "keep_kv": [], "drain": []}
+    for r in progress(range(reps), desc="weight-update modes"):
+        order = list(res)[r % 3:] + list(res)[: r % 3]
         for mode in order:
-            with start_server(folders[0], interruptible=mode == "interruptible", max_running=256,
+            with start_server(folder, weight_update=mode, max_running=256,
                               log_path=os.path.join(tmp, f"server-{mode}-{r}.log")) as srv:
-                res[mode].append(asyncio.run(_measure(srv.url, folders, cadence_s, warmup_s, window_s, seed=r)))
+                res[mode].append(asyncio.run(_measure(srv.url, models, cadence_s, warmup_s, window_s, seed=r)))
     rows = []
     for mode, runs in res.items():
         lat = [x for run in runs for x in run["update_latency_s"]]
@@ -125,17 +133,20 @@ def run(quick: bool) -> dict:
                      median([x["finished_tokens_per_s"] for x in runs]),
                      median([x["updates_in_window"] for x in runs]), median(lat) if lat else None,
                      max(lat) if lat else None))
-    gain = ratio(rows[0][1], rows[1][1])
-    print(format_table(["generation", "generated tok/s", "finished tok/s", "updates/window", "update s (median)",
+    by_mode = {row[0]: row[1] for row in rows}
+    best = max(("reprefill", "keep_kv"), key=lambda m: by_mode[m] or 0)
+    gain = ratio(by_mode[best], by_mode["drain"])
+    print(format_table(["weight update", "generated tok/s", "finished tok/s", "updates/window", "update s (median)",
                         "update s (max)"], rows,
                        title=f"generation throughput under weight updates every {cadence_s:.0f}s, tiny model, "
                              f"{CONCURRENCY} concurrent requests, {reps}x{window_s:.0f}s windows"))
-    print(f"interruptible gain: {gain:.3f}x" if gain else "interruptible gain: -")
+    print(f"interruptible gain ({best} over drain): {gain:.3f}x" if gain else "interruptible gain: -")
     return {
         "setup": {"model": "tiny (quickstart shape)", "concurrency": CONCURRENCY, "update_cadence_s": cadence_s,
                   "answer_lengths": f"lognormal median 40, sigma 1, clipped to [4, {MAX_NEW}], ignore_eos",
                   "warmup_s": warmup_s, "window_s": window_s, "repetitions": reps, "server_threads": 1},
         "modes": {m: {"generated_tokens_per_s": spread([x["generated_tokens_per_s"] for x in runs]), "runs": runs}
                   for m, runs in res.items()},
-        "summary": {"interruptible_gain": gain},
+        "summary": {"interruptible_gain": gain, "interruptible_best_mode": best,
+                    "keep_kv_over_reprefill": ratio(by_mode["keep_kv"], by_mode["reprefill"])},
     }

@@ -162,7 +162,7 @@ def areal_config(mode: str, model_dir: str, records: str, eval_records: str, P: 
         "model": {"name": model_dir, "dtype": "float32"},  # an HF folder: loaded as is, no warm start
         "data": {"dataset": records, "eval_dataset": eval_records, "shuffle": True},
         "rollout": {"backend": "embedded", "n_servers": 1, "n_samples": G, "torch_threads": 1,
-                    "interruptible": mode == "async",
+                    "weight_update": "reprefill" if mode == "async" else "drain",
                     "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": T}},
         "trainer": {"batch_size": P * G, "eta": 4 if mode == "async" else 0, "max_steps": steps,
                     "adv_norm": "group", "reward_correct": REWARD_CORRECT, "reward_wrong": REWARD_WRONG,

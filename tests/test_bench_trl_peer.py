@@ -70,7 +70,7 @@ def test_areal_config_sync_and_async():
         assert cfg.trainer.batch_size == 32 and cfg.rollout.n_samples == 4
         assert cfg.rollout.sampling.max_new_tokens == 64 and cfg.model.name == "/m"
         assert cfg.rollout.torch_threads + cfg.trainer.torch_threads == trl_peer.CORES
-    assert (sync.trainer.eta, sync.rollout.interruptible) == (0, False)
-    assert (asyn.trainer.eta, asyn.rollout.interruptible) == (4, True)
+    assert (sync.trainer.eta, sync.rollout.weight_update) == (0, "drain")
+    assert (asyn.trainer.eta, asyn.rollout.weight_update) == (4, "reprefill")
     with pytest.raises(ValueError, match="mode must be"):
         trl_peer.areal_config("fast", "/m", "/r.jsonl", "/e.jsonl", 8, 4, 64, 30, None)

@@ -24,14 +24,18 @@ def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch):
             monkeypatch.setenv(k, v)
         ensure_bucket("s3://areal-e2e")
         url = "s3://areal-e2e/runs/e2e"
-        cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url})
+        cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url, "storage.format": "delta",
+                                                   "storage.full_every": 2})
         steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
         summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
 
-        # versions advance, one per step, all complete on S3
+        # checkpoints on the cadence (0, 3, 6, 8), all complete on S3; 6 is a delta against 3
         store = CheckpointStore(url, cache_dir=str(tmp_path / "dl"))
-        assert store.versions() == list(range(steps + 1))
+        assert store.versions() == [0, 3, 6, 8]
         assert summary["final_version"] == steps
+        writes = {w["version"]: w for w in summary["checkpoint_writes"]}
+        assert [writes[v]["format"] for v in (3, 6, 8)] == ["full", "delta", "full"]
+        assert writes[6]["weight_bytes"] < writes[3]["weight_bytes"]
 
         # every trajectory trained exactly once, B per step, none staler than eta
         ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")

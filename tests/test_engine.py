@@ -142,7 +142,7 @@ def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
 def test_non_interruptible_update_waits_for_running_sequences(tmp_path):
     old, new = tiny_model("llama", seed=5), tiny_model("llama", seed=6)
     new.save_pretrained(tmp_path / "v1")
-    engine = RolloutEngine(copy.deepcopy(old), start=False, interruptible=False)
+    engine = RolloutEngine(copy.deepcopy(old), start=False, weight_update="drain")
     s = dict(temperature=1.0, max_new_tokens=20, ignore_eos=True)
     first = [engine.submit(p, s) for p in PROMPTS[:3]]
     for _ in range(5):

@@ -149,29 +149,34 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings, Prompt, RolloutController
     from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.weight_transport import TensorTransport
 
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(tmp_path / "m")
     prompts = [Prompt(id=f"{kind}{i}", task="chain", input_ids=[5, 6, i], reference=kind, bucket=kind)
                for kind in ("easy", "mixed", "hard") for i in range(10)]
     settings = ControllerSettings(batch_size=8, eta=0, n_samples=2, sampling={"max_new_tokens": 2, "ignore_eos": True},
                                   reward_correct=1.0, reward_wrong=-1.0, curriculum={"ema": 0.5, "floor": 0.02})
     buffer = ReplayBuffer()
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=16) as srv:
+        transport = TensorTransport()
         controller = RolloutController([srv.url], prompts, lambda ids: "", _ByReference(), buffer, settings,
-                                       version=0, model_path=str(tmp_path / "m"))
+                                       transport, version=0, model_path=str(tmp_path / "m"))
         controller.start()
         try:
             taken = []
             for v in range(12):
                 taken += buffer.take(8, version=v, eta=0, timeout=60)
-                controller.update_weights(str(tmp_path / "m"), v + 1).result(timeout=60)
+                transport.stage(model, v + 1)
+                controller.update_weights(v + 1).result(timeout=60)
             snap = controller.snapshot()
             rates = controller.pass_rates
         finally:
             controller.stop()
+            transport.close()
     assert rates["easy"] > 0.9 and rates["hard"] < 0.1
     kinds = Counter(t.reference for t in taken[len(taken) // 2:])
     assert kinds["mixed"] > kinds["easy"] + kinds["hard"], kinds  # the mix moved to where results differ
@@ -181,7 +186,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
         assert gid.endswith(f"-p{prompt_id}") and 0 <= correct <= done < 2
     # a restored controller starts from the saved pass rates, positions and tallies
     again = RolloutController(["http://127.0.0.1:9"], prompts, lambda ids: "", _ByReference(), ReplayBuffer(),
-                              settings, version=snap["version"], model_path=str(tmp_path / "m"))
+                              settings, TensorTransport(), version=snap["version"], model_path=str(tmp_path / "m"))
     again.restore(snap)
     assert again.pass_rates == pytest.approx(rates)
     assert again._sampler.state() == snap["sampler"] and again._tally == snap["tally"]

@@ -19,6 +19,7 @@ import pytest
 from areal_core.datasets import load_records
 from areal_core.experiment import load_config
 from areal_core.prompt_sampling import PromptStream
+from areal_core.rollout.weight_transport import DiskTransport
 from areal_core.run import run_experiment
 from areal_core.storage import CheckpointStore
 from areal_core.storage import run_state
@@ -31,9 +32,14 @@ class SimulatedCrash(Exception):
     pass
 
 
-def check_run(run_dir: Path, summary: dict, steps: int, B: int, eta: int) -> pd.DataFrame:
+def checkpoint_steps(steps: int, every: int) -> list[int]:
+    """The versions a run of ``steps`` steps checkpoints: v0, every ``every``-th step, the last."""
+    return sorted({0, steps, *range(every, steps + 1, every)})
+
+
+def check_run(run_dir: Path, summary: dict, steps: int, B: int, eta: int, every: int = 3) -> pd.DataFrame:
     store = CheckpointStore(str(run_dir / "checkpoints"))
-    assert store.versions() == list(range(steps + 1))
+    assert store.versions() == checkpoint_steps(steps, every)
     assert summary["steps"] == steps and summary["final_version"] == steps
     assert summary["ledger_check"]["ok"], summary["ledger_check"]
     ledger = pd.read_parquet(run_dir / "ledger.parquet")
@@ -124,8 +130,8 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
 def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
     """eta 0 (synchronous): the trained set is fixed by the data stream, so a run that
     crashed after step 2 and resumed trains exactly the uninterrupted run's ids, step by step."""
-    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.eta": 0, "rollout.interruptible": False,
-                                                 "trainer.max_steps": 4})
+    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.eta": 0, "rollout.weight_update": "drain",
+                                                 "trainer.max_steps": 4, "storage.checkpoint_every": 2})
     B, n, steps = cfg.trainer.batch_size, cfg.rollout.n_samples, 4
     run_dir = tmp_path / "run"
 
@@ -138,8 +144,8 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
     with pytest.raises(Exception, match="already a complete version"):  # no silent restart
         run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"))
     summary = run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), resume=True)
-    assert summary["resumed_from_step"] == 2
-    ledger = check_run(run_dir, summary, steps, B, 0)
+    assert summary["resumed_from_step"] == 2  # the checkpoint of the crashed step was finished, not lost
+    ledger = check_run(run_dir, summary, steps, B, 0, every=2)
     expected = stream_ids(cfg, steps * B // n)
     for step in range(1, steps + 1):
         want = {tid for g in expected[(step - 1) * B // n: step * B // n] for tid in g}
@@ -194,7 +200,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i % 60], reference="r") for i in range(8)]
     with start_server(str(tmp_path / "m"), weight_version=5, max_running=8) as srv:
         controller = RolloutController([srv.url], prompts, lambda ids: "", _InstantRewards(), buffer, settings,
-                                       version=5, model_path=str(tmp_path / "m"))
+                                       DiskTransport(str(tmp_path / "w")), version=5, model_path=str(tmp_path / "m"))
         controller.restore(state)
         controller.start()
         try:
@@ -231,7 +237,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
         controller = RolloutController([srv.url], prompts, lambda ids: "", _InstantRewards(), buffer, settings,
-                                       version=0, model_path=str(tmp_path / "m"))
+                                       DiskTransport(str(tmp_path / "w")), version=0, model_path=str(tmp_path / "m"))
         controller.start()
         try:
             deadline = time.monotonic() + 60

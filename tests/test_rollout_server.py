@@ -200,11 +200,11 @@ def test_update_weights_mid_generation(server, models):
 
 
 def test_non_interruptible_server_and_stop(models, tmp_path):
-    s = start_server(models["v0"][0], interruptible=False, weight_version=7, startup_timeout_s=60,
+    s = start_server(models["v0"][0], weight_update="drain", weight_version=7, startup_timeout_s=60,
                      log_path=str(tmp_path / "server.log"))
     try:
         info = run(_with_client(s.url, lambda c: c.model_info()))
-        assert not info.interruptible and info.weight_version == 7
+        assert info.weight_update == "drain" and info.weight_version == 7
     finally:
         s.stop()
     assert not s.alive()

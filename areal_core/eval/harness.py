@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -37,9 +38,11 @@ def _cache_root() -> Path:
 
 
 def model_folder(model: str) -> str:
-    """A folder (or URL) the rollout server can load: ``smollm2-135m`` is exported once to an HF folder."""
+    """A folder (or URL) the rollout server can load: ``smollm2-135m`` is exported once to an HF folder;
+    a checkpoint version (``.../v<N>`` with a manifest) comes through its store, which rebuilds a
+    delta version into a full folder."""
     if model != SMOLLM2:
-        return model
+        return _checkpoint_folder(model) or model
     dest = _cache_root() / "smollm2-135m-hf"
     if (dest / "config.json").exists():
         return str(dest)
@@ -52,6 +55,20 @@ def model_folder(model: str) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, dest)  # readers never see a half-written folder
     return str(dest)
+
+
+def _checkpoint_folder(url: str) -> str | None:
+    from areal_core.storage import CheckpointStore
+    from areal_core.storage.checkpoints import VersionNotFoundError
+
+    m = re.match(r"^(.+?)/v(\d+)/?$", url)
+    if m is None:
+        return None
+    store = CheckpointStore(m.group(1), cache_dir=str(_cache_root() / "checkpoints"))
+    try:
+        return store.local_copy(int(m.group(2)))
+    except VersionNotFoundError:
+        return None  # a folder named like a version, but not one: load it as it is
 
 
 def load_tokenizer(folder_or_url: str):

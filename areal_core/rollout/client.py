@@ -8,6 +8,7 @@ from this pool) and broadcasts weight updates, pause and resume.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 
@@ -15,19 +16,29 @@ import httpx
 import pydantic
 
 from areal_core.rollout.protocol import (
+    AbortRequest,
     GenerateRequest,
+    InitWeightsGroupRequest,
+    SharedTensor,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromSharedMemoryRequest,
     GenerateResponse,
     ModelInfo,
     RequestsSnapshot,
     SamplingParams,
     StatusResponse,
     UpdateWeightsRequest,
+    WeightsByNameRequest,
 )
 
 GENERATE = "/generate"
 PAUSE = "/pause_generation"
 CONTINUE = "/continue_generation"
 UPDATE_WEIGHTS = "/update_weights_from_disk"
+UPDATE_FROM_TENSOR = "/update_weights_from_tensor"
+INIT_GROUP = "/init_weights_update_group"
+UPDATE_FROM_DISTRIBUTED = "/update_weights_from_distributed"
+ABORT = "/abort_request"
 HEALTH = "/health"
 MODEL_INFO = "/get_model_info"
 REQUESTS = "/get_requests"
@@ -39,9 +50,10 @@ CONNECTION_RETRIES = 4  # per request, for connection resets / refusals, with ex
 class RolloutServerError(RuntimeError):
     """A rollout server answered with an error (``status``), or could not be reached (``status`` None)."""
 
-    def __init__(self, url: str, status: int | None, message: str):
+    def __init__(self, url: str, status: int | None, message: str, timed_out: bool = False):
         super().__init__(f"rollout server {url}: {'HTTP ' + str(status) if status else 'unreachable'}: {message}")
         self.url, self.status, self.message = url, status, message
+        self.timed_out = timed_out  # no answer in time: the server may still be working on it
 
     @property
     def server_down(self) -> bool:
@@ -93,8 +105,9 @@ class RolloutClient:
                 resp = await self._http.request(method, path, content=content, headers=headers)
                 break
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if isinstance(e, httpx.TimeoutException) or attempt == retries:
-                    raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}") from e
+                timed_out = isinstance(e, httpx.TimeoutException)
+                if timed_out or attempt == retries:
+                    raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}", timed_out) from e
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
         if not resp.is_success:
             raise RolloutServerError(self.url, resp.status_code, _server_message(resp))
@@ -126,6 +139,33 @@ class RolloutClient:
     async def update_weights(self, model_path: str, version: int) -> None:
         """Returns once the server generates with the weights in ``model_path`` as ``version``."""
         await self._status(UPDATE_WEIGHTS, UpdateWeightsRequest(model_path=model_path, weight_version=version))
+
+    async def update_weights_from_shared_memory(self, shm_name: str, specs, version: int) -> None:
+        """Weights in a shared-memory segment on this host (``weight_layout.TensorSpec`` list)."""
+        tensors = [SharedTensor(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset) for s in specs]
+        await self._status(UPDATE_FROM_TENSOR, UpdateWeightsFromSharedMemoryRequest(
+            shm_name=shm_name, tensors=tensors, weight_version=version))
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str) -> None:
+        await self._status(INIT_GROUP, InitWeightsGroupRequest(
+            master_address=master_address, master_port=master_port, rank_offset=rank_offset,
+            world_size=world_size, group_name=group_name, backend=backend))
+
+    async def update_weights_from_distributed(self, specs, group_name: str, version: int) -> None:
+        """Returns once the server received every tensor (broadcast by rank 0) and serves ``version``."""
+        await self._status(UPDATE_FROM_DISTRIBUTED, UpdateWeightsFromDistributedRequest(
+            names=[s.name for s in specs], dtypes=[s.dtype for s in specs], shapes=[list(s.shape) for s in specs],
+            group_name=group_name, weight_version=version))
+
+    async def weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
+        """The first ``truncate_size`` values of parameter ``name`` as the server holds it."""
+        return json.loads(await self._call("POST", "/get_weights_by_name",
+                                           WeightsByNameRequest(name=name, truncate_size=truncate_size)))
+
+    async def abort_request(self, rid: str) -> None:
+        """Stop request ``rid`` on the server (its output so far is returned to whoever waits for it)."""
+        await self._status(ABORT, AbortRequest(rid=rid))
 
     async def health(self) -> bool:
         try:
@@ -159,7 +199,7 @@ class _Empty(pydantic.BaseModel):
 _EMPTY = _Empty()
 
 
-async def _all(coros) -> list:
+async def run_all(coros) -> list:
     """Run all to the end; then raise the first error, if any."""
     results = await asyncio.gather(*coros, return_exceptions=True)
     for r in results:
@@ -204,22 +244,22 @@ class RolloutPool:
             self.in_flight[i] -= 1
 
     async def update_weights(self, model_path: str, version: int) -> None:
-        await _all(c.update_weights(model_path, version) for c in self.clients)
+        await run_all(c.update_weights(model_path, version) for c in self.clients)
 
     async def pause(self) -> None:
-        await _all(c.pause() for c in self.clients)
+        await run_all(c.pause() for c in self.clients)
 
     async def resume(self) -> None:
-        await _all(c.resume() for c in self.clients)
+        await run_all(c.resume() for c in self.clients)
 
     async def health(self) -> list[bool]:
         return list(await asyncio.gather(*(c.health() for c in self.clients)))
 
     async def wait_healthy(self, timeout_s: float = 60.0) -> None:
-        await _all(c.wait_healthy(timeout_s) for c in self.clients)
+        await run_all(c.wait_healthy(timeout_s) for c in self.clients)
 
     async def model_infos(self) -> list[ModelInfo]:
-        return await _all(c.model_info() for c in self.clients)
+        return await run_all(c.model_info() for c in self.clients)
 
     async def aclose(self) -> None:
-        await _all(c.aclose() for c in self.clients)
+        await run_all(c.aclose() for c in self.clients)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
 
 from areal_core.configbase import Section
 
@@ -12,13 +14,55 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(128, gt=0)
 
 
+class DiskTransportConfig(Section):
+    """Each version saved as a folder the servers load (servers that only load from a path)."""
+    kind: Literal["disk"] = "disk"
+
+
+class TensorTransportConfig(Section):
+    """Shared memory on one host: servers copy the weights straight out of the trainer's segment."""
+    kind: Literal["tensor"] = "tensor"
+
+
+class DistributedTransportConfig(Section):
+    """A torch.distributed broadcast from the trainer to every server (SGLang's endpoints)."""
+    kind: Literal["distributed"] = "distributed"
+    backend: Literal["gloo", "nccl"] = "gloo"  # gloo on CPU, nccl on GPU
+    master_address: str = "127.0.0.1"  # the trainer's address, as the servers reach it
+    master_port: int | None = Field(None, gt=0, lt=65536)  # None: a free port
+
+
+WeightTransportConfig = Annotated[
+    DiskTransportConfig | TensorTransportConfig | DistributedTransportConfig, Field(discriminator="kind")]
+
+
 class RolloutConfig(Section):
     backend: str = Field("embedded", pattern="^(embedded|external)$")
     n_servers: int = Field(1, gt=0)  # embedded servers to start
     urls: list[str] = []  # external servers (backend: external)
     max_running: int = Field(256, gt=0)  # sequences decoded together by one embedded server
-    interruptible: bool = True  # weight updates interrupt and re-prefill in-flight sequences
+    # what a weight update does to in-flight sequences: reprefill (AReaL: re-prefill them with the
+    # new weights), keep_kv (PipelineRL: continue on the old KV cache), drain (finish them first)
+    weight_update: Literal["reprefill", "keep_kv", "drain"] = "reprefill"
+    # how weights reach the servers; None: the fastest that works for the backend
+    # (embedded servers on this host: tensor; external servers: distributed)
+    weight_transport: WeightTransportConfig | None = None
     n_samples: int = Field(8, gt=0)  # answers per prompt
     sampling: SamplingConfig = SamplingConfig()
     torch_threads: int = Field(1, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        if isinstance(data, dict) and "interruptible" in data:
+            raise ValueError("rollout.interruptible was replaced by rollout.weight_update: write "
+                             "'weight_update: reprefill' for interruptible: true, 'weight_update: drain' for "
+                             "interruptible: false (or 'keep_kv' to keep the KV cache across updates)")
+        return data
+
+    def transport(self) -> WeightTransportConfig:
+        """The configured weight transport, or the default for the backend."""
+        if self.weight_transport is not None:
+            return self.weight_transport
+        return TensorTransportConfig() if self.backend == "embedded" else DistributedTransportConfig()

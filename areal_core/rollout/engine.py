@@ -16,12 +16,17 @@ Output conventions (what the trainer relies on):
 * ``output_token_versions[i]`` is the engine's weight version when token ``i``
   was sampled; ``weight_version`` is the version when the request finished.
 
-Weight updates: interruptible mode (default) applies the update between two
-steps, drops the KV cache and re-prefills every unfinished sequence (prompt +
-tokens so far) with the new weights; its next token is sampled from that
-prefill. Non-interruptible mode stops admitting, lets the running sequences
-finish under the old weights, then loads and admits again; while paused in
-that mode the update waits for ``resume()``.
+Weight updates, by ``weight_update`` mode (``WEIGHT_UPDATE_MODES``):
+
+* ``reprefill`` (AReaL's interruptible generation): the update is applied between two
+  steps, the KV cache is dropped and every unfinished sequence (prompt + tokens so far)
+  is prefilled again with the new weights; its next token is sampled from that prefill.
+* ``keep_kv`` (PipelineRL's in-flight update): the update is applied between two steps
+  and decoding goes on over the KV cache computed by the old weights; the next token is
+  sampled by the new weights and carries the new version.
+* ``drain``: admission stops, the running sequences finish under the old weights, then
+  the update is applied and admission resumes (the synchronous baseline); while paused
+  in that mode the update waits for ``resume()``.
 
 Threading: :meth:`start` runs the loop in a background thread; :meth:`submit`
 and the commands are thread-safe and return ``concurrent.futures.Future``s.
@@ -40,11 +45,14 @@ import torch
 from areal_core.rollout.engine_parts import EngineStopped, prefill_groups, requests_snapshot
 from areal_core.rollout.engine_parts import deliver as _deliver
 from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
+from areal_core.rollout.weight_receiver import check_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
 from areal_core.storage.localize import localize
 
-__all__ = ["EngineStopped", "RequestError", "RolloutEngine"]
+__all__ = ["EngineStopped", "RequestError", "RolloutEngine", "WEIGHT_UPDATE_MODES"]
+
+WEIGHT_UPDATE_MODES = ("reprefill", "keep_kv", "drain")
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,7 @@ class RolloutEngine:
         *,
         model_path: str = "",
         max_running: int = 256,
-        interruptible: bool = True,
+        weight_update: str = "reprefill",
         weight_version: int = 0,
         kv_slots: int = 16,
         kv_capacity: int = 256,
@@ -66,11 +74,14 @@ class RolloutEngine:
     ):
         if max_running < 1:
             raise ValueError("max_running must be >= 1")
+        if weight_update not in WEIGHT_UPDATE_MODES:
+            raise ValueError(f"weight_update must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {weight_update!r}")
         model.eval()
         self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity)
         self.model_path = model_path
         self.max_running = max_running
-        self.interruptible = interruptible
+        self.weight_update = weight_update
+        self._drains = weight_update == "drain"  # updates wait for the running sequences
         self.prefill_tokens = prefill_tokens
         self.eos_ids = eos_token_ids(model)
         self.vocab_size = self.kv.vocab_size
@@ -126,7 +137,7 @@ class RolloutEngine:
             running=self.running,
             waiting=self.waiting,
             paused=self._paused,
-            interruptible=self.interruptible,
+            weight_update=self.weight_update,
             generated_tokens=self.generated_tokens,
             eos_token_id=self.eos_ids[0] if self.eos_ids else None,
         )
@@ -171,6 +182,17 @@ class RolloutEngine:
     def abort_all(self) -> Future:
         """Finish every queued and running request now with finish_reason ``abort``."""
         return self._command("abort")
+
+    def abort_request(self, rid: str) -> Future:
+        """Finish the queued or running request ``rid`` now with finish_reason ``abort`` (its
+        output so far is delivered). Resolves to whether such a request was found."""
+        return self._command("abort_rid", rid)
+
+    def update_weights_from_tensors(self, named: dict[str, torch.Tensor], version: int, label: str) -> Future:
+        """Load weights given in memory (checked here, in the caller's thread) as ``version``;
+        ``label`` says where they came from. The future resolves once they are live."""
+        staged = check_weights(self.kv.model, named, label)
+        return self._command("update", (staged, int(version), label))
 
     def update_weights(self, model_path: str, version: int) -> Future:
         """Load new weights (HF folder or fsspec URL of safetensors) as ``version``.
@@ -255,7 +277,7 @@ class RolloutEngine:
                 self._fail_running(e)
             self._retire()
             self._apply_ready_updates()
-        blocked = not self.interruptible and bool(self._updates)
+        blocked = self._drains and bool(self._updates)
         return bool(self._running) or (bool(self._waiting) and not blocked)
 
     def _apply_commands(self) -> None:
@@ -268,6 +290,8 @@ class RolloutEngine:
                 self._paused = False
             elif kind == "abort":
                 self._abort_requests()
+            elif kind == "abort_rid":
+                result = self._abort_one(arg)
             elif kind == "snapshot":  # between two steps: every sequence's lists agree
                 with self._lock:
                     result = requests_snapshot(self.version, self._running + list(self._waiting))
@@ -277,22 +301,22 @@ class RolloutEngine:
             _deliver(fut, result)
 
     def _apply_ready_updates(self) -> None:
-        while self._updates and (self.interruptible or not self._running):
+        while self._updates and not (self._drains and self._running):
             (staged, version, path), fut = self._updates.popleft()
             apply_weights(self.kv.model, staged)
             self.kv.weights_changed()
             self.version, self.model_path = version, path
-            if self._running:  # the cache was computed with the old weights
+            if self._running and self.weight_update == "reprefill":  # the cache holds the old weights' K/V
                 self.kv.release()
                 for s in self._running:
                     s.needs_prefill = True
                 self._needs_prefill = True
-            log.debug("weights of version %d live (%d sequences to re-prefill)", version, len(self._running))
+            log.debug("weights of version %d live (%d sequences in flight, %s)", version, len(self._running), self.weight_update)
             _deliver(fut, None)
 
     def _admit(self) -> None:
-        if not self.interruptible and self._updates:
-            return  # draining for a non-interruptible update
+        if self._drains and self._updates:
+            return  # draining the running sequences before an update
         room = self.max_running - len(self._running)
         while room > 0 and self._waiting:
             s = self._waiting.popleft()
@@ -400,11 +424,30 @@ class RolloutEngine:
             s.finish = ("abort", None)
             self._finish(s)
 
+    def _abort_one(self, rid: str) -> bool:
+        with self._lock:
+            queued = next((s for s in self._waiting if s.rid == rid), None)
+            if queued is not None:
+                self._waiting.remove(queued)
+        if queued is not None:
+            queued.finish = ("abort", None)
+            self._finish(queued)
+            return True
+        running = next((s for s in self._running if s.rid == rid and s.finish is None), None)
+        if running is None:
+            return False
+        running.finish = ("abort", None)  # delivered and compacted away by the next _retire
+        self._any_finished = True
+        self._retire()
+        return True
+
     def _fail_running(self, error: BaseException) -> None:
         running, self._running = self._running, []
         self._sampler = None
         self._needs_prefill = False
         self._any_finished = False
         self.kv.release()
+        # a stopped engine is the server's state (restartable: 503), any other error the request's
+        err = error if isinstance(error, EngineStopped) else RuntimeError(f"generation failed in the engine: {error!r}")
         for s in running:
-            _deliver(s.future, error=RuntimeError(f"generation failed in the engine: {error!r}"))
+            _deliver(s.future, error=err)

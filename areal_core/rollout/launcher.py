@@ -94,16 +94,15 @@ class ServerProcess:
         return f"ServerProcess(url={self.url!r}, pid={self.pid}, alive={self.alive()})"
 
 
-def _command(model_path: str, port: int, max_running: int, interruptible: bool, torch_threads: int,
+def _command(model_path: str, port: int, max_running: int, weight_update: str, torch_threads: int,
              weight_version: int, dtype: str) -> list[str]:
     cmd = [
         sys.executable, "-m", "areal_core.rollout.server",
         "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
         "--max-running", str(max_running), "--torch-threads", str(torch_threads),
         "--weight-version", str(weight_version), "--dtype", dtype, "--parent-pid", str(os.getpid()),
+        "--weight-update", weight_update,
     ]
-    if not interruptible:
-        cmd.append("--no-interruptible")
     return cmd
 
 
@@ -112,7 +111,7 @@ def start_server(
     *,
     port: int | None = None,
     max_running: int = 256,
-    interruptible: bool = True,
+    weight_update: str = "reprefill",
     torch_threads: int = 1,
     weight_version: int = 0,
     log_path: str | None = None,
@@ -136,7 +135,7 @@ def start_server(
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         p = port if port is not None else free_port()
-        cmd = _command(model_path, p, max_running, interruptible, torch_threads, weight_version, dtype)
+        cmd = _command(model_path, p, max_running, weight_update, torch_threads, weight_version, dtype)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                     env=child_env, start_new_session=True)

@@ -7,9 +7,20 @@ Endpoints (all JSON):
   POST /pause_generation          {}              -> StatusResponse
   POST /continue_generation       {}              -> StatusResponse
   POST /update_weights_from_disk  UpdateWeightsRequest -> StatusResponse
+  POST /init_weights_update_group InitWeightsGroupRequest -> StatusResponse
+  POST /update_weights_from_distributed  UpdateWeightsFromDistributedRequest -> StatusResponse
+  POST /update_weights_from_tensor       UpdateWeightsFromSharedMemoryRequest -> StatusResponse
+  POST /abort_request             AbortRequest -> StatusResponse
+  POST /get_weights_by_name       WeightsByNameRequest -> list of numbers (first truncate_size)
   GET  /health                    -> 200 {"status": "ok"}
   GET  /get_model_info            -> ModelInfo
   GET  /get_requests              -> RequestsSnapshot (extension: partial outputs so far)
+
+The distributed update has SGLang's fields (the trainer is rank 0 of a process group the
+servers join; it broadcasts each named tensor in order). ``/update_weights_from_tensor``
+keeps SGLang's idea (weights handed over in memory, no file) with a body of our own: on
+one host the tensors lie in a named shared-memory segment, described by name, dtype,
+shape and byte offset, instead of SGLang's pickled CUDA IPC handles.
 
 Extension over SGLang: ``meta_info.output_token_versions`` gives, for each output
 token, the weight version that sampled it (SGLang reports one ``weight_version``
@@ -68,10 +79,55 @@ class GenerateResponse(_Body):
     meta_info: MetaInfo
 
 
-class UpdateWeightsRequest(_Body):
-    model_path: str = Field(min_length=1, max_length=4096)  # local folder or fsspec URL
+
+
+class _VersionedUpdate(_Body):
     weight_version: int = Field(ge=0)
+    flush_cache: bool = True  # accepted for SGLang compatibility; the engine's mode decides the cache
+    abort_all_requests: bool = False  # finish every in-flight request with abort before loading
+
+
+class UpdateWeightsRequest(_VersionedUpdate):
+    model_path: str = Field(min_length=1, max_length=4096)  # local folder or fsspec URL
     load_format: str | None = None  # accepted for SGLang compatibility; safetensors only
+
+
+class InitWeightsGroupRequest(_Body):
+    master_address: str = Field(min_length=1, max_length=256)
+    master_port: int = Field(gt=0, lt=65536)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = Field(min_length=1, max_length=256)
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
+class UpdateWeightsFromDistributedRequest(_VersionedUpdate):
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = Field(min_length=1, max_length=256)
+
+
+class SharedTensor(_Body):
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0)
+
+
+class UpdateWeightsFromSharedMemoryRequest(_VersionedUpdate):
+    shm_name: str = Field(min_length=1, max_length=255)
+    tensors: list[SharedTensor] = Field(min_length=1)
+
+
+class WeightsByNameRequest(_Body):
+    name: str = Field(min_length=1, max_length=512)
+    truncate_size: int = Field(100, gt=0, le=1 << 24)  # values of the flattened tensor, from the start
+
+
+class AbortRequest(_Body):
+    rid: str = ""
+    abort_all: bool = False
 
 
 class StatusResponse(_Body):
@@ -87,7 +143,8 @@ class ModelInfo(_Body):
     running: int
     waiting: int
     paused: bool
-    interruptible: bool
+    weight_update: Literal["reprefill", "keep_kv", "drain"]
+    weight_transports: list[str] = ["disk"]  # how this server can receive weights
     generated_tokens: int  # since start
     eos_token_id: int | None
 

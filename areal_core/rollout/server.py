@@ -1,7 +1,7 @@
 """The embedded rollout server: the engine behind a subset of SGLang's HTTP API.
 
     python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
-        [--host 127.0.0.1] [--max-running 256] [--no-interruptible] \\
+        [--host 127.0.0.1] [--max-running 256] [--weight-update reprefill|keep_kv|drain] \\
         [--torch-threads 1] [--weight-version 0] [--dtype float32] [--parent-pid PID]
 
 Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
@@ -27,8 +27,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
-from areal_core.rollout.protocol import GenerateRequest, StatusResponse, UpdateWeightsRequest
+from areal_core.rollout.engine import WEIGHT_UPDATE_MODES, EngineStopped, RequestError, RolloutEngine
+from areal_core.rollout.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    InitWeightsGroupRequest,
+    StatusResponse,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromSharedMemoryRequest,
+    UpdateWeightsRequest,
+    WeightsByNameRequest,
+)
+from areal_core.rollout.weight_layout import TensorSpec
+from areal_core.rollout.weight_receiver import DistributedReceiver, SharedMemoryReader
+
+TRANSPORTS = ["disk", "tensor", "distributed"]  # what this server can receive weights by
 
 
 SERVER_KEEP_ALIVE_S = 75  # idle keep-alive; clients expire theirs sooner (client.py)
@@ -89,6 +102,8 @@ def _json(model: pydantic.BaseModel, status: int = 200) -> Response:
 
 
 def create_app(engine: RolloutEngine) -> FastAPI:
+    shm = SharedMemoryReader()
+    receiver = DistributedReceiver()
     app = FastAPI(title="areal-flow rollout server", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)
@@ -120,6 +135,8 @@ def create_app(engine: RolloutEngine) -> FastAPI:
             raise ApiError(503, str(e), "unavailable") from None
         try:
             resp = await asyncio.wrap_future(fut)
+        except EngineStopped as e:  # the server, not the request: restartable
+            raise ApiError(503, str(e), "unavailable") from None
         except RuntimeError as e:  # the engine failed this request (and logged why)
             raise ApiError(500, str(e), "engine") from None
         return _json(resp)
@@ -147,6 +164,8 @@ def create_app(engine: RolloutEngine) -> FastAPI:
             raise ApiError(400, f"load_format {req.load_format!r} is not supported (safetensors only)")
         t0 = time.perf_counter()
         try:
+            if req.abort_all_requests:
+                await asyncio.wrap_future(engine.abort_all())
             fut = await asyncio.to_thread(engine.update_weights, req.model_path, req.weight_version)
         except (OSError, ValueError) as e:
             log.warning("weight update to version %d from %s refused: %s", req.weight_version, req.model_path, e)
@@ -158,6 +177,72 @@ def create_app(engine: RolloutEngine) -> FastAPI:
         log.info("weights of version %d from %s loaded in %.2fs", req.weight_version, req.model_path, dt)
         return _json(StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.2f}s"))
 
+    async def _load(req, read, source: str):
+        """Stage weights (``read()`` in a worker thread), then wait until the engine serves them."""
+        t0 = time.perf_counter()
+        try:
+            if req.abort_all_requests:
+                await asyncio.wrap_future(engine.abort_all())
+            fut = await asyncio.to_thread(lambda: engine.update_weights_from_tensors(read(), req.weight_version, source))
+        except ValueError as e:
+            log.warning("weight update to version %d from %s refused: %s", req.weight_version, source, e)
+            return _json(StatusResponse(success=False, message=f"cannot load weights: {e}"), status=400)
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+        await asyncio.wrap_future(fut)
+        dt = time.perf_counter() - t0
+        log.info("weights of version %d from %s live in %.3fs", req.weight_version, source, dt)
+        return _json(StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.3f}s"))
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request):
+        req = await _parse(request, UpdateWeightsFromSharedMemoryRequest)
+        specs = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.offset) for t in req.tensors]
+        return await _load(req, lambda: shm.tensors(req.shm_name, specs), f"shared memory {req.shm_name}")
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        req = await _parse(request, InitWeightsGroupRequest)
+        try:
+            await asyncio.to_thread(receiver.init_group, req.master_address, req.master_port, req.rank_offset,
+                                    req.world_size, req.group_name, req.backend)
+        except (ValueError, RuntimeError) as e:  # RuntimeError: the rendezvous failed or timed out
+            return _json(StatusResponse(success=False, message=f"cannot join group {req.group_name!r}: {e}"), status=400)
+        return _json(StatusResponse(success=True, message=f"joined {req.group_name} as rank {req.rank_offset}"))
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        req = await _parse(request, UpdateWeightsFromDistributedRequest)
+        if not len(req.names) == len(req.dtypes) == len(req.shapes):
+            raise ApiError(400, f"names ({len(req.names)}), dtypes ({len(req.dtypes)}) and shapes "
+                                f"({len(req.shapes)}) must have the same length")
+        specs = [TensorSpec(n, d, tuple(sh)) for n, d, sh in zip(req.names, req.dtypes, req.shapes)]
+        for sp in specs:
+            sp.torch_dtype  # noqa: B018 - an unknown dtype is a 400 before any broadcast is received
+        return await _load(req, lambda: receiver.receive(req.group_name, specs), f"group {req.group_name}")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        req = await _parse(request, AbortRequest)
+        if not req.abort_all and not req.rid:
+            raise ApiError(400, "give a rid, or abort_all: true")
+        try:
+            if req.abort_all:
+                await asyncio.wrap_future(engine.abort_all())
+                return _json(StatusResponse(success=True, message="every request aborted"))
+            found = await asyncio.wrap_future(engine.abort_request(req.rid))
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "unavailable") from None
+        return _json(StatusResponse(success=True, message=f"request {req.rid} " + ("aborted" if found else "not found")))
+
+    @app.post("/get_weights_by_name")
+    async def get_weights_by_name(request: Request):
+        req = await _parse(request, WeightsByNameRequest)
+        p = dict(engine.kv.model.named_parameters()).get(req.name)
+        if p is None:
+            raise ApiError(404, f"the model has no parameter {req.name!r}")
+        return p.detach().flatten()[: req.truncate_size].float().tolist()
+
     @app.get("/health")
     async def health():
         if not engine.alive():
@@ -165,8 +250,9 @@ def create_app(engine: RolloutEngine) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/get_model_info")
+    @app.get("/model_info")
     async def get_model_info():
-        return _json(engine.info())
+        return _json(engine.info().model_copy(update={"weight_transports": TRANSPORTS}))
 
     @app.get("/get_requests")
     async def get_requests():
@@ -216,8 +302,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--no-interruptible", dest="interruptible", action="store_false",
-                    help="weight updates wait for running sequences instead of re-prefilling them")
+    ap.add_argument("--weight-update", choices=WEIGHT_UPDATE_MODES, default="reprefill",
+                    help="what a weight update does to in-flight sequences (see engine.py)")
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--weight-version", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -237,11 +323,11 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
         args.model_path, dtype=_DTYPES[args.dtype], max_running=args.max_running,
-        interruptible=args.interruptible, weight_version=args.weight_version,
+        weight_update=args.weight_update, weight_version=args.weight_version,
     )
-    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (max_running=%d, interruptible=%s)",
+    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (max_running=%d, weight_update=%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
-             args.max_running, args.interruptible)
+             args.max_running, args.weight_update)
     config = uvicorn.Config(create_app(engine), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5, lifespan="off",
                             timeout_keep_alive=SERVER_KEEP_ALIVE_S)

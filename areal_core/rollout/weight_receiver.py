@@ -1,0 +1,104 @@
+"""The server side of the weight transports: weights that arrive in memory, checked before use.
+
+* :func:`check_weights`: named tensors against the model (names, shapes; converted to its dtypes),
+  so a bad update leaves the running weights intact;
+* :class:`SharedMemoryReader`: the ``tensor`` transport: views of a shared-memory segment that the
+  trainer on the same host filled (``weight_transport.TensorTransport`` writes it);
+* :class:`DistributedReceiver`: the ``distributed`` transport: process groups joined through
+  ``/init_weights_update_group`` and tensors received by broadcast from rank 0 (the trainer)
+  through ``/update_weights_from_distributed``, as SGLang's servers do (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+import datetime
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+import torch.distributed as dist
+
+from areal_core.rollout.weight_layout import TensorSpec, make_process_group, views_of
+
+
+def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """``named`` checked against ``model``'s parameters: every parameter present (a tied LM head
+    may be left out: it is the embedding), no unknown name, the same shapes. Returns the tensors
+    converted to the model's dtypes, ready for ``kv_forward.apply_weights``."""
+    params = dict(model.named_parameters())  # tied parameters appear once
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(params)
+    staged = {}
+    for name, t in named.items():
+        if name in tied:
+            continue
+        p = params.get(name)
+        if p is None:
+            raise ValueError(f"{source}: tensor {name!r} does not belong to the model")
+        if tuple(t.shape) != tuple(p.shape):
+            raise ValueError(f"{source}: {name} has shape {tuple(t.shape)}, the model's is {tuple(p.shape)}")
+        staged[name] = t if t.dtype == p.dtype else t.to(p.dtype)
+    missing = sorted(set(params) - set(staged))
+    if missing:
+        raise ValueError(f"{source}: {len(missing)} of the model's tensors are missing, e.g. {missing[:3]}")
+    return staged
+
+
+class SharedMemoryReader:
+    """Open shared-memory segments by name (once each) and view tensors in them without copying.
+
+    The trainer does not write a segment again before the update that reads it has returned,
+    and the engine copies the views into its parameters before it answers, so views suffice."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, shared_memory.SharedMemory] = {}
+
+    def tensors(self, shm_name: str, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
+        shm = self._open.get(shm_name)
+        if shm is None:
+            try:
+                shm = shared_memory.SharedMemory(name=shm_name, create=False)
+            except FileNotFoundError:
+                raise ValueError(f"shared-memory segment {shm_name!r} does not exist on this host "
+                                 "(the tensor transport needs the trainer on the same machine)") from None
+            # the trainer owns (and unlinks) the segment: Python < 3.13 would unlink it when we exit
+            resource_tracker.unregister(shm._name, "shared_memory")
+            self._open[shm_name] = shm
+        return views_of(shm.buf, specs, f"shared-memory segment {shm_name!r}")
+
+    def close(self) -> None:
+        for shm in self._open.values():
+            shm.close()
+        self._open.clear()
+
+
+class DistributedReceiver:
+    """Process groups this server joined, by name; receives broadcasts from rank 0."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self._groups: dict[str, dist.ProcessGroup] = {}
+
+    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                   group_name: str, backend: str, timeout_s: float = 300.0) -> None:
+        """Join (blocking) the group whose rank 0 is the trainer; this server is ``rank_offset``."""
+        if not 1 <= rank_offset < world_size:
+            raise ValueError(f"rank_offset {rank_offset} must be in [1, world_size {world_size})")
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        self._groups[group_name] = make_process_group(backend, dist.PrefixStore(group_name, store),
+                                                      rank_offset, world_size, timeout_s)
+
+    def receive(self, group_name: str, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
+        """Receive one broadcast per tensor, in order, from rank 0 of ``group_name`` (blocking)."""
+        pg = self._groups.get(group_name)
+        if pg is None:
+            raise ValueError(f"no weight-update group {group_name!r} on this server "
+                             f"(joined: {sorted(self._groups) or 'none'}); call /init_weights_update_group first")
+        out = {}
+        for s in specs:
+            t = torch.empty(s.shape, dtype=s.torch_dtype, device=self.device)
+            pg.broadcast(t, 0).wait()
+            out[s.name] = t
+        return out
+
+    def close(self) -> None:
+        self._groups.clear()

@@ -1,0 +1,204 @@
+"""How new weights reach the rollout servers: one class per transport, chosen by config.
+
+Checkpoints are a separate concern (storage/): a transport only moves the current weights.
+
+    stage(model, version)      the trainer's thread, between two steps: take a consistent copy
+    await push(clients)        the controller's loop: every server serves the staged version on return
+    await resend(clients, i)   server i came back (restarted): give it the staged version
+
+The caller stages version v+1 only after the push of v has returned, so a transport keeps one
+send buffer, and ``staged_version`` labels what it holds. ``connect`` runs once before the first push; it fails, naming the server and
+the transport, when a server cannot receive weights this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from multiprocessing import shared_memory
+
+import torch
+import torch.distributed as dist
+
+from areal_core.rollout.client import RolloutClient, run_all
+from areal_core.rollout.launcher import free_port
+from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
+
+
+class TransportUnsupported(RuntimeError):
+    """A rollout server cannot receive weights by the configured transport."""
+
+
+def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters by name, a tied one once (what the servers' models expect)."""
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+class WeightTransport(ABC):
+    kind: str
+    staged_version: int | None = None
+
+    async def connect(self, clients: list[RolloutClient]) -> None:
+        infos = await asyncio.gather(*(c.model_info() for c in clients))
+        for c, info in zip(clients, infos):
+            if self.kind not in info.weight_transports:
+                raise TransportUnsupported(
+                    f"rollout server {c.url} cannot receive weights by the '{self.kind}' transport "
+                    f"(it offers: {', '.join(info.weight_transports)}); set rollout.weight_transport "
+                    "to one of those")
+
+    def stage(self, model: torch.nn.Module, version: int) -> None:
+        self._stage(named_weights(model) if self.kind != "disk" else model, version)
+        self.staged_version = version
+
+    async def push(self, clients: list[RolloutClient]) -> None:
+        if self.staged_version is None:
+            raise RuntimeError(f"{self.kind} transport: push() before anything was staged")
+        await self._push(clients, self.staged_version)
+
+    async def resend(self, clients: list[RolloutClient], i: int) -> None:
+        await self.push([clients[i]])
+
+    @abstractmethod
+    def _stage(self, weights, version: int) -> None: ...
+
+    @abstractmethod
+    async def _push(self, clients: list[RolloutClient], version: int) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+
+class DiskTransport(WeightTransport):
+    """A Hugging Face folder per version under ``folder`` (the last two kept), loaded by each server
+    through ``/update_weights_from_disk``: for servers that can only load from a path or URL."""
+
+    kind = "disk"
+
+    def __init__(self, folder: str, keep: int = 2):
+        self.folder, self.keep = folder, keep
+        self._staged: list[tuple[int, str]] = []
+
+    def _stage(self, model: torch.nn.Module, version: int) -> None:
+        dest = os.path.join(self.folder, f"v{version}")
+        tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+        model.save_pretrained(tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)  # a server never sees a half-written folder
+        self._staged.append((version, dest))
+        while len(self._staged) > self.keep:
+            shutil.rmtree(self._staged.pop(0)[1], ignore_errors=True)
+
+    def _path(self, version: int) -> str:
+        for v, path in self._staged:
+            if v == version:
+                return path
+        raise RuntimeError(f"disk transport: version {version} was not staged (staged: {[v for v, _ in self._staged]})")
+
+    async def _push(self, clients: list[RolloutClient], version: int) -> None:
+        path = self._path(version)
+        await run_all(c.update_weights(path, version) for c in clients)
+
+
+class TensorTransport(WeightTransport):
+    """Servers on this host read the weights from one shared-memory segment (no file, one copy
+    in, one copy out): ``/update_weights_from_tensor``."""
+
+    kind = "tensor"
+
+    def __init__(self) -> None:
+        self._shm: shared_memory.SharedMemory | None = None
+        self._specs = None
+
+    def _stage(self, named: dict[str, torch.Tensor], version: int) -> None:
+        if self._shm is None:
+            self._specs, size = flat_layout(named)
+            self._shm = shared_memory.SharedMemory(name=f"areal-w-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                                                   create=True, size=size)
+        views = views_of(self._shm.buf, self._specs, "the tensor transport's segment")
+        with torch.no_grad():
+            for name, t in named.items():
+                views[name].copy_(t)
+
+    async def _push(self, clients: list[RolloutClient], version: int) -> None:
+        await run_all(c.update_weights_from_shared_memory(self._shm.name, self._specs, version) for c in clients)
+
+    def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+
+
+class DistributedTransport(WeightTransport):
+    """A torch.distributed broadcast from the trainer (rank 0) to every server (ranks 1..n), through
+    SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``; gloo on CPU,
+    NCCL on GPU. A server that restarts makes everyone join a new group."""
+
+    kind = "distributed"
+
+    def __init__(self, backend: str = "gloo", master_address: str = "127.0.0.1", master_port: int | None = None,
+                 timeout_s: float = 300.0):
+        self.backend, self.address, self.port, self.timeout_s = backend, master_address, master_port, timeout_s
+        self._pg: dist.ProcessGroup | None = None
+        self._store: dist.TCPStore | None = None
+        self._group = ""
+        self._generation = 0
+        self._send: dict[str, torch.Tensor] | None = None
+        self._specs = None
+
+    async def connect(self, clients: list[RolloutClient]) -> None:
+        await super().connect(clients)
+        self._generation += 1
+        self._group = f"areal-weights-{os.getpid()}-{self._generation}"
+        port = self.port or free_port(self.address)
+        world = len(clients) + 1
+        self._store = dist.TCPStore(self.address, port, world, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+        store = dist.PrefixStore(self._group, self._store)
+        join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s)
+        results = await run_all([join] + [c.init_weights_update_group(
+            self.address, port, k + 1, world, self._group, self.backend) for k, c in enumerate(clients)])
+        self._pg = results[0]
+
+    def _stage(self, named: dict[str, torch.Tensor], version: int) -> None:
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        if self._send is None:
+            self._send = {n: torch.empty_like(t, device=device) for n, t in named.items()}
+            self._specs = flat_layout(named)[0]
+        with torch.no_grad():
+            for n, t in named.items():
+                self._send[n].copy_(t)
+
+    def _broadcast(self) -> None:
+        for s in self._specs:
+            self._pg.broadcast(self._send[s.name], 0).wait()
+
+    async def _push(self, clients: list[RolloutClient], version: int) -> None:
+        if self._pg is None:
+            raise RuntimeError("distributed transport: connect() comes before push()")
+        await run_all([asyncio.to_thread(self._broadcast)]
+                   + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients])
+
+    async def resend(self, clients: list[RolloutClient], i: int) -> None:
+        await self.connect(clients)  # the group has a fixed membership: everyone joins a new one
+        await self.push(clients)
+
+    def close(self) -> None:
+        self._pg = None
+        self._store = None
+
+
+def make_transport(cfg, work_dir: str) -> WeightTransport:
+    """The transport a ``rollout.weight_transport`` config section names."""
+    if cfg.kind == "disk":
+        return DiskTransport(os.path.join(work_dir, "weights"))
+    if cfg.kind == "tensor":
+        return TensorTransport()
+    if cfg.kind == "distributed":
+        return DistributedTransport(cfg.backend, cfg.master_address, cfg.master_port)
+    raise ValueError(f"unknown weight transport {cfg.kind!r}")
