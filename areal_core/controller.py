@@ -1,10 +1,12 @@
 """Rollout controller: paces generation with the staleness gate and dispatches rewards.
 
 It runs an asyncio loop in a background thread. For each prompt it admits a
-group of n generation requests only while the staleness gate holds, sends
-them to the rollout servers through the rollout client, and submits every
-finished trajectory's grading to the Dask reward service at once, without
-waiting for it. Rewarded trajectories land in the replay buffer.
+group of n answers only while the staleness gate holds, sends them to a rollout
+server in one batched request through the rollout client, and submits the
+group's grading to the Dask reward service as one task the moment its last
+answer is in, without waiting for it (the buffer hands out whole groups, so
+grading them one by one would only cost scheduler round trips). Rewarded
+trajectories land in the replay buffer.
 
 Nothing admitted is lost:
 
@@ -208,8 +210,11 @@ class RolloutController:
         self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s)
         self._gate = asyncio.Condition()
         self._servers_lock = asyncio.Lock()  # weight updates and server recovery, one at a time
-        for traj in self._restored:
-            self._spawn(traj)
+        groups: dict[str, list[Trajectory]] = {}
+        for traj in self._restored:  # the unrewarded answers of each group go on together
+            groups.setdefault(traj.group_id, []).append(traj)
+        for trajs in groups.values():
+            self._spawn(trajs, fresh=False)
         self._restored = []
         self._main = self._loop.create_task(self._admit_loop())
         self._connected = self._loop.create_task(self.transport.connect(self.pool.clients))
@@ -217,8 +222,8 @@ class RolloutController:
         self._loop.run_forever()
         self._loop.close()
 
-    def _spawn(self, traj: Trajectory) -> None:
-        t = self._loop.create_task(self._generate(traj))
+    def _spawn(self, trajs: list[Trajectory], fresh: bool) -> None:
+        t = self._loop.create_task(self._run_group(trajs, fresh))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
@@ -239,73 +244,102 @@ class RolloutController:
                 self.n_submitted += n
                 self.n_groups += 1
                 self.buffer.admit(group_id, first, self.version, n)
-                for k in range(n):
-                    traj = Trajectory(
-                        traj_id=f"{group_id}-s{k}",
-                        group_id=group_id,
-                        seq_no=first + k,
-                        admit_version=self.version,
-                        prompt_ids=list(prompt.input_ids),
-                        reference=prompt.reference,
-                        task=prompt.task,
-                    )
+                trajs = [Trajectory(traj_id=f"{group_id}-s{k}", group_id=group_id, seq_no=first + k,
+                                    admit_version=self.version, prompt_ids=list(prompt.input_ids),
+                                    reference=prompt.reference, task=prompt.task) for k in range(n)]
+                for traj in trajs:
                     self._live[traj.traj_id] = traj
-                    self._spawn(traj)
+                self._spawn(trajs, fresh=True)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # reported to the trainer, which stops the run
             log.exception("rollout admission failed")
             self.buffer.fail(e)
 
-    async def _generate(self, traj: Trajectory) -> None:
-        """Continue ``traj`` until it is finished (resubmitting if its server dies), then grade it."""
-        max_new = int(self.s.sampling["max_new_tokens"])
-        resubmits = 0
+    async def _run_group(self, trajs: list[Trajectory], fresh: bool) -> None:
+        """Generate a group's answers (a fresh group in one batched request), then grade them
+        together: the buffer hands out whole groups, so nothing waits for them one by one."""
         try:
-            while not traj.finished:
-                remaining = max_new - len(traj.output_ids)
-                if remaining <= 0:
-                    traj.finish_reason = "length"
-                    break
-                try:
-                    resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
-                                                    {**self.s.sampling, "max_new_tokens": remaining},
-                                                    rid=traj.traj_id)
-                except RolloutServerError as e:
-                    if not e.server_down or resubmits >= MAX_RESUBMITS:
-                        raise
-                    if e.timed_out:  # the server may still be decoding it: stop that first
-                        await self._abort(e.url, traj.traj_id)
-                    resubmits += 1
-                    self.resubmitted += 1
-                    log.warning("generation of %s lost with its server (%s); resubmitting (%d)",
-                                traj.traj_id, e, resubmits)
-                    await self._recover(e.url)
-                    continue
-                meta = resp.meta_info
-                traj.output_ids += list(resp.output_ids)
-                traj.output_logprobs += [lp for lp, _, _ in meta.output_token_logprobs]
-                traj.output_versions += list(meta.output_token_versions)
-                self.generated_tokens += len(resp.output_ids)
-                if meta.finish_reason.type != "abort":  # aborted: keep what it made and go on
-                    traj.finish_reason = meta.finish_reason.type
+            if fresh:
+                await self._first_call(trajs)
+            await asyncio.gather(*(self._continue(t) for t in trajs))
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            log.error("generation of %s failed: %r", traj.traj_id, e)
+            log.error("generation of group %s failed: %r", trajs[0].group_id, e)
             self.buffer.fail(e)
             return
-        self.n_generated += 1
-        self._grade(traj)
+        self._grade(trajs)
 
-    def _grade(self, traj: Trajectory) -> None:
-        text = self.decode(traj.output_ids)
-        self.rewards.submit(traj.task, text, traj.reference, on_done=lambda r, e: self._rewarded(traj, r, e))
-
-    def _rewarded(self, traj: Trajectory, result: RewardResult | None, error: BaseException | None) -> None:
-        if error is not None:
-            self.buffer.fail(error)
+    async def _first_call(self, trajs: list[Trajectory]) -> None:
+        """All of a new group's answers in one request; what it does not finish, ``_continue`` does."""
+        max_new = int(self.s.sampling["max_new_tokens"])
+        try:
+            resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
+                                                   {**self.s.sampling, "max_new_tokens": max_new},
+                                                   rids=[t.traj_id for t in trajs])
+        except RolloutServerError as e:
+            if not e.server_down:
+                raise
+            for t in trajs if e.timed_out else []:  # the server may still be decoding them
+                await self._abort(e.url, t.traj_id)
+            self.resubmitted += len(trajs)
+            log.warning("generation of group %s lost with its server (%s); resubmitting its answers",
+                        trajs[0].group_id, e)
+            await self._recover(e.url)
             return
+        for t, r in zip(trajs, resps):
+            self._append(t, r)
+
+    def _append(self, traj: Trajectory, resp) -> None:
+        meta = resp.meta_info
+        traj.output_ids += list(resp.output_ids)
+        traj.output_logprobs += [lp for lp, _, _ in meta.output_token_logprobs]
+        traj.output_versions += list(meta.output_token_versions)
+        self.generated_tokens += len(resp.output_ids)
+        if meta.finish_reason.type != "abort":  # aborted: keep what it made and go on
+            traj.finish_reason = meta.finish_reason.type
+
+    async def _continue(self, traj: Trajectory) -> None:
+        """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies)."""
+        max_new = int(self.s.sampling["max_new_tokens"])
+        resubmits = 0
+        while not traj.finished:
+            remaining = max_new - len(traj.output_ids)
+            if remaining <= 0:
+                traj.finish_reason = "length"
+                break
+            try:
+                resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
+                                                {**self.s.sampling, "max_new_tokens": remaining},
+                                                rid=traj.traj_id)
+            except RolloutServerError as e:
+                if not e.server_down or resubmits >= MAX_RESUBMITS:
+                    raise
+                if e.timed_out:  # the server may still be decoding it: stop that first
+                    await self._abort(e.url, traj.traj_id)
+                resubmits += 1
+                self.resubmitted += 1
+                log.warning("generation of %s lost with its server (%s); resubmitting (%d)",
+                            traj.traj_id, e, resubmits)
+                await self._recover(e.url)
+                continue
+            self._append(traj, resp)
+        self.n_generated += 1
+
+    def _grade(self, trajs: list[Trajectory]) -> None:
+        items = [(t.task, self.decode(t.output_ids), t.reference, None) for t in trajs]
+
+        def done(results, error) -> None:
+            if error is not None:
+                self.buffer.fail(error)
+                return
+            for t, r in zip(trajs, results):
+                self._rewarded(t, r)
+
+        self.rewards.submit_batch(items, on_done=done)
+
+    def _rewarded(self, traj: Trajectory, result: RewardResult) -> None:
         with self._lock:
             traj.correct = bool(result.correct)
             traj.reward = self.s.reward_correct if result.correct else self.s.reward_wrong

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,18 @@ async def _push_weights(urls: list[str], path: str, version: int) -> None:
         await pool.aclose()
 
 
+def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
+    """The trainer's share of the cores: set, or all of them when generation is idle while it
+    trains (synchronous: eta 0 and drain), else what the embedded servers leave (>= 1)."""
+    if cfg.trainer.torch_threads is not None:
+        return cfg.trainer.torch_threads
+    r = cfg.rollout
+    if cfg.trainer.eta == 0 and r.weight_update == "drain":
+        return cores
+    busy = r.torch_threads * r.n_servers if r.backend == "embedded" else 0
+    return max(1, cores - busy)
+
+
 def _percentiles(xs: list[int]) -> dict:
     t = torch.tensor(xs, dtype=torch.float32)
     return {"p50": float(t.quantile(0.5)), "p90": float(t.quantile(0.9)), "max": int(t.max())}
@@ -102,7 +115,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.trainer.torch_threads)
+    trainer_threads = trainer_torch_threads(cfg, os.cpu_count() or 1)
+    torch.set_num_threads(trainer_threads)
     steps = max_steps or cfg.trainer.max_steps
     B, eta = cfg.trainer.batch_size, cfg.trainer.eta
     config = cfg.model_dump(mode="json")
@@ -254,6 +268,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "eta": eta,
         "objective": cfg.trainer.objective,
         "weight_update": cfg.rollout.weight_update,
+        "trainer_torch_threads": trainer_threads,
         "weight_transport": cfg.rollout.transport().kind,
         "microbatching": cfg.trainer.microbatching,
         "max_staleness_observed": max(r["staleness_max"] for r in m),

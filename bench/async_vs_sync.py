@@ -28,7 +28,7 @@ from bench.common import REPO_ROOT, format_table, ratio
 
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
 SETTINGS = (("sync (eta 0)", 0, "drain"), ("eta 1", 1, None), ("eta 4", 4, None), ("eta 8", 8, None))
-STEPS_FULL, STEPS_QUICK = 40, 3
+STEPS_FULL, STEPS_QUICK = 100, 3
 EVAL_FULL, EVAL_QUICK = 500, 24
 BATCH_QUICK = 32  # --quick: 4 prompts x 8 answers per step (the quickstart's B = 128 in full mode)
 KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", "weight_update",
@@ -53,9 +53,10 @@ def run(quick: bool) -> dict:
                                        "eval.n_problems": n_eval, "reward.scheduler_address": shared.scheduler_address,
                                        "name": f"bench-{label.split()[0]}-{eta}", **batch})
             print(f"{label}: {steps} steps, {n_eval} held-out problems ...", flush=True)
-            summary = run_experiment(cfg, root / f"eta{eta}", max_steps=steps, progress=True)
+            run_dir = root / "".join(ch if ch.isalnum() else "-" for ch in label)
+            summary = run_experiment(cfg, run_dir, max_steps=steps, progress=True)
             runs[label] = {k: summary.get(k) for k in KEEP}
-            runs[label]["run_dir"] = str(root / f"eta{eta}")
+            runs[label]["run_dir"] = str(run_dir)
     sync = runs["sync (eta 0)"]
     rows = []
     for label, r in runs.items():
@@ -77,10 +78,9 @@ def run(quick: bool) -> dict:
         "runs": runs,
         "summary": {
             "async_over_sync": ratio(e4["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]),
-            "async_over_sync_eta1": ratio(runs["eta 1"]["effective_train_tokens_per_s"],
-                                          sync["effective_train_tokens_per_s"]),
-            "async_over_sync_eta8": ratio(runs["eta 8"]["effective_train_tokens_per_s"],
-                                          sync["effective_train_tokens_per_s"]),
+            **{f"async_over_sync_{label.replace(' ', '').replace('(', '_').replace(')', '')}":
+               ratio(r["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"])
+               for label, r in runs.items() if label not in ("sync (eta 0)", "eta 4")},
             "async_accuracy_minus_sync_points": 100 * (e4["accuracy_after"] - sync["accuracy_after"]),
             "async_vs_sync_steps": steps,
         },

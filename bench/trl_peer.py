@@ -14,7 +14,8 @@ prompts x G answers per step, up to T new tokens at temperature 1, fp32, the sam
   runs there): fully on-policy ``GRPOTrainer`` (per_device_train_batch_size P*G,
   num_generations G, gradient_accumulation_steps 1, beta 0, use_vllm False), 2 torch threads;
 * areal-flow sync and async: ``run_experiment`` on :func:`areal_config` (one rollout server
-  with 1 thread + the trainer with 1 thread, grading in one Dask worker process).
+  with 1 thread; the trainer with the default split: both cores in sync, where generation is
+  idle while it trains, the other core in async; grading in one Dask worker process).
 
 Reward: +5 / -5 for an exact integer final answer on both sides (areal-flow's math grader;
 TRL's reward function applies the same extraction rules); a random model scores ~0 anyway.
@@ -166,7 +167,7 @@ def areal_config(mode: str, model_dir: str, records: str, eval_records: str, P: 
                     "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": T}},
         "trainer": {"batch_size": P * G, "eta": 4 if mode == "async" else 0, "max_steps": steps,
                     "adv_norm": "group", "reward_correct": REWARD_CORRECT, "reward_wrong": REWARD_WRONG,
-                    "warmup_steps_for_throughput": WARMUP, "torch_threads": CORES - 1, "optim": {"lr": LR}},
+                    "warmup_steps_for_throughput": WARMUP, "optim": {"lr": LR}},  # threads: the default split
         "reward": {"n_workers": 1, "scheduler_address": scheduler_address},
         "eval": {"n_problems": N_EVAL, "max_new_tokens": 8},  # outside the measured time; kept small
     }

@@ -1,10 +1,17 @@
 """Weight-update latency: pause -> load -> resume on a running rollout server.
 
-For the tiny model and SmolLM2-135M (float32 safetensors), checkpoints are published
-with ``CheckpointStore`` to a local folder (file://) and to S3 (a moto server on
-127.0.0.1, ``infra/s3.py``). An embedded rollout server (started with the moto
-environment) is told, over HTTP, to pause, load version v from the store's URL, and
-resume; each of the three calls is timed, and their sum is the latency.
+For the tiny model and SmolLM2-135M (float32), an embedded rollout server is told, over
+HTTP, to pause, take version v, and resume; each of the three calls is timed, and their
+sum is the latency. Version v comes by one of:
+
+* ``tensor``: the weight transport through shared memory (what runs use on one host);
+* ``distributed``: the weight transport by torch.distributed broadcast (gloo here), through
+  SGLang's ``/init_weights_update_group`` + ``/update_weights_from_distributed``;
+* ``file`` / ``s3``: a checkpoint published with ``CheckpointStore`` to a local folder, or to
+  S3 (a moto server on 127.0.0.1, ``infra/s3.py``), loaded with ``/update_weights_from_disk``.
+
+For the transports, the trainer-side copy (``stage``) is timed too; it happens before the
+pause, while the server generates.
 
 Every S3 load uses a version it has never loaded, so the download is always paid
 (the server caches remote folders by URL). file:// versions are read from the page
@@ -42,6 +49,30 @@ async def _cycle(url: str, model_url: str, version: int) -> dict:
     return {"pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
 
 
+async def _transport_cycle(url: str, transport, model, version: int) -> dict:
+    from areal_core.rollout.client import RolloutClient
+
+    c = RolloutClient(url)
+    try:
+        if transport.staged_version is None:
+            await transport.connect([c])
+        s0 = time.perf_counter()
+        transport.stage(model, version)
+        t0 = time.perf_counter()
+        await c.pause()
+        t1 = time.perf_counter()
+        await transport.push([c])
+        t2 = time.perf_counter()
+        await c.resume()
+        t3 = time.perf_counter()
+        info = await c.model_info()
+    finally:
+        await c.aclose()
+    if info.weight_version != version:
+        raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
+    return {"stage_s": t0 - s0, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
+
+
 def _publish(store, versions: range, folder: str) -> float:
     with Timer() as t:
         for v in versions:
@@ -49,8 +80,12 @@ def _publish(store, versions: range, folder: str) -> float:
     return t.s / max(1, len(versions))
 
 
-def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str, ...] = ("file", "s3")) -> list[dict]:
+def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str, ...] = ("file", "s3"),
+                transports: tuple[str, ...] = ("tensor", "distributed")) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
     from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.weight_transport import DistributedTransport, TensorTransport
     from areal_core.storage import CheckpointStore, ensure_bucket
     from bench import models
 
@@ -74,6 +109,18 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
     rows = []
     with start_server(folder, env=s3_env, log_path=os.path.join(tmp, f"server-{name}.log")) as srv:
         version = 0
+        for kind in transports:
+            model = AutoModelForCausalLM.from_pretrained(folder).eval()
+            transport = TensorTransport() if kind == "tensor" else DistributedTransport()
+            runs = []
+            try:
+                for _ in progress(range(reps), desc=f"weight_update {name} {kind}"):
+                    version += 1
+                    runs.append(asyncio.run(_transport_cycle(srv.url, transport, model, version)))
+            finally:
+                transport.close()
+            rows.append({"model": name, "source": kind, "checkpoint_mb": size_mb, "publish_s": None,
+                         "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
         for src in sources:
             store = stores[src]
             runs = []
@@ -88,7 +135,7 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
 def run(quick: bool) -> dict:
     from infra.s3 import MotoS3Server
 
-    reps = {"tiny": 1 if quick else 5, "smollm2-135m": 1 if quick else 3}
+    reps = {"tiny": 3 if quick else 10, "smollm2-135m": 2 if quick else 5}
     # --quick leaves out SmolLM2 from S3: putting 540 MB into moto and reading it back takes ~30 s
     sources = {"tiny": ("file", "s3"), "smollm2-135m": ("file",) if quick else ("file", "s3")}
     tmp = tempfile.mkdtemp(prefix="bench-wu-")
@@ -96,10 +143,11 @@ def run(quick: bool) -> dict:
     with MotoS3Server() as moto:
         for name in ("tiny", "smollm2-135m"):
             rows += bench_model(name, reps[name], moto.env(), tmp, sources[name])
-    table = [(r["model"], r["source"], r["checkpoint_mb"], r["publish_s"], r["pause_s"]["median"],
-              r["load_s"]["median"], r["resume_s"]["median"], r["total_s"]["median"], r["total_s"]["n"])
-             for r in rows]
-    print(format_table(["model", "source", "MB", "publish s", "pause s", "load s", "resume s", "total s", "n"],
+    table = [(r["model"], r["source"], r["checkpoint_mb"], r["publish_s"], r.get("stage_s", {}).get("median"),
+              r["pause_s"]["median"], r["load_s"]["median"], r["resume_s"]["median"], r["total_s"]["median"],
+              r["total_s"]["max"], r["total_s"]["n"]) for r in rows]
+    print(format_table(["model", "path", "MB", "publish s", "stage s", "pause s", "load s", "resume s",
+                        "total s (median)", "max", "n"],
                        table, title="weight update: pause -> load -> resume (idle embedded server, 1 thread)"))
 
     def total(model, src):
@@ -111,5 +159,5 @@ def run(quick: bool) -> dict:
                   "s3": "moto_server on 127.0.0.1"},
         "rows": rows,
         "summary": {f"weight_update_s_{m.split('-')[0]}_{s}": total(m, s)
-                    for m in ("tiny", "smollm2-135m") for s in ("file", "s3")},
+                    for m in ("tiny", "smollm2-135m") for s in ("tensor", "distributed", "file", "s3")},
     }

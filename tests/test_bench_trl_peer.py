@@ -69,7 +69,11 @@ def test_areal_config_sync_and_async():
     for cfg in (sync, asyn):
         assert cfg.trainer.batch_size == 32 and cfg.rollout.n_samples == 4
         assert cfg.rollout.sampling.max_new_tokens == 64 and cfg.model.name == "/m"
-        assert cfg.rollout.torch_threads + cfg.trainer.torch_threads == trl_peer.CORES
+        assert cfg.rollout.torch_threads == 1 and cfg.trainer.torch_threads is None  # the default split
+    from areal_core.run import trainer_torch_threads
+
+    # sync: generation is idle while the trainer works, so it gets both cores; async: the one left
+    assert [trainer_torch_threads(c, trl_peer.CORES) for c in (sync, asyn)] == [2, 1]
     assert (sync.trainer.eta, sync.rollout.weight_update) == (0, "drain")
     assert (asyn.trainer.eta, asyn.rollout.weight_update) == (4, "reprefill")
     with pytest.raises(ValueError, match="mode must be"):

@@ -122,3 +122,15 @@ def test_missing_model_or_dataset_names_the_config_file(tmp_path):
         load_config(p, {"model.name": ""})
     with pytest.raises(ConfigError, match=rf"^{p}: data.dataset: dataset file 'gone.jsonl' not found"):
         load_config(p, {"data.dataset": "gone.jsonl"})
+
+
+def test_trainer_threads_default_split():
+    from areal_core.run import trainer_torch_threads
+
+    base = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    sync = load_config(base, {"trainer.eta": 0, "rollout.weight_update": "drain"})
+    assert trainer_torch_threads(sync, 8) == 8  # generation idles while it trains: every core
+    asyn = load_config(base, {"rollout.n_servers": 2, "rollout.torch_threads": 2})
+    assert trainer_torch_threads(asyn, 8) == 4  # what two servers of two threads leave
+    assert trainer_torch_threads(asyn, 2) == 1  # never below one
+    assert trainer_torch_threads(load_config(base, {"trainer.torch_threads": 3}), 2) == 3  # as set

@@ -182,3 +182,21 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
             assert got[0] == ("graded", None) and svc.n_resubmitted == failures
         else:
             assert isinstance(got[0][1], KilledWorker) and svc.n_resubmitted == service_mod.RESUBMITS
+
+
+@pytest.mark.slow
+def test_a_group_is_graded_in_one_task_in_order():
+    """submit_batch: one Dask task grades a group's answers; results come back in order."""
+    from areal_core.reward.config import RewardConfig
+
+    items = [("math", f"so the answer is {k}", str(k if k % 2 else k + 1), None) for k in range(6)]
+    got = []
+    with RewardService(RewardConfig(n_workers=1)) as rewards:
+        done = threading.Event()
+        rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
+        assert done.wait(60)
+        tasks = rewards.client.run_on_scheduler(lambda dask_scheduler: {
+            tg.name: sum(tg.states.values()) for tg in dask_scheduler.task_groups.values()})
+    (results, error), = got
+    assert error is None and [r.correct for r in results] == [k % 2 == 1 for k in range(6)]
+    assert list(tasks.values()) == [1] and next(iter(tasks)).startswith("grade_batch")  # not one per answer

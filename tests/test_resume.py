@@ -77,11 +77,11 @@ def _stop_leftovers(procs: list[psutil.Process], timeout_s: float = 20.0) -> lis
 def test_trainer_killed_with_sigkill_resumes(tmp_path):
     """kill -9 of the trainer process mid-run (eta 2: answers in flight), then --resume."""
     run_dir = tmp_path / "run"
-    cfg = load_config(HERE / "data/e2e.yaml")
+    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12})  # room to be killed mid-run
     steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "areal_core.cli", "train", str(HERE / "data/e2e.yaml"),
-           "--run-dir", str(run_dir), "--no-progress"]
+           "--run-dir", str(run_dir), "--no-progress", "--set", "trainer.max_steps=12"]
     with open(tmp_path / "killed.log", "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
@@ -89,8 +89,8 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
         while not (run_dir / "checkpoints/v3/manifest.json").exists():
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the run did not reach step 3 in time"
-            time.sleep(0.05)
-        time.sleep(0.7)  # somewhere inside step 4: taking, training or publishing
+            time.sleep(0.01)
+        time.sleep(0.1)  # somewhere after checkpoint 3: a few steps trained, not yet checkpointed
         children = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
@@ -164,10 +164,10 @@ def test_resume_refuses_a_changed_config(tmp_path):
 class _InstantRewards:
     """Grades at once, in the caller's thread: every answer is 'correct'."""
 
-    def submit(self, task, text, reference, on_done, tests=None):
+    def submit_batch(self, items, on_done):
         from areal_core.reward.result import RewardResult
 
-        on_done(RewardResult(correct=True, parsed=text, reason="test"), None)
+        on_done([RewardResult(correct=True, parsed=text, reason="test") for _, text, _, _ in items], None)
 
 
 def test_partial_answer_is_continued_not_restarted(tmp_path):

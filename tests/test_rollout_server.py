@@ -79,6 +79,22 @@ def test_generate_matches_hf_greedy(server, models):
     assert set(resp.meta_info.output_token_versions) == {0}
 
 
+def test_batched_generate_answers_each_prompt_in_order(server, models):
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    greedy = {"temperature": 0.0, "max_new_tokens": 12}
+    resps = run(_with_client(server.url, lambda c: c.generate_batch(prompts, greedy, rids=["a", "b", "c"])))
+    assert [r.meta_info.id for r in resps] == ["a", "b", "c"]
+    for p, r in zip(prompts, resps):
+        assert r.output_ids == hf_greedy(models["v0"][1], p, 12)  # each its own answer, not a neighbour's
+
+    async def bad(c: RolloutClient):
+        r = await c._http.post("/generate", json={"input_ids": [[5, 6], [7]], "rid": ["only-one"]})
+        return r.status_code, r.json()["message"]
+
+    status, message = run(_with_client(server.url, bad))
+    assert status == 400 and "rid has 1 ids for 2 prompts" in message
+
+
 def test_32_concurrent_requests(server):
     async def go(c: RolloutClient):
         before = (await c.model_info()).generated_tokens

@@ -32,3 +32,8 @@ def grade(task: str, response: str, reference: str, tests: list[dict] | None = N
         result = grade_code(program, tests)
         return RewardResult(correct=result.passed, parsed=program[:2000], reason=result.reason)
     raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")
+
+
+def grade_batch(items: list[tuple[str, str, str, list[dict] | None]]) -> list[RewardResult]:
+    """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group)."""
+    return [grade(*item) for item in items]

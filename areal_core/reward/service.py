@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from areal_core.reward.config import RewardConfig
-from areal_core.reward.dispatch import grade
+from areal_core.reward.dispatch import grade, grade_batch
 from areal_core.reward.result import RewardResult
 
 log = logging.getLogger(__name__)
@@ -65,19 +65,31 @@ class RewardService:
         tests: list[dict] | None = None,
     ):
         """Submit one grading task; ``on_done(result, error)`` is called from a Dask thread."""
+        return self._submit(grade, (task, response, reference, tests), on_done)
+
+    def submit_batch(
+        self,
+        items: list[tuple[str, str, str, list[dict] | None]],
+        on_done: Callable[[list[RewardResult] | None, BaseException | None], None],
+    ):
+        """Grade ``items`` ``(task, response, reference, tests)`` in ONE Dask task (a group of
+        answers: one scheduler round trip instead of one each); ``on_done(results, error)``."""
+        return self._submit(grade_batch, (list(items),), on_done)
+
+    def _submit(self, fn, args: tuple, on_done):
         from distributed.scheduler import KilledWorker
 
-        def _submit(attempt: int):
-            fut = self.client.submit(grade, task, response, reference, tests, pure=False, retries=2)
+        def attempt(k: int):
+            fut = self.client.submit(fn, *args, pure=False, retries=2)
 
             def _done(f):
                 try:
                     result = f.result()
                 except KilledWorker as e:
-                    if attempt < RESUBMITS:
+                    if k < RESUBMITS:
                         log.warning("grading task lost with its workers (%s); submitting it again", e)
                         self.n_resubmitted += 1
-                        _submit(attempt + 1)
+                        attempt(k + 1)
                         return
                     on_done(None, e)
                 except BaseException as e:  # delivered to the caller, which decides
@@ -88,7 +100,7 @@ class RewardService:
             fut.add_done_callback(_done)
             return fut
 
-        return _submit(0)
+        return attempt(0)
 
     def grade_many(self, task: str, responses: list[str], references: list[str]) -> list[RewardResult]:
         futs = self.client.map(grade, [task] * len(responses), responses, references, pure=False, retries=2)

@@ -17,6 +17,7 @@ import pydantic
 
 from areal_core.rollout.protocol import (
     AbortRequest,
+    GenerateBatchRequest,
     GenerateRequest,
     InitWeightsGroupRequest,
     SharedTensor,
@@ -130,6 +131,18 @@ class RolloutClient:
         req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=params, rid=rid, seed=seed)
         return GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req))
 
+    async def generate_batch(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        sampling: dict | SamplingParams | None = None,
+        rids: Sequence[str] | None = None,
+    ) -> list[GenerateResponse]:
+        """Several prompts in one request (they are admitted together); responses in order."""
+        params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
+        req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids], sampling_params=params,
+                                   rid=list(rids) if rids is not None else None)
+        return _RESPONSES.validate_json(await self._call("POST", GENERATE, req))
+
     async def pause(self) -> None:
         await self._status(PAUSE)
 
@@ -196,6 +209,9 @@ class _Empty(pydantic.BaseModel):
     pass
 
 
+_RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
+
+
 _EMPTY = _Empty()
 
 
@@ -242,6 +258,21 @@ class RolloutPool:
             return await self.clients[i].generate(input_ids, sampling, rid=rid, seed=seed)
         finally:
             self.in_flight[i] -= 1
+
+    async def generate_batch(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        sampling: dict | SamplingParams | None = None,
+        rids: Sequence[str] | None = None,
+    ) -> list[GenerateResponse]:
+        """One batched request to one server (the least busy), responses in order."""
+        i = self._pick()
+        self.in_flight[i] += len(input_ids)
+        self.sent[i] += len(input_ids)
+        try:
+            return await self.clients[i].generate_batch(input_ids, sampling, rids=rids)
+        finally:
+            self.in_flight[i] -= len(input_ids)
 
     async def update_weights(self, model_path: str, version: int) -> None:
         await run_all(c.update_weights(model_path, version) for c in self.clients)

@@ -158,15 +158,21 @@ class RolloutEngine:
 
         Raises :class:`RequestError` for a request that cannot run here.
         """
-        fut: Future = Future()
-        seq = new_sequence(input_ids, sampling, rid, seed, return_logprob, fut,
-                           vocab_size=self.vocab_size, max_positions=self.max_positions, eos_ids=self.eos_ids)
+        return self.submit_many([(input_ids, sampling, rid, seed)], return_logprob)[0]
+
+    def submit_many(self, jobs: list[tuple], return_logprob: bool = True) -> list[Future]:
+        """Queue several requests ``(input_ids, sampling, rid, seed)`` together (they join the
+        same step); all are checked first, so a bad one queues none. One future each."""
+        futs = [Future() for _ in jobs]
+        seqs = [new_sequence(ids, sampling, rid, seed, return_logprob, fut, vocab_size=self.vocab_size,
+                             max_positions=self.max_positions, eos_ids=self.eos_ids)
+                for (ids, sampling, rid, seed), fut in zip(jobs, futs)]
         with self._lock:
             if self._closed:
                 raise EngineStopped("the rollout engine is shut down")
-            self._waiting.append(seq)
+            self._waiting.extend(seqs)
         self._wake.set()
-        return fut
+        return futs
 
     def pause(self) -> Future:
         """Stop decoding after the current step; requests stay queued."""

@@ -3,7 +3,8 @@
 Request and response bodies are validated on both sides with these models.
 Endpoints (all JSON):
 
-  POST /generate                  GenerateRequest -> GenerateResponse
+  POST /generate                  GenerateRequest -> GenerateResponse, or
+                                  GenerateBatchRequest -> [GenerateResponse, ...] (input_ids a list of lists)
   POST /pause_generation          {}              -> StatusResponse
   POST /continue_generation       {}              -> StatusResponse
   POST /update_weights_from_disk  UpdateWeightsRequest -> StatusResponse
@@ -57,6 +58,18 @@ class GenerateRequest(_Body):
     return_logprob: bool = True
     rid: str | None = Field(None, max_length=256)  # request id, echoed back as meta_info.id
     seed: int | None = None
+
+
+class GenerateBatchRequest(_Body):
+    """Several prompts in one call (SGLang's batched /generate): one response each, in order."""
+    input_ids: list[list[int]] = Field(min_length=1, max_length=4096)
+    sampling_params: SamplingParams = SamplingParams()
+    return_logprob: bool = True
+    rid: list[str] | None = None
+
+    def model_post_init(self, _context) -> None:
+        if self.rid is not None and len(self.rid) != len(self.input_ids):
+            raise ValueError(f"rid has {len(self.rid)} ids for {len(self.input_ids)} prompts")
 
 
 class FinishReason(_Body):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -30,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from areal_core.rollout.engine import WEIGHT_UPDATE_MODES, EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import (
     AbortRequest,
+    GenerateBatchRequest,
     GenerateRequest,
     InitWeightsGroupRequest,
     StatusResponse,
@@ -91,6 +93,10 @@ async def _parse(request: Request, model: type[pydantic.BaseModel], empty_ok: bo
     raw = await _body(request)
     if empty_ok and not raw.strip():
         raw = b"{}"
+    return _validate(model, raw)
+
+
+def _validate(model: type[pydantic.BaseModel], raw: bytes):
     try:
         return model.model_validate_json(raw)
     except pydantic.ValidationError as e:
@@ -125,21 +131,33 @@ def create_app(engine: RolloutEngine) -> FastAPI:
 
     @app.post("/generate")
     async def generate(request: Request):
-        req = await _parse(request, GenerateRequest)
+        raw = await _body(request)
         try:
-            fut = engine.submit(req.input_ids, req.sampling_params, rid=req.rid, seed=req.seed,
-                                return_logprob=req.return_logprob)
+            batched = isinstance((json.loads(raw) or {}).get("input_ids", [None])[0], list)
+        except (ValueError, AttributeError, IndexError, TypeError):
+            batched = False  # the model's validation names what is wrong
+        if batched:
+            req = _validate(GenerateBatchRequest, raw)
+            rids = req.rid or [None] * len(req.input_ids)
+            jobs = [(ids, req.sampling_params, rid, None) for ids, rid in zip(req.input_ids, rids)]
+        else:
+            req = _validate(GenerateRequest, raw)
+            jobs = [(req.input_ids, req.sampling_params, req.rid, req.seed)]
+        try:
+            futs = engine.submit_many(jobs, return_logprob=req.return_logprob)
         except RequestError as e:
             raise ApiError(400, str(e)) from None
         except EngineStopped as e:
             raise ApiError(503, str(e), "unavailable") from None
         try:
-            resp = await asyncio.wrap_future(fut)
+            resps = [await asyncio.wrap_future(f) for f in futs]
         except EngineStopped as e:  # the server, not the request: restartable
             raise ApiError(503, str(e), "unavailable") from None
         except RuntimeError as e:  # the engine failed this request (and logged why)
             raise ApiError(500, str(e), "engine") from None
-        return _json(resp)
+        if not batched:
+            return _json(resps[0])
+        return Response("[" + ",".join(r.model_dump_json() for r in resps) + "]", media_type="application/json")
 
     async def _command(request: Request, make, message: str):
         await _parse(request, _Empty, empty_ok=True)

@@ -42,7 +42,9 @@ class TrainerConfig(Section):
     n_microbatches: int = Field(4, gt=0)  # fixed
     warmup_steps_for_throughput: int = Field(2, ge=0)  # excluded from effective throughput
     optim: OptimConfig = OptimConfig()
-    torch_threads: int = Field(1, gt=0)
+    # None: all cores when generation is idle while the trainer works (eta 0 + rollout.weight_update
+    # drain), else the cores the rollout servers leave (measured best: docs/PERFORMANCE.md)
+    torch_threads: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _prox_needs_decoupled(self):
