@@ -13,15 +13,39 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from areal_core.storage.fsutil import write_text_atomic
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def venv_install_commands(venv: Path, install: list[list[str]]) -> str:
+    """The shell line that creates a peer's venv and runs ``install`` (``{py}``: its python)."""
+    py = (venv / "bin" / "python").relative_to(REPO_ROOT)
+    lines = [f"python3.11 -m venv {venv.relative_to(REPO_ROOT)}"]
+    lines += [" ".join(c).replace("{py}", str(py)) for c in install]
+    return " && ".join(lines)
+
+
+def install_venv(venv: Path, install: list[list[str]], log_path: str,
+                 may_fail: Callable[[list[str]], bool] = lambda cmd: False) -> str | None:
+    """Create ``venv`` if missing and run the ``install`` commands into it, logging to
+    ``log_path``; returns why a command failed (one ``may_fail`` accepts is passed over), or None."""
+    py = venv / "bin" / "python"
+    steps = [] if py.exists() else [["python3.11", "-m", "venv", str(venv)]]
+    steps += [[a.replace("{py}", str(py)) for a in c] for c in install]
+    with open(log_path, "ab") as log:
+        for cmd in steps:
+            r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+            if r.returncode != 0 and not may_fail(cmd):
+                return f"`{' '.join(cmd)}` exited with {r.returncode}; see {log_path}"
+    return None
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO_ROOT, format_table, ratio, spread
+from bench.common import REPO_ROOT, format_table, install_venv, ratio, spread, venv_install_commands
 
 VENV = REPO_ROOT / "bench" / ".venvs" / "trl"
 PY = VENV / "bin" / "python"
@@ -59,9 +59,7 @@ MODES = (("areal-flow sync", "sync"), ("areal-flow async", "async"))
 # --- the TRL venv -------------------------------------------------------------------------------
 
 def install_commands() -> str:
-    lines = [f"python3.11 -m venv {VENV.relative_to(REPO_ROOT)}"]
-    lines += [" ".join(c).replace("{py}", str(PY.relative_to(REPO_ROOT))) for c in INSTALL]
-    return " && ".join(lines)
+    return venv_install_commands(VENV, INSTALL)
 
 
 def _import_trl() -> subprocess.CompletedProcess:
@@ -84,14 +82,8 @@ def ensure_venv(log_path: str) -> str | None:
     """Create and fill the venv if TRL does not import from it; returns why that failed, or None."""
     if unavailable() is None:
         return None
-    steps = [] if PY.exists() else [["python3.11", "-m", "venv", str(VENV)]]
-    steps += [[a.replace("{py}", str(PY)) for a in c] for c in INSTALL]
-    with open(log_path, "ab") as log:
-        for cmd in steps:
-            r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-            if r.returncode != 0:
-                return f"`{' '.join(cmd)}` exited with {r.returncode}; see {log_path}"
-    return unavailable()
+    failed = install_venv(VENV, INSTALL, log_path)
+    return failed or unavailable()
 
 
 def _clean_env() -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import REPO_ROOT
+from bench.common import REPO_ROOT, install_venv, venv_install_commands
 
 VENV = REPO_ROOT / "bench" / ".venvs" / "vllm"
 PY = VENV / "bin" / "python"
@@ -28,9 +28,7 @@ INSTALL = [
 
 
 def install_commands() -> str:
-    lines = [f"python3.11 -m venv {VENV.relative_to(REPO_ROOT)}"]
-    lines += [" ".join(c).replace("{py}", str(PY.relative_to(REPO_ROOT))) for c in INSTALL]
-    return " && ".join(lines)
+    return venv_install_commands(VENV, INSTALL)
 
 
 def unavailable() -> str | None:
@@ -54,14 +52,9 @@ def ensure_venv(log_path: str) -> str | None:
     """Create and fill the venv if vLLM does not import from it; returns why that failed, or None."""
     if unavailable() is None:
         return None
-    steps = [] if PY.exists() else [["python3.11", "-m", "venv", str(VENV)]]
-    steps += [[a.replace("{py}", str(PY)) for a in c] for c in INSTALL]
-    with open(log_path, "ab") as log:
-        for cmd in steps:
-            r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-            if r.returncode != 0 and "uninstall" not in cmd:
-                return f"`{' '.join(cmd)}` exited with {r.returncode}; see {log_path}"
-    return unavailable()
+    # the uninstall of torchvision & co. fails harmlessly when they were not pulled in
+    failed = install_venv(VENV, INSTALL, log_path, may_fail=lambda cmd: "uninstall" in cmd)
+    return failed or unavailable()
 
 
 class VLLMServer:

@@ -29,15 +29,21 @@ import uuid
 from bench.common import Timer, format_table, median, progress, spread
 
 
-async def _cycle(url: str, model_url: str, version: int) -> dict:
+async def _cycle(url: str, version: int, load, stage=None) -> dict:
+    """Time pause -> ``load(client)`` -> resume (and ``stage(client)`` before the pause, if given)."""
     from areal_core.rollout.client import RolloutClient
 
     c = RolloutClient(url)
+    times = {}
     try:
+        if stage is not None:
+            s0 = time.perf_counter()
+            await stage(c)
+            times["stage_s"] = time.perf_counter() - s0
         t0 = time.perf_counter()
         await c.pause()
         t1 = time.perf_counter()
-        await c.update_weights(model_url, version)
+        await load(c)
         t2 = time.perf_counter()
         await c.resume()
         t3 = time.perf_counter()
@@ -46,31 +52,28 @@ async def _cycle(url: str, model_url: str, version: int) -> dict:
         await c.aclose()
     if info.weight_version != version:
         raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
-    return {"pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
+    return {**times, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
 
 
-async def _transport_cycle(url: str, transport, model, version: int) -> dict:
+async def _connect(url: str, transport) -> None:
     from areal_core.rollout.client import RolloutClient
 
     c = RolloutClient(url)
     try:
-        if transport.staged_version is None:
-            await transport.connect([c])
-        s0 = time.perf_counter()
+        await transport.connect([c])
+    finally:
+        await c.aclose()
+
+
+def _transport_steps(transport, model, version: int):
+    """(stage, load) for ``_cycle``: the trainer's copy, then the push."""
+    async def stage(c) -> None:
         transport.stage(model, version)
-        t0 = time.perf_counter()
-        await c.pause()
-        t1 = time.perf_counter()
+
+    async def load(c) -> None:
         await transport.push([c])
-        t2 = time.perf_counter()
-        await c.resume()
-        t3 = time.perf_counter()
-        info = await c.model_info()
-    finally:
-        await c.aclose()
-    if info.weight_version != version:
-        raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
-    return {"stage_s": t0 - s0, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
+
+    return stage, load
 
 
 def _publish(store, versions: range, folder: str) -> float:
@@ -114,9 +117,11 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
             transport = TensorTransport() if kind == "tensor" else DistributedTransport()
             runs = []
             try:
+                asyncio.run(_connect(srv.url, transport))  # once, not timed (a run connects at its start)
                 for _ in progress(range(reps), desc=f"weight_update {name} {kind}"):
                     version += 1
-                    runs.append(asyncio.run(_transport_cycle(srv.url, transport, model, version)))
+                    stage, load = _transport_steps(transport, model, version)
+                    runs.append(asyncio.run(_cycle(srv.url, version, load, stage)))
             finally:
                 transport.close()
             rows.append({"model": name, "source": kind, "checkpoint_mb": size_mb, "publish_s": None,
@@ -126,7 +131,8 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
             runs = []
             for r in progress(range(1, reps + 1), desc=f"weight_update {name} {src}"):
                 version += 1
-                runs.append(asyncio.run(_cycle(srv.url, store.version_url(r), version)))
+                runs.append(asyncio.run(_cycle(srv.url, version,
+                                              lambda c, u=store.version_url(r), v=version: c.update_weights(u, v))))
             rows.append({"model": name, "source": src, "checkpoint_mb": size_mb, "publish_s": publish_s[src],
                          "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
     return rows

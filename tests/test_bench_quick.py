@@ -64,3 +64,14 @@ def test_dynamic_batching_batches_and_memory_safe_count():
     assert per_mb * (db.PROMPT_LEN[1] + db.MAX_NEW) <= db.BUDGET  # every fixed micro-batch fits the budget
     batch = db.make_batch(random.Random(1), vocab=40)
     assert len(batch) == db.B and len({t.group_id for t in batch}) == db.B // db.N_SAMPLES
+
+
+def test_install_venv_runs_the_steps_and_names_the_one_that_failed(tmp_path):
+    from bench.common import install_venv
+
+    venv, log = tmp_path / "v", str(tmp_path / "install.log")
+    ok = [["{py}", "-c", "open(r'%s', 'w').write('ran')" % (tmp_path / "marker")]]
+    assert install_venv(venv, ok, log) is None and (tmp_path / "marker").read_text() == "ran"
+    failing = [["{py}", "-c", "raise SystemExit(3)"]]
+    assert install_venv(venv, failing, log) == f"`{venv}/bin/python -c raise SystemExit(3)` exited with 3; see {log}"
+    assert install_venv(venv, failing, log, may_fail=lambda cmd: "SystemExit(3)" in cmd[-1]) is None

@@ -8,6 +8,7 @@ from this pool) and broadcasts weight updates, pause and resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -127,8 +128,8 @@ class RolloutClient:
         rid: str | None = None,
         seed: int | None = None,
     ) -> GenerateResponse:
-        params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
-        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=params, rid=rid, seed=seed)
+        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling),
+                              rid=rid, seed=seed)
         return GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req))
 
     async def generate_batch(
@@ -138,9 +139,8 @@ class RolloutClient:
         rids: Sequence[str] | None = None,
     ) -> list[GenerateResponse]:
         """Several prompts in one request (they are admitted together); responses in order."""
-        params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
-        req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids], sampling_params=params,
-                                   rid=list(rids) if rids is not None else None)
+        req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids],
+                                   sampling_params=_sampling_params(sampling), rid=list(rids) if rids is not None else None)
         return _RESPONSES.validate_json(await self._call("POST", GENERATE, req))
 
     async def pause(self) -> None:
@@ -212,6 +212,10 @@ class _Empty(pydantic.BaseModel):
 _RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
 
 
+def _sampling_params(sampling: dict | SamplingParams | None) -> SamplingParams:
+    return sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
+
+
 _EMPTY = _Empty()
 
 
@@ -237,6 +241,17 @@ class RolloutPool:
     def urls(self) -> list[str]:
         return [c.url for c in self.clients]
 
+    @contextlib.asynccontextmanager
+    async def _least_busy(self, n: int):
+        """The client of the server with the fewest requests in flight, counting ``n`` more on it."""
+        i = self._pick()
+        self.in_flight[i] += n
+        self.sent[i] += n
+        try:
+            yield self.clients[i]
+        finally:
+            self.in_flight[i] -= n
+
     def _pick(self) -> int:
         n = len(self.clients)
         order = [(self._next + k) % n for k in range(n)]  # ties rotate over the servers
@@ -251,13 +266,8 @@ class RolloutPool:
         rid: str | None = None,
         seed: int | None = None,
     ) -> GenerateResponse:
-        i = self._pick()
-        self.in_flight[i] += 1
-        self.sent[i] += 1
-        try:
-            return await self.clients[i].generate(input_ids, sampling, rid=rid, seed=seed)
-        finally:
-            self.in_flight[i] -= 1
+        async with self._least_busy(1) as client:
+            return await client.generate(input_ids, sampling, rid=rid, seed=seed)
 
     async def generate_batch(
         self,
@@ -266,13 +276,8 @@ class RolloutPool:
         rids: Sequence[str] | None = None,
     ) -> list[GenerateResponse]:
         """One batched request to one server (the least busy), responses in order."""
-        i = self._pick()
-        self.in_flight[i] += len(input_ids)
-        self.sent[i] += len(input_ids)
-        try:
-            return await self.clients[i].generate_batch(input_ids, sampling, rids=rids)
-        finally:
-            self.in_flight[i] -= len(input_ids)
+        async with self._least_busy(len(input_ids)) as client:
+            return await client.generate_batch(input_ids, sampling, rids=rids)
 
     async def update_weights(self, model_path: str, version: int) -> None:
         await run_all(c.update_weights(model_path, version) for c in self.clients)
