@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect is imported
+# Prefect's 20 s for its ephemeral server to start is too short on a busy 2-core machine
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from areal_core.cli import _default_run_dir, _overrides, build_parser, print_summary, run_parsed  # noqa: E402
 

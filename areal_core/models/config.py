@@ -30,6 +30,16 @@ class WarmStart(Section):
     # model starts strong on short chains and partial on long ones, and RL has
     # the long chains to learn from its own rewarded answers. None: as drawn.
     length_alpha: float | None = Field(None, ge=0)
+    # Stop early once the model's greedy accuracy on a validation split (val_problems
+    # train-share records held out of the demonstrations) reaches this, checked every
+    # check_every steps; `steps` is then the most it trains (and what the lr decays over).
+    # Accuracy here is exact match of the reference solution under greedy decoding, read
+    # from one teacher-forced forward pass: every argmax must be the reference's next token.
+    # Where a sharp jump in accuracy lands depends on the seed and the machine's
+    # floating point; stopping on accuracy gives RL the same start on every one. None: no stop.
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
+    check_every: int = Field(5, gt=0)
+    val_problems: int = Field(512, gt=0)
 
 
 class ModelConfig(Section):

@@ -57,29 +57,17 @@ def load_base_model(
     if name == "tiny":
         from areal_core.models.tiny import build_tiny
         from areal_core.models.tokenizer import build_char_tokenizer
-        from areal_core.models.warmstart import cached_warm_start, chain_length_weights
+        from areal_core.models.warmstart import cached_warm_start
 
         if model_cfg.dtype != "float32":
             log.warning("tiny model runs in float32 (config asks for %s)", model_cfg.dtype)
         if model_cfg.warm_start.steps == 0:
             tokenizer = build_char_tokenizer()
             return build_tiny(model_cfg.tiny, tokenizer, seed), tokenizer
-        if not train_records:
-            raise ValueError("tiny model with warm_start.steps > 0 needs train_records to warm start on")
-        demos = [r for r in train_records if r.solution]
-        if not demos:
-            raise ValueError("no train record has a solution to warm start on")
-        pairs = [(r.prompt, r.solution) for r in demos]
-        weights = None
-        if model_cfg.warm_start.length_alpha is not None:
-            missing = next((r.id for r in demos if "k" not in (r.meta or {})), None)
-            if missing is not None:
-                raise ValueError(f"model.warm_start.length_alpha needs chain-task records with a chain length "
-                                 f"(meta.k); record {missing!r} has none (use data.dataset: synthetic)")
-            weights = chain_length_weights([int(r.meta["k"]) for r in demos], model_cfg.warm_start.length_alpha)
+        pairs, weights, val_pairs = warm_start_inputs(model_cfg, train_records)
         model, tokenizer, ws_info = cached_warm_start(
             model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress,
-            weights=weights,
+            weights=weights, val_pairs=val_pairs,
         )
         if info is not None:
             info["warm_start"] = ws_info
@@ -95,3 +83,35 @@ def load_base_model(
 
         return load_smollm2(_dtype(model_cfg.dtype))
     return load_hf_folder(name, _dtype(model_cfg.dtype), cache_dir=cache_dir)
+
+
+def warm_start_inputs(model_cfg: ModelConfig, train_records: list[Record] | None):
+    """``(pairs, weights, val_pairs)`` the tiny model's warm start trains and validates on.
+
+    Demonstrations are the train records with a solution; with ``stop_at_accuracy``
+    the last ``val_problems`` of them are the validation split and the rest teach.
+    ``weights`` follow ``length_alpha`` (chain task), else None.
+    """
+    from areal_core.models.warmstart import chain_length_weights
+
+    if not train_records:
+        raise ValueError("tiny model with warm_start.steps > 0 needs train_records to warm start on")
+    demos = [r for r in train_records if r.solution]
+    if not demos:
+        raise ValueError("no train record has a solution to warm start on")
+    ws = model_cfg.warm_start
+    val_pairs = None
+    if ws.stop_at_accuracy is not None:
+        if len(demos) < 2 * ws.val_problems:
+            raise ValueError(f"model.warm_start.val_problems ({ws.val_problems}) needs at least twice as many train "
+                             f"records with a solution; there are {len(demos)}")
+        val_pairs = [(r.prompt, r.solution) for r in demos[-ws.val_problems:]]
+        demos = demos[:-ws.val_problems]
+    weights = None
+    if ws.length_alpha is not None:
+        missing = next((r.id for r in demos if "k" not in (r.meta or {})), None)
+        if missing is not None:
+            raise ValueError(f"model.warm_start.length_alpha needs chain-task records with a chain length "
+                             f"(meta.k); record {missing!r} has none (use data.dataset: synthetic)")
+        weights = chain_length_weights([int(r.meta["k"]) for r in demos], ws.length_alpha)
+    return [(r.prompt, r.solution) for r in demos], weights, val_pairs

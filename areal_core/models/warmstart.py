@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,11 +24,13 @@ from tqdm.auto import tqdm
 
 from areal_core.models.config import TinyArch, WarmStart
 
+log = logging.getLogger(__name__)
+
 IGNORE = -100
 FINAL_LR_FRACTION = 0.1  # linear decay from cfg.lr to 10% of it
 STATS_FILE = "warmstart_stats.json"
 MOMENTS_FILE = "optimizer_moments.pt"  # AdamW state per parameter name, for RL to continue from
-CACHE_LAYOUT = 2  # bump when the cache folder's contents change
+CACHE_LAYOUT = 3  # bump when the cache folder's contents change
 
 
 def _encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -59,14 +63,42 @@ def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
+@torch.no_grad()
+def greedy_exact_match(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, chunk: int = 128) -> float:
+    """Share of (prompt, answer) pairs that greedy decoding reproduces exactly, EOS included.
+
+    Greedy decoding writes the reference iff at every answer position the argmax of the
+    next-token distribution, given the prompt and the reference so far, is the reference's
+    token: one teacher-forced forward pass checks that, with no generation.
+    """
+    was_training = model.training
+    model.eval()
+    hits = 0
+    for i in range(0, len(encoded), chunk):
+        batch = collate(encoded[i:i + chunk], pad_id)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        targets = batch["labels"][:, 1:]
+        right = (logits[:, :-1].argmax(-1) == targets) | (targets == IGNORE)
+        hits += int(right.all(dim=1).sum())
+    model.train(was_training)
+    return hits / len(encoded)
+
+
 def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True,
-               weights: list[float] | None = None) -> dict:
+               weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None,
+               on_check: Callable[[int, torch.nn.Module], bool] | None = None) -> dict:
     """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
 
     AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
     steps of ``cfg.batch_size`` pairs drawn at random (seeded) from ``pairs``,
-    with probability proportional to ``weights`` when given.
+    with probability proportional to ``weights`` when given. With
+    ``cfg.stop_at_accuracy``, training stops at the first check (every
+    ``cfg.check_every`` steps) where the greedy exact-match rate on ``val_pairs``
+    reaches it; the stats record every check (``val_curve``). ``on_check(step, model)``,
+    when given, is called at every check too; it returning True stops training.
     """
+    if cfg.stop_at_accuracy is not None and not val_pairs:
+        raise ValueError("model.warm_start.stop_at_accuracy needs validation pairs to check accuracy on")
     if not pairs:
         raise ValueError("warm start needs at least one (prompt, solution) pair")
     if weights is not None and len(weights) != len(pairs):
@@ -74,6 +106,10 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     if tokenizer.pad_token_id is None:
         raise ValueError("warm start needs a tokenizer with a pad token")
     encoded = _encode_pairs(tokenizer, pairs)
+    # sorted by length, so each chunk of the check pads little
+    val = sorted(_encode_pairs(tokenizer, val_pairs), key=lambda e: len(e[0]) + len(e[1])) \
+        if cfg.stop_at_accuracy is not None else []
+    val_curve: list[tuple[int, float]] = []
     rng = random.Random(f"warmstart-{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     span = max(cfg.steps - 1, 1)
@@ -85,7 +121,7 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         bar = tqdm(range(cfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
-        for _ in bar:
+        for step in bar:
             batch = collate(rng.choices(encoded, weights=weights, k=cfg.batch_size), tokenizer.pad_token_id)
             loss = sft_loss(model, batch)
             opt.zero_grad(set_to_none=True)
@@ -96,13 +132,30 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
             losses.append(loss.item())
             n_tokens += int((batch["labels"] != IGNORE).sum())
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+            if (val or on_check) and (step + 1) % cfg.check_every == 0:
+                stop = False
+                if val:
+                    val_curve.append((step + 1, greedy_exact_match(model, val, tokenizer.pad_token_id)))
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", val_acc=f"{val_curve[-1][1]:.3f}", refresh=False)
+                    stop = val_curve[-1][1] >= cfg.stop_at_accuracy
+                if on_check is not None:
+                    stop = on_check(step + 1, model) or stop
+                if stop:
+                    break
+        bar.close()
     model.eval()
+    if val and (not val_curve or val_curve[-1][1] < cfg.stop_at_accuracy):
+        log.warning("warm start ran all %d steps without reaching validation accuracy %.3f (last %.3f): "
+                    "raise model.warm_start.steps", cfg.steps, cfg.stop_at_accuracy,
+                    val_curve[-1][1] if val_curve else float("nan"))
     tail = losses[-min(10, len(losses)):] if losses else []
     names = {id(p): n for n, p in model.named_parameters()}
     moments = {names[id(p)]: {k: v.detach().clone() for k, v in st.items()} for p, st in opt.state.items()}
     return {
         "optimizer_moments": moments,
-        "steps": cfg.steps,
+        "steps": len(losses),
+        "val_curve": val_curve,
+        "val_accuracy": val_curve[-1][1] if val_curve else None,
         "first_loss": losses[0] if losses else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
         "losses": losses,
@@ -135,7 +188,7 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed: int, task: dict | None,
-              weights: list[float] | None = None) -> str:
+              weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None) -> str:
     """Hash of everything that determines the warmed-up weights.
 
     The pairs themselves are hashed (so any data set, not only the synthetic
@@ -143,7 +196,7 @@ def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed
     the key too, for readability of the stored key file.
     """
     data = hashlib.sha256()
-    for p, s in pairs:
+    for p, s in pairs + [("<val>", "")] + list(val_pairs or []):
         data.update(p.encode())
         data.update(b"\x00")
         data.update(s.encode())
@@ -179,6 +232,7 @@ def cached_warm_start(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     weights: list[float] | None = None,
+    val_pairs: list[tuple[str, str]] | None = None,
 ):
     """Build the tiny model and warm-start it, or load that result from the cache.
 
@@ -192,7 +246,7 @@ def cached_warm_start(
     from areal_core.models.tiny import build_tiny
     from areal_core.models.tokenizer import build_char_tokenizer
 
-    key = cache_key(arch, cfg, pairs, seed, task, weights)
+    key = cache_key(arch, cfg, pairs, seed, task, weights, val_pairs)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = root / hashlib.sha256(key.encode()).hexdigest()[:24]
     if (dest / STATS_FILE).is_file():
@@ -203,7 +257,7 @@ def cached_warm_start(
 
     tokenizer = build_char_tokenizer()
     model = build_tiny(arch, tokenizer, seed)
-    stats = warm_start(model, tokenizer, pairs, cfg, seed, progress=progress, weights=weights)
+    stats = warm_start(model, tokenizer, pairs, cfg, seed, progress=progress, weights=weights, val_pairs=val_pairs)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
     try:
