@@ -50,13 +50,18 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[: out.index(eos) + 1] if eos in out else out
 
 
-def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) -> torch.Tensor:
-    """logprob of each output token under ``model`` given prompt + the preceding outputs."""
+def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float, top_k: int = 0) -> torch.Tensor:
+    """logprob of each output token under ``model`` given prompt + the preceding outputs
+    (with ``top_k``: under the distribution renormalised over the k most likely tokens)."""
     ids = torch.tensor([prompt + out])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1: -1].float()
     t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    logits = logits / t
+    if top_k:
+        kth = torch.topk(logits, top_k, -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
 PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40, 41], [50] * 13]
@@ -96,7 +101,7 @@ def test_greedy_ignore_eos_crosses_capacity_growth_with_chunked_prefill():
         assert f.result().output_ids == want
 
 
-def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperature):
+def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperature, top_k: int = 0):
     out, versions = resp.output_ids, resp.meta_info.output_token_versions
     got = torch.tensor([lp for lp, _, _ in resp.meta_info.output_token_logprobs])
     assert [t for _, t, _ in resp.meta_info.output_token_logprobs] == out
@@ -104,7 +109,7 @@ def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperatur
     for v, model in models.items():
         sel = torch.tensor([x == v for x in versions])
         if sel.any():
-            want = hf_logprobs(model, prompt, out, temperature)
+            want = hf_logprobs(model, prompt, out, temperature, top_k)
             torch.testing.assert_close(got[sel], want[sel], atol=1e-4, rtol=0)
 
 
@@ -136,7 +141,7 @@ def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
     crossing = [r for r in resps if set(r.meta_info.output_token_versions) == {0, 1}]
     assert crossing, "no sequence was generated across the update"
     for (p, s), r in zip(reqs, resps):
-        _check_logprobs({0: old, 1: new}, p, r, s["temperature"])
+        _check_logprobs({0: old, 1: new}, p, r, s["temperature"], s.get("top_k", 0))
 
 
 def test_non_interruptible_update_waits_for_running_sequences(tmp_path):
@@ -190,6 +195,8 @@ def test_sampling_top_k_top_p_stop_and_length():
     g = greedy.result()
     assert g.meta_info.finish_reason.type == "length" and len(g.output_ids) == 16
     assert top1.result().output_ids == g.output_ids
+    # top-1 samples from a point mass: its behaviour logprob is 0, not log_softmax(logits) at the argmax
+    assert all(abs(lp) < 1e-6 for lp, _, _ in top1.result().meta_info.output_token_logprobs)
     assert nucleus.result().output_ids == g.output_ids
     allowed = set(torch.topk(_logits_at_start(model, p), 3).indices.tolist())
     firsts = {f.result().output_ids[0] for f in top3}

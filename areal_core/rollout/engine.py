@@ -10,9 +10,10 @@ Output conventions (what the trainer relies on):
 
 * ``output_ids`` include the token that stopped the sequence (a stop token or
   the model's EOS), so the trainer trains on it; ``finish_reason.matched`` names it.
-* ``output_token_logprobs[i][0]`` is the behaviour logprob of token ``i``:
-  ``log_softmax(logits / temperature)`` at that token, BEFORE top-k/top-p
-  filtering (temperature 0: ``log_softmax(logits)``); see ``sampling.py``.
+* ``output_token_logprobs[i][0]`` is the behaviour logprob of token ``i``: its logprob
+  under the distribution it was drawn from, ``log_softmax(logits / temperature)``
+  renormalised over the tokens top-k/top-p keep (temperature 0: ``log_softmax(logits)``);
+  see ``sampling.py``.
 * ``output_token_versions[i]`` is the engine's weight version when token ``i``
   was sampled; ``weight_version`` is the version when the request finished.
 
