@@ -216,7 +216,7 @@ def test_server_http_bad_bodies(http, body, path):
 
 def test_server_still_serves_after_bad_input(http):
     client, engine = http
-    for body in (b"{", b"\xff\xfe", b"[]", b'{"input_ids": [1e400]}', b'{"input_ids": [99999]}',
+    for body in (b"{", b"\xff\xfe", b"[]", b'{"input_ids": {}}', b'{"input_ids": [1e400]}', b'{"input_ids": [99999]}',
                  json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10**9}}).encode(),
                  json.dumps({"input_ids": [1] * 70000}).encode(), b"0" * (9 << 20)):
         r = _post(client, "/generate", body)

@@ -133,9 +133,11 @@ def create_app(engine: RolloutEngine) -> FastAPI:
     async def generate(request: Request):
         raw = await _body(request)
         try:
-            batched = isinstance((json.loads(raw) or {}).get("input_ids", [None])[0], list)
-        except (ValueError, AttributeError, IndexError, TypeError):
-            batched = False  # the model's validation names what is wrong
+            body = json.loads(raw)
+        except ValueError:
+            body = None  # the model's validation names what is wrong
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
         if batched:
             req = _validate(GenerateBatchRequest, raw)
             rids = req.rid or [None] * len(req.input_ids)
