@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from areal_core.rollout.engine import RequestError, RolloutEngine
 from areal_core.rollout.engine_parts import prefill_groups
 from areal_core.rollout.kv_forward import UnsupportedModelError
+from areal_core.rollout.launcher import server_seed
 
 VOCAB = 64
 
@@ -210,6 +211,23 @@ def test_sampling_top_k_top_p_stop_and_length():
     r = s.result()
     assert r.output_ids == g.output_ids[: k + 1]
     assert r.meta_info.finish_reason.type == "stop" and r.meta_info.finish_reason.matched == stop
+
+
+def test_servers_seeded_like_the_launcher_sample_apart_and_reproduce():
+    """Embedded server k of a run samples with server_seed(run seed, k): the servers answer the
+    same prompt at temperature 1 differently, and the same (seed, index) answers the same again."""
+    model = tiny_model("qwen2", seed=7)
+
+    def answers(run_seed: int, index: int) -> list[list[int]]:
+        engine = RolloutEngine(copy.deepcopy(model), seed=server_seed(run_seed, index), start=False)
+        futs = [engine.submit(PROMPTS[1], dict(temperature=1.0, max_new_tokens=16, ignore_eos=True)) for _ in range(4)]
+        run_to_end(engine)
+        return [f.result().output_ids for f in futs]
+
+    first = answers(5, 0)
+    assert answers(5, 1) != first and answers(6, 0) != first
+    assert answers(5, 0) == first
+    assert len({server_seed(5, k) for k in range(64)} | {server_seed(6, k) for k in range(64)}) == 128
 
 
 def test_model_eos_stops_unless_ignored():

@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
-from areal_core.rollout.launcher import start_server
+from areal_core.rollout.engine import RolloutEngine
+from areal_core.rollout.launcher import EmbeddedServers, server_seed, start_server
 
 VOCAB = 64
 
@@ -93,6 +94,32 @@ def test_batched_generate_answers_each_prompt_in_order(server, models):
 
     status, message = run(_with_client(server.url, bad))
     assert status == 400 and "rid has 1 ids for 2 prompts" in message
+
+
+def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
+    """Two servers of one run (EmbeddedServers, run seed 5) answer the same request differently at
+    temperature 1; server k answers as an engine seeded server_seed(5, k) does (reproducible)."""
+    path = models["v0"][0]
+    sampling = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
+
+    async def ask(urls):
+        clients = [RolloutClient(u, timeout_s=60) for u in urls]
+        try:
+            return [(await c.generate([5, 6, 7, 8], sampling)).output_ids for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    with EmbeddedServers(path, 2, seed=5, startup_timeout_s=60,
+                         log_paths=[str(tmp_path / f"s{k}.log") for k in range(2)]) as servers:
+        got = run(ask(servers.urls))
+    assert got[0] != got[1]
+    for k in range(2):
+        engine = RolloutEngine.from_pretrained(path, seed=server_seed(5, k), start=False)
+        fut = engine.submit([5, 6, 7, 8], sampling)
+        while engine.step():
+            pass
+        assert fut.result().output_ids == got[k]
 
 
 def test_32_concurrent_requests(server):
