@@ -122,7 +122,7 @@ def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
     engine = RolloutEngine(copy.deepcopy(old), start=threaded, kv_slots=2, kv_capacity=8)
     reqs = [(p, dict(temperature=1.0, max_new_tokens=max_new, ignore_eos=True)) for p in PROMPTS[:4]]
     reqs.append((PROMPTS[4], dict(temperature=0.7, top_k=5, max_new_tokens=max_new, ignore_eos=True)))
-    futs = [engine.submit(p, s, seed=i) for i, (p, s) in enumerate(reqs)]
+    futs = [engine.submit(p, {**s, "sampling_seed": i}) for i, (p, s) in enumerate(reqs)]
     if threaded:
         deadline = time.monotonic() + 30
         while engine.generated_tokens < 5 * 20 and time.monotonic() < deadline:
@@ -190,8 +190,9 @@ def test_sampling_top_k_top_p_stop_and_length():
     greedy = engine.submit(p, dict(temperature=0.0, max_new_tokens=16, ignore_eos=True))
     top1 = engine.submit(p, dict(temperature=1.0, top_k=1, max_new_tokens=16, ignore_eos=True))
     nucleus = engine.submit(p, dict(temperature=1.0, top_p=1e-6, max_new_tokens=16, ignore_eos=True))
-    top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1), seed=i) for i in range(40)]
-    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True), seed=123) for _ in range(2)]
+    top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1, sampling_seed=i)) for i in range(40)]
+    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True, sampling_seed=s))
+              for s in (123, 123, 124)]
     run_to_end(engine)
     g = greedy.result()
     assert g.meta_info.finish_reason.type == "length" and len(g.output_ids) == 16
@@ -202,7 +203,8 @@ def test_sampling_top_k_top_p_stop_and_length():
     allowed = set(torch.topk(_logits_at_start(model, p), 3).indices.tolist())
     firsts = {f.result().output_ids[0] for f in top3}
     assert firsts <= allowed and len(firsts) > 1
-    assert seeded[0].result().output_ids == seeded[1].result().output_ids
+    # sampling_seed: the same seed gives the same answer (in one batch), another seed another one
+    assert seeded[0].result().output_ids == seeded[1].result().output_ids != seeded[2].result().output_ids
     # a stop token ends generation and is included in the output
     k = next(i for i, t in enumerate(g.output_ids) if i >= 3 and t not in g.output_ids[:i])
     stop = g.output_ids[k]
@@ -254,8 +256,8 @@ def test_request_validation():
         engine.submit([1, VOCAB], dict(max_new_tokens=1))
     with pytest.raises(RequestError, match="sampling"):
         engine.submit([1], dict(top_k=-3))
-    with pytest.raises(RequestError, match="seed"):
-        engine.submit([1], dict(max_new_tokens=1), seed=-1)
+    with pytest.raises(RequestError, match="sampling_seed"):
+        engine.submit([1], dict(max_new_tokens=1, sampling_seed=-1))
     f = engine.submit([1] * 20, dict(max_new_tokens=12, ignore_eos=True))
     run_to_end(engine)
     assert len(f.result().output_ids) == 12

@@ -152,22 +152,22 @@ class RolloutEngine:
         input_ids: list[int],
         sampling: SamplingParams | dict | None = None,
         rid: str | None = None,
-        seed: int | None = None,
         return_logprob: bool = True,
     ) -> Future:
-        """Queue a request; the future resolves to a :class:`GenerateResponse`.
+        """Queue a request; the future resolves to a :class:`GenerateResponse`. A request with
+        ``sampling_seed`` draws from its own generator, the others from the engine's (``seed``).
 
         Raises :class:`RequestError` for a request that cannot run here.
         """
-        return self.submit_many([(input_ids, sampling, rid, seed)], return_logprob)[0]
+        return self.submit_many([(input_ids, sampling, rid)], return_logprob)[0]
 
     def submit_many(self, jobs: list[tuple], return_logprob: bool = True) -> list[Future]:
-        """Queue several requests ``(input_ids, sampling, rid, seed)`` together (they join the
+        """Queue several requests ``(input_ids, sampling, rid)`` together (they join the
         same step); all are checked first, so a bad one queues none. One future each."""
         futs = [Future() for _ in jobs]
-        seqs = [new_sequence(ids, sampling, rid, seed, return_logprob, fut, vocab_size=self.vocab_size,
+        seqs = [new_sequence(ids, sampling, rid, return_logprob, fut, vocab_size=self.vocab_size,
                              max_positions=self.max_positions, eos_ids=self.eos_ids)
-                for (ids, sampling, rid, seed), fut in zip(jobs, futs)]
+                for (ids, sampling, rid), fut in zip(jobs, futs)]
         with self._lock:
             if self._closed:
                 raise EngineStopped("the rollout engine is shut down")

@@ -1,6 +1,6 @@
 """Per-request state (settings, outputs, response) and batched per-row sampling.
 
-Sampling: temperature, top-k, top-p, optional per-request seeds.
+Sampling: temperature, top-k, top-p, optional per-request seeds (``sampling_params.sampling_seed``).
 
 Behaviour logprob (what the trainer uses as the old policy's logprob): for a
 sampled token ``t`` it is its logprob under the distribution it was drawn from:
@@ -31,7 +31,6 @@ from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo
 
 _NEG_INF = float("-inf")
 _BELOW_ONE = 1.0 - 2.0**-52
-MAX_SEED = 1 << 63
 
 
 class RequestError(ValueError):
@@ -167,7 +166,6 @@ def new_sequence(
     input_ids: list[int],
     sampling: SamplingParams | dict | None,
     rid: str | None,
-    seed: int | None,
     return_logprob: bool,
     future: Future,
     *,
@@ -193,11 +191,8 @@ def new_sequence(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = {total} exceeds "
             f"the model's context of {max_positions} positions"
         )
-    gen = None
-    if seed is not None:
-        if not 0 <= seed < MAX_SEED:
-            raise RequestError(f"seed must be in [0, 2**63), got {seed}")
-        gen = torch.Generator().manual_seed(seed)
+    seed = sampling.sampling_seed
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
     stop = set(sampling.stop_token_ids)
     if not sampling.ignore_eos:
         stop.update(eos_ids)

@@ -141,10 +141,10 @@ def create_app(engine: RolloutEngine) -> FastAPI:
         if batched:
             req = _validate(GenerateBatchRequest, raw)
             rids = req.rid or [None] * len(req.input_ids)
-            jobs = [(ids, req.sampling_params, rid, None) for ids, rid in zip(req.input_ids, rids)]
+            jobs = list(zip(req.input_ids, req.per_prompt(), rids))
         else:
             req = _validate(GenerateRequest, raw)
-            jobs = [(req.input_ids, req.sampling_params, req.rid, req.seed)]
+            jobs = [(req.input_ids, req.sampling_params, req.rid)]
         try:
             futs = engine.submit_many(jobs, return_logprob=req.return_logprob)
         except RequestError as e:
@@ -327,7 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--weight-version", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the sampling generator (requests without sampling_params.sampling_seed)")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
