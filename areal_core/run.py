@@ -56,7 +56,7 @@ def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, versi
     if r.backend != "embedded":
         yield list(r.urls), None
         return
-    with EmbeddedServers(model_path, r.n_servers, weight_version=version, max_running=r.max_running,
+    with EmbeddedServers(model_path, r.n_servers, weight_version=version, seed=cfg.seed, max_running=r.max_running,
                          weight_update=r.weight_update, torch_threads=r.torch_threads,
                          log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
         yield s.urls, s.restart

@@ -182,10 +182,11 @@ def http():
 sampling_like = st.fixed_dictionaries({}, optional={
     "temperature": json_values, "top_p": json_values, "top_k": json_values,
     "max_new_tokens": st.one_of(json_values, st.integers(-5, 10**9)), "stop_token_ids": json_values,
-    "ignore_eos": json_values, "bogus": json_values})
+    "ignore_eos": json_values, "sampling_seed": st.one_of(json_values, st.integers(-5, 2**64)),
+    "bogus": json_values})
 generate_like = st.fixed_dictionaries({}, optional={
     "input_ids": st.one_of(json_values, st.lists(st.integers(-10, 2**66), max_size=6)),
-    "sampling_params": st.one_of(sampling_like, json_values), "rid": json_values, "seed": json_values,
+    "sampling_params": st.one_of(sampling_like, json_values), "rid": json_values,
     "return_logprob": json_values})
 
 
@@ -216,7 +217,7 @@ def test_server_http_bad_bodies(http, body, path):
 
 def test_server_still_serves_after_bad_input(http):
     client, engine = http
-    for body in (b"{", b"\xff\xfe", b"[]", b'{"input_ids": [1e400]}', b'{"input_ids": [99999]}',
+    for body in (b"{", b"\xff\xfe", b"[]", b'{"input_ids": {}}', b'{"input_ids": [1e400]}', b'{"input_ids": [99999]}',
                  json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10**9}}).encode(),
                  json.dumps({"input_ids": [1] * 70000}).encode(), b"0" * (9 << 20)):
         r = _post(client, "/generate", body)

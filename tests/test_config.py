@@ -57,6 +57,16 @@ def test_minibatches_must_divide(tmp_path):
         load_config(_write(tmp_path, "trainer:\n  batch_size: 64\n  ppo_minibatches: 3\n"))
 
 
+@pytest.mark.parametrize("key,value,expected", [("top_p", 0.9, "must be 1.0"), ("top_k", 20, "must be 0")])
+def test_training_refuses_filtered_sampling(tmp_path, key, value, expected):
+    p = _write(tmp_path, f"rollout:\n  sampling:\n    {key}: {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert f"{p}:3: rollout.sampling.{key}:" in msg and f"rollout.sampling.{key} {expected}" in msg
+    assert "training needs the unfiltered distribution" in msg and f"got {value}" in msg
+
+
 def test_bad_literal(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer.objective: .*'decoupled' or 'naive'"):
         load_config(_write(tmp_path, "trainer:\n  objective: grpo\n"))

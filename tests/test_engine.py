@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from areal_core.rollout.engine import RequestError, RolloutEngine
 from areal_core.rollout.engine_parts import prefill_groups
 from areal_core.rollout.kv_forward import UnsupportedModelError
+from areal_core.rollout.launcher import server_seed
 
 VOCAB = 64
 
@@ -50,13 +51,18 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[: out.index(eos) + 1] if eos in out else out
 
 
-def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) -> torch.Tensor:
-    """logprob of each output token under ``model`` given prompt + the preceding outputs."""
+def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float, top_k: int = 0) -> torch.Tensor:
+    """logprob of each output token under ``model`` given prompt + the preceding outputs
+    (with ``top_k``: under the distribution renormalised over the k most likely tokens)."""
     ids = torch.tensor([prompt + out])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1: -1].float()
     t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    logits = logits / t
+    if top_k:
+        kth = torch.topk(logits, top_k, -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
 PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40, 41], [50] * 13]
@@ -96,7 +102,7 @@ def test_greedy_ignore_eos_crosses_capacity_growth_with_chunked_prefill():
         assert f.result().output_ids == want
 
 
-def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperature):
+def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperature, top_k: int = 0):
     out, versions = resp.output_ids, resp.meta_info.output_token_versions
     got = torch.tensor([lp for lp, _, _ in resp.meta_info.output_token_logprobs])
     assert [t for _, t, _ in resp.meta_info.output_token_logprobs] == out
@@ -104,7 +110,7 @@ def _check_logprobs(models: dict[int, torch.nn.Module], prompt, resp, temperatur
     for v, model in models.items():
         sel = torch.tensor([x == v for x in versions])
         if sel.any():
-            want = hf_logprobs(model, prompt, out, temperature)
+            want = hf_logprobs(model, prompt, out, temperature, top_k)
             torch.testing.assert_close(got[sel], want[sel], atol=1e-4, rtol=0)
 
 
@@ -116,7 +122,7 @@ def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
     engine = RolloutEngine(copy.deepcopy(old), start=threaded, kv_slots=2, kv_capacity=8)
     reqs = [(p, dict(temperature=1.0, max_new_tokens=max_new, ignore_eos=True)) for p in PROMPTS[:4]]
     reqs.append((PROMPTS[4], dict(temperature=0.7, top_k=5, max_new_tokens=max_new, ignore_eos=True)))
-    futs = [engine.submit(p, s, seed=i) for i, (p, s) in enumerate(reqs)]
+    futs = [engine.submit(p, {**s, "sampling_seed": i}) for i, (p, s) in enumerate(reqs)]
     if threaded:
         deadline = time.monotonic() + 30
         while engine.generated_tokens < 5 * 20 and time.monotonic() < deadline:
@@ -136,7 +142,7 @@ def test_interruptible_update_reprefills_with_new_weights(tmp_path, threaded):
     crossing = [r for r in resps if set(r.meta_info.output_token_versions) == {0, 1}]
     assert crossing, "no sequence was generated across the update"
     for (p, s), r in zip(reqs, resps):
-        _check_logprobs({0: old, 1: new}, p, r, s["temperature"])
+        _check_logprobs({0: old, 1: new}, p, r, s["temperature"], s.get("top_k", 0))
 
 
 def test_non_interruptible_update_waits_for_running_sequences(tmp_path):
@@ -184,17 +190,21 @@ def test_sampling_top_k_top_p_stop_and_length():
     greedy = engine.submit(p, dict(temperature=0.0, max_new_tokens=16, ignore_eos=True))
     top1 = engine.submit(p, dict(temperature=1.0, top_k=1, max_new_tokens=16, ignore_eos=True))
     nucleus = engine.submit(p, dict(temperature=1.0, top_p=1e-6, max_new_tokens=16, ignore_eos=True))
-    top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1), seed=i) for i in range(40)]
-    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True), seed=123) for _ in range(2)]
+    top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1, sampling_seed=i)) for i in range(40)]
+    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True, sampling_seed=s))
+              for s in (123, 123, 124)]
     run_to_end(engine)
     g = greedy.result()
     assert g.meta_info.finish_reason.type == "length" and len(g.output_ids) == 16
     assert top1.result().output_ids == g.output_ids
+    # top-1 samples from a point mass: its behaviour logprob is 0, not log_softmax(logits) at the argmax
+    assert all(abs(lp) < 1e-6 for lp, _, _ in top1.result().meta_info.output_token_logprobs)
     assert nucleus.result().output_ids == g.output_ids
     allowed = set(torch.topk(_logits_at_start(model, p), 3).indices.tolist())
     firsts = {f.result().output_ids[0] for f in top3}
     assert firsts <= allowed and len(firsts) > 1
-    assert seeded[0].result().output_ids == seeded[1].result().output_ids
+    # sampling_seed: the same seed gives the same answer (in one batch), another seed another one
+    assert seeded[0].result().output_ids == seeded[1].result().output_ids != seeded[2].result().output_ids
     # a stop token ends generation and is included in the output
     k = next(i for i, t in enumerate(g.output_ids) if i >= 3 and t not in g.output_ids[:i])
     stop = g.output_ids[k]
@@ -203,6 +213,23 @@ def test_sampling_top_k_top_p_stop_and_length():
     r = s.result()
     assert r.output_ids == g.output_ids[: k + 1]
     assert r.meta_info.finish_reason.type == "stop" and r.meta_info.finish_reason.matched == stop
+
+
+def test_servers_seeded_like_the_launcher_sample_apart_and_reproduce():
+    """Embedded server k of a run samples with server_seed(run seed, k): the servers answer the
+    same prompt at temperature 1 differently, and the same (seed, index) answers the same again."""
+    model = tiny_model("qwen2", seed=7)
+
+    def answers(run_seed: int, index: int) -> list[list[int]]:
+        engine = RolloutEngine(copy.deepcopy(model), seed=server_seed(run_seed, index), start=False)
+        futs = [engine.submit(PROMPTS[1], dict(temperature=1.0, max_new_tokens=16, ignore_eos=True)) for _ in range(4)]
+        run_to_end(engine)
+        return [f.result().output_ids for f in futs]
+
+    first = answers(5, 0)
+    assert answers(5, 1) != first and answers(6, 0) != first
+    assert answers(5, 0) == first
+    assert len({server_seed(5, k) for k in range(64)} | {server_seed(6, k) for k in range(64)}) == 128
 
 
 def test_model_eos_stops_unless_ignored():
@@ -229,8 +256,8 @@ def test_request_validation():
         engine.submit([1, VOCAB], dict(max_new_tokens=1))
     with pytest.raises(RequestError, match="sampling"):
         engine.submit([1], dict(top_k=-3))
-    with pytest.raises(RequestError, match="seed"):
-        engine.submit([1], dict(max_new_tokens=1), seed=-1)
+    with pytest.raises(RequestError, match="sampling_seed"):
+        engine.submit([1], dict(max_new_tokens=1, sampling_seed=-1))
     f = engine.submit([1] * 20, dict(max_new_tokens=12, ignore_eos=True))
     run_to_end(engine)
     assert len(f.result().output_ids) == 12

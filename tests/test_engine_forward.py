@@ -120,8 +120,8 @@ def test_sampler_never_draws_filtered_or_impossible_tokens():
     assert set(tokens.tolist()) == {0, 1, 2}
     want = torch.softmax(row[:3].double(), -1)  # renormalised over the top 3
     assert ((freq[:3] - want).abs() <= 5 * (want * (1 - want) / n).sqrt()).all()
-    # the behaviour logprob stays the unfiltered one
-    torch.testing.assert_close(logprobs, torch.log_softmax(row, -1)[tokens], atol=1e-6, rtol=0)
+    # the behaviour logprob is the one of the distribution drawn from: renormalised over the top 3
+    torch.testing.assert_close(logprobs, torch.log_softmax(row[:3], -1)[tokens], atol=1e-6, rtol=0)
 
 
 def test_seeded_rows_repeat_and_mix_with_unseeded_ones():

@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
-from areal_core.rollout.launcher import start_server
+from areal_core.rollout.engine import RolloutEngine
+from areal_core.rollout.launcher import EmbeddedServers, server_seed, start_server
 
 VOCAB = 64
 
@@ -95,10 +96,55 @@ def test_batched_generate_answers_each_prompt_in_order(server, models):
     assert status == 400 and "rid has 1 ids for 2 prompts" in message
 
 
+def test_sampling_seed_per_prompt_in_a_batch(server):
+    """sampling_params.sampling_seed (SGLang's name): the same seed gives the same answer, alone or in a
+    batch whose prompts each have their own sampling params; another seed gives another answer."""
+    prompt = [5, 6, 7, 8]
+
+    def sp(seed):
+        return {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": seed}
+
+    async def go(c: RolloutClient):
+        batch = await c.generate_batch([prompt] * 3, [sp(1), sp(1), sp(2)], rids=["a", "b", "c"])
+        return batch, await c.generate(prompt, sp(1)), await c.generate(prompt, sp(2))
+
+    batch, one, two = run(_with_client(server.url, go))
+    assert [r.meta_info.id for r in batch] == ["a", "b", "c"]
+    assert batch[0].output_ids == batch[1].output_ids == one.output_ids
+    assert batch[2].output_ids == two.output_ids != one.output_ids
+
+
+def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
+    """Two servers of one run (EmbeddedServers, run seed 5) answer the same request differently at
+    temperature 1; server k answers as an engine seeded server_seed(5, k) does (reproducible)."""
+    path = models["v0"][0]
+    sampling = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
+
+    async def ask(urls):
+        clients = [RolloutClient(u, timeout_s=60) for u in urls]
+        try:
+            return [(await c.generate([5, 6, 7, 8], sampling)).output_ids for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    with EmbeddedServers(path, 2, seed=5, startup_timeout_s=60,
+                         log_paths=[str(tmp_path / f"s{k}.log") for k in range(2)]) as servers:
+        got = run(ask(servers.urls))
+    assert got[0] != got[1]
+    for k in range(2):
+        engine = RolloutEngine.from_pretrained(path, seed=server_seed(5, k), start=False)
+        fut = engine.submit([5, 6, 7, 8], sampling)
+        while engine.step():
+            pass
+        assert fut.result().output_ids == got[k]
+
+
 def test_32_concurrent_requests(server):
     async def go(c: RolloutClient):
         before = (await c.model_info()).generated_tokens
-        reqs = [c.generate([i % VOCAB, 9, 10], {"max_new_tokens": 16, "ignore_eos": True}, rid=f"r{i}", seed=i)
+        reqs = [c.generate([i % VOCAB, 9, 10], {"max_new_tokens": 16, "ignore_eos": True, "sampling_seed": i},
+                           rid=f"r{i}")
                 for i in range(32)]
         resps = await asyncio.gather(*reqs)
         return before, resps, await c.model_info()
@@ -152,7 +198,9 @@ def test_pause_and_continue(server):
     ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400, "temperature"),
     ("/generate", b'{"input_ids": [99999999999999999999]}', 400, "vocabulary"),
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 511}}', 400, "context"),
-    ("/generate", b'{"input_ids": [1], "seed": -5}', 400, "seed"),
+    ("/generate", b'{"input_ids": [1], "sampling_params": {"sampling_seed": -5}}', 400, "sampling_seed"),
+    ("/generate", b'{"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 1}]}', 400,
+     "sampling_params has 1 entries for 2 prompts"),
     ("/update_weights_from_disk", b'{"model_path": "/no/such/folder", "weight_version": 1}', 400, "does not exist"),
     ("/update_weights_from_disk", b'{"model_path": "x", "weight_version": -1}', 400, "weight_version"),
     ("/pause_generation", b'{"mode": "abort"}', 400, "mode"),
@@ -271,8 +319,8 @@ def test_partial_outputs_of_running_requests(server):
     """/get_requests shows what an unfinished request has so far; it is a prefix of the answer,
     and continuing from it (prompt + prefix, fewer tokens) is how a resumed run goes on."""
     async def go(c: RolloutClient):
-        task = asyncio.ensure_future(c.generate([5, 6, 7], {"max_new_tokens": 300, "ignore_eos": True},
-                                                rid="long-1", seed=3))
+        task = asyncio.ensure_future(c.generate([5, 6, 7], {"max_new_tokens": 300, "ignore_eos": True,
+                                                            "sampling_seed": 3}, rid="long-1"))
         seen = None
         for _ in range(500):
             snap = await c.requests()

@@ -119,7 +119,7 @@ async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int]], sam
     bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
 
     async def one(i: int, rid: str, ids: list[int], seed: int) -> None:
-        resp = await pool.generate(ids, sampling, rid=rid, seed=seed)
+        resp = await pool.generate(ids, {**sampling, "sampling_seed": seed}, rid=rid)
         on_done(i, resp)
         bar.update(1)
 

@@ -3,6 +3,8 @@
 ``RolloutClient`` talks to one server; ``RolloutPool`` spreads generation over
 several (each request goes to the server with the fewest requests in flight
 from this pool) and broadcasts weight updates, pause and resume.
+
+A request's own seed goes in its sampling params, under SGLang's name ``sampling_seed``.
 """
 
 from __future__ import annotations
@@ -126,21 +128,25 @@ class RolloutClient:
         input_ids: Sequence[int],
         sampling: dict | SamplingParams | None = None,
         rid: str | None = None,
-        seed: int | None = None,
     ) -> GenerateResponse:
         req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling),
-                              rid=rid, seed=seed)
+                              rid=rid)
         return GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req))
 
     async def generate_batch(
         self,
         input_ids: Sequence[Sequence[int]],
-        sampling: dict | SamplingParams | None = None,
+        sampling: dict | SamplingParams | Sequence[dict | SamplingParams] | None = None,
         rids: Sequence[str] | None = None,
     ) -> list[GenerateResponse]:
-        """Several prompts in one request (they are admitted together); responses in order."""
+        """Several prompts in one request (they are admitted together); responses in order.
+        ``sampling``: one for all prompts, or a list with one per prompt."""
+        if isinstance(sampling, (list, tuple)):
+            sp = [_sampling_params(s) for s in sampling]
+        else:
+            sp = _sampling_params(sampling)
         req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids],
-                                   sampling_params=_sampling_params(sampling), rid=list(rids) if rids is not None else None)
+                                   sampling_params=sp, rid=list(rids) if rids is not None else None)
         return _RESPONSES.validate_json(await self._call("POST", GENERATE, req))
 
     async def pause(self) -> None:
@@ -264,15 +270,14 @@ class RolloutPool:
         input_ids: Sequence[int],
         sampling: dict | SamplingParams | None = None,
         rid: str | None = None,
-        seed: int | None = None,
     ) -> GenerateResponse:
         async with self._least_busy(1) as client:
-            return await client.generate(input_ids, sampling, rid=rid, seed=seed)
+            return await client.generate(input_ids, sampling, rid=rid)
 
     async def generate_batch(
         self,
         input_ids: Sequence[Sequence[int]],
-        sampling: dict | SamplingParams | None = None,
+        sampling: dict | SamplingParams | Sequence[dict | SamplingParams] | None = None,
         rids: Sequence[str] | None = None,
     ) -> list[GenerateResponse]:
         """One batched request to one server (the least busy), responses in order."""

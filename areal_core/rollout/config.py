@@ -2,16 +2,35 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
 
+_NEEDS_FULL = ("training needs the unfiltered distribution: the trainer recomputes logprobs over every "
+               "token, and the kept set of a filter depends on the policy, so the importance weights "
+               "would compare two different distributions (evaluation has its own sampling settings)")
+
 
 class SamplingConfig(Section):
+    """How the rollout servers sample the answers RL trains on (no top-p/top-k filtering)."""
     temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)  # 0: no top-k
+    top_p: float = Field(1.0, gt=0, le=1)  # must stay 1.0: see _NEEDS_FULL
+    top_k: int = Field(0, ge=0)  # must stay 0 (no top-k): see _NEEDS_FULL
     max_new_tokens: int = Field(128, gt=0)
+
+    @field_validator("top_p")
+    @classmethod
+    def _no_nucleus(cls, v: float) -> float:
+        if v < 1:
+            raise ValueError(f"rollout.sampling.top_p must be 1.0 (no nucleus filtering): {_NEEDS_FULL}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _no_top_k(cls, v: int) -> int:
+        if v > 0:
+            raise ValueError(f"rollout.sampling.top_k must be 0 (no top-k filtering): {_NEEDS_FULL}")
+        return v
 
 
 class DiskTransportConfig(Section):

@@ -10,9 +10,10 @@ Output conventions (what the trainer relies on):
 
 * ``output_ids`` include the token that stopped the sequence (a stop token or
   the model's EOS), so the trainer trains on it; ``finish_reason.matched`` names it.
-* ``output_token_logprobs[i][0]`` is the behaviour logprob of token ``i``:
-  ``log_softmax(logits / temperature)`` at that token, BEFORE top-k/top-p
-  filtering (temperature 0: ``log_softmax(logits)``); see ``sampling.py``.
+* ``output_token_logprobs[i][0]`` is the behaviour logprob of token ``i``: its logprob
+  under the distribution it was drawn from, ``log_softmax(logits / temperature)``
+  renormalised over the tokens top-k/top-p keep (temperature 0: ``log_softmax(logits)``);
+  see ``sampling.py``.
 * ``output_token_versions[i]`` is the engine's weight version when token ``i``
   was sampled; ``weight_version`` is the version when the request finished.
 
@@ -151,22 +152,22 @@ class RolloutEngine:
         input_ids: list[int],
         sampling: SamplingParams | dict | None = None,
         rid: str | None = None,
-        seed: int | None = None,
         return_logprob: bool = True,
     ) -> Future:
-        """Queue a request; the future resolves to a :class:`GenerateResponse`.
+        """Queue a request; the future resolves to a :class:`GenerateResponse`. A request with
+        ``sampling_seed`` draws from its own generator, the others from the engine's (``seed``).
 
         Raises :class:`RequestError` for a request that cannot run here.
         """
-        return self.submit_many([(input_ids, sampling, rid, seed)], return_logprob)[0]
+        return self.submit_many([(input_ids, sampling, rid)], return_logprob)[0]
 
     def submit_many(self, jobs: list[tuple], return_logprob: bool = True) -> list[Future]:
-        """Queue several requests ``(input_ids, sampling, rid, seed)`` together (they join the
+        """Queue several requests ``(input_ids, sampling, rid)`` together (they join the
         same step); all are checked first, so a bad one queues none. One future each."""
         futs = [Future() for _ in jobs]
-        seqs = [new_sequence(ids, sampling, rid, seed, return_logprob, fut, vocab_size=self.vocab_size,
+        seqs = [new_sequence(ids, sampling, rid, return_logprob, fut, vocab_size=self.vocab_size,
                              max_positions=self.max_positions, eos_ids=self.eos_ids)
-                for (ids, sampling, rid, seed), fut in zip(jobs, futs)]
+                for (ids, sampling, rid), fut in zip(jobs, futs)]
         with self._lock:
             if self._closed:
                 raise EngineStopped("the rollout engine is shut down")

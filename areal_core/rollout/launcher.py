@@ -3,11 +3,16 @@
 Each server runs in its own session (process group), so ``stop()`` can signal
 it as a group; it is also told our PID and exits on its own if we die. Every
 started server is stopped at interpreter exit if nobody stopped it before.
+
+Server ``k`` of :class:`EmbeddedServers` samples with its own seed,
+``server_seed(run_seed, k)``, so servers given the same prompt answer differently
+and a run with the same seed starts each server's random stream the same way.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import signal
@@ -23,6 +28,13 @@ from areal_core.rollout.client import check_health_sync
 log = logging.getLogger(__name__)
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def server_seed(run_seed: int, index: int) -> int:
+    """The sampling seed of embedded server ``index`` of a run seeded ``run_seed``: a stable
+    hash (the same in every process and Python version), in [0, 2**63)."""
+    digest = hashlib.blake2b(f"{run_seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,13 +107,13 @@ class ServerProcess:
 
 
 def _command(model_path: str, port: int, max_running: int, weight_update: str, torch_threads: int,
-             weight_version: int, dtype: str) -> list[str]:
+             weight_version: int, dtype: str, seed: int) -> list[str]:
     cmd = [
         sys.executable, "-m", "areal_core.rollout.server",
         "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
         "--max-running", str(max_running), "--torch-threads", str(torch_threads),
         "--weight-version", str(weight_version), "--dtype", dtype, "--parent-pid", str(os.getpid()),
-        "--weight-update", weight_update,
+        "--weight-update", weight_update, "--seed", str(seed),
     ]
     return cmd
 
@@ -118,8 +130,10 @@ def start_server(
     env: dict[str, str] | None = None,
     startup_timeout_s: float = 120.0,
     dtype: str = "float32",
+    seed: int = 0,
 ) -> ServerProcess:
     """Start a rollout server on 127.0.0.1 and return once ``/health`` answers.
+    ``seed``: the server's sampling seed (requests without ``sampling_seed`` use it).
 
     ``port=None`` picks a free port (retrying with another one if it was taken
     meanwhile). Raises ``RuntimeError`` with the log tail if the server exits
@@ -135,7 +149,7 @@ def start_server(
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         p = port if port is not None else free_port()
-        cmd = _command(model_path, p, max_running, weight_update, torch_threads, weight_version, dtype)
+        cmd = _command(model_path, p, max_running, weight_update, torch_threads, weight_version, dtype, seed)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                     env=child_env, start_new_session=True)
@@ -167,15 +181,17 @@ def start_server(
 class EmbeddedServers:
     """``n`` embedded servers started together; one that died can be restarted on its port.
 
+    Server ``k`` samples with ``server_seed(seed, k)`` (``seed``: the run's seed).
     ``restart(i, model_path, version)`` stops server ``i`` (if anything is left of it)
-    and starts a new one on the same port with the given weights, so its URL and the
-    clients that use it stay valid. Use as a context manager: every server is stopped
-    by its PID on exit.
+    and starts a new one on the same port with the given weights and the same seed, so
+    its URL and the clients that use it stay valid. Use as a context manager: every
+    server is stopped by its PID on exit.
     """
 
-    def __init__(self, model_path: str, n: int, *, weight_version: int = 0,
+    def __init__(self, model_path: str, n: int, *, weight_version: int = 0, seed: int = 0,
                  log_paths: list[str] | None = None, **kwargs):
         self._kwargs = kwargs
+        self._seed = seed
         self._logs = log_paths or [None] * n
         self.servers: list[ServerProcess] = []
         self.restarts = 0
@@ -183,7 +199,7 @@ class EmbeddedServers:
         try:
             for k in range(n):
                 self.servers.append(start_server(model_path, weight_version=weight_version,
-                                                 log_path=self._logs[k], **kwargs))
+                                                 seed=server_seed(seed, k), log_path=self._logs[k], **kwargs))
         except BaseException:
             self.stop()
             raise
@@ -197,8 +213,8 @@ class EmbeddedServers:
         log.warning("restarting rollout server %s (pid %d, alive=%s) with version %d",
                     old.url, old.pid, old.alive(), version)
         old.stop()
-        new = start_server(model_path, port=old.port, weight_version=version, log_path=self._logs[i],
-                           **self._kwargs)
+        new = start_server(model_path, port=old.port, weight_version=version, seed=server_seed(self._seed, i),
+                           log_path=self._logs[i], **self._kwargs)
         self.servers[i] = new
         self.restarts += 1
         if self._closed:  # stopped while this one was starting (a restart runs in a worker thread)

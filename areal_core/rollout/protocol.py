@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TOKENS_PER_REQUEST = 1 << 16
+MAX_SEED = 1 << 63
 
 
 class _Body(BaseModel):
@@ -50,6 +51,8 @@ class SamplingParams(_Body):
     max_new_tokens: int = Field(128, gt=0, le=MAX_TOKENS_PER_REQUEST)
     stop_token_ids: list[int] = []  # besides the model's EOS
     ignore_eos: bool = False
+    # SGLang's name: this request's own random stream (same seed, same answer); None: the server's
+    sampling_seed: int | None = Field(None, ge=0, lt=MAX_SEED)
 
 
 class GenerateRequest(_Body):
@@ -57,19 +60,26 @@ class GenerateRequest(_Body):
     sampling_params: SamplingParams = SamplingParams()
     return_logprob: bool = True
     rid: str | None = Field(None, max_length=256)  # request id, echoed back as meta_info.id
-    seed: int | None = None
 
 
 class GenerateBatchRequest(_Body):
-    """Several prompts in one call (SGLang's batched /generate): one response each, in order."""
+    """Several prompts in one call (SGLang's batched /generate): one response each, in order.
+    ``sampling_params``: one for all prompts, or a list with one per prompt (e.g. each its own seed)."""
     input_ids: list[list[int]] = Field(min_length=1, max_length=4096)
-    sampling_params: SamplingParams = SamplingParams()
+    sampling_params: SamplingParams | list[SamplingParams] = SamplingParams()
     return_logprob: bool = True
     rid: list[str] | None = None
 
     def model_post_init(self, _context) -> None:
-        if self.rid is not None and len(self.rid) != len(self.input_ids):
-            raise ValueError(f"rid has {len(self.rid)} ids for {len(self.input_ids)} prompts")
+        n = len(self.input_ids)
+        if self.rid is not None and len(self.rid) != n:
+            raise ValueError(f"rid has {len(self.rid)} ids for {n} prompts")
+        if isinstance(self.sampling_params, list) and len(self.sampling_params) != n:
+            raise ValueError(f"sampling_params has {len(self.sampling_params)} entries for {n} prompts")
+
+    def per_prompt(self) -> list[SamplingParams]:
+        sp = self.sampling_params
+        return sp if isinstance(sp, list) else [sp] * len(self.input_ids)
 
 
 class FinishReason(_Body):

@@ -1,11 +1,14 @@
 """Per-request state (settings, outputs, response) and batched per-row sampling.
 
-Sampling: temperature, top-k, top-p, optional per-request seeds.
+Sampling: temperature, top-k, top-p, optional per-request seeds (``sampling_params.sampling_seed``).
 
 Behaviour logprob (what the trainer uses as the old policy's logprob): for a
-sampled token ``t`` it is ``log_softmax(logits / temperature)[t]``, computed
-BEFORE top-k/top-p filtering, i.e. the logprob under the temperature-scaled
-full distribution. For temperature 0 (greedy) it is ``log_softmax(logits)[t]``.
+sampled token ``t`` it is its logprob under the distribution it was drawn from:
+``log_softmax(logits / temperature)`` restricted to the tokens top-k/top-p keep and
+renormalised over them (without filtering, the full temperature-scaled distribution).
+For temperature 0 (greedy) it is ``log_softmax(logits)[t]``, unfiltered. The trainer
+recomputes logprobs over the full distribution, so RL refuses filtering
+(``rollout.sampling``, see ``rollout/config.py``); evaluation may filter.
 
 Drawing: inverse CDF with ONE uniform per row (not one per vocabulary entry, which costs
 as much as the model's LM head at a 50k vocabulary): ``probs = exp(logp)`` (filtered tokens
@@ -28,7 +31,6 @@ from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo
 
 _NEG_INF = float("-inf")
 _BELOW_ONE = 1.0 - 2.0**-52
-MAX_SEED = 1 << 63
 
 
 class RequestError(ValueError):
@@ -107,10 +109,14 @@ class BatchSampler:
         if not (self.use_top_k or self.use_top_p):
             return self._sample_full(logits, scaled)
         logp = torch.log_softmax(scaled, dim=-1)
-        tokens = self._draw(self._filtered(logp))
-        if self.any_greedy:
+        kept = self._filtered(logp)
+        tokens = self._draw(kept)
+        # renormalised over the kept tokens: the logprob of the distribution drawn from
+        behav = kept.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(kept, dim=-1)
+        if self.any_greedy:  # greedy rows (scaled by 1): argmax, and the unfiltered log_softmax(logits)
             tokens = torch.where(self.greedy, torch.argmax(logits, dim=-1), tokens)
-        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+            behav = torch.where(self.greedy, logp.gather(-1, tokens[:, None])[:, 0], behav)
+        return tokens, behav
 
     def _sample_full(self, logits: torch.Tensor, scaled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """No filtering: one pass of ``exp(scaled - max)`` serves both the draw and the logprob
@@ -160,7 +166,6 @@ def new_sequence(
     input_ids: list[int],
     sampling: SamplingParams | dict | None,
     rid: str | None,
-    seed: int | None,
     return_logprob: bool,
     future: Future,
     *,
@@ -186,11 +191,8 @@ def new_sequence(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = {total} exceeds "
             f"the model's context of {max_positions} positions"
         )
-    gen = None
-    if seed is not None:
-        if not 0 <= seed < MAX_SEED:
-            raise RequestError(f"seed must be in [0, 2**63), got {seed}")
-        gen = torch.Generator().manual_seed(seed)
+    seed = sampling.sampling_seed
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
     stop = set(sampling.stop_token_ids)
     if not sampling.ignore_eos:
         stop.update(eos_ids)

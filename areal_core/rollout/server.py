@@ -2,7 +2,7 @@
 
     python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
         [--host 127.0.0.1] [--max-running 256] [--weight-update reprefill|keep_kv|drain] \\
-        [--torch-threads 1] [--weight-version 0] [--dtype float32] [--parent-pid PID]
+        [--torch-threads 1] [--weight-version 0] [--dtype float32] [--seed 0] [--parent-pid PID]
 
 Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
 answer ``{"message": ..., "error": {"message": ..., "type": ...}}`` naming the
@@ -133,16 +133,18 @@ def create_app(engine: RolloutEngine) -> FastAPI:
     async def generate(request: Request):
         raw = await _body(request)
         try:
-            batched = isinstance((json.loads(raw) or {}).get("input_ids", [None])[0], list)
-        except (ValueError, AttributeError, IndexError, TypeError):
-            batched = False  # the model's validation names what is wrong
+            body = json.loads(raw)
+        except ValueError:
+            body = None  # the model's validation names what is wrong
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
         if batched:
             req = _validate(GenerateBatchRequest, raw)
             rids = req.rid or [None] * len(req.input_ids)
-            jobs = [(ids, req.sampling_params, rid, None) for ids, rid in zip(req.input_ids, rids)]
+            jobs = list(zip(req.input_ids, req.per_prompt(), rids))
         else:
             req = _validate(GenerateRequest, raw)
-            jobs = [(req.input_ids, req.sampling_params, req.rid, req.seed)]
+            jobs = [(req.input_ids, req.sampling_params, req.rid)]
         try:
             futs = engine.submit_many(jobs, return_logprob=req.return_logprob)
         except RequestError as e:
@@ -325,6 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--weight-version", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the sampling generator (requests without sampling_params.sampling_seed)")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
         args.model_path, dtype=_DTYPES[args.dtype], max_running=args.max_running,
-        weight_update=args.weight_update, weight_version=args.weight_version,
+        weight_update=args.weight_update, weight_version=args.weight_version, seed=args.seed,
     )
     log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (max_running=%d, weight_update=%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
