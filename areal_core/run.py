@@ -275,6 +275,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "effective_train_tokens_per_s": eff,
         "tokens_trained": int(sum(trained_lengths)),
         "resumed_from_step": saved.version if saved is not None else None,
+        "warm_start": {k: model_info["warm_start"].get(k) for k in ("steps", "val_accuracy", "wall_s", "cached")}
+        if "warm_start" in model_info else None,
         "rollout_resubmits": controller.resubmitted,
         "grading_resubmits": rewards.n_resubmitted,
         "rl_time_s": rl_end - rl_start,

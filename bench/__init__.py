@@ -1,10 +1,13 @@
 """Benchmarks: the AReaL paper's system ablations and the peer engines, measured side by side.
 
     python -m bench all [--quick]      # every benchmark, then bench/results/summary.json
-    python -m bench NAME [--quick]     # one of BENCHMARKS
+    python -m bench NAME [--quick]     # one of BENCHMARKS or LEARNING
 
 ``trl_peer`` needs TRL's own venv (bench/.venvs/trl): it creates it on first use, or run
 ``make bench-trl`` ahead of time.
+
+LEARNING holds the learning measurements over seeds (each a series of full training
+runs, an hour or so on 2 cores); `all` leaves them out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
@@ -19,4 +22,10 @@ BENCHMARKS = (
     "async_vs_sync",
     "checkpoints",
     "trl_peer",
+)
+
+LEARNING = (
+    "quickstart_seeds",
+    "objective_ablation",
+    "rl_vs_sft",
 )

@@ -1,0 +1,68 @@
+"""Shared pieces of the learning benchmarks: one `areal-flow train` per (setting, seed), tabulated.
+
+Learning results are measured over several seeds and reported as mean and standard
+deviation, never from one run. Each run is the product's own command,
+``areal-flow train CONFIG --set seed=S --set ...``, in a subprocess; its summary.json
+is what the tables show. Runs go one after another: each uses the whole machine.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from bench.common import REPO_ROOT
+
+CONFIG = "configs/quickstart.yaml"
+SYNC = ("trainer.eta=0", "rollout.weight_update=drain")  # the synchronous baseline of any config
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def runs_root(name: str) -> Path:
+    return REPO_ROOT / "runs" / "bench" / name
+
+
+def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str = CONFIG) -> dict:
+    """One ``areal-flow train`` run; its summary plus the wall time measured around the command."""
+    run_dir = root / label
+    cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "train", config, "--run-dir", str(run_dir),
+           "--no-progress", "--set", f"seed={seed}"]
+    for s in sets:
+        cmd += ["--set", s]
+    root.mkdir(parents=True, exist_ok=True)
+    say(f"{label}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    with open(root / f"{label}.log", "wb") as log:
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"{label} exited with {rc}; see {root / (label + '.log')}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ws = json.loads((run_dir / "config.json").read_text())["model"]["warm_start"]
+    row = {
+        "label": label, "seed": seed, "sets": list(sets),
+        "before": summary["accuracy_before"], "after": summary["accuracy_after"],
+        "gain": summary["accuracy_after"] - summary["accuracy_before"],
+        "command_wall_s": wall, "run_wall_s": summary["wall_time_s"], "rl_time_s": summary["rl_time_s"],
+        "tokens_per_s": summary["effective_train_tokens_per_s"],
+        "max_staleness": summary["max_staleness_observed"], "warm_start": ws,
+        "warm_start_steps": (summary.get("warm_start") or {}).get("steps"),
+        "warm_start_val_accuracy": (summary.get("warm_start") or {}).get("val_accuracy"),
+    }
+    say(f"{label}: {row['before']:.3f} -> {row['after']:.3f} ({row['gain']:+.3f}) in {wall:.0f}s")
+    return row
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def pm(xs: list[float], digits: int = 3) -> str:
+    m, s = mean_std(xs)
+    return f"{m:+.{digits}f} ± {s:.{digits}f}" if digits else f"{m:.0f} ± {s:.0f}"
