@@ -39,6 +39,7 @@ from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.kv_forward import apply_weights, read_weights
 from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import make_transport
 from areal_core.run_checkpoints import RunCheckpoints
 from areal_core.storage import CheckpointStore, write_json_atomic
@@ -49,15 +50,17 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0):
-    """(urls, restart) of embedded servers started here (and stopped by PID), which ``restart``
-    brings back after a crash; or the configured external ones (restart None)."""
+def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0,
+                    dtype: str = "float32"):
+    """(urls, restart) of embedded servers started here (and stopped by PID), running in ``dtype``
+    (the trainer's model's), which ``restart`` brings back after a crash; or the configured
+    external ones (restart None)."""
     r = cfg.rollout
     if r.backend != "embedded":
         yield list(r.urls), None
         return
     with EmbeddedServers(model_path, r.n_servers, weight_version=version, max_running=r.max_running,
-                         weight_update=r.weight_update, torch_threads=r.torch_threads,
+                         weight_update=r.weight_update, torch_threads=r.torch_threads, dtype=dtype,
                          log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
         yield s.urls, s.restart
 
@@ -156,8 +159,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             log.warning("the run already has %d steps (asked for %d); nothing to train", version, steps)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
+    serve_dtype = dtype_name(model.dtype)  # the servers compute as the trainer's model does
     with RewardService(cfg.reward) as rewards, \
-            rollout_servers(cfg, store.local_copy(version), run_dir, version) as (urls, restart):
+            rollout_servers(cfg, store.local_copy(version), run_dir, version, serve_dtype) as (urls, restart):
         if cfg.rollout.backend == "external":  # external servers must start from our version too
             asyncio.run(_push_weights(urls, store.local_copy(version), version))
         if before is None:
