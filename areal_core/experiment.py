@@ -60,6 +60,12 @@ class ExperimentConfig(Section):
                 f"trainer.n_microbatches ({t.n_microbatches}) exceeds the trajectories per "
                 f"PPO minibatch ({per_mb})"
             )
+        if t.microbatching == "dynamic" and t.max_tokens_per_microbatch < r.sampling.max_new_tokens + 1:
+            raise ValueError(
+                f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) must hold a whole trajectory, "
+                f"at least 1 prompt token + rollout.sampling.max_new_tokens ({r.sampling.max_new_tokens}) = "
+                f"{r.sampling.max_new_tokens + 1} tokens"
+            )
         if r.backend == "external" and not r.urls:
             raise ValueError("rollout.urls must list at least one server when rollout.backend is 'external'")
         if r.sampling.temperature == 0:

@@ -32,9 +32,9 @@ from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
-from areal_core.experiment import ExperimentConfig
+from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
-from areal_core.models import load_base_model, load_optimizer_moments
+from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.kv_forward import apply_weights, read_weights
@@ -85,6 +85,21 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
     return max(1, cores - busy)
 
 
+def check_trajectory_budget(cfg: ExperimentConfig, prompts: list) -> None:
+    """Dynamic micro-batching trains a trajectory (prompt + up to max_new_tokens) in one micro-batch:
+    the longest prompt's must fit ``trainer.max_tokens_per_microbatch`` (else a step fails mid-run)."""
+    t, max_new = cfg.trainer, cfg.rollout.sampling.max_new_tokens
+    if t.microbatching != "dynamic" or not prompts:
+        return
+    longest = max(prompts, key=lambda p: len(p.input_ids))
+    need = len(longest.input_ids) + max_new
+    if need > t.max_tokens_per_microbatch:
+        raise ConfigError(
+            f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) is too small for record "
+            f"{longest.id!r}: its prompt of {len(longest.input_ids)} tokens + rollout.sampling.max_new_tokens "
+            f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers")
+
+
 def _percentiles(xs: list[int]) -> dict:
     t = torch.tensor(xs, dtype=torch.float32)
     return {"p50": float(t.quantile(0.5)), "p90": float(t.quantile(0.9)), "max": int(t.max())}
@@ -129,10 +144,13 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     train_records, eval_records = load_records(cfg.data)
     curriculum = cfg.data.curriculum  # a record without its field fails here, before the warm start
     buckets = [bucket(r, curriculum.by) for r in train_records] if curriculum else None
+    if cfg.model.name == "tiny":  # its char tokenizer: the prompts are checked before the warm start
+        check_trajectory_budget(cfg, to_prompts(train_records, build_char_tokenizer()))
     model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
+    check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
