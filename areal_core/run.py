@@ -299,6 +299,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "resumed_from_step": saved.version if saved is not None else None,
         "rollout_resubmits": controller.resubmitted,
         "grading_resubmits": rewards.n_resubmitted,
+        "grading_timeouts": rewards.n_timed_out,
         "rl_time_s": rl_end - rl_start,
         "wall_time_s": time.perf_counter() - t_start,
         "answer_length_before": _percentiles(before["lengths"]),

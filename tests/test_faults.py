@@ -169,17 +169,21 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
     from distributed.scheduler import KilledWorker
 
     from areal_core.reward import service as service_mod
+    from areal_core.reward.config import RewardConfig
+    from areal_core.reward.result import RewardResult
 
+    graded = RewardResult(correct=True)
     for failures, expect_ok in ((2, True), (service_mod.RESUBMITS + 1, False)):
-        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + ["graded"]
+        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + [graded]
         svc = RewardService.__new__(RewardService)
-        svc.n_resubmitted = 0
+        svc.cfg = RewardConfig()
+        svc.n_resubmitted = svc.n_timed_out = 0
         svc.client = type("C", (), {"submit": lambda self, *a, **k: _FakeFuture(outcomes.pop(0))})()
         got = []
         svc.submit("chain", "x", "y", on_done=lambda r, e: got.append((r, e)))
         assert len(got) == 1
         if expect_ok:
-            assert got[0] == ("graded", None) and svc.n_resubmitted == failures
+            assert got[0] == (graded, None) and svc.n_resubmitted == failures
         else:
             assert isinstance(got[0][1], KilledWorker) and svc.n_resubmitted == service_mod.RESUBMITS
 
