@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ValidationError, model_validator
 
 from areal_core.configbase import Section
 from areal_core.data.config import DataConfig
@@ -39,7 +39,6 @@ class ExperimentConfig(Section):
     reward: RewardConfig = RewardConfig()
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
-    log_every: int = Field(1, gt=0)
 
     @model_validator(mode="after")
     def _cross_checks(self):

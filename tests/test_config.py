@@ -170,3 +170,10 @@ def test_longest_prompt_is_checked_against_the_micro_batch_budget_before_the_mod
                                           rf"'{longest.id}': its prompt of {len(longest.input_ids)} tokens \+ "
                                           rf"rollout.sampling.max_new_tokens \(40\) = {need} tokens"):
         run_module.run_experiment(cfg, tmp_path / "run", progress=False)
+
+
+def test_log_every_is_gone(tmp_path):
+    """It did nothing (metrics are written every step); a config that sets it is told so."""
+    p = _write(tmp_path, "name: x\nlog_every: 10\n")
+    with pytest.raises(ConfigError, match=rf"{p}:2: log_every: unknown key; expected one of: .*trainer"):
+        load_config(p)
