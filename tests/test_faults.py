@@ -197,10 +197,12 @@ def test_a_group_is_graded_in_one_task_in_order():
     got = []
     with RewardService(RewardConfig(n_workers=1)) as rewards:
         done = threading.Event()
-        rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
+        # held, so the scheduler still knows the task when asked (a released one may be forgotten by then)
+        fut = rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
         assert done.wait(60)
         tasks = rewards.client.run_on_scheduler(lambda dask_scheduler: {
             tg.name: sum(tg.states.values()) for tg in dask_scheduler.task_groups.values()})
+        del fut
     (results, error), = got
     assert error is None and [r.correct for r in results] == [k % 2 == 1 for k in range(6)]
     assert list(tasks.values()) == [1] and next(iter(tasks)).startswith("grade_batch")  # not one per answer
