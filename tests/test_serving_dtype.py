@@ -84,10 +84,11 @@ def test_push_from_fp32_masters_lands_rounded_on_a_bf16_server(bf16_server, tran
         assert torch.equal(got[name], master.detach().to(BF16).float().flatten()), name
 
 
-def test_push_in_another_dtype_is_refused_by_name(bf16_server):
+@pytest.mark.parametrize("transport", [TensorTransport, DistributedTransport])
+def test_push_in_another_dtype_is_refused_by_name(bf16_server, transport):
     url, _ = bf16_server
     name = "lm_head.weight"
     before = asyncio.run(_server_weights(url, [name]))[name]
-    with pytest.raises(RolloutServerError, match=r"arrives as float32, the server's model is bfloat16"):
-        asyncio.run(_push(TensorTransport(), url, tiny_qwen2(6), 8))
+    with pytest.raises(RolloutServerError, match=r"weight.* arrives as float32, the server's model is bfloat16"):
+        asyncio.run(_push(transport(), url, tiny_qwen2(6), 8))
     assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], before)
