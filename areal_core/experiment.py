@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ValidationError, model_validator
 
 from areal_core.configbase import Section
 from areal_core.data.config import DataConfig
@@ -39,7 +39,6 @@ class ExperimentConfig(Section):
     reward: RewardConfig = RewardConfig()
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
-    log_every: int = Field(1, gt=0)
 
     @model_validator(mode="after")
     def _cross_checks(self):
@@ -59,6 +58,12 @@ class ExperimentConfig(Section):
             raise ValueError(
                 f"trainer.n_microbatches ({t.n_microbatches}) exceeds the trajectories per "
                 f"PPO minibatch ({per_mb})"
+            )
+        if t.microbatching == "dynamic" and t.max_tokens_per_microbatch < r.sampling.max_new_tokens + 1:
+            raise ValueError(
+                f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) must hold a whole trajectory, "
+                f"at least 1 prompt token + rollout.sampling.max_new_tokens ({r.sampling.max_new_tokens}) = "
+                f"{r.sampling.max_new_tokens + 1} tokens"
             )
         if r.backend == "external" and not r.urls:
             raise ValueError("rollout.urls must list at least one server when rollout.backend is 'external'")

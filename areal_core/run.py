@@ -32,13 +32,14 @@ from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
-from areal_core.experiment import ExperimentConfig
+from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
-from areal_core.models import load_base_model, load_optimizer_moments
+from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.kv_forward import apply_weights, read_weights
 from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import make_transport
 from areal_core.run_checkpoints import RunCheckpoints
 from areal_core.storage import CheckpointStore, write_json_atomic
@@ -49,15 +50,17 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0):
-    """(urls, restart) of embedded servers started here (and stopped by PID), which ``restart``
-    brings back after a crash; or the configured external ones (restart None)."""
+def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0,
+                    dtype: str = "float32"):
+    """(urls, restart) of embedded servers started here (and stopped by PID), running in ``dtype``
+    (the trainer's model's), which ``restart`` brings back after a crash; or the configured
+    external ones (restart None)."""
     r = cfg.rollout
     if r.backend != "embedded":
         yield list(r.urls), None
         return
     with EmbeddedServers(model_path, r.n_servers, weight_version=version, seed=cfg.seed, max_running=r.max_running,
-                         weight_update=r.weight_update, torch_threads=r.torch_threads,
+                         weight_update=r.weight_update, torch_threads=r.torch_threads, dtype=dtype,
                          log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
         yield s.urls, s.restart
 
@@ -80,6 +83,21 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
         return cores
     busy = r.torch_threads * r.n_servers if r.backend == "embedded" else 0
     return max(1, cores - busy)
+
+
+def check_trajectory_budget(cfg: ExperimentConfig, prompts: list) -> None:
+    """Dynamic micro-batching trains a trajectory (prompt + up to max_new_tokens) in one micro-batch:
+    the longest prompt's must fit ``trainer.max_tokens_per_microbatch`` (else a step fails mid-run)."""
+    t, max_new = cfg.trainer, cfg.rollout.sampling.max_new_tokens
+    if t.microbatching != "dynamic" or not prompts:
+        return
+    longest = max(prompts, key=lambda p: len(p.input_ids))
+    need = len(longest.input_ids) + max_new
+    if need > t.max_tokens_per_microbatch:
+        raise ConfigError(
+            f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) is too small for record "
+            f"{longest.id!r}: its prompt of {len(longest.input_ids)} tokens + rollout.sampling.max_new_tokens "
+            f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers")
 
 
 def _percentiles(xs: list[int]) -> dict:
@@ -126,10 +144,13 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     train_records, eval_records = load_records(cfg.data)
     curriculum = cfg.data.curriculum  # a record without its field fails here, before the warm start
     buckets = [bucket(r, curriculum.by) for r in train_records] if curriculum else None
+    if cfg.model.name == "tiny":  # its char tokenizer: the prompts are checked before the warm start
+        check_trajectory_budget(cfg, to_prompts(train_records, build_char_tokenizer()))
     model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
+    check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
@@ -156,8 +177,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             log.warning("the run already has %d steps (asked for %d); nothing to train", version, steps)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
+    serve_dtype = dtype_name(model.dtype)  # the servers compute as the trainer's model does
     with RewardService(cfg.reward) as rewards, \
-            rollout_servers(cfg, store.local_copy(version), run_dir, version) as (urls, restart):
+            rollout_servers(cfg, store.local_copy(version), run_dir, version, serve_dtype) as (urls, restart):
         if cfg.rollout.backend == "external":  # external servers must start from our version too
             asyncio.run(_push_weights(urls, store.local_copy(version), version))
         if before is None:
@@ -279,6 +301,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         if "warm_start" in model_info else None,
         "rollout_resubmits": controller.resubmitted,
         "grading_resubmits": rewards.n_resubmitted,
+        "grading_timeouts": rewards.n_timed_out,
         "rl_time_s": rl_end - rl_start,
         "wall_time_s": time.perf_counter() - t_start,
         "answer_length_before": _percentiles(before["lengths"]),

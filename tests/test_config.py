@@ -144,3 +144,46 @@ def test_trainer_threads_default_split():
     assert trainer_torch_threads(asyn, 8) == 4  # what two servers of two threads leave
     assert trainer_torch_threads(asyn, 2) == 1  # never below one
     assert trainer_torch_threads(load_config(base, {"trainer.torch_threads": 3}), 2) == 3  # as set
+
+
+def test_micro_batch_must_hold_a_whole_trajectory(tmp_path):
+    text = "rollout:\n  sampling: {max_new_tokens: 128}\ntrainer:\n  max_tokens_per_microbatch: %d\n"
+    assert load_config(_write(tmp_path, text % 129)).trainer.max_tokens_per_microbatch == 129
+    with pytest.raises(ConfigError, match=r"trainer.max_tokens_per_microbatch \(128\) must hold a whole trajectory.*"
+                                          r"rollout.sampling.max_new_tokens \(128\)"):
+        load_config(_write(tmp_path, text % 128))
+    load_config(_write(tmp_path, text % 128), {"trainer.microbatching": "fixed"})  # no token budget
+
+
+def test_longest_prompt_is_checked_against_the_micro_batch_budget_before_the_model(tmp_path, monkeypatch):
+    """Prompt + max_new_tokens above the budget would fail in the middle of training (allocate_microbatches
+    refuses a sequence longer than the budget); it fails before the warm start instead, naming the record."""
+    from areal_core import run as run_module
+    from areal_core.algo import allocate_microbatches
+    from areal_core.data.synthetic import ChainTask
+    from areal_core.datasets import to_prompts
+    from areal_core.models import build_char_tokenizer
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(run_module, "load_base_model", no_model)
+    cfg = load_config(_write(tmp_path, "rollout:\n  sampling: {max_new_tokens: 40}\n"
+                                       "trainer:\n  max_tokens_per_microbatch: 48\n"))
+    prompts = to_prompts(ChainTask(cfg.data.synthetic).train_records(), build_char_tokenizer())
+    longest = max(prompts, key=lambda p: len(p.input_ids))
+    need = len(longest.input_ids) + 40
+    assert need > 48
+    with pytest.raises(ValueError, match="exceeds the micro-batch budget"):
+        allocate_microbatches([need], 48)  # what a training step would have hit
+    with pytest.raises(ConfigError, match=rf"trainer.max_tokens_per_microbatch \(48\) is too small for record "
+                                          rf"'{longest.id}': its prompt of {len(longest.input_ids)} tokens \+ "
+                                          rf"rollout.sampling.max_new_tokens \(40\) = {need} tokens"):
+        run_module.run_experiment(cfg, tmp_path / "run", progress=False)
+
+
+def test_log_every_is_gone(tmp_path):
+    """It did nothing (metrics are written every step); a config that sets it is told so."""
+    p = _write(tmp_path, "name: x\nlog_every: 10\n")
+    with pytest.raises(ConfigError, match=rf"{p}:2: log_every: unknown key; expected one of: .*trainer"):
+        load_config(p)

@@ -169,17 +169,21 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
     from distributed.scheduler import KilledWorker
 
     from areal_core.reward import service as service_mod
+    from areal_core.reward.config import RewardConfig
+    from areal_core.reward.result import RewardResult
 
+    graded = RewardResult(correct=True)
     for failures, expect_ok in ((2, True), (service_mod.RESUBMITS + 1, False)):
-        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + ["graded"]
+        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + [graded]
         svc = RewardService.__new__(RewardService)
-        svc.n_resubmitted = 0
+        svc.cfg = RewardConfig()
+        svc.n_resubmitted = svc.n_timed_out = 0
         svc.client = type("C", (), {"submit": lambda self, *a, **k: _FakeFuture(outcomes.pop(0))})()
         got = []
         svc.submit("chain", "x", "y", on_done=lambda r, e: got.append((r, e)))
         assert len(got) == 1
         if expect_ok:
-            assert got[0] == ("graded", None) and svc.n_resubmitted == failures
+            assert got[0] == (graded, None) and svc.n_resubmitted == failures
         else:
             assert isinstance(got[0][1], KilledWorker) and svc.n_resubmitted == service_mod.RESUBMITS
 
@@ -193,10 +197,12 @@ def test_a_group_is_graded_in_one_task_in_order():
     got = []
     with RewardService(RewardConfig(n_workers=1)) as rewards:
         done = threading.Event()
-        rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
+        # held, so the scheduler still knows the task when asked (a released one may be forgotten by then)
+        fut = rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
         assert done.wait(60)
         tasks = rewards.client.run_on_scheduler(lambda dask_scheduler: {
             tg.name: sum(tg.states.values()) for tg in dask_scheduler.task_groups.values()})
+        del fut
     (results, error), = got
     assert error is None and [r.correct for r in results] == [k % 2 == 1 for k in range(6)]
     assert list(tasks.values()) == [1] and next(iter(tasks)).startswith("grade_batch")  # not one per answer

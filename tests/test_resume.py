@@ -161,6 +161,11 @@ def test_resume_refuses_a_changed_config(tmp_path):
     assert run_state.config_differences(saved, changed) == ["trainer.batch_size"]
 
 
+def test_a_run_saved_with_a_removed_key_still_resumes():
+    current = load_config(HERE / "data/e2e.yaml").model_dump(mode="json")
+    assert run_state.config_differences({**current, "log_every": 5}, current) == []
+
+
 class _InstantRewards:
     """Grades at once, in the caller's thread: every answer is 'correct'."""
 

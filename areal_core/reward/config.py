@@ -9,4 +9,8 @@ class RewardConfig(Section):
     scheduler_address: str | None = None  # None: start a Dask LocalCluster
     n_workers: int = Field(1, gt=0)  # LocalCluster workers (processes)
     threads_per_worker: int = Field(1, gt=0)
-    timeout_s: float = Field(30.0, gt=0)  # per grading task
+    # per answer, from when its worker starts grading it: one still being graded then is graded wrong
+    # (reason "grading timed out", counted in the run summary's grading_timeouts). The graders' own
+    # limits normally end a grading first (math: helper process killed after 20 s; code: the
+    # sandbox's 10 s wall time); this one also covers a grader that hangs.
+    timeout_s: float = Field(30.0, gt=0)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 from areal_core.reward.result import RewardResult
 
 TASKS = ("chain", "math", "code")
+TIMED_OUT = "grading timed out"  # the reason of an answer whose grading ran past reward.timeout_s
 
 
 def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
@@ -34,6 +37,30 @@ def grade(task: str, response: str, reference: str, tests: list[dict] | None = N
     raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")
 
 
-def grade_batch(items: list[tuple[str, str, str, list[dict] | None]]) -> list[RewardResult]:
-    """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group)."""
-    return [grade(*item) for item in items]
+def grade_within(timeout_s: float, task: str, response: str, reference: str,
+                 tests: list[dict] | None = None) -> RewardResult:
+    """:func:`grade`, given ``timeout_s`` seconds: an answer still being graded then is graded
+    wrong with reason :data:`TIMED_OUT`. The grading runs in a daemon thread of its own, which
+    Python cannot stop: it is left to finish (or hang) in the background."""
+    outcome: list = []
+
+    def work() -> None:
+        try:
+            outcome.append(grade(task, response, reference, tests))
+        except Exception as e:  # raised again below, in the caller's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=work, name=f"grading-{task}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        return RewardResult(correct=False, reason=TIMED_OUT)
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float) -> list[RewardResult]:
+    """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group),
+    each within ``timeout_s`` (:func:`grade_within`)."""
+    return [grade_within(timeout_s, *item) for item in items]

@@ -7,6 +7,11 @@ A worker that dies (kill -9, OOM) is replaced by its nanny and the scheduler run
 its tasks again elsewhere. A task the scheduler gives up on (``KilledWorker``:
 it was running on too many workers that died) is submitted again here, up to
 ``RESUBMITS`` times; a grader that raises is retried by Dask (``retries``).
+
+Each answer's grading gets ``timeout_s`` seconds once its worker starts it
+(``dispatch.grade_within``); one that takes longer is graded wrong with reason
+``"grading timed out"`` and counted in ``n_timed_out``, so a hung grader never
+holds up training.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from areal_core.reward.config import RewardConfig
-from areal_core.reward.dispatch import grade, grade_batch
+from areal_core.reward.dispatch import TIMED_OUT, grade_batch, grade_within
 from areal_core.reward.result import RewardResult
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,7 @@ class RewardService:
         self.cfg = cfg
         self._cluster = None
         self.n_resubmitted = 0  # grading tasks submitted again after KilledWorker
+        self.n_timed_out = 0  # answers graded wrong because their grading ran past timeout_s
         # distributed logs every worker and connection at INFO; keep the console for progress
         logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger("distributed").level))
         if cfg.scheduler_address:
@@ -65,7 +71,7 @@ class RewardService:
         tests: list[dict] | None = None,
     ):
         """Submit one grading task; ``on_done(result, error)`` is called from a Dask thread."""
-        return self._submit(grade, (task, response, reference, tests), on_done)
+        return self._submit(grade_within, (self.cfg.timeout_s, task, response, reference, tests), on_done)
 
     def submit_batch(
         self,
@@ -74,7 +80,7 @@ class RewardService:
     ):
         """Grade ``items`` ``(task, response, reference, tests)`` in ONE Dask task (a group of
         answers: one scheduler round trip instead of one each); ``on_done(results, error)``."""
-        return self._submit(grade_batch, (list(items),), on_done)
+        return self._submit(grade_batch, (list(items), self.cfg.timeout_s), on_done)
 
     def _submit(self, fn, args: tuple, on_done):
         from distributed.scheduler import KilledWorker
@@ -95,6 +101,7 @@ class RewardService:
                 except BaseException as e:  # delivered to the caller, which decides
                     on_done(None, e)
                 else:
+                    self._count_timeouts(result if isinstance(result, list) else [result])
                     on_done(result, None)
 
             fut.add_done_callback(_done)
@@ -102,9 +109,19 @@ class RewardService:
 
         return attempt(0)
 
+    def _count_timeouts(self, results: list[RewardResult]) -> None:
+        n = sum(r.reason == TIMED_OUT for r in results)
+        if n:
+            self.n_timed_out += n
+            log.warning("%d answer(s) graded wrong: grading ran past reward.timeout_s (%gs)", n, self.cfg.timeout_s)
+
     def grade_many(self, task: str, responses: list[str], references: list[str]) -> list[RewardResult]:
-        futs = self.client.map(grade, [task] * len(responses), responses, references, pure=False, retries=2)
-        return self.client.gather(futs)
+        n = len(responses)
+        futs = self.client.map(grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references,
+                               pure=False, retries=2)
+        results = self.client.gather(futs)
+        self._count_timeouts(results)
+        return results
 
     def close(self) -> None:
         self.client.close()

@@ -1,7 +1,7 @@
 """The server side of the weight transports: weights that arrive in memory, checked before use.
 
-* :func:`check_weights`: named tensors against the model (names, shapes; converted to its dtypes),
-  so a bad update leaves the running weights intact;
+* :func:`check_weights`: named tensors against the model (names, shapes, dtypes), so a bad update
+  leaves the running weights intact;
 * :class:`SharedMemoryReader`: the ``tensor`` transport: views of a shared-memory segment that the
   trainer on the same host filled (``weight_transport.TensorTransport`` writes it);
 * :class:`DistributedReceiver`: the ``distributed`` transport: process groups joined through
@@ -22,8 +22,9 @@ from areal_core.rollout.weight_layout import TensorSpec, make_process_group, vie
 
 def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """``named`` checked against ``model``'s parameters: every parameter present (a tied LM head
-    may be left out: it is the embedding), no unknown name, the same shapes. Returns the tensors
-    converted to the model's dtypes, ready for ``kv_forward.apply_weights``."""
+    may be left out: it is the embedding), no unknown name, the same shapes and dtypes (the trainer
+    sends what the server runs: a silent conversion would hide a precision mismatch between the
+    two). Returns the tensors, ready for ``kv_forward.apply_weights``."""
     params = dict(model.named_parameters())  # tied parameters appear once
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(params)
     staged = {}
@@ -35,11 +36,18 @@ def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source
             raise ValueError(f"{source}: tensor {name!r} does not belong to the model")
         if tuple(t.shape) != tuple(p.shape):
             raise ValueError(f"{source}: {name} has shape {tuple(t.shape)}, the model's is {tuple(p.shape)}")
-        staged[name] = t if t.dtype == p.dtype else t.to(p.dtype)
+        if t.dtype != p.dtype:
+            raise ValueError(f"{source}: {name} arrives as {_name(t.dtype)}, the server's model is "
+                             f"{_name(p.dtype)}: send weights in the dtype the servers run (model.dtype)")
+        staged[name] = t
     missing = sorted(set(params) - set(staged))
     if missing:
         raise ValueError(f"{source}: {len(missing)} of the model's tensors are missing, e.g. {missing[:3]}")
     return staged
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class SharedMemoryReader:

@@ -35,6 +35,7 @@ STATE, TRAINER, METRICS, LEDGER = "resume/state.json", "resume/trainer.pt", "res
 MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward.n_workers",
                 "rollout.urls", "rollout.request_timeout_s", "storage.keep_last",
                 "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every")
+REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
 
 
 class ResumeError(CheckpointError):
@@ -74,10 +75,10 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """Keys (dotted) whose values differ, except those a resume may change."""
+    """Keys (dotted) whose values differ, except those a resume may change (or that were removed)."""
     a, b = _flat(saved), _flat(current)
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS)]
+    return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS + REMOVED_KEYS)]
 
 
 def load_latest(store: CheckpointStore, config: dict) -> RunState | None:

@@ -4,6 +4,13 @@ step(batch) = advantages -> (proximal logprobs) -> minibatch updates over
 micro-batches -> stats. The objective is chosen by config: decoupled PPO
 (clip around the proximal policy, importance weight pi_prox / pi_behav) or
 naive PPO (clip around the behaviour policy).
+
+Master weights: AdamW always steps on float32 parameters. A model loaded in a lower
+precision (``model.dtype: bfloat16``) is the working copy: forward and backward run on
+it in that precision (as the rollout servers compute), its gradients are summed into
+float32 masters, and after each optimizer step the masters are rounded back into it.
+So updates smaller than half a bfloat16 step accumulate in the masters instead of being
+lost, and what is published (checkpoints, weight pushes) stays in the model's dtype.
 """
 
 from __future__ import annotations
@@ -46,19 +53,57 @@ class Trainer:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        named = list(model.named_parameters())  # a tied parameter once
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        # float32 parameters are their own masters; others get a float32 copy
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(p.requires_grad)
+                        for p in self._params]
+        self._low = [(p, m) for p, m in zip(self._params, self.masters) if p is not m]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+            self.masters, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
 
+    def named_masters(self) -> dict[str, torch.Tensor]:
+        """The float32 weights the optimizer steps on, by parameter name."""
+        return dict(zip(self._names, self.masters))
+
     def state_dict(self) -> dict:
-        """Optimizer and lr-scheduler state (the weights are the published checkpoint)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """Optimizer and lr-scheduler state, and the float32 masters of a lower-precision model
+        (the published checkpoint holds only their rounding)."""
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self._low:
+            state["master_weights"] = {n: m.detach().clone() for n, m in self.named_masters().items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s state. Masters missing from it are taken from the model."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        saved = state.get("master_weights", {})
+        with torch.no_grad():
+            for name, p, m in zip(self._names, self._params, self.masters):
+                if p is not m:
+                    m.copy_(saved.get(name, p))
+                    p.copy_(m)
+
+    def _accumulate_grads(self) -> None:
+        """Add the working copy's gradients into the float32 masters' (and free them)."""
+        for p, m in self._low:
+            if p.grad is None:
+                continue
+            if m.grad is None:
+                m.grad = p.grad.float()
+            else:
+                m.grad.add_(p.grad)
+            p.grad = None
+
+    @torch.no_grad()
+    def _round_into_model(self) -> None:
+        for p, m in self._low:
+            p.copy_(m)
 
     def adopt_moments(self, moments: dict[str, dict[str, torch.Tensor]]) -> int:
         """Start AdamW from earlier moments (e.g. the warm start's), keyed by parameter name.
@@ -70,7 +115,7 @@ class Trainer:
         Returns the number of parameters whose state was adopted.
         """
         n = 0
-        for name, p in self.model.named_parameters():
+        for name, p in self.named_masters().items():
             st = moments.get(name)
             if st is None:
                 continue
@@ -155,6 +200,7 @@ class Trainer:
                         logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens
                     )
                 loss.backward()
+                self._accumulate_grads()
                 n_forward += 1
                 share = logp.numel() / sum(n_out)
                 sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * n_tokens / sum(n_out)
@@ -163,8 +209,9 @@ class Trainer:
                         sums[k] = max(sums.get(k, -math.inf), v)
                     else:
                         sums[k] = sums.get(k, 0.0) + v * share
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)))
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.masters, cfg.optim.grad_clip)))
             self.optimizer.step()
+            self._round_into_model()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
 
