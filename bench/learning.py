@@ -46,7 +46,7 @@ def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str 
     summary = json.loads((run_dir / "summary.json").read_text())
     ws = json.loads((run_dir / "config.json").read_text())["model"]["warm_start"]
     row = {
-        "label": label, "seed": seed, "sets": list(sets),
+        "label": label, "seed": seed, "sets": list(sets), "run_dir": str(run_dir),
         "before": summary["accuracy_before"], "after": summary["accuracy_after"],
         "gain": summary["accuracy_after"] - summary["accuracy_before"],
         "command_wall_s": wall, "run_wall_s": summary["wall_time_s"], "rl_time_s": summary["rl_time_s"],

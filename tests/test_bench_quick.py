@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bench import BENCHMARKS
+from bench import BENCHMARKS, LEARNING
 from bench.common import fmt, format_table, ratio, spread, update_summary, write_json_atomic
 
 
@@ -49,8 +49,17 @@ def test_update_summary_merges_benchmarks(tmp_path):
 def test_every_benchmark_module_has_run():
     import importlib
 
-    for name in BENCHMARKS:
+    for name in BENCHMARKS + LEARNING:
         assert callable(importlib.import_module(f"bench.{name}").run)
+    assert not set(BENCHMARKS) & set(LEARNING)  # `all` leaves the hour-long learning runs out
+
+
+def test_learning_tables_report_mean_and_spread_over_seeds():
+    from bench.learning import mean_std, pm
+
+    assert mean_std([0.1, 0.2, 0.3]) == pytest.approx((0.2, 0.1))
+    assert pm([0.1, 0.2, 0.3]) == "+0.200 ± 0.100"
+    assert mean_std([0.5]) == (0.5, 0.0)
 
 
 def test_dynamic_batching_batches_and_memory_safe_count():
