@@ -43,20 +43,26 @@ def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str 
     wall = time.perf_counter() - t0
     if rc != 0:
         raise RuntimeError(f"{label} exited with {rc}; see {root / (label + '.log')}")
+    row = run_row(label, seed, sets, run_dir, wall)
+    say(f"{label}: {row['before']:.3f} -> {row['after']:.3f} ({row['gain']:+.3f}) in {wall:.0f}s")
+    return row
+
+
+def run_row(label: str, seed: int, sets: tuple[str, ...], run_dir: Path, wall: float | None = None) -> dict:
+    """A finished run's figures, from its summary.json and config.json (``wall``: the
+    command's wall time, else the run's own)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     ws = json.loads((run_dir / "config.json").read_text())["model"]["warm_start"]
-    row = {
+    return {
         "label": label, "seed": seed, "sets": list(sets), "run_dir": str(run_dir),
         "before": summary["accuracy_before"], "after": summary["accuracy_after"],
         "gain": summary["accuracy_after"] - summary["accuracy_before"],
-        "command_wall_s": wall, "run_wall_s": summary["wall_time_s"], "rl_time_s": summary["rl_time_s"],
-        "tokens_per_s": summary["effective_train_tokens_per_s"],
+        "command_wall_s": wall if wall is not None else summary["wall_time_s"], "run_wall_s": summary["wall_time_s"],
+        "rl_time_s": summary["rl_time_s"], "tokens_per_s": summary["effective_train_tokens_per_s"],
         "max_staleness": summary["max_staleness_observed"], "warm_start": ws,
         "warm_start_steps": (summary.get("warm_start") or {}).get("steps"),
         "warm_start_val_accuracy": (summary.get("warm_start") or {}).get("val_accuracy"),
     }
-    say(f"{label}: {row['before']:.3f} -> {row['after']:.3f} ({row['gain']:+.3f}) in {wall:.0f}s")
-    return row
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:

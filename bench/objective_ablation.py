@@ -8,8 +8,8 @@ staleness, and the two differences the paper's claim is about (naive - decoupled
 decoupled - sync).
 
 Full: seeds 0-2 (about 50 minutes on 2 cores); --quick: seed 0, 40 steps (shows it runs).
-A synchronous run that ``quickstart_seeds`` already made with the same config (compared
-key by key with what this benchmark would run) is reused, not run again.
+A synchronous run that ``quickstart_seeds`` made (or is making) with the same config
+(compared key by key with what this benchmark would run) is reused, not run again.
 ``python -m bench objective_ablation``; the same grid as a Prefect sweep:
 ``areal-flow sweep configs/quickstart.yaml --eta 8 --objective decoupled,naive --grid seed=0,1,2``.
 """
@@ -19,41 +19,39 @@ from __future__ import annotations
 import statistics
 
 import json
+import time
 
 import yaml
 
-from bench.common import RESULTS_DIR, format_table
-from bench.learning import CONFIG, SYNC, mean_std, runs_root, say, train
+from bench.common import format_table
+from bench.learning import CONFIG, SYNC, mean_std, run_row, runs_root, say, train
 
 ETA = 8
 SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
 QUICK_STEPS = 40
 SETTINGS = {
-    "sync": SYNC,
     f"eta{ETA}-decoupled": (f"trainer.eta={ETA}", "trainer.objective=decoupled"),
     f"eta{ETA}-naive": (f"trainer.eta={ETA}", "trainer.objective=naive"),
+    "sync": SYNC,
 }
 
 
 def _earlier_sync_run(seed: int) -> dict | None:
-    """quickstart_seeds' synchronous run of ``seed``, if its config is exactly the one this would run."""
+    """quickstart_seeds' synchronous run of ``seed`` (waited for while that benchmark is still
+    making it), if its config is exactly the one this would run."""
     from areal_core.experiment import load_config
 
-    source = RESULTS_DIR / "quickstart_seeds.json"
-    if not source.is_file():
-        return None
-    rows = [r for r in json.loads(source.read_text())["rows"] if r["mode"] == "sync" and r["seed"] == seed]
-    if not rows:
-        return None
     run_dir = runs_root("quickstart_seeds") / f"sync-seed{seed}"
     if not (run_dir / "config.json").is_file():
         return None
+    while not (run_dir / "summary.json").is_file():  # quickstart_seeds is running it now
+        time.sleep(30)
     sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in SYNC)}
     want = load_config(CONFIG, {"seed": seed, **sets}).model_dump(mode="json")
     if json.loads((run_dir / "config.json").read_text()) != want:
         return None
     say(f"sync-seed{seed}: reusing {run_dir} (quickstart_seeds, same config)")
-    return rows[0]
+    return run_row(f"sync-seed{seed}", seed, SYNC, run_dir)
 
 
 def run(quick: bool) -> dict:
@@ -61,8 +59,8 @@ def run(quick: bool) -> dict:
     extra = (f"trainer.max_steps={QUICK_STEPS}",) if quick else ()
     root = runs_root("objective_ablation")
     rows = []
-    for seed in seeds:
-        for name, sets in SETTINGS.items():
+    for name, sets in SETTINGS.items():  # sync last: quickstart_seeds may be making those runs
+        for seed in seeds:
             row = None if quick or name != "sync" else _earlier_sync_run(seed)
             rows.append({"setting": name, **(row or train(f"{name}-seed{seed}", seed, sets + extra, root))})
     table, summary = [], {}
