@@ -11,7 +11,11 @@ sum is the latency. Version v comes by one of:
   S3 (a moto server on 127.0.0.1, ``infra/s3.py``), loaded with ``/update_weights_from_disk``.
 
 For the transports, the trainer-side copy (``stage``) is timed too; it happens before the
-pause, while the server generates.
+pause, while the server generates. ``stall`` is the server's own figure
+(``/model_info``'s ``last_update_stall_s``): the time its engine loop spent swapping the
+weights in, the only time generation stops in a run (runs push without pause/resume:
+the push is the ``load`` column; a reprefill server then also recomputes the in-flight
+sequences' KV cache, which is not in ``stall``).
 
 Every S3 load uses a version it has never loaded, so the download is always paid
 (the server caches remote folders by URL). file:// versions are read from the page
@@ -52,7 +56,8 @@ async def _cycle(url: str, version: int, load, stage=None) -> dict:
         await c.aclose()
     if info.weight_version != version:
         raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
-    return {**times, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0}
+    return {**times, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0,
+            "stall_s": info.last_update_stall_s}
 
 
 async def _connect(url: str, transport) -> None:
@@ -151,19 +156,20 @@ def run(quick: bool) -> dict:
             rows += bench_model(name, reps[name], moto.env(), tmp, sources[name])
     table = [(r["model"], r["source"], r["checkpoint_mb"], r["publish_s"], r.get("stage_s", {}).get("median"),
               r["pause_s"]["median"], r["load_s"]["median"], r["resume_s"]["median"], r["total_s"]["median"],
-              r["total_s"]["max"], r["total_s"]["n"]) for r in rows]
+              r["total_s"]["max"], r["total_s"]["n"], r["stall_s"]["median"]) for r in rows]
     print(format_table(["model", "path", "MB", "publish s", "stage s", "pause s", "load s", "resume s",
-                        "total s (median)", "max", "n"],
+                        "total s (median)", "max", "n", "stall s"],
                        table, title="weight update: pause -> load -> resume (idle embedded server, 1 thread)"))
 
-    def total(model, src):
-        return next((median([x["total_s"] for x in r["runs"]]) for r in rows if (r["model"], r["source"]) == (model, src)),
-                    None)  # None: left out (SmolLM2 from S3 in --quick)
+    def median_of(key, model, src):  # None: left out (SmolLM2 from S3 in --quick)
+        return next((median([x[key] for x in r["runs"]]) for r in rows if (r["model"], r["source"]) == (model, src)),
+                    None)
 
     return {
         "setup": {"repetitions": reps, "sources": sources, "server": "embedded, torch_threads 1, idle",
                   "s3": "moto_server on 127.0.0.1"},
         "rows": rows,
-        "summary": {f"weight_update_s_{m.split('-')[0]}_{s}": total(m, s)
+        "summary": {f"weight_update_{figure}_{m.split('-')[0]}_{s}": median_of(key, m, s)
+                    for figure, key in (("s", "total_s"), ("stall_s", "stall_s"))
                     for m in ("tiny", "smollm2-135m") for s in ("tensor", "distributed", "file", "s3")},
     }

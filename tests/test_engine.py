@@ -313,9 +313,11 @@ def test_update_while_paused_applies_on_the_spot(tmp_path):
     for _ in range(4):
         engine.step()
     engine.pause()
+    assert engine.info().last_update_stall_s is None
     upd = engine.update_weights(str(tmp_path / "v1"), 1)
     assert engine.step() is False
     assert upd.done() and engine.version == 1 and engine.running == 3  # AReaL: pause -> update -> continue
+    assert 0 < engine.info().last_update_stall_s < 5  # the loop's time swapping the weights in
     engine.resume()
     run_to_end(engine)
     for p, f in zip(PROMPTS[:3], futs):

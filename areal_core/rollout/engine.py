@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 
@@ -104,6 +105,7 @@ class RolloutEngine:
         self._any_finished = False
         self._paused = False
         self._closed = False
+        self.last_update_stall_s: float | None = None  # the engine loop's time in the last update
         self._thread: threading.Thread | None = None
         if start:
             self.start()
@@ -141,6 +143,7 @@ class RolloutEngine:
             weight_update=self.weight_update,
             generated_tokens=self.generated_tokens,
             eos_token_id=self.eos_ids[0] if self.eos_ids else None,
+            last_update_stall_s=self.last_update_stall_s,
         )
 
     def alive(self) -> bool:
@@ -310,6 +313,7 @@ class RolloutEngine:
     def _apply_ready_updates(self) -> None:
         while self._updates and not (self._drains and self._running):
             (staged, version, path), fut = self._updates.popleft()
+            t0 = time.perf_counter()
             apply_weights(self.kv.model, staged)
             self.kv.weights_changed()
             self.version, self.model_path = version, path
@@ -318,6 +322,7 @@ class RolloutEngine:
                 for s in self._running:
                     s.needs_prefill = True
                 self._needs_prefill = True
+            self.last_update_stall_s = time.perf_counter() - t0
             log.debug("weights of version %d live (%d sequences in flight, %s)", version, len(self._running), self.weight_update)
             _deliver(fut, None)
 

@@ -170,6 +170,8 @@ class ModelInfo(_Body):
     weight_transports: list[str] = ["disk"]  # how this server can receive weights
     generated_tokens: int  # since start
     eos_token_id: int | None
+    # seconds the engine loop spent applying the last weight update (generation stops only then)
+    last_update_stall_s: float | None = None
 
 
 class PartialOutput(_Body):
