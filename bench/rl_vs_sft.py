@@ -5,8 +5,10 @@ held-out accuracy after RL and RL's wall time (``rl_time_s``: the loop from the 
 generated answer to the last step, evaluation excluded). The supervised side re-runs the
 seed's warm start exactly (same data, draws, schedule; the validation checks change
 nothing) and keeps training past the point where the quickstart stopped it, checking
-held-out accuracy at the quickstart's check cadence (its evaluation time is not counted), until RL's time is spent, the warm start's
-schedule (``model.warm_start.steps``) ends, or it has passed RL's final accuracy.
+held-out accuracy at the quickstart's check cadence (its evaluation time is not counted),
+until RL's time is spent or it has passed RL's final accuracy. Past the warm start's
+schedule (``model.warm_start.steps``, lr decaying to 10 %) it goes on at the schedule's
+final lr.
 Held-out accuracy here is greedy exact match of the reference on the same 500 problems,
 which is the chain task's strict grading, read from one teacher-forced pass.
 
@@ -59,7 +61,8 @@ def sft_arm(seed: int, rl: dict) -> dict:
                          f"model.warm_start.check_every ({ws.check_every})")
     model = build_tiny(cfg.model.tiny, tokenizer, seed)
     torch.set_num_threads(2)
-    warm_start(model, tokenizer, pairs, ws, seed, progress=False, weights=weights, on_check=check)
+    warm_start(model, tokenizer, pairs, ws, seed, progress=False, weights=weights, on_check=check,
+               extra_steps=1_000_000)  # stopped by ``check``: RL's time spent
     start_acc, final = curve[0][2], curve[-1]
     passed = next((c for c in curve if c[2] > rl["after"]), None)
     say(f"seed {seed}: SFT {start_acc:.3f} -> {final[2]:.3f} after {final[0] - stop_step} more steps "

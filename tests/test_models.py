@@ -105,6 +105,20 @@ def test_warm_start_reduces_loss(records):
     assert end < start - 1.5, (start, end)
 
 
+def test_extra_steps_continue_the_same_warm_start_at_its_final_lr(records):
+    tok = build_char_tokenizer()
+    pairs = [(r.prompt, r.solution) for r in records[0][:200]]
+    cfg = WarmStart(steps=6, batch_size=8, lr=1e-3)
+    arch = TinyArch(hidden_size=32, intermediate_size=64)
+    plain, longer = build_tiny(arch, tok, seed=0), build_tiny(arch, tok, seed=0)
+    a = warm_start(plain, tok, pairs, cfg, seed=0, progress=False)
+    b = warm_start(longer, tok, pairs, cfg, seed=0, progress=False, extra_steps=4)
+    assert len(a["losses"]) == 6 and len(b["losses"]) == 10
+    assert b["losses"][:6] == a["losses"]  # the schedule's steps are the same run
+    moved = [not torch.equal(p, q) for p, q in zip(plain.parameters(), longer.parameters())]
+    assert all(moved)  # the extra steps still learn (the final lr is 10 % of lr, not 0)
+
+
 def test_cached_warm_start_returns_identical_model(tmp_path, records):
     pairs = [(r.prompt, r.solution) for r in records[0][:200]]
     cfg = WarmStart(steps=3, batch_size=8, lr=1e-3)

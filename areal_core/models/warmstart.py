@@ -86,7 +86,7 @@ def greedy_exact_match(model, encoded: list[tuple[list[int], list[int]]], pad_id
 
 def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True,
                weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None,
-               on_check: Callable[[int, torch.nn.Module], bool] | None = None) -> dict:
+               on_check: Callable[[int, torch.nn.Module], bool] | None = None, extra_steps: int = 0) -> dict:
     """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
 
     AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
@@ -96,6 +96,8 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     ``cfg.check_every`` steps) where the greedy exact-match rate on ``val_pairs``
     reaches it; the stats record every check (``val_curve``). ``on_check(step, model)``,
     when given, is called at every check too; it returning True stops training.
+    ``extra_steps`` more steps may follow the schedule, at its final lr (to continue the
+    same recipe for longer, e.g. for as long as RL ran).
     """
     if cfg.stop_at_accuracy is not None and not val_pairs:
         raise ValueError("model.warm_start.stop_at_accuracy needs validation pairs to check accuracy on")
@@ -120,7 +122,7 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        bar = tqdm(range(cfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
+        bar = tqdm(range(cfg.steps + extra_steps), desc="warm start", disable=not progress, mininterval=1.0)
         for step in bar:
             batch = collate(rng.choices(encoded, weights=weights, k=cfg.batch_size), tokenizer.pad_token_id)
             loss = sft_loss(model, batch)
