@@ -1,24 +1,24 @@
 """AReaL's objective ablation (its Table 2) on the quickstart: naive vs decoupled PPO under staleness.
 
-For each seed: the quickstart synchronous (eta 0, drain), and asynchronous at eta = ETA with
-the decoupled objective and with the naive one (PPO clipped around the behaviour policy,
+For each seed: the quickstart synchronous (eta 0, drain), and asynchronous at each eta of
+ETAS with the decoupled objective and with the naive one (PPO clipped around the behaviour policy,
 which is what plain PPO does with stale data). Same steps, same everything else. Reported:
 held-out accuracy after RL per run, mean ± std per setting over the seeds, the observed
 staleness, and the two differences the paper's claim is about (naive - decoupled,
 decoupled - sync).
 
-Full: seeds 0-2 (about 50 minutes on 2 cores); --quick: seed 0, 40 steps (shows it runs).
-A synchronous run that ``quickstart_seeds`` made (or is making) with the same config
-(compared key by key with what this benchmark would run) is reused, not run again.
+Full: seeds 0-2 (about 4 minutes a run on 2 cores); --quick: seed 0, 40 steps (shows it
+runs). A finished run with exactly the config this would run (compared key by key) is
+reused, not run again: this benchmark's own earlier runs, and the synchronous runs that
+``quickstart_seeds`` made (or is making).
 ``python -m bench objective_ablation``; the same grid as a Prefect sweep:
-``areal-flow sweep configs/quickstart.yaml --eta 8 --objective decoupled,naive --grid seed=0,1,2``.
+``areal-flow sweep configs/quickstart.yaml --eta 8,32 --objective decoupled,naive --grid seed=0,1,2``.
 """
 
 from __future__ import annotations
 
-import statistics
-
 import json
+import statistics
 import time
 
 import yaml
@@ -26,32 +26,33 @@ import yaml
 from bench.common import format_table
 from bench.learning import CONFIG, SYNC, mean_std, run_row, runs_root, say, train
 
-ETA = 8
+ETAS = (8, 32)
 SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
 QUICK_STEPS = 40
 SETTINGS = {
-    f"eta{ETA}-decoupled": (f"trainer.eta={ETA}", "trainer.objective=decoupled"),
-    f"eta{ETA}-naive": (f"trainer.eta={ETA}", "trainer.objective=naive"),
+    **{f"eta{eta}-{objective}": (f"trainer.eta={eta}", f"trainer.objective={objective}")
+       for eta in ETAS for objective in ("decoupled", "naive")},
     "sync": SYNC,
 }
 
 
-def _earlier_sync_run(seed: int) -> dict | None:
-    """quickstart_seeds' synchronous run of ``seed`` (waited for while that benchmark is still
-    making it), if its config is exactly the one this would run."""
+def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False) -> dict | None:
+    """The figures of the run in ``run_dir`` if it is exactly the one this would run (its
+    config compared key by key): an earlier run of this benchmark, or quickstart_seeds'
+    synchronous run of the seed (``wait``: quickstart_seeds may be making it now)."""
     from areal_core.experiment import load_config
 
-    run_dir = runs_root("quickstart_seeds") / f"sync-seed{seed}"
     if not (run_dir / "config.json").is_file():
         return None
-    while not (run_dir / "summary.json").is_file():  # quickstart_seeds is running it now
+    while wait and not (run_dir / "summary.json").is_file():
         time.sleep(30)
-    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in SYNC)}
-    want = load_config(CONFIG, {"seed": seed, **sets}).model_dump(mode="json")
-    if json.loads((run_dir / "config.json").read_text()) != want:
+    if not (run_dir / "summary.json").is_file():
+        return None  # an earlier run that did not finish: run it again
+    want = load_config(CONFIG, {"seed": seed, **{k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in sets)}})
+    if json.loads((run_dir / "config.json").read_text()) != want.model_dump(mode="json"):
         return None
-    say(f"sync-seed{seed}: reusing {run_dir} (quickstart_seeds, same config)")
-    return run_row(f"sync-seed{seed}", seed, SYNC, run_dir)
+    say(f"{run_dir.name}: reusing {run_dir} (same config)")
+    return run_row(run_dir.name, seed, sets, run_dir)
 
 
 def run(quick: bool) -> dict:
@@ -61,8 +62,11 @@ def run(quick: bool) -> dict:
     rows = []
     for name, sets in SETTINGS.items():  # sync last: quickstart_seeds may be making those runs
         for seed in seeds:
-            row = None if quick or name != "sync" else _earlier_sync_run(seed)
-            rows.append({"setting": name, **(row or train(f"{name}-seed{seed}", seed, sets + extra, root))})
+            label = f"{name}-seed{seed}"
+            row = _finished_run(root / label, seed, sets + extra)
+            if row is None and name == "sync" and not quick:
+                row = _finished_run(runs_root("quickstart_seeds") / label, seed, sets, wait=True)
+            rows.append({"setting": name, **(row or train(label, seed, sets + extra, root))})
     table, summary = [], {}
     for name in SETTINGS:
         mine = [r for r in rows if r["setting"] == name]
@@ -73,9 +77,11 @@ def run(quick: bool) -> dict:
                       f"{statistics.fmean(r['gain'] for r in mine):+.3f}",
                       max(r["max_staleness"] for r in mine)))
     print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
-                       table, title=f"objective ablation at eta {ETA}"))
-    d, n, sy = (summary[f"eta{ETA}-decoupled_after_mean"], summary[f"eta{ETA}-naive_after_mean"],
-                summary["sync_after_mean"])
-    summary.update({"naive_minus_decoupled": n - d, "decoupled_minus_sync": d - sy})
-    print(f"naive - decoupled: {n - d:+.3f}; decoupled - sync: {d - sy:+.3f} (means over seeds {list(seeds)})")
-    return {"eta": ETA, "seeds": list(seeds), "rows": rows, "summary": summary}
+                       table, title="objective ablation (held-out accuracy after 300 RL steps)"))
+    for eta in ETAS:
+        d, n, sy = (summary[f"eta{eta}-decoupled_after_mean"], summary[f"eta{eta}-naive_after_mean"],
+                    summary["sync_after_mean"])
+        summary.update({f"eta{eta}_naive_minus_decoupled": n - d, f"eta{eta}_decoupled_minus_sync": d - sy})
+        print(f"eta {eta}: naive - decoupled {n - d:+.3f}; decoupled - sync {d - sy:+.3f} "
+              f"(means over seeds {list(seeds)})")
+    return {"etas": list(ETAS), "seeds": list(seeds), "rows": rows, "summary": summary}

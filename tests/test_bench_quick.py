@@ -84,3 +84,23 @@ def test_install_venv_runs_the_steps_and_names_the_one_that_failed(tmp_path):
     failing = [["{py}", "-c", "raise SystemExit(3)"]]
     assert install_venv(venv, failing, log) == f"`{venv}/bin/python -c raise SystemExit(3)` exited with 3; see {log}"
     assert install_venv(venv, failing, log, may_fail=lambda cmd: "SystemExit(3)" in cmd[-1]) is None
+
+
+def test_objective_ablation_reuses_only_a_finished_run_of_the_same_config(tmp_path):
+    from areal_core.experiment import load_config
+    from bench.learning import CONFIG
+    from bench.objective_ablation import _finished_run
+
+    sets = ("trainer.eta=32", "trainer.objective=naive")
+    run_dir = tmp_path / "eta32-naive-seed1"
+    run_dir.mkdir()
+    cfg = load_config(CONFIG, {"seed": 1, "trainer.eta": 32, "trainer.objective": "naive"}).model_dump(mode="json")
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    assert _finished_run(run_dir, 1, sets) is None  # no summary: it did not finish
+    (run_dir / "summary.json").write_text(json.dumps({
+        "accuracy_before": 0.4, "accuracy_after": 0.55, "wall_time_s": 200.0, "rl_time_s": 140.0,
+        "effective_train_tokens_per_s": 7000.0, "max_staleness_observed": 32}))
+    row = _finished_run(run_dir, 1, sets)
+    assert row["gain"] == pytest.approx(0.15) and row["seed"] == 1 and row["max_staleness"] == 32
+    assert _finished_run(run_dir, 2, sets) is None  # another seed: another config
+    assert _finished_run(run_dir, 1, ("trainer.eta=8", "trainer.objective=naive")) is None
