@@ -119,6 +119,22 @@ def test_extra_steps_continue_the_same_warm_start_at_its_final_lr(records):
     assert all(moved)  # the extra steps still learn (the final lr is 10 % of lr, not 0)
 
 
+def test_a_stopped_warm_start_resumes_as_if_it_had_never_stopped(records):
+    tok = build_char_tokenizer()
+    pairs = [(r.prompt, r.solution) for r in records[0][:200]]
+    cfg = WarmStart(steps=10, batch_size=8, lr=1e-3, check_every=3)
+    arch = TinyArch(hidden_size=32, intermediate_size=64)
+    straight, stopped = build_tiny(arch, tok, seed=0), build_tiny(arch, tok, seed=0)
+    a = warm_start(straight, tok, pairs, cfg, seed=0, progress=False)
+    b = warm_start(stopped, tok, pairs, cfg, seed=0, progress=False, on_check=lambda step, m: step == 6)
+    assert len(b["losses"]) == 6
+    c = warm_start(stopped, tok, pairs, cfg, seed=0, progress=False, resume_at=6, moments=b["optimizer_moments"])
+    assert b["losses"] + c["losses"] == a["losses"]
+    assert all(torch.equal(p, q) for p, q in zip(straight.parameters(), stopped.parameters()))
+    with pytest.raises(ValueError, match="moments"):
+        warm_start(stopped, tok, pairs, cfg, seed=0, progress=False, resume_at=6)
+
+
 def test_cached_warm_start_returns_identical_model(tmp_path, records):
     pairs = [(r.prompt, r.solution) for r in records[0][:200]]
     cfg = WarmStart(steps=3, batch_size=8, lr=1e-3)

@@ -14,6 +14,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,7 +87,8 @@ def greedy_exact_match(model, encoded: list[tuple[list[int], list[int]]], pad_id
 
 def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True,
                weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None,
-               on_check: Callable[[int, torch.nn.Module], bool] | None = None, extra_steps: int = 0) -> dict:
+               on_check: Callable[[int, torch.nn.Module], bool] | None = None, extra_steps: int = 0,
+               resume_at: int = 0, moments: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
     """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
 
     AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
@@ -97,7 +99,10 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     reaches it; the stats record every check (``val_curve``). ``on_check(step, model)``,
     when given, is called at every check too; it returning True stops training.
     ``extra_steps`` more steps may follow the schedule, at its final lr (to continue the
-    same recipe for longer, e.g. for as long as RL ran).
+    same recipe for longer, e.g. for as long as RL ran). ``resume_at`` with ``moments``
+    (the stats' ``optimizer_moments`` of a warm start that stopped after ``resume_at``
+    steps, ``model`` its result) goes on from there: the same draws, lr and AdamW state
+    as if it had never stopped.
     """
     if cfg.stop_at_accuracy is not None and not val_pairs:
         raise ValueError("model.warm_start.stop_at_accuracy needs validation pairs to check accuracy on")
@@ -116,13 +121,24 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     span = max(cfg.steps - 1, 1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - (1.0 - FINAL_LR_FRACTION) * min(i, span) / span)
+    if resume_at:
+        if moments is None:
+            raise ValueError("warm start: resume_at needs the stopped warm start's optimizer moments")
+        by_name = dict(model.named_parameters())
+        for name, st in moments.items():
+            opt.state[by_name[name]] = {k: v.clone() for k, v in st.items()}
+        with warnings.catch_warnings():  # lr steps with no optimizer step: replayed, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(resume_at):  # the draws and lr steps the stopped warm start made
+                rng.choices(encoded, weights=weights, k=cfg.batch_size)
+                sched.step()
     losses: list[float] = []
     n_tokens = 0
     t0 = time.perf_counter()
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        bar = tqdm(range(cfg.steps + extra_steps), desc="warm start", disable=not progress, mininterval=1.0)
+        bar = tqdm(range(resume_at, cfg.steps + extra_steps), desc="warm start", disable=not progress, mininterval=1.0)
         for step in bar:
             batch = collate(rng.choices(encoded, weights=weights, k=cfg.batch_size), tokenizer.pad_token_id)
             loss = sft_loss(model, batch)
