@@ -27,11 +27,15 @@ from bench.common import format_table
 from bench.learning import CONFIG, SYNC, mean_std, run_row, runs_root, say, train
 
 ETAS = (8, 32)
+CAP = 5
 SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
 QUICK_STEPS = 40
 SETTINGS = {
     **{f"eta{eta}-{objective}": (f"trainer.eta={eta}", f"trainer.objective={objective}")
        for eta in ETAS for objective in ("decoupled", "naive")},
+    # AReaL drops tokens whose behaviour weight pi_prox / pi_behav passes a cap (its configs use 5)
+    f"eta{ETAS[-1]}-decoupled-cap{CAP}": (f"trainer.eta={ETAS[-1]}", "trainer.objective=decoupled",
+                                          f"trainer.behav_weight_cap={CAP}"),
     "sync": SYNC,
 }
 
@@ -84,4 +88,8 @@ def run(quick: bool) -> dict:
         summary.update({f"eta{eta}_naive_minus_decoupled": n - d, f"eta{eta}_decoupled_minus_sync": d - sy})
         print(f"eta {eta}: naive - decoupled {n - d:+.3f}; decoupled - sync {d - sy:+.3f} "
               f"(means over seeds {list(seeds)})")
+    capped, n = summary[f"eta{ETAS[-1]}-decoupled-cap{CAP}_after_mean"], summary[f"eta{ETAS[-1]}-naive_after_mean"]
+    summary.update({"capped_minus_naive": capped - n, "capped_minus_sync": capped - summary["sync_after_mean"]})
+    print(f"eta {ETAS[-1]}, decoupled with behaviour weights capped at {CAP}: naive - capped {n - capped:+.3f}; "
+          f"capped - sync {capped - summary['sync_after_mean']:+.3f}")
     return {"etas": list(ETAS), "seeds": list(seeds), "rows": rows, "summary": summary}
