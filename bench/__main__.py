@@ -1,4 +1,5 @@
-"""``python -m bench all|NAME [--quick]``: run benchmarks, print tables, write bench/results/*.json."""
+"""``python -m bench all|NAME [--quick]``: run benchmarks, print tables, write bench/results/*.json
+(--quick: bench/results/quick/*.json, so a quick run never overwrites full figures)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,18 @@ from bench.common import RESULTS_DIR, format_table, save, update_summary
 HEADLINE = ("async_over_sync", "interruptible_gain", "dynamic_batching_gain", "engine_over_hf_generate")
 
 
+def results_dir(quick: bool):
+    return RESULTS_DIR / "quick" if quick else RESULTS_DIR
+
+
 def run_one(name: str, quick: bool) -> dict:
     mod = importlib.import_module(f"bench.{name}")
     print(f"\n=== {name}{' (quick)' if quick else ''} ===", flush=True)
     t0 = time.perf_counter()
     result = mod.run(quick)
     wall = time.perf_counter() - t0
-    path = save(name, quick, result, wall)
-    update_summary(name, quick, result, wall)
+    path = save(name, quick, result, wall, results_dir(quick))
+    update_summary(name, quick, result, wall, results_dir(quick))
     print(f"[{name}] {wall:.0f}s; wrote {path}", flush=True)
     return result
 
@@ -48,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.name == "all":
         import json
 
-        with open(RESULTS_DIR / "summary.json") as f:
+        with open(results_dir(args.quick) / "summary.json") as f:
             summary = json.load(f)
         summary["all_wall_s"] = time.perf_counter() - t0
         summary["all_quick"] = args.quick
         summary["failed"] = failed
         from bench.common import write_json_atomic
 
-        write_json_atomic(RESULTS_DIR / "summary.json", summary)
+        write_json_atomic(results_dir(args.quick) / "summary.json", summary)
         rows = [(k, summary.get(k)) for k in HEADLINE]
         print("\n" + format_table(["ratio (higher is better)", "value"], rows, title="summary"))
         print(f"all benchmarks: {summary['all_wall_s']:.0f}s; failed: {sorted(failed) or 'none'}")

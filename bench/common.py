@@ -180,6 +180,7 @@ def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path 
         "machine": machine_info(),
         **result,
     }
+    results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
     write_json_atomic(path, payload)
     return path
