@@ -14,7 +14,8 @@ import yaml
 from areal_core.eval.cli import add_eval_command
 
 
-def _overrides(pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as a dict of dotted keys to YAML-parsed values."""
     out = {}
     for p in pairs:
         if "=" not in p:
@@ -50,7 +51,7 @@ def cmd_train(args) -> int:
     from areal_core.experiment import ConfigError, load_config
 
     try:
-        cfg = load_config(args.config, _overrides(args.set))
+        cfg = load_config(args.config, parse_overrides(args.set))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,8 +21,6 @@ import json
 import statistics
 import time
 
-import yaml
-
 from bench.common import format_table
 from bench.learning import CONFIG, SYNC, mean_std, run_row, runs_root, say, train
 
@@ -44,6 +42,7 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
     """The figures of the run in ``run_dir`` if it is exactly the one this would run (its
     config compared key by key): an earlier run of this benchmark, or quickstart_seeds'
     synchronous run of the seed (``wait``: quickstart_seeds may be making it now)."""
+    from areal_core.cli import parse_overrides
     from areal_core.experiment import load_config
 
     if not (run_dir / "config.json").is_file():
@@ -52,7 +51,7 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
         time.sleep(30)
     if not (run_dir / "summary.json").is_file():
         return None  # an earlier run that did not finish: run it again
-    want = load_config(CONFIG, {"seed": seed, **{k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in sets)}})
+    want = load_config(CONFIG, {"seed": seed, **parse_overrides(list(sets))})  # as `--set` reads them
     if json.loads((run_dir / "config.json").read_text()) != want.model_dump(mode="json"):
         return None
     say(f"{run_dir.name}: reusing {run_dir} (same config)")

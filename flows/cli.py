@@ -14,7 +14,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before pre
 # Prefect's 20 s for its ephemeral server to start is too short on a busy 2-core machine
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
-from areal_core.cli import _default_run_dir, _overrides, build_parser, print_summary, run_parsed  # noqa: E402
+from areal_core.cli import _default_run_dir, build_parser, parse_overrides, print_summary, run_parsed  # noqa: E402
 
 
 def _csv(text: str, kind=str) -> list:
@@ -45,7 +45,7 @@ def _config_error(config: str, overrides: dict) -> int | None:
 
 
 def cmd_train(args) -> int:
-    overrides = _overrides(args.set)
+    overrides = parse_overrides(args.set)
     if (rc := _config_error(args.config, overrides)) is not None:
         return rc
     from areal_core.experiment import load_config
@@ -66,7 +66,7 @@ def cmd_sweep(args) -> int:
     from areal_core.experiment import ConfigError
     from areal_core.sweep import sweep_points, validate_points
 
-    base = _overrides(args.set)
+    base = parse_overrides(args.set)
     try:
         points = sweep_points(_csv(args.eta, int), _csv(args.objective), _grid(args.grid))
         validate_points(args.config, points, base)
@@ -83,7 +83,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_campaign(args) -> int:
-    overrides = _overrides(args.set)
+    overrides = parse_overrides(args.set)
     if (rc := _config_error(args.config, overrides)) is not None:
         return rc
     from flows.campaign import campaign
