@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +36,7 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.metrics: list[dict] = []
         self.ledger: list[dict] = []
+        self._flushed_at = -float("inf")
 
     def log_step(self, row: dict, trained: list[dict], flush: bool = True) -> None:
         """``trained``: one ledger row per trained trajectory (see ``LEDGER_COLUMNS``)."""
@@ -62,7 +64,13 @@ class RunLog:
         self.ledger = [{k: _plain(v) for k, v in r.items()} for r in led.to_dict("records")]
         self.flush()
 
-    def flush(self) -> None:
+    def flush(self, min_interval_s: float = 0.0) -> None:
+        """Write both files whole; with ``min_interval_s``, only if the last write is older than that
+        (the files grow with the run: writing them every step cost the trainer's thread O(steps))."""
+        now = time.monotonic()
+        if now - self._flushed_at < min_interval_s:
+            return
+        self._flushed_at = now
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(pd.DataFrame(self.metrics), self.run_dir / "metrics.parquet")
         write_parquet_atomic(self.ledger_frame(), self.run_dir / "ledger.parquet")

@@ -48,6 +48,8 @@ from areal_core.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
+METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
+
 
 @contextlib.contextmanager
 def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0,
@@ -251,7 +253,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                                 "publish_time_s": now - t1, "step_time_s": now - t0,
                                 "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
                                 "elapsed_s": now - rl_start})
-                    runlog.flush()
+                    runlog.flush(min_interval_s=METRICS_FLUSH_S)
                     tokens_total += stats["tokens_trained"]
                     if step == first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
                         warm_t, warm_tokens = now, tokens_total
@@ -260,6 +262,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                     bar.update(1)
                     bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
                                     stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
+                runlog.flush()
                 if syncing is not None:
                     syncing.result()  # the servers hold the final weights before the evaluation
             finally:

@@ -89,8 +89,8 @@ def test_batched_generate_answers_each_prompt_in_order(server, models):
         assert r.output_ids == hf_greedy(models["v0"][1], p, 12)  # each its own answer, not a neighbour's
 
     async def bad(c: RolloutClient):
-        r = await c._http.post("/generate", json={"input_ids": [[5, 6], [7]], "rid": ["only-one"]})
-        return r.status_code, r.json()["message"]
+        async with c._http().post(c.url + "/generate", json={"input_ids": [[5, 6], [7]], "rid": ["only-one"]}) as r:
+            return r.status, (await r.json())["message"]
 
     status, message = run(_with_client(server.url, bad))
     assert status == 400 and "rid has 1 ids for 2 prompts" in message

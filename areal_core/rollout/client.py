@@ -5,6 +5,10 @@ several (each request goes to the server with the fewest requests in flight
 from this pool) and broadcasts weight updates, pause and resume.
 
 A request's own seed goes in its sampling params, under SGLang's name ``sampling_seed``.
+
+HTTP goes through aiohttp: the controller shares its process (and the GIL) with the trainer,
+and httpx's connection pool cost a third of a core there at the quickstart's request rate
+(docs/PERFORMANCE.md, session 9).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import asyncio
 import contextlib
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 
-import httpx
+import aiohttp
 import pydantic
 
 from areal_core.rollout.protocol import (
@@ -65,39 +71,47 @@ class RolloutServerError(RuntimeError):
         return self.status in (None, 503)
 
 
-def _server_message(resp: httpx.Response) -> str:
+def _server_message(body: bytes, reason: str) -> str:
     try:
-        body = resp.json()
+        parsed = json.loads(body)
     except ValueError:
-        return resp.text[:1000] or resp.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error")
-        for msg in (body.get("message"), err.get("message") if isinstance(err, dict) else err, body.get("detail")):
+        return body.decode("utf-8", "replace")[:1000] or reason
+    if isinstance(parsed, dict):
+        err = parsed.get("error")
+        for msg in (parsed.get("message"), err.get("message") if isinstance(err, dict) else err, parsed.get("detail")):
             if msg:
                 return str(msg)
-    return str(body)[:1000]
+    return str(parsed)[:1000]
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # servers are reached directly
 
 
 def check_health_sync(url: str, timeout_s: float = 2.0) -> bool:
     """Blocking health probe, for code without an event loop (the launcher)."""
     try:
-        r = httpx.get(url.rstrip("/") + HEALTH, timeout=timeout_s, trust_env=False)
-    except httpx.TransportError:
+        with _NO_PROXY.open(url.rstrip("/") + HEALTH, timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):  # HTTPError (a non-2xx answer) is a URLError
         return False
-    return r.status_code == 200
 
 
 class RolloutClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0):
         self.url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
-            # expire idle connections well before the server does (SERVER_KEEP_ALIVE_S), so a
-            # request is never sent on a socket the server is closing
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=20.0),
-            trust_env=False,
-        )
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None  # made in the event loop that uses it
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(self.timeout_s, 30.0)),
+                # close idle connections well before the server does (SERVER_KEEP_ALIVE_S), so a
+                # request is never sent on a socket the server is closing
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=20.0),
+                trust_env=False,
+            )
+        return self._session
 
     async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None,
                     retries: int = CONNECTION_RETRIES) -> bytes:
@@ -106,16 +120,17 @@ class RolloutClient:
         headers = None if body is None else {"content-type": "application/json"}
         for attempt in range(retries + 1):
             try:
-                resp = await self._http.request(method, path, content=content, headers=headers)
+                async with self._http().request(method, self.url + path, data=content, headers=headers) as resp:
+                    data = await resp.read()
                 break
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                timed_out = isinstance(e, httpx.TimeoutException)
+            except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                timed_out = isinstance(e, asyncio.TimeoutError)
                 if timed_out or attempt == retries:
                     raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}", timed_out) from e
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-        if not resp.is_success:
-            raise RolloutServerError(self.url, resp.status_code, _server_message(resp))
-        return resp.content
+        if not 200 <= resp.status < 300:
+            raise RolloutServerError(self.url, resp.status, _server_message(data, resp.reason or ""))
+        return data
 
     async def _status(self, path: str, body: pydantic.BaseModel | None = None) -> StatusResponse:
         st = StatusResponse.model_validate_json(await self._call("POST", path, body or _EMPTY))
@@ -188,10 +203,10 @@ class RolloutClient:
 
     async def health(self) -> bool:
         try:
-            resp = await self._http.get(HEALTH, timeout=5.0)
-        except httpx.TransportError:
+            async with self._http().get(self.url + HEALTH, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                return resp.status == 200
+        except (asyncio.TimeoutError, aiohttp.ClientError):
             return False
-        return resp.status_code == 200
 
     async def wait_healthy(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -208,7 +223,9 @@ class RolloutClient:
         return RequestsSnapshot.model_validate_json(await self._call("GET", REQUESTS))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class _Empty(pydantic.BaseModel):
