@@ -1,6 +1,6 @@
 """Bring up or connect to what a run needs, and verify each part works (no Prefect here).
 
-* Dask: a LocalCluster by default, or the configured ``reward.scheduler_address``;
+* Dask: a local cluster (scheduler and workers in their own processes) by default, or the configured ``reward.scheduler_address``;
   verified by grading a known answer on a worker.
 * Object storage: a folder, file:// or s3:// URL; the bucket is created if missing,
   then a probe object is written, read back and removed. S3 credentials come from the
@@ -34,7 +34,7 @@ def check_dask(cfg: RewardConfig) -> dict:
         [ok] = svc.grade_many("chain", ["a1b3|3"], ["a1b3|3"])
     if not ok.correct:
         raise ProvisionError(f"Dask grading check failed on {address}: a correct chain graded wrong")
-    return {"scheduler": cfg.scheduler_address or "LocalCluster (started per run)",
+    return {"scheduler": cfg.scheduler_address or "local Dask cluster (started per run)",
             "probe_address": address, "workers": workers, "seconds": round(time.perf_counter() - t0, 2)}
 
 

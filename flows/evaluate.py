@@ -19,7 +19,7 @@ def evaluate(checkpoint_url: str, benches: list[str] | None = None, out_dir: str
              version: int | None = None, samples: int = 1, limit: int | None = None,
              temperature: float = 0.6, top_p: float = 0.95, max_new_tokens: int | None = None,
              scheduler_address: str | None = None, s3_credentials_block: str | None = None) -> dict:
-    """``scheduler_address``: grade on an existing Dask cluster (default: a LocalCluster);
+    """``scheduler_address``: grade on an existing Dask cluster (default: a local cluster);
     ``s3_credentials_block``: a Prefect Secret block with AWS_* variables for s3:// checkpoints."""
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)

@@ -1,4 +1,4 @@
-"""A short fully asynchronous run, for real: rollout server process, Dask LocalCluster,
+"""A short fully asynchronous run, for real: rollout server process, a local Dask cluster,
 and a real S3 endpoint (moto's server on 127.0.0.1) as the checkpoint store."""
 
 from pathlib import Path

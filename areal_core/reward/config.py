@@ -6,8 +6,8 @@ from areal_core.configbase import Section
 
 
 class RewardConfig(Section):
-    scheduler_address: str | None = None  # None: start a Dask LocalCluster
-    n_workers: int = Field(1, gt=0)  # LocalCluster workers (processes)
+    scheduler_address: str | None = None  # None: start a local Dask cluster (scheduler + workers, each a process)
+    n_workers: int = Field(1, gt=0)  # local cluster workers (processes)
     threads_per_worker: int = Field(1, gt=0)
     # per answer, from when its worker starts grading it: one still being graded then is graded wrong
     # (reason "grading timed out", counted in the run summary's grading_timeouts). The graders' own
