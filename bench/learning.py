@@ -9,6 +9,7 @@ is what the tables show. Runs go one after another: each uses the whole machine.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import time
@@ -29,8 +30,10 @@ def runs_root(name: str) -> Path:
 
 
 def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str = CONFIG) -> dict:
-    """One ``areal-flow train`` run; its summary plus the wall time measured around the command."""
+    """One fresh ``areal-flow train`` run (an earlier run in its folder is removed first: callers that
+    reuse finished runs decide so before calling); its summary plus the wall time around the command."""
     run_dir = root / label
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "train", config, "--run-dir", str(run_dir),
            "--no-progress", "--set", f"seed={seed}"]
     for s in sets:
