@@ -88,6 +88,10 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
                 for pid in pids.values():
                     os.kill(pid, signal.SIGKILL)
             elif step == 5:  # freeze S3 for S3_OUTAGE_S: the background write of checkpoint 6 falls into it
+                deadline = time.monotonic() + 60  # (checkpoint 3's write finishes first, or 6 would queue behind it)
+                while 3 not in CheckpointStore(url).versions():
+                    assert time.monotonic() < deadline, "checkpoint 3 was never published"
+                    time.sleep(0.05)
                 s3.pause()  # (the resume is timed from here: a write still running now must not wait forever)
                 events["s3_paused_at"] = time.monotonic()
                 threading.Timer(S3_OUTAGE_S, s3.resume).start()
