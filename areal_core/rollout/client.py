@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
@@ -92,7 +91,7 @@ def check_health_sync(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with _NO_PROXY.open(url.rstrip("/") + HEALTH, timeout=timeout_s) as r:
             return r.status == 200
-    except (urllib.error.URLError, OSError):  # HTTPError (a non-2xx answer) is a URLError
+    except OSError:  # refused, timed out, or a non-2xx answer (HTTPError < URLError < OSError)
         return False
 
 
