@@ -116,7 +116,7 @@ def run(quick: bool) -> dict:
         bounds.append(math.ceil(total / BUDGET))
         for name in (order if r % 2 == 0 else order[::-1]):
             tr = trainers[name]
-            groups = tr.microbatches(seqlens)
+            groups = tr.microbatches([t.prompt_ids for t in batch], [len(t.output_ids) for t in batch])
             # attention positions computed: the padded [n, L_max] view, or the real tokens (per-sequence)
             attn_slots[name].append(sum(len(g) * max(seqlens[i] for i in g) for g in groups) if name == PADDED
                                     else total)

@@ -113,3 +113,36 @@ def test_split_fixed_examples_and_errors():
         split_fixed(3, 0)
     with pytest.raises(ValueError, match="n_items=2 into n_groups=3"):
         split_fixed(2, 3)
+
+
+def test_shared_prompt_units_count_the_prompt_once():
+    from areal_core.algo import allocate_shared_prompt_microbatches
+
+    p, q = [1, 2, 3, 4], [5, 6]
+    prompts = [p, q, p, p, q, [9]]
+    answers = [3, 10, 2, 5, 1, 4]
+    groups = allocate_shared_prompt_microbatches(prompts, answers, 16)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    for g in groups:  # within budget, counting each distinct prompt once
+        cost = sum(len(pr) for pr in {tuple(prompts[i]) for i in g}) + sum(answers[i] for i in g)
+        assert cost <= 16, (g, cost)
+    # p's three answers (4 + 3 + 2 + 5 = 14 tokens) fit together: one unit, not 3 sequences of 7, 6, 9
+    assert any(set(g) >= {0, 2, 3} for g in groups)
+
+
+def test_shared_prompt_unit_over_budget_is_cut():
+    from areal_core.algo import allocate_shared_prompt_microbatches
+
+    groups = allocate_shared_prompt_microbatches([[1, 2]] * 4, [5, 5, 5, 5], 13)
+    assert sorted(map(sorted, groups)) == [[0, 1], [2, 3]]  # 2 + 5 + 5 = 12 each
+    with pytest.raises(ValueError, match="sequence 1 has length 14"):
+        allocate_shared_prompt_microbatches([[1], [1, 2, 3, 4]], [3, 10], 13)
+
+
+def test_shared_prompt_allocation_without_sharing_is_the_plain_one():
+    from areal_core.algo import allocate_shared_prompt_microbatches
+
+    rng = torch.Generator().manual_seed(0)
+    lens = torch.randint(1, 40, (50,), generator=rng).tolist()
+    prompts = [[i, i] for i in range(50)]  # all different
+    assert allocate_shared_prompt_microbatches(prompts, lens, 100) == allocate_microbatches([n + 2 for n in lens], 100)

@@ -54,3 +54,45 @@ def test_gradients_match_hf(model):
     for n, p in model.named_parameters():
         assert ours[n].abs().max() > 0, n
         torch.testing.assert_close(ours[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def _grouped(g):
+    """Answers to shared prompts, interleaved with unshared ones and a prompt that prefixes another."""
+    p1 = torch.randint(0, 50, (7,), generator=g).tolist()
+    p2 = torch.randint(0, 50, (4,), generator=g).tolist()
+    ans = lambda n: torch.randint(0, 50, (n,), generator=g).tolist()  # noqa: E731
+    seqs = [p1 + ans(5), p2 + ans(1), p1 + ans(9), p1[:4] + ans(6), p1 + ans(1), p2 + ans(12), ans(3) + ans(2)]
+    starts = [7, 4, 7, 4, 7, 4, 3]
+    return seqs, starts
+
+
+@pytest.mark.parametrize("model", _models(), ids=["qwen2", "llama"])
+def test_shared_prompts_match_hf(model):
+    """A prompt shared by several answers enters the stream once; every answer still scores as if alone,
+    and the gradients (summed over the answers through the shared prompt) are the separate copies' sum."""
+    from areal_core.trainer.packed_forward import _layout
+
+    g = torch.Generator().manual_seed(3)
+    seqs, starts = _grouped(g)
+    lay = _layout(seqs, starts)
+    assert len(lay.ids) == sum(len(s) for s in seqs) - 2 * 7 - 4  # p1 stored once (not 3x), p2 once (not 2x)
+    assert lay.gather is not None and len(lay.segments) == len(seqs)
+    ours = response_logprobs(model, seqs, starts, 0.9)
+    ref = _reference(model, seqs, starts, 0.9)
+    torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=0)
+
+    weights = torch.randn(ours.numel(), generator=g)
+    model.zero_grad()
+    (response_logprobs(model, seqs, starts, 0.9) * weights).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    (ref * weights.double()).sum().backward()
+    for n, p in model.named_parameters():
+        assert got[n].abs().max() > 0, n
+        torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_response_start_outside_the_sequence_is_an_error():
+    model = _models()[0]
+    with pytest.raises(ValueError, match="sequence 1: response start 4"):
+        response_logprobs(model, [[1, 2, 3], [1, 2, 3, 4]], [1, 4])

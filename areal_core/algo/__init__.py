@@ -3,12 +3,13 @@ the pi_prox approximation."""
 
 from areal_core.algo.advantages import compute_advantages, expand_to_tokens
 from areal_core.algo.losses import decoupled_ppo_loss, naive_ppo_loss
-from areal_core.algo.microbatch import allocate_microbatches, split_fixed
+from areal_core.algo.microbatch import allocate_microbatches, allocate_shared_prompt_microbatches, split_fixed
 from areal_core.algo.prox import loglinear_prox_logp
 from areal_core.algo.staleness import staleness_allows
 
 __all__ = [
     "allocate_microbatches",
+    "allocate_shared_prompt_microbatches",
     "compute_advantages",
     "decoupled_ppo_loss",
     "expand_to_tokens",

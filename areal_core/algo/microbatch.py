@@ -63,6 +63,41 @@ def allocate_microbatches(seqlens: Sequence[int] | torch.Tensor, max_tokens: int
     return groups
 
 
+def allocate_shared_prompt_microbatches(
+    prompts: Sequence[Sequence[int]], answer_lens: Sequence[int], max_tokens: int
+) -> list[list[int]]:
+    """:func:`allocate_microbatches` for a packed forward that stores a shared prompt once.
+
+    Answers with the same prompt form a unit costing the prompt once plus its answers; a
+    unit over ``max_tokens`` is cut, in input order, into pieces that fit (each pays for
+    the prompt). Units are packed first-fit decreasing. Without shared prompts this is
+    exactly ``allocate_microbatches(prompt + answer lengths)``. Returns lists of indices,
+    each exactly once, a unit's answers adjacent.
+    """
+    max_tokens = _as_int(max_tokens, "max_tokens")
+    if len(prompts) != len(answer_lens):
+        raise ValueError(f"{len(prompts)} prompts but {len(answer_lens)} answer lengths")
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_prompt.setdefault(tuple(p), []).append(i)
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for prompt, members in by_prompt.items():
+        first = len(units)  # this prompt's units start here
+        for i in members:
+            need = len(prompt) + _as_int(answer_lens[i], f"answer_lens[{i}]")
+            if need > max_tokens:
+                raise ValueError(f"sequence {i} has length {need}, which exceeds the micro-batch budget "
+                                 f"max_tokens={max_tokens}")
+            if len(units) > first and costs[-1] + need - len(prompt) <= max_tokens:
+                units[-1].append(i)
+                costs[-1] += need - len(prompt)
+            else:
+                units.append([i])
+                costs.append(need)
+    return [[i for u in mb for i in units[u]] for mb in allocate_microbatches(costs, max_tokens)]
+
+
 def split_fixed(n_items: int, n_groups: int) -> list[list[int]]:
     """Split ``range(n_items)`` into ``n_groups`` contiguous, non-empty groups.
 

@@ -3,12 +3,23 @@
 Sequences are concatenated into one stream of tokens: embeddings, projections,
 MLPs and the LM head run on exactly the real tokens (no padding), and so does
 attention: each sequence attends causally to itself only, one fused kernel call
-per sequence on a view of the stream (``packed_attention``). Works with the
-Llama-family decoders of Hugging Face transformers (Llama, Qwen2, Mistral),
-reusing the model's own modules and parameters, so gradients flow into it.
+per sequence (``packed_attention``). Works with the Llama-family decoders of
+Hugging Face transformers (Llama, Qwen2, Mistral), reusing the model's own
+modules and parameters, so gradients flow into it.
+
+Answers to the same prompt share it: a group's prompt enters the stream once,
+followed by each answer's tokens. Projections and MLPs then run on the prompt
+once instead of once per answer (GRPO-style groups of 8 answers to a 30-token
+prompt halve the tokens of the quickstart's batches); for attention, each
+answer's segment gathers the prompt's queries, keys and values in front of its
+own, so every answer attends to exactly what it would alone. Gradients that
+reach the shared prompt from all its answers add up, as they would have over
+separate copies.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -35,23 +46,76 @@ def check_supported(model) -> None:
                                   f"(model.config.attention_dropout = {model.config.attention_dropout})")
 
 
+@dataclass
+class _Layout:
+    """Where every token of a micro-batch sits in the packed stream."""
+
+    ids: list[int]  # the stream's tokens
+    pos: list[int]  # their positions within their own sequence
+    segments: list[int]  # attention segments' lengths, in order
+    gather: list[int] | None  # stream index of each segment token (None: the segments are the stream)
+    scatter: list[int] | None  # for each stream token, the segment token whose attention output it takes
+    pred: list[int]  # stream index of the hidden state that scores each response token, in input order
+    targets: list[int]  # the response tokens, in input order
+
+
+def _layout(seqs: list[list[int]], starts: list[int]) -> _Layout:
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (s, st) in enumerate(zip(seqs, starts)):
+        if not 1 <= st < len(s):
+            raise ValueError(f"sequence {i}: response start {st} must lie in [1, {len(s) - 1}] "
+                             f"(the sequence has {len(s)} tokens)")
+        groups.setdefault(tuple(s[:st]), []).append(i)
+    targets = [t for s, st in zip(seqs, starts) for t in s[st:]]
+    if len(groups) == len(seqs):  # no prompt shared: each sequence is its own segment of the stream
+        ids, pos, pred, a = [], [], [], 0
+        for s, st in zip(seqs, starts):
+            ids += s
+            pos += range(len(s))
+            pred += range(a + st - 1, a + len(s) - 1)
+            a += len(s)
+        return _Layout(ids, pos, [len(s) for s in seqs], None, None, pred, targets)
+    ids, pos, segments, gather = [], [], [], []
+    scatter: list[int] = []
+    pred_of: dict[int, range | list[int]] = {}
+    for prompt, members in groups.items():
+        n_p, p0 = len(prompt), len(ids)
+        ids += prompt
+        pos += range(n_p)
+        scatter += range(len(gather), len(gather) + n_p)  # the prompt's output: from its first answer's segment
+        for i in members:
+            answer = seqs[i][n_p:]
+            a0 = len(ids)
+            ids += answer
+            pos += range(n_p, n_p + len(answer))
+            scatter += range(len(gather) + n_p, len(gather) + n_p + len(answer))
+            gather += range(p0, p0 + n_p)
+            gather += range(a0, a0 + len(answer))
+            segments.append(n_p + len(answer))
+            pred_of[i] = [p0 + n_p - 1, *range(a0, a0 + len(answer) - 1)]
+    pred = [j for i in range(len(seqs)) for j in pred_of[i]]
+    return _Layout(ids, pos, segments, gather, scatter, pred, targets)
+
+
 def response_logprobs(
     model, seqs: list[list[int]], starts: list[int], temperature: float = 1.0
 ) -> torch.Tensor:
     """Log-probabilities of ``seq[start:]`` for every sequence, flattened in order.
 
     Token ``seq[t]`` (t >= start >= 1) is scored from the logits at position t - 1,
-    as ``log_softmax(logits / temperature)``.
+    as ``log_softmax(logits / temperature)``. Sequences whose first ``start`` tokens
+    are equal share that prompt in the stream (see the module's docstring).
     """
     if not seqs:
         raise ValueError("empty micro-batch")
     inner = model.model
     dev = inner.embed_tokens.weight.device
-    lens = torch.tensor([len(s) for s in seqs], device=dev)
-    seq_lens = lens.tolist()
-    T = sum(seq_lens)
-    ids = torch.tensor([t for s in seqs for t in s], device=dev)
-    pos = torch.cat([torch.arange(n, device=dev) for n in seq_lens])
+    lay = _layout(seqs, starts)
+    T = len(lay.ids)
+    ids = torch.tensor(lay.ids, device=dev)
+    pos = torch.tensor(lay.pos, device=dev)
+    gather = None if lay.gather is None else torch.tensor(lay.gather, device=dev)
+    scatter = None if lay.scatter is None else torch.tensor(lay.scatter, device=dev)
 
     h = inner.embed_tokens(ids)[None]  # [1, T, H]
     cos, sin = inner.rotary_emb(h, pos[None])
@@ -65,16 +129,18 @@ def response_logprobs(
         v = attn.v_proj(x).view(T, -1, d)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        o = packed_causal_attention(q, k, v, seq_lens, attn.scaling).reshape(T, -1)
-        h = h + attn.o_proj(o)[None]
+        if gather is not None:  # each answer's segment: its prompt's tokens, then its own
+            q, k, v = q[gather], k[gather], v[gather]
+        o = packed_causal_attention(q, k, v, lay.segments, attn.scaling)
+        if scatter is not None:
+            o = o[scatter]
+        h = h + attn.o_proj(o.reshape(T, -1))[None]
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = inner.norm(h)[0]
 
-    # hidden states that predict the scored tokens, and those tokens
-    offsets = torch.cumsum(lens, 0) - lens
-    pred_idx = torch.cat([torch.arange(o + s - 1, o + l - 1, device=dev) for o, s, l in zip(offsets.tolist(), starts, lens.tolist())])
-    targets = ids[pred_idx + 1]
-    logits = model.lm_head(h[pred_idx]).float()
+    pred = torch.tensor(lay.pred, device=dev)
+    targets = torch.tensor(lay.targets, device=dev)
+    logits = model.lm_head(h[pred]).float()
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]

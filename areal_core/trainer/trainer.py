@@ -21,7 +21,7 @@ import time
 import torch
 
 from areal_core.algo import (
-    allocate_microbatches,
+    allocate_shared_prompt_microbatches,
     compute_advantages,
     decoupled_ppo_loss,
     loglinear_prox_logp,
@@ -126,10 +126,12 @@ class Trainer:
             n += 1
         return n
 
-    def microbatches(self, seqlens: list[int]) -> list[list[int]]:
+    def microbatches(self, prompts: list[list[int]], answer_lens: list[int]) -> list[list[int]]:
+        """Micro-batches of one minibatch (indices into it); dynamic packing counts a shared prompt once,
+        as the packed forward computes it."""
         if self.cfg.microbatching == "dynamic":
-            return allocate_microbatches(seqlens, self.cfg.max_tokens_per_microbatch)
-        return split_fixed(len(seqlens), min(self.cfg.n_microbatches, len(seqlens)))
+            return allocate_shared_prompt_microbatches(prompts, answer_lens, self.cfg.max_tokens_per_microbatch)
+        return split_fixed(len(prompts), min(self.cfg.n_microbatches, len(prompts)))
 
     def _logprobs(self, seqs, starts, idx) -> torch.Tensor:
         return response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
@@ -145,7 +147,7 @@ class Trainer:
         """pi_prox logprobs of every trajectory by the weights before this step (no-grad forward
         passes), and the number of passes."""
         prox: list[torch.Tensor] = [None] * len(seqs)
-        groups = self.microbatches([len(s) for s in seqs])
+        groups = self.microbatches([s[:st] for s, st in zip(seqs, starts)], n_out)
         with torch.no_grad():
             for mb in groups:
                 for i, lp in zip(mb, self._logprobs(seqs, starts, mb).split([n_out[i] for i in mb])):
@@ -181,7 +183,7 @@ class Trainer:
         for mbatch in minibatches:
             n_tokens = sum(n_out[i] for i in mbatch)
             self.optimizer.zero_grad(set_to_none=True)
-            for local in self.microbatches([len(seqs[i]) for i in mbatch]):
+            for local in self.microbatches([batch[i].prompt_ids for i in mbatch], [n_out[i] for i in mbatch]):
                 idx = [mbatch[j] for j in local]
                 logp = self._logprobs(seqs, starts, idx)
                 b = torch.cat([behav[i] for i in idx])
