@@ -304,6 +304,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         if "warm_start" in model_info else None,
         "rollout_resubmits": controller.resubmitted,
         "grading_resubmits": rewards.n_resubmitted,
+        "grading_tasks": rewards.n_tasks,
         "grading_timeouts": rewards.n_timed_out,
         "rl_time_s": rl_end - rl_start,
         "wall_time_s": time.perf_counter() - t_start,

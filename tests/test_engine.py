@@ -362,3 +362,24 @@ def test_prefill_groups_cut_greedily_under_the_padded_token_budget():
             assert len(g) == 1 or padded <= budget  # within budget, unless alone
             if nxt is not None:  # greedy: the next sequence would have broken the budget
                 assert (len(g) + 1) * lengths[nxt[0]] > budget
+
+
+def test_identical_requests_are_prefilled_once_and_sample_apart():
+    """A group's answers to one prompt arrive together: the prompt is run once and its cache row copied;
+    each answer samples on its own, with logprobs equal to the HF model's, and greedy copies agree."""
+    model = tiny_model("qwen2", seed=5)
+    engine = RolloutEngine(copy.deepcopy(model), start=False, kv_slots=4, kv_capacity=8)
+    ran = []
+    prefill = engine.kv.prefill
+    engine.kv.prefill = lambda rows, seqs: (ran.extend(map(len, seqs)), prefill(rows, seqs))[1]
+    prompt = PROMPTS[1]
+    sampled = [engine.submit(prompt, dict(temperature=1.0, max_new_tokens=12)) for _ in range(6)]
+    greedy = [engine.submit(PROMPTS[3], dict(temperature=0.0, max_new_tokens=12)) for _ in range(2)]
+    run_to_end(engine)
+    assert sorted(ran) == sorted([len(prompt), len(PROMPTS[3])])  # one forward over each prompt
+    outs = [f.result() for f in sampled]
+    assert len({tuple(r.output_ids) for r in outs}) > 1  # the copies sample apart
+    for r in outs:
+        _check_logprobs({0: model}, prompt, r, 1.0)
+    want = hf_greedy(model, PROMPTS[3], 12)
+    assert [f.result().output_ids for f in greedy] == [want, want]

@@ -44,3 +44,47 @@ def test_grading_past_the_timeout_is_graded_wrong_and_counted():
         results = rewards.grade_many("chain", ["slow", CORRECT], [CORRECT, CORRECT])
         assert [(r.correct, r.reason) for r in results] == [(False, TIMED_OUT), (True, "ok")]
         assert rewards.n_timed_out == 2
+
+
+def test_grade_batch_uses_one_thread_and_replaces_it_only_after_a_timeout(monkeypatch):
+    """In-process: a batch is graded in one thread; a hung item is graded TIMED_OUT after timeout_s,
+    its thread grades nothing more, and a fresh thread grades the items after it."""
+    from areal_core.reward import dispatch
+    from areal_core.reward.result import RewardResult
+
+    graded, release = [], threading.Event()
+
+    def fake(task, response, reference, tests=None):
+        if response == "hang":
+            release.wait(30)
+        graded.append((response, threading.current_thread().ident))
+        return RewardResult(correct=response == reference, reason="ok")
+
+    monkeypatch.setattr(dispatch, "grade", fake)
+    items = [("chain", r, "x", None) for r in ("x", "y", "x")]
+    out = dispatch.grade_batch(items, timeout_s=5.0)
+    assert [r.correct for r in out] == [True, False, True]
+    assert len({tid for _, tid in graded}) == 1  # one thread for the whole batch
+
+    graded.clear()
+    t0 = time.monotonic()
+    out = dispatch.grade_batch([("chain", r, "x", None) for r in ("x", "hang", "x", "y")], timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - t0 < 3
+    assert [(r.correct, r.reason) for r in out] == [(True, "ok"), (False, TIMED_OUT), (True, "ok"), (False, "ok")]
+    release.set()  # the hung grading ends: its thread must not grade the items after it again
+    time.sleep(0.2)
+    assert [resp for resp, _ in graded] == ["x", "x", "y", "hang"]
+    assert graded[0][1] != graded[1][1]  # the items after the hung one ran in a fresh thread
+
+
+def test_grade_batch_raises_a_graders_error(monkeypatch):
+    from areal_core.reward import dispatch
+
+    def broken(task, response, reference, tests=None):
+        raise ValueError("no grader for this")
+
+    monkeypatch.setattr(dispatch, "grade", broken)
+    import pytest
+
+    with pytest.raises(ValueError, match="no grader"):
+        dispatch.grade_batch([("chain", "a", "b", None)], timeout_s=5.0)

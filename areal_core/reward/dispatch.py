@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 
 from areal_core.reward.result import RewardResult
@@ -40,27 +41,45 @@ def grade(task: str, response: str, reference: str, tests: list[dict] | None = N
 def grade_within(timeout_s: float, task: str, response: str, reference: str,
                  tests: list[dict] | None = None) -> RewardResult:
     """:func:`grade`, given ``timeout_s`` seconds: an answer still being graded then is graded
-    wrong with reason :data:`TIMED_OUT`. The grading runs in a daemon thread of its own, which
-    Python cannot stop: it is left to finish (or hang) in the background."""
-    outcome: list = []
-
-    def work() -> None:
-        try:
-            outcome.append(grade(task, response, reference, tests))
-        except Exception as e:  # raised again below, in the caller's thread
-            outcome.append(e)
-
-    thread = threading.Thread(target=work, name=f"grading-{task}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not outcome:
-        return RewardResult(correct=False, reason=TIMED_OUT)
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return outcome[0]
+    wrong with reason :data:`TIMED_OUT` (see :func:`grade_batch`)."""
+    return grade_batch([(task, response, reference, tests)], timeout_s)[0]
 
 
 def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float) -> list[RewardResult]:
     """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group),
-    each within ``timeout_s`` (:func:`grade_within`)."""
-    return [grade_within(timeout_s, *item) for item in items]
+    each within ``timeout_s`` seconds of its start.
+
+    The items are graded one after another in one daemon thread (starting a thread per
+    answer cost more than grading a short one). An item still being graded after
+    ``timeout_s`` is graded wrong with reason :data:`TIMED_OUT`; its thread, which Python
+    cannot stop, is told to stop after it and left behind, and a fresh thread takes the
+    items after it. A grader's exception is raised here.
+    """
+    results: list[RewardResult] = []
+    while len(results) < len(items):
+        first = len(results)
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def work(first: int = first, done: queue.SimpleQueue = done, stop: threading.Event = stop) -> None:
+            for item in items[first:]:
+                if stop.is_set():
+                    return
+                try:
+                    done.put(grade(*item))
+                except Exception as e:  # raised again below, in the caller's thread
+                    done.put(e)
+                    return
+
+        threading.Thread(target=work, name=f"grading-{items[first][0]}", daemon=True).start()
+        while len(results) < len(items):
+            try:
+                out = done.get(timeout=timeout_s)
+            except queue.Empty:
+                stop.set()
+                results.append(RewardResult(correct=False, reason=TIMED_OUT))
+                break
+            if isinstance(out, Exception):
+                raise out
+            results.append(out)
+    return results

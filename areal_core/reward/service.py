@@ -10,7 +10,7 @@ it was running on too many workers that died) is submitted again here, up to
 ``RESUBMITS`` times; a grader that raises is retried by Dask (``retries``).
 
 Each answer's grading gets ``timeout_s`` seconds once its worker starts it
-(``dispatch.grade_within``); one that takes longer is graded wrong with reason
+(``dispatch.grade_batch``); one that takes longer is graded wrong with reason
 ``"grading timed out"`` and counted in ``n_timed_out``, so a hung grader never
 holds up training.
 

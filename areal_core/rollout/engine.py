@@ -342,16 +342,30 @@ class RolloutEngine:
     def _prefill_step(self) -> None:
         run = self._running
         toks = {i: s.prompt + s.out for i, s in enumerate(run) if s.needs_prefill}
-        lengths = {i: len(t) for i, t in toks.items()}
+        # identical token lists (a fresh group's answers to one prompt) are run once; the copies take
+        # that row's cache and logits, and sample their own next tokens from them
+        first: dict[tuple[int, ...], int] = {}
+        copies: dict[int, list[int]] = {}
+        for i, t in toks.items():
+            j = first.setdefault(tuple(t), i)
+            if j != i:
+                copies.setdefault(j, []).append(i)
+        lengths = {i: len(toks[i]) for i in first.values()}
         self.kv.ensure(len(run), max(lengths.values()) + 1)
         for g in prefill_groups(lengths, self.prefill_tokens):
             logits = self.kv.prefill(g, [toks[i] for i in g])
-            seqs = [run[i] for i in g]
-            for i, s in zip(g, seqs):
+            rows, src = [], []
+            for k, i in enumerate(g):
+                dup = copies.get(i, [])
+                self.kv.move_rows(dup, [i] * len(dup), lengths[i])
+                rows += [i, *dup]
+                src += [k] * (1 + len(dup))
+            seqs = [run[i] for i in rows]
+            for i, s in zip(rows, seqs):
                 s.cache_len = len(toks[i])
                 s.needs_prefill = False
             sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator)
-            tokens, logprobs = sampler.sample(logits)
+            tokens, logprobs = sampler.sample(logits[src] if len(src) > len(g) else logits)
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
         self._sampler = None  # the decode batch's tensors are rebuilt from the sequences
