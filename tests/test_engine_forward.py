@@ -134,3 +134,26 @@ def test_seeded_rows_repeat_and_mix_with_unseeded_ones():
 
     draws = [BatchSampler(rows(), vocab, torch.Generator().manual_seed(s)).sample(logits)[0] for s in (0, 1)]
     assert torch.equal(draws[0][:3], draws[1][:3])  # seeded rows ignore the engine's generator
+
+
+def test_two_level_draw_is_the_one_level_draw():
+    """Above 4 * CDF_BLOCK tokens the inverse CDF runs in two levels (block sums, then one block):
+    with the same uniforms it picks the same tokens as a one-level float64 scan, never a token of
+    probability 0 (here whole blocks and the tail block's edges), and reports the same logprobs."""
+    from areal_core.rollout import sampling
+
+    vocab, n = 4 * sampling.CDF_BLOCK + 77, 3000  # a partial tail block
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(n, vocab, generator=g) * 3
+    logits[:, 256:512] = float("-inf")  # a whole block impossible
+    logits[:, -5:] = float("-inf")  # and the vocabulary's last tokens
+    logits[:, ::7] -= 120.0  # weights that underflow to 0 after the max is taken off
+    tokens, logprobs = BatchSampler(_rows(n), vocab, torch.Generator().manual_seed(3)).sample(logits)
+    u = torch.rand((n, 1), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    w = torch.exp(logits - logits.amax(-1, keepdim=True))
+    cdf = torch.cumsum(w, -1, dtype=torch.float64)
+    want = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 2.0**-52), right=True)[:, 0]
+    assert torch.equal(tokens, want)
+    assert (w.gather(1, tokens[:, None]) > 0).all()
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0],
+                               atol=1e-5, rtol=0)

@@ -15,7 +15,11 @@ as much as the model's LM head at a 50k vocabulary): ``probs = exp(logp)`` (filt
 have 0), ``cdf = cumsum(probs)`` in float64, ``u ~ Uniform[0, 1)``, and the token is the
 first index with ``cdf > u * cdf[-1] * (1 - 2^-52)``. A token of probability 0 can never be drawn
 (its cdf equals its predecessor's) and the target stays strictly below ``cdf[-1]``.
-A row with a seed draws its uniform from its own generator.
+A row with a seed draws its uniform from its own generator. Above ``4 * CDF_BLOCK`` tokens the
+cdf is found in two levels, which avoids a float64 scan of the whole vocabulary (a tenth of
+SmolLM2-135M's decode step at batch 64): float64 sums of blocks of ``CDF_BLOCK`` tokens, their
+cumulative sum picks the block, and a scan of that block alone picks the token; the same
+token as the one-level scan up to float64 rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo
 
 _NEG_INF = float("-inf")
 _BELOW_ONE = 1.0 - 2.0**-52
+CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (see the module docstring)
 
 
 class RequestError(ValueError):
@@ -88,15 +93,33 @@ class BatchSampler:
             u[i] = torch.rand(1, generator=g, dtype=torch.float64)
         return u
 
-    def _pick(self, cdf: torch.Tensor) -> torch.Tensor:
-        """``[n, 1]``: per row, the first index where the (unnormalised) float64 ``cdf`` exceeds
-        ``u * cdf[-1]`` (the target kept strictly below ``cdf[-1]``)."""
-        # u < 1 and total * (1 - 2^-52) < total, so the rounded product stays below total
-        return torch.searchsorted(cdf, self._uniform().mul_(cdf[:, -1:] * _BELOW_ONE), right=True)
+    def _draw_from(self, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inverse-CDF draw from unnormalised ``weights [n, V] >= 0``: (tokens ``[n, 1]``, float64
+        totals ``[n, 1]``). The token is the first whose cdf exceeds ``u * total``, the target kept
+        strictly below the total (u < 1 and total * (1 - 2^-52) < total)."""
+        n, V = weights.shape
+        B = CDF_BLOCK
+        if V <= 4 * B:
+            cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
+            total = cdf[:, -1:]
+            return torch.searchsorted(cdf, self._uniform().mul_(total * _BELOW_ONE), right=True), total
+        full = V // B * B
+        sums = weights[:, :full].reshape(n, V // B, B).sum(-1, dtype=torch.float64)
+        if full < V:
+            sums = torch.cat((sums, weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64)), 1)
+        cdf = torch.cumsum(sums, dim=-1)
+        total = cdf[:, -1:]
+        target = self._uniform().mul_(total * _BELOW_ONE)
+        block = torch.searchsorted(cdf, target, right=True)  # its cdf passes the target; its sum is > 0
+        before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp_(min=0)), 0.0)
+        idx = block * B + torch.arange(B, device=weights.device)
+        inner = torch.cumsum(weights.gather(1, idx.clamp(max=V - 1)).double().masked_fill_(idx >= V, 0.0), dim=-1)
+        rest = torch.minimum(target - before, inner[:, -1:] * _BELOW_ONE)  # in [0, the block's sum)
+        return block * B + torch.searchsorted(inner, rest, right=True), total
 
     def _draw(self, logp: torch.Tensor) -> torch.Tensor:
         """One token per row from the distribution ``exp(logp)``."""
-        return self._pick(torch.cumsum(logp.exp(), dim=-1, dtype=torch.float64))[:, 0]
+        return self._draw_from(logp.exp())[0][:, 0]
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``logits [n, vocab]`` -> (tokens ``[n]`` long, behaviour logprobs ``[n]`` float32)."""
@@ -122,11 +145,10 @@ class BatchSampler:
         """No filtering: one pass of ``exp(scaled - max)`` serves both the draw and the logprob
         ``scaled[t] - max - log(sum)``, the formula of ``log_softmax``."""
         top = scaled.amax(dim=-1, keepdim=True)
-        cdf = torch.cumsum(torch.exp(scaled - top), dim=-1, dtype=torch.float64)
-        tokens = self._pick(cdf)
+        tokens, total = self._draw_from((scaled - top).exp_())
         if self.any_greedy:
             tokens = torch.where(self.greedy[:, None], torch.argmax(logits, dim=-1, keepdim=True), tokens)
-        logp = scaled.gather(-1, tokens).sub_(top).sub_(cdf[:, -1:].log().float())
+        logp = scaled.gather(-1, tokens).sub_(top).sub_(total.log().float())
         return tokens[:, 0], logp[:, 0]
 
 
