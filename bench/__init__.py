@@ -1,13 +1,14 @@
 """Benchmarks: the AReaL paper's system ablations and the peer engines, measured side by side.
 
     python -m bench all [--quick]      # every benchmark, then bench/results/summary.json
-    python -m bench NAME [--quick]     # one of BENCHMARKS or LEARNING
+    python -m bench NAME [--quick]     # one of BENCHMARKS, LEARNING or DIAGNOSTICS
 
 ``trl_peer`` needs TRL's own venv (bench/.venvs/trl): it creates it on first use, or run
 ``make bench-trl`` ahead of time.
 
 LEARNING holds the learning measurements over seeds (each a series of full training
-runs, an hour or so on 2 cores); `all` leaves them out.
+runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain others (where the
+cores go); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
@@ -29,3 +30,5 @@ LEARNING = (
     "objective_ablation",
     "rl_vs_sft",
 )
+
+DIAGNOSTICS = ("core_split",)

@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 
-from bench import BENCHMARKS, LEARNING
+from bench import BENCHMARKS, DIAGNOSTICS, LEARNING
 from bench.common import RESULTS_DIR, format_table, save, update_summary
 
 HEADLINE = ("async_over_sync", "interruptible_gain", "dynamic_batching_gain", "engine_over_hf_generate")
@@ -34,7 +34,7 @@ def run_one(name: str, quick: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    ap.add_argument("name", choices=("all",) + BENCHMARKS + LEARNING)
+    ap.add_argument("name", choices=("all",) + BENCHMARKS + LEARNING + DIAGNOSTICS)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps (same outputs)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

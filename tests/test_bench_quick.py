@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import time
 
 import pytest
 
-from bench import BENCHMARKS, LEARNING
+from bench import BENCHMARKS, DIAGNOSTICS, LEARNING
 from bench.common import fmt, format_table, ratio, spread, update_summary, write_json_atomic
 
 
@@ -49,9 +51,9 @@ def test_update_summary_merges_benchmarks(tmp_path):
 def test_every_benchmark_module_has_run():
     import importlib
 
-    for name in BENCHMARKS + LEARNING:
+    for name in BENCHMARKS + LEARNING + DIAGNOSTICS:
         assert callable(importlib.import_module(f"bench.{name}").run)
-    assert not set(BENCHMARKS) & set(LEARNING)  # `all` leaves the hour-long learning runs out
+    assert not set(BENCHMARKS) & set(LEARNING + DIAGNOSTICS)  # `all` leaves the learning runs and diagnostics out
 
 
 def test_learning_tables_report_mean_and_spread_over_seeds():
@@ -104,3 +106,27 @@ def test_objective_ablation_reuses_only_a_finished_run_of_the_same_config(tmp_pa
     assert row["gain"] == pytest.approx(0.15) and row["seed"] == 1 and row["max_staleness"] == 32
     assert _finished_run(run_dir, 2, sets) is None  # another seed: another config
     assert _finished_run(run_dir, 1, ("trainer.eta=8", "trainer.objective=naive")) is None
+
+
+def test_core_split_reads_this_process_and_its_children():
+    """The /proc sampler behind `python -m bench core_split`: a busy child process and this
+    process's main thread are both counted, under their roles."""
+    import subprocess
+    import sys
+
+    from bench import core_split
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    try:
+        time.sleep(0.2)
+        a = core_split._sample()
+        t0 = time.time()
+        while time.time() - t0 < 0.6:  # the main thread busy too
+            pass
+        b = core_split._sample()
+    finally:
+        child.wait()
+    assert ("other processes", child.pid) in a and ("other processes", child.pid) in b
+    assert b[("other processes", child.pid)] - a[("other processes", child.pid)] > 0.3
+    main = ("trainer: main thread", os.getpid())
+    assert b[main] - a[main] > 0.3
