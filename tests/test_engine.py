@@ -383,3 +383,21 @@ def test_identical_requests_are_prefilled_once_and_sample_apart():
         _check_logprobs({0: model}, prompt, r, 1.0)
     want = hf_greedy(model, PROMPTS[3], 12)
     assert [f.result().output_ids for f in greedy] == [want, want]
+
+
+def test_split_decode_attention_matches_hf():
+    """With rows of very different lengths the decode attention runs in two parts (all rows over the
+    first positions, the long rows over the rest, merged by their softmax maxima and sums); greedy
+    outputs stay HF's, and the split is really taken."""
+    model = tiny_model("qwen2", seed=6)
+    engine = RolloutEngine(copy.deepcopy(model), start=False, kv_slots=8, kv_capacity=16)
+    engine.kv.split_min_positions = 1
+    taken = []
+    split_at = engine.kv._split_at
+    engine.kv._split_at = lambda lengths, L: (lambda r: (taken.append(r is not None), r)[1])(split_at(lengths, L))
+    prompts = [[7] * 60, [9, 10], [11], [12, 13, 14], [15] * 45, [16, 17]]
+    futs = [engine.submit(p, dict(temperature=0.0, max_new_tokens=20)) for p in prompts]
+    run_to_end(engine)
+    assert any(taken)
+    for p, f in zip(prompts, futs):
+        assert f.result().output_ids == hf_greedy(model, p, 20)

@@ -19,6 +19,13 @@ holds a token, -inf elsewhere) shared by the layers. Row ``i`` belongs to the ``
 running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVForward.move_rows`).
 Grouped-query attention views the queries as ``[n * kv_heads, groups, head_dim]``, so K/V
 heads are never repeated in memory.
+
+Decode attention in two parts when lengths differ a lot: continuous batching nearly always
+holds a few long sequences among many short ones, and one batched attention call reads every
+row up to the longest. When it saves at least half of that (:meth:`KVForward._split_at`),
+all rows attend to the first ``Ls`` positions (a view of the cache) and only the rows longer
+than that to the rest (a gathered copy); the two partial softmaxes are merged by their maxima
+and sums, as split-K attention kernels do.
 """
 
 from __future__ import annotations
@@ -107,6 +114,7 @@ class KVForward:
         self.init_slots = max(1, min(init_slots, max_slots))
         self.init_capacity = max(1, min(init_capacity, self.max_positions))
         self.attn_chunk_bytes = attn_chunk_bytes
+        self.split_min_positions = 8192  # decode attention is split only above this many padded positions
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer] = []
         self.weights_changed()
@@ -253,18 +261,63 @@ class KVForward:
         cos, sin = rope[:, None, None, 0], rope[:, None, None, 1]  # [n, 1, 1, hd]
         write = (self._row_base[:n] + lengths[:, None]).view(-1)  # [n * kv]
         self.mask.view(-1).index_fill_(0, write, 0.0)
+        split = self._split_at(lengths, L)
+        if split is not None:
+            Ls, long_rows = split
+            L = Ls
         mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
         for f, cache in zip(self.fused, self.kv):
             y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
             self._rotate(y[:, :, : g + 1], cos, sin)  # the queries and the key
             cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
             rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
-            scores = torch.baddbmm(mask, y[:, :, :g].reshape(n * kv, g, hd), rows[..., :hd].transpose(1, 2),
-                                   alpha=self.scale)  # [n*kv, g, L]
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
-            self._out_proj(f, h, torch.bmm(probs, rows[..., hd:]).view(n, -1))
+            q = y[:, :, :g].reshape(n * kv, g, hd)
+            scores = torch.baddbmm(mask, q, rows[..., :hd].transpose(1, 2), alpha=self.scale)  # [n*kv, g, L]
+            if split is None:
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+                o = torch.bmm(probs, rows[..., hd:])
+            else:
+                o = self._merged_attention(scores, rows, q, cache, long_rows, Ls, max_len)
+            self._out_proj(f, h, o.view(n, -1))
             self._mlp(f, h)
         return self._logits(h)
+
+    def _split_at(self, lengths: torch.Tensor, L: int) -> tuple[int, torch.Tensor] | None:
+        """Where to split the decode attention (see the module docstring): ``(Ls, long rows)``, or
+        None when one call over ``[rows, L]`` costs less than twice the split's positions."""
+        n = lengths.shape[0]
+        if n * L < self.split_min_positions:
+            return None
+        desc = torch.sort(lengths + 1, descending=True).values  # positions each row attends to
+        m = torch.arange(n)
+        cost = n * desc + m * (L - desc)  # rows 0..m-1 long, the others up to desc[m]
+        best = int(torch.argmin(cost[1:])) + 1  # at least one long row
+        if 2 * int(cost[best]) > n * L:
+            return None
+        Ls = int(desc[best])
+        return Ls, torch.nonzero(lengths + 1 > Ls)[:, 0]
+
+    def _merged_attention(self, scores, rows, q, cache, long_rows, Ls: int, L: int) -> torch.Tensor:
+        """Softmax attention whose first ``Ls`` positions are ``scores``/``rows`` (all rows) and whose
+        positions ``Ls..L-1`` exist for ``long_rows`` only; ``[n*kv, g, hd]``."""
+        kv, g, hd = self.n_kv, self.groups, self.head_dim
+        top = scores.amax(dim=-1, keepdim=True).float()  # finite: every row holds position 0
+        p = torch.exp(scores.float() - top)
+        total = p.sum(dim=-1, keepdim=True)
+        o = torch.bmm(p.to(self.dtype), rows[..., hd:]).float()  # unnormalised
+        m = long_rows.shape[0]
+        tail = cache[long_rows, :, Ls:L].reshape(m * kv, L - Ls, 2 * hd)
+        q2 = q.view(-1, kv, g, hd)[long_rows].reshape(m * kv, g, hd)
+        mask2 = self.mask[long_rows, :, Ls:L].reshape(m * kv, 1, L - Ls)
+        s2 = torch.baddbmm(mask2, q2, tail[..., :hd].transpose(1, 2), alpha=self.scale)
+        top2 = s2.amax(dim=-1, keepdim=True).float()  # finite: a long row holds a position past Ls
+        p2 = torch.exp(s2.float() - top2)
+        sel = (long_rows[:, None] * kv + torch.arange(kv)).reshape(-1)  # their [n*kv] rows
+        new_top = torch.maximum(top[sel], top2)
+        a, b = torch.exp(top[sel] - new_top), torch.exp(top2 - new_top)
+        o[sel] = o[sel] * a + torch.bmm(p2.to(self.dtype), tail[..., hd:]).float() * b
+        total[sel] = total[sel] * a + p2.sum(dim=-1, keepdim=True) * b
+        return (o / total).to(self.dtype)
 
     # prefill -----------------------------------------------------------------
     @torch.no_grad()
