@@ -12,6 +12,7 @@ Each time the run completes and every trajectory is trained exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ import pytest
 import areal_core.run as run_module
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService
+from areal_core.rollout.client import GENERATE, RolloutClient
 from areal_core.rollout.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket
@@ -62,31 +64,42 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
         cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url})
         steps, B = cfg.trainer.max_steps, cfg.trainer.batch_size
         seen_versions: list[list[int]] = []
-        stop_killer = threading.Event()
+        kill_armed = threading.Event()
+        original_call = RolloutClient._call
 
-        def kill_server_when_busy():
+        async def call_then_kill(self, method, path, body=None, **kw):
+            """Once armed, the next generate call on server 0 is held on the server (generation paused,
+            so it waits there whatever the engine's speed) and the server is killed with SIGKILL while
+            the call is in flight: its client must resubmit to the restarted server."""
             srv = made["servers"].servers[0]
-            while not stop_killer.is_set():
-                if httpx.get(srv.url + "/get_model_info", timeout=5).json()["running"] > 0:
-                    events["server_pid"] = srv.pid
-                    events["server_running"] = psutil.Process(srv.pid).is_running()
-                    os.kill(srv.pid, signal.SIGKILL)
-                    return
+            if not (kill_armed.is_set() and path == GENERATE and self.url == srv.url.rstrip("/")):
+                return await original_call(self, method, path, body, **kw)
+            kill_armed.clear()
+            await self.pause()
+            call = asyncio.ensure_future(original_call(self, method, path, body, **kw))
+            deadline = time.monotonic() + 30
+            while (await asyncio.to_thread(lambda: httpx.get(srv.url + "/get_model_info", timeout=5).json()))[
+                    "waiting"] == 0:
+                assert time.monotonic() < deadline and not call.done(), "the held request never reached the server"
+                await asyncio.sleep(0.01)
+            events["server_pid"] = srv.pid
+            events["server_running"] = psutil.Process(srv.pid).is_running()
+            os.kill(srv.pid, signal.SIGKILL)
+            return await call
 
-        killer = threading.Thread(target=kill_server_when_busy, daemon=True)
+        monkeypatch.setattr(RolloutClient, "_call", call_then_kill)
 
         def faults(row):
             step = row["step"]
-            if step == 2:  # kill the server while it generates, from a thread: training goes on meanwhile
-                killer.start()
+            if step == 1:  # kill the server during its next generate call (above): training goes on meanwhile
+                kill_armed.set()
             elif step == 4:
                 pids = made["rewards"].worker_pids()
                 events["worker_pids"] = set(pids.values())
                 for pid in pids.values():
                     os.kill(pid, signal.SIGKILL)
             elif step == 5:  # freeze S3 for S3_OUTAGE_S: the background write of checkpoint 6 falls into it
-                stop_killer.set()  # (the server restart is over by then: a restart reads its checkpoint from S3)
-                killer.join()
+                kill_armed.clear()  # (the server restart is over by then: a restart reads its checkpoint from S3)
                 deadline = time.monotonic() + 60  # (checkpoint 3's write finishes first, or 6 would queue behind it)
                 while 3 not in CheckpointStore(url).versions():
                     assert time.monotonic() < deadline, "checkpoint 3 was never published"
@@ -108,8 +121,8 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
         ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
         assert len(ledger) == steps * B and not ledger["trajectory_id"].duplicated().any()
 
-        # the rollout server: killed while generating (between steps 2 and 5), restarted, requests resubmitted
-        assert events.get("server_running"), "the server never had a request in flight during steps 2-5"
+        # the rollout server: killed while generating (between steps 1 and 5), restarted, requests resubmitted
+        assert events.get("server_running"), "the server never had a request in flight during steps 1-5"
         assert made["servers"].restarts >= 1 and made["servers"].servers[0].pid != events["server_pid"]
         assert summary["rollout_resubmits"] > 0
 
