@@ -5,7 +5,7 @@ ETAS with the decoupled objective and with the naive one (PPO clipped around the
 which is what plain PPO does with stale data). Same steps, same everything else. Reported:
 held-out accuracy after RL per run, mean ± std per setting over the seeds, the observed
 staleness, and the two differences the paper's claim is about (naive - decoupled,
-decoupled - sync); the same at eta 32 with 4 PPO minibatches per step (sync likewise).
+decoupled - sync); the same at each eta with 4 PPO minibatches per step (sync likewise).
 
 Full: seeds 0-2 (about 4 minutes a run on 2 cores); --quick: seed 0, 40 steps (shows it
 runs). A finished run with exactly the config this would run (compared key by key) is
@@ -37,9 +37,11 @@ SETTINGS = {
     "sync": SYNC,
     # 4 PPO minibatches per step (so pi_prox differs from the policy being updated, and the policy
     # moves 4 optimizer steps per version): naive, decoupled with the cap, and sync, at the same setting
-    f"eta{ETAS[-1]}-naive-mb4": (f"trainer.eta={ETAS[-1]}", "trainer.objective=naive", "trainer.ppo_minibatches=4"),
-    f"eta{ETAS[-1]}-decoupled-cap{CAP}-mb4": (f"trainer.eta={ETAS[-1]}", "trainer.objective=decoupled",
-                                              f"trainer.behav_weight_cap={CAP}", "trainer.ppo_minibatches=4"),
+    **{f"eta{eta}-naive-mb4": (f"trainer.eta={eta}", "trainer.objective=naive", "trainer.ppo_minibatches=4")
+       for eta in ETAS},
+    **{f"eta{eta}-decoupled-cap{CAP}-mb4": (f"trainer.eta={eta}", "trainer.objective=decoupled",
+                                            f"trainer.behav_weight_cap={CAP}", "trainer.ppo_minibatches=4")
+       for eta in ETAS},
     "sync-mb4": SYNC + ("trainer.ppo_minibatches=4",),
 }
 
@@ -97,9 +99,10 @@ def run(quick: bool) -> dict:
     summary.update({"capped_minus_naive": capped - n, "capped_minus_sync": capped - summary["sync_after_mean"]})
     print(f"eta {ETAS[-1]}, decoupled with behaviour weights capped at {CAP}: naive - capped {n - capped:+.3f}; "
           f"capped - sync {capped - summary['sync_after_mean']:+.3f}")
-    e = ETAS[-1]
-    n4, d4, s4 = (summary[f"eta{e}-naive-mb4_after_mean"], summary[f"eta{e}-decoupled-cap{CAP}-mb4_after_mean"],
-                  summary["sync-mb4_after_mean"])
-    summary.update({"mb4_naive_minus_decoupled": n4 - d4, "mb4_decoupled_minus_sync": d4 - s4})
-    print(f"eta {e}, 4 PPO minibatches: naive - decoupled (cap {CAP}) {n4 - d4:+.3f}; decoupled - sync {d4 - s4:+.3f}")
+    for e in ETAS:
+        n4, d4, s4 = (summary[f"eta{e}-naive-mb4_after_mean"], summary[f"eta{e}-decoupled-cap{CAP}-mb4_after_mean"],
+                      summary["sync-mb4_after_mean"])
+        summary.update({f"eta{e}_mb4_naive_minus_decoupled": n4 - d4, f"eta{e}_mb4_decoupled_minus_sync": d4 - s4})
+        print(f"eta {e}, 4 PPO minibatches: naive - decoupled (cap {CAP}) {n4 - d4:+.3f}; "
+              f"decoupled - sync {d4 - s4:+.3f}")
     return {"etas": list(ETAS), "seeds": list(seeds), "rows": rows, "summary": summary}
