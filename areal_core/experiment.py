@@ -198,3 +198,14 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
     cfg = parse_config(data, str(path), text)
     _check_paths(cfg, path)
     return cfg
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as a dict of dotted keys to YAML-parsed values."""
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. trainer.eta=4), got {p!r}")
+        k, v = p.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out

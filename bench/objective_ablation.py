@@ -50,8 +50,7 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
     """The figures of the run in ``run_dir`` if it is exactly the one this would run (its
     config compared key by key): an earlier run of this benchmark, or quickstart_seeds'
     synchronous run of the seed (``wait``: quickstart_seeds may be making it now)."""
-    from areal_core.cli import parse_overrides
-    from areal_core.experiment import load_config
+    from areal_core.experiment import load_config, parse_overrides
 
     if not (run_dir / "config.json").is_file():
         return None

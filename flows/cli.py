@@ -1,20 +1,46 @@
-"""The `areal-flow` command: the core commands, run as Prefect flows, plus campaign, sweep and stack.
+"""The `areal-flow` command, all of it: train, eval, sweep, campaign, stack.
 
-Flows report to the Prefect server at PREFECT_API_URL when it is set (see `areal-flow stack up`),
-otherwise to Prefect's ephemeral server.
+`train` runs as a Prefect flow (reported to the server at PREFECT_API_URL when set, see
+`areal-flow stack up`, else to Prefect's ephemeral server); `train --no-prefect` runs the same
+experiment in this process without importing Prefect (a node with no Prefect server, the
+resume test). `eval` needs no Prefect either. Config errors end in one `error: ...` line, rc 2.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect is imported
 # Prefect's 20 s for its ephemeral server to start is too short on a busy 2-core machine
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
-from areal_core.cli import _default_run_dir, build_parser, parse_overrides, print_summary, run_parsed  # noqa: E402
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one `error:` line, rc 2."""
+
+
+def _overrides(pairs: list[str]) -> dict:
+    from areal_core.experiment import ConfigError, parse_overrides
+
+    try:
+        return parse_overrides(pairs)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def _load(config: str, overrides: dict):
+    from areal_core.experiment import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def _csv(text: str, kind=str) -> list:
@@ -27,38 +53,102 @@ def _grid(pairs: list[str]) -> dict[str, list]:
     out = {}
     for p in pairs:
         if "=" not in p:
-            raise SystemExit(f"--grid expects KEY=V1,V2 (e.g. trainer.optim.lr=1e-4,3e-5), got {p!r}")
+            raise UsageError(f"--grid expects KEY=V1,V2 (e.g. trainer.optim.lr=1e-4,3e-5), got {p!r}")
         k, v = p.split("=", 1)
         out[k] = [yaml.safe_load(x) for x in v.split(",")]
     return out
 
 
-def _config_error(config: str, overrides: dict) -> int | None:
-    from areal_core.experiment import ConfigError, load_config
+def _stamped(prefix: str) -> Path:
+    return Path("runs") / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
-    try:
-        load_config(config, overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return None
+
+def print_run_summary(s: dict, run_dir: Path) -> None:
+    lb, la, ta = s["answer_length_before"], s["answer_length_after"], s["trained_answer_length"]
+    print()
+    print(f"run: {s['name']}   folder: {run_dir}")
+    print(f"  held-out accuracy ({s['n_eval_problems']} problems): "
+          f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
+          f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")
+    print(f"  answer length (tokens)  before: p50 {lb['p50']:.0f}  p90 {lb['p90']:.0f}  max {lb['max']}"
+          f"   after: p50 {la['p50']:.0f}  p90 {la['p90']:.0f}  max {la['max']}")
+    print(f"  trained answers (tokens): p50 {ta['p50']:.0f}  p90 {ta['p90']:.0f}  max {ta['max']}")
+    print(f"  steps {s['steps']}  eta {s['eta']}  objective {s['objective']}  "
+          f"max staleness seen {s['max_staleness_observed']}")
+    print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
+          f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
+    print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
 
 
 def cmd_train(args) -> int:
-    overrides = parse_overrides(args.set)
-    if (rc := _config_error(args.config, overrides)) is not None:
-        return rc
-    from areal_core.experiment import load_config
-    from flows.train import train
+    overrides = _overrides(args.set)
+    cfg = _load(args.config, overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
+    if args.no_prefect:
+        from areal_core.run import run_experiment
 
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(load_config(args.config, overrides).name)
-    summary = train(config_path=args.config, run_dir=str(run_dir), max_steps=args.max_steps, overrides=overrides,
-                    evaluate_every=args.evaluate_every, progress=not args.no_progress, resume=args.resume)
-    print_summary(summary, run_dir)
+        summary = run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress,
+                                 resume=args.resume)
+    else:
+        from flows.train import train
+
+        summary = train(config_path=args.config, run_dir=str(run_dir), max_steps=args.max_steps,
+                        overrides=overrides, evaluate_every=args.evaluate_every, progress=not args.no_progress,
+                        resume=args.resume)
+    print_run_summary(summary, run_dir)
     if args.json:
-        import json
-
         print(json.dumps(summary))
+    return 0
+
+
+def _print_eval_summary(summary: dict, out_dir: str) -> None:
+    print(f"\nmodel: {summary['model']}   results: {out_dir}")
+    for b in summary["benchmarks"].values():
+        k = b["samples"]
+        extra = f"  maj@{k} {b[f'maj@{k}']:.3f}" if f"maj@{k}" in b else ""
+        passk = f"  pass@{k} {b[f'pass@{k}']:.3f}" if k > 1 else ""
+        print(f"  {b['label']}: {b['n_problems']} problems x {k} samples  pass@1 {b['pass@1']:.3f}"
+              f"{passk}{extra}  mean length {b['mean_length']:.0f} tokens "
+              f"(truncated {b['truncated_share']:.0%})")
+
+
+def _eval_reference(args) -> int:
+    from areal_core.eval.harness import reference_check
+
+    if args.model:
+        raise UsageError("--reference checks the data's own solutions; give no model")
+    reports = [reference_check(b, limit=args.limit, scheduler_address=args.scheduler,
+                               progress=not args.no_progress) for b in args.bench]
+    for r in reports:
+        for f in r["failures"][:20]:
+            print(f"  failed {f['id']}: {f['reason']} (parsed {f['parsed'][:80]!r})")
+        print(f"{r['label']}: {r['n_correct']}/{r['n_with_reference']} references graded correct")
+    n = sum(r["n_with_reference"] for r in reports)
+    ok = sum(r["n_correct"] for r in reports)
+    print(json.dumps({"benches": [{k: v for k, v in r.items() if k != "failures"} for r in reports],
+                      "n": n, "correct": ok, "accuracy": ok / n}))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from areal_core.eval.benchmarks import BENCHMARKS
+
+    unknown = [b for b in args.bench if b not in BENCHMARKS]
+    if unknown:
+        raise UsageError(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+    if args.reference:
+        return _eval_reference(args)
+    if not args.model:
+        raise UsageError("give a CHECKPOINT_OR_MODEL to evaluate (or --reference)")
+    from areal_core.eval.harness import evaluate_checkpoint
+
+    out_dir = args.out or str(_stamped("eval"))
+    summary = evaluate_checkpoint(
+        args.model, args.bench, out_dir=out_dir, samples=args.samples, limit=args.limit,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        scheduler_address=args.scheduler, progress=not args.no_progress,
+    )
+    _print_eval_summary(summary, out_dir)
     return 0
 
 
@@ -66,26 +156,22 @@ def cmd_sweep(args) -> int:
     from areal_core.experiment import ConfigError
     from areal_core.sweep import sweep_points, validate_points
 
-    base = parse_overrides(args.set)
+    base, eta, objective, grid = _overrides(args.set), _csv(args.eta, int), _csv(args.objective), _grid(args.grid)
     try:
-        points = sweep_points(_csv(args.eta, int), _csv(args.objective), _grid(args.grid))
-        validate_points(args.config, points, base)
+        validate_points(args.config, sweep_points(eta, objective, grid), base)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     from flows.sweep import sweep
 
-    out = sweep(config_path=args.config, eta=_csv(args.eta, int), objective=_csv(args.objective),
-                grid=_grid(args.grid) or None, max_steps=args.max_steps, out_dir=args.out, overrides=base,
-                evaluate_every=args.evaluate_every)
+    out = sweep(config_path=args.config, eta=eta, objective=objective, grid=grid or None, max_steps=args.max_steps,
+                out_dir=args.out, overrides=base, evaluate_every=args.evaluate_every)
     print(out["report"])  # the last line: the report's path
     return 0
 
 
 def cmd_campaign(args) -> int:
-    overrides = parse_overrides(args.set)
-    if (rc := _config_error(args.config, overrides)) is not None:
-        return rc
+    overrides = _overrides(args.set)
+    _load(args.config, overrides)
     from flows.campaign import campaign
 
     out = campaign(config_path=args.config, out_dir=args.out, eta=_csv(args.eta, int) or None,
@@ -103,12 +189,47 @@ def cmd_stack(args) -> int:
     return stack.main([args.action] + (["--port", str(args.port)] if args.port else []))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p, sub = build_parser()
-    t = sub.choices["train"]
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set trainer.eta=0 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="areal-flow", description="Fully asynchronous RL for LLM reasoning.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run one experiment from a YAML config (a Prefect flow)")
+    t.add_argument("config")
+    t.add_argument("--run-dir", help="output folder (default: runs/<name>-<time>)")
+    t.add_argument("--max-steps", type=int, help="override trainer.max_steps")
+    _add_set(t)
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its latest checkpoint (see docs/OPERATIONS.md)")
     t.add_argument("--evaluate-every", type=int, default=50,
                    help="mark every k-th checkpoint (and the last) for the evaluate deployment; 0: none")
+    t.add_argument("--no-prefect", action="store_true",
+                   help="run in this process without Prefect (no flow run, no events; --evaluate-every unused)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t.add_argument("--json", action="store_true", help="also print the summary as JSON")
     t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint or model on benchmarks (or --reference self-check)")
+    e.add_argument("model", nargs="?", metavar="CHECKPOINT_OR_MODEL",
+                   help="checkpoint version folder/URL, HF model folder, or smollm2-135m")
+    e.add_argument("--bench", action="append", required=True, metavar="NAME",
+                   help="benchmark (repeatable): aime24, aime25, math500, gsm8k, livecodebench (public tests "
+                        "only), humaneval, leetcode, synthetic")
+    e.add_argument("--samples", type=int, default=1, help="answers per problem (k)")
+    e.add_argument("--limit", type=int, help="only the first N problems")
+    e.add_argument("--out", help="output folder (default: runs/eval-<time>)")
+    e.add_argument("--temperature", type=float, default=0.6)
+    e.add_argument("--top-p", type=float, default=0.95)
+    e.add_argument("--max-new-tokens", type=int, help="default: 1024 for math and code, 64 for synthetic")
+    e.add_argument("--scheduler", help="Dask scheduler address for grading (default: a local cluster)")
+    e.add_argument("--reference", action="store_true",
+                   help="grade each problem's own reference solution; prints JSON with 'accuracy' last")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("sweep", help="a grid of training runs, then one comparison report (a Prefect flow)")
     s.add_argument("config")
@@ -118,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="another config key to sweep over (repeatable)")
     s.add_argument("--max-steps", type=int, help="override trainer.max_steps for every run")
     s.add_argument("--out", help="output folder (default: runs/sweep-<name>-<time>)")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    _add_set(s)
     s.add_argument("--evaluate-every", type=int, default=50, help="see train --evaluate-every")
     s.set_defaults(func=cmd_sweep)
 
@@ -129,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--objective", default="", help="comma-separated objectives: run a sweep")
     c.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
     c.add_argument("--max-steps", type=int)
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    _add_set(c)
     c.add_argument("--data-source", help="dataset name to train on (default: the config's data)")
     c.add_argument("--eval-source", help="dataset name for held-out accuracy")
     c.add_argument("--benches", default="synthetic", help="comma-separated benchmarks for the final checkpoints")
@@ -141,7 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("action", choices=["up", "down", "status"])
     k.add_argument("--port", type=int, help="server port for `up` (default: a free one)")
     k.set_defaults(func=cmd_stack)
-    return run_parsed(p, argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

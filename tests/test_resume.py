@@ -80,7 +80,7 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
     cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12})  # room to be killed mid-run
     steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "areal_core.cli", "train", str(HERE / "data/e2e.yaml"),
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--no-prefect", str(HERE / "data/e2e.yaml"),
            "--run-dir", str(run_dir), "--no-progress", "--set", "trainer.max_steps=12"]
     with open(tmp_path / "killed.log", "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO)
