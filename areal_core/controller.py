@@ -40,6 +40,7 @@ from areal_core.buffer import ReplayBuffer
 from areal_core.prompt_sampling import make_sampler
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
+from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.client import RolloutPool, RolloutServerError
 from areal_core.rollout.weight_transport import WeightTransport
 from areal_core.types import Trajectory
@@ -93,6 +94,7 @@ class RolloutController:
         request_timeout_s: float = 600.0,
         model_path: str = "",
         restart_server: Callable[[int, str, int], None] | None = None,
+        make_client=None,
     ):
         """``transport`` moves new weights to the servers (``update_weights``).
         ``model_path``: a checkpoint folder of ``version`` that a restarted server starts from
@@ -111,6 +113,7 @@ class RolloutController:
         self._restart_source, self.model_version = (lambda: model_path), version  # what a restarted server loads
         self.request_timeout_s = request_timeout_s
         self.restart_server = restart_server
+        self.make_client = make_client  # the rollout backend's client for a URL (None: the embedded one)
         self._prompts = prompts
         self._sampler = make_sampler(prompts, settings.shuffle, settings.seed, settings.curriculum)
         self._tally: dict[str, list] = {}  # group id -> [prompt id, correct, rewarded] until all n are in
@@ -207,7 +210,7 @@ class RolloutController:
     def _thread_main(self) -> None:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s)
+        self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s, make_client=self.make_client)
         self._gate = asyncio.Condition()
         self._servers_lock = asyncio.Lock()  # weight updates and server recovery, one at a time
         groups: dict[str, list[Trajectory]] = {}
@@ -276,7 +279,7 @@ class RolloutController:
         max_new = int(self.s.sampling["max_new_tokens"])
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   {**self.s.sampling, "max_new_tokens": max_new},
+                                                   Sampling(**{**self.s.sampling, "max_new_tokens": max_new}),
                                                    rids=[t.traj_id for t in trajs])
         except RolloutServerError as e:
             if not e.server_down:
@@ -291,14 +294,13 @@ class RolloutController:
         for t, r in zip(trajs, resps):
             self._append(t, r)
 
-    def _append(self, traj: Trajectory, resp) -> None:
-        meta = resp.meta_info
-        traj.output_ids += list(resp.output_ids)
-        traj.output_logprobs += [lp for lp, _, _ in meta.output_token_logprobs]
-        traj.output_versions += list(meta.output_token_versions)
-        self.generated_tokens += len(resp.output_ids)
-        if meta.finish_reason.type != "abort":  # aborted: keep what it made and go on
-            traj.finish_reason = meta.finish_reason.type
+    def _append(self, traj: Trajectory, gen: Generation) -> None:
+        traj.output_ids += gen.output_ids
+        traj.output_logprobs += gen.logprobs
+        traj.output_versions += gen.versions
+        self.generated_tokens += len(gen.output_ids)
+        if gen.finish_reason != "abort":  # aborted: keep what it made and go on
+            traj.finish_reason = gen.finish_reason
 
     async def _continue(self, traj: Trajectory) -> None:
         """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies)."""
@@ -311,7 +313,7 @@ class RolloutController:
                 break
             try:
                 resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
-                                                {**self.s.sampling, "max_new_tokens": remaining},
+                                                Sampling(**{**self.s.sampling, "max_new_tokens": remaining}),
                                                 rid=traj.traj_id)
             except RolloutServerError as e:
                 if not e.server_down or resubmits >= MAX_RESUBMITS:

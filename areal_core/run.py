@@ -17,7 +17,6 @@ the latest one and redoes the steps after it (docs/OPERATIONS.md).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -36,9 +35,8 @@ from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
-from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.kv_forward import apply_weights, read_weights
-from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import make_transport
 from areal_core.run_checkpoints import RunCheckpoints
@@ -49,30 +47,6 @@ from areal_core.trainer.trainer import Trainer
 log = logging.getLogger(__name__)
 
 METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
-
-
-@contextlib.contextmanager
-def rollout_servers(cfg: ExperimentConfig, model_path: str, run_dir: Path, version: int = 0,
-                    dtype: str = "float32"):
-    """(urls, restart) of embedded servers started here (and stopped by PID), running in ``dtype``
-    (the trainer's model's), which ``restart`` brings back after a crash; or the configured
-    external ones (restart None)."""
-    r = cfg.rollout
-    if r.backend != "embedded":
-        yield list(r.urls), None
-        return
-    with EmbeddedServers(model_path, r.n_servers, weight_version=version, seed=cfg.seed, max_running=r.max_running,
-                         weight_update=r.weight_update, torch_threads=r.torch_threads, dtype=dtype,
-                         log_paths=[str(run_dir / f"rollout_server_{k}.log") for k in range(r.n_servers)]) as s:
-        yield s.urls, s.restart
-
-
-async def _push_weights(urls: list[str], path: str, version: int) -> None:
-    pool = RolloutPool(urls)
-    try:
-        await pool.update_weights(path, version)
-    finally:
-        await pool.aclose()
 
 
 def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
@@ -179,13 +153,13 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
             log.warning("the run already has %d steps (asked for %d); nothing to train", version, steps)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
-    serve_dtype = dtype_name(model.dtype)  # the servers compute as the trainer's model does
+    # the servers compute as the trainer's model does
+    backend = make_backend(cfg.rollout, seed=cfg.seed, dtype=dtype_name(model.dtype), log_dir=run_dir)
     with RewardService(cfg.reward) as rewards, \
-            rollout_servers(cfg, store.local_copy(version), run_dir, version, serve_dtype) as (urls, restart):
-        if cfg.rollout.backend == "external":  # external servers must start from our version too
-            asyncio.run(_push_weights(urls, store.local_copy(version), version))
+            backend.launch(store.local_copy(version), version) as urls:
         if before is None:
-            before = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
+            before = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
+                                      temperature=cfg.eval.temperature,
                                       max_new_tokens=max_new)
         log.info("held-out accuracy before RL: %.3f", before["accuracy"])
 
@@ -199,7 +173,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         transport = make_transport(cfg.rollout.transport(), str(run_dir))
         controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, transport,
                                        version=version, request_timeout_s=cfg.rollout.request_timeout_s,
-                                       model_path=store.local_copy(version), restart_server=restart)
+                                       model_path=store.local_copy(version),
+                                       restart_server=backend.restart if backend.restartable else None,
+                                       make_client=backend.client)
         if saved is not None:
             controller.restore(saved.state["controller"])
         first_step = version + 1
@@ -270,7 +246,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                 controller.stop()
                 transport.close()
         rl_end = time.perf_counter()
-        after = evaluate_prompts(urls, eval_prompts, decode, rewards, temperature=cfg.eval.temperature,
+        after = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
+                                     temperature=cfg.eval.temperature,
                                  max_new_tokens=max_new)
 
     # throughput of this process's steps (after its own warm-up), so a resumed run is not

@@ -29,6 +29,7 @@ import areal_core.run as run_module
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService
 from areal_core.rollout.client import GENERATE, RolloutClient
+from areal_core.rollout import launcher
 from areal_core.rollout.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket
@@ -52,7 +53,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
             super().__init__(*a, **k)
             made["rewards"] = self
 
-    monkeypatch.setattr(run_module, "EmbeddedServers", Servers)
+    monkeypatch.setattr(launcher, "EmbeddedServers", Servers)
     monkeypatch.setattr(run_module, "RewardService", Rewards)
     events: dict[str, object] = {}
 

@@ -12,7 +12,7 @@ import torch
 from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.client import RolloutClient, RolloutServerError
 from areal_core.rollout.weight_transport import DistributedTransport, TensorTransport
-from areal_core.run import rollout_servers
+from areal_core.rollout.backends import make_backend
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.trainer import Trainer
 from areal_core.types import Trajectory
@@ -30,7 +30,8 @@ def bf16_server(tmp_path_factory):
     v0 = tiny_qwen2(21)
     v0.save_pretrained(root / "v0")
     cfg = ExperimentConfig.model_validate({"model": {"dtype": "bfloat16"}})
-    with rollout_servers(cfg, str(root / "v0"), root, 0, dtype=cfg.model.dtype) as (urls, _):
+    backend = make_backend(cfg.rollout, seed=cfg.seed, dtype=cfg.model.dtype, log_dir=root)
+    with backend.launch(str(root / "v0"), 0) as urls:
         yield urls[0], v0
 
 

@@ -179,7 +179,7 @@ def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, re
     for (rec, s), (text, resp), res in zip(meta, responses, results):
         rows.append({
             "problem_id": rec.id, "sample": s, "response": text, "parsed": res.parsed, "correct": bool(res.correct),
-            "reason": res.reason, "n_tokens": len(resp.output_ids), "finish_reason": resp.meta_info.finish_reason.type,
+            "reason": res.reason, "n_tokens": len(resp.output_ids), "finish_reason": resp.finish_reason,
         })
     return pd.DataFrame(rows)
 

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.client import RolloutPool
 
 
-async def _generate_all(urls, prompts, sampling, timeout_s):
-    pool = RolloutPool(urls, timeout_s=timeout_s)
+async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
+    pool = RolloutPool(urls, timeout_s=timeout_s, make_client=make_client)
     try:
         return await asyncio.gather(*(pool.generate(p.input_ids, sampling, rid=f"eval-{p.id}") for p in prompts))
     finally:
         await pool.aclose()
 
 
-def evaluate_prompts(urls, prompts, decode, rewards, *, temperature=0.0, max_new_tokens=128, timeout_s=600.0) -> dict:
-    """Generate one answer per prompt, grade them on the reward service; accuracy in 0..1."""
-    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": max_new_tokens}
-    responses = asyncio.run(_generate_all(urls, prompts, sampling, timeout_s))
+def evaluate_prompts(urls, prompts, decode, rewards, *, temperature=0.0, max_new_tokens=128, timeout_s=600.0,
+                     make_client=None) -> dict:
+    """Generate one answer per prompt, grade them on the reward service; accuracy in 0..1.
+    ``make_client``: the rollout backend's client (default: the embedded engine's)."""
+    sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens)
+    responses = asyncio.run(_generate_all(urls, prompts, sampling, timeout_s, make_client))
     texts = [decode(r.output_ids) for r in responses]
     by_task: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):

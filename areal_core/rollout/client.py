@@ -1,4 +1,7 @@
-"""Async client of the rollout servers: the only code that knows their HTTP paths and JSON.
+"""Async client of the embedded rollout servers: the only code that knows their HTTP paths and JSON.
+
+It answers in the domain types of ``backend.py`` (:class:`Generation`), as every backend's
+client does; the wire types of ``protocol.py`` stay in here and in the server.
 
 ``RolloutClient`` talks to one server; ``RolloutPool`` spreads generation over
 several (each request goes to the server with the fewest requests in flight
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 import aiohttp
 import pydantic
 
+from areal_core.rollout.backend import Generation, Sampling, ServerInfo
 from areal_core.rollout.protocol import (
     AbortRequest,
     GenerateBatchRequest,
@@ -140,19 +144,19 @@ class RolloutClient:
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling: dict | SamplingParams | None = None,
+        sampling: dict | Sampling | SamplingParams | None = None,
         rid: str | None = None,
-    ) -> GenerateResponse:
+    ) -> Generation:
         req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling),
                               rid=rid)
-        return GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req))
+        return to_generation(GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req)))
 
     async def generate_batch(
         self,
         input_ids: Sequence[Sequence[int]],
-        sampling: dict | SamplingParams | Sequence[dict | SamplingParams] | None = None,
+        sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
         rids: Sequence[str] | None = None,
-    ) -> list[GenerateResponse]:
+    ) -> list[Generation]:
         """Several prompts in one request (they are admitted together); responses in order.
         ``sampling``: one for all prompts, or a list with one per prompt."""
         if isinstance(sampling, (list, tuple)):
@@ -161,7 +165,7 @@ class RolloutClient:
             sp = _sampling_params(sampling)
         req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids],
                                    sampling_params=sp, rid=list(rids) if rids is not None else None)
-        return _RESPONSES.validate_json(await self._call("POST", GENERATE, req))
+        return [to_generation(r) for r in _RESPONSES.validate_json(await self._call("POST", GENERATE, req))]
 
     async def pause(self) -> None:
         await self._status(PAUSE)
@@ -169,7 +173,7 @@ class RolloutClient:
     async def resume(self) -> None:
         await self._status(CONTINUE)
 
-    async def update_weights(self, model_path: str, version: int) -> None:
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Returns once the server generates with the weights in ``model_path`` as ``version``."""
         await self._status(UPDATE_WEIGHTS, UpdateWeightsRequest(model_path=model_path, weight_version=version))
 
@@ -215,7 +219,12 @@ class RolloutClient:
             await asyncio.sleep(0.2)
 
     async def model_info(self) -> ModelInfo:
+        """Everything the embedded server reports (``info`` is the part every backend has)."""
         return ModelInfo.model_validate_json(await self._call("GET", MODEL_INFO))
+
+    async def info(self) -> ServerInfo:
+        m = await self.model_info()
+        return ServerInfo(weight_version=m.weight_version, running=m.running, waiting=m.waiting, paused=m.paused)
 
     async def requests(self) -> RequestsSnapshot:
         """Partial outputs of the unfinished requests (a protocol extension, see protocol.py)."""
@@ -234,8 +243,22 @@ class _Empty(pydantic.BaseModel):
 _RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
 
 
-def _sampling_params(sampling: dict | SamplingParams | None) -> SamplingParams:
-    return sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {})
+def _sampling_params(sampling: dict | Sampling | SamplingParams | None) -> SamplingParams:
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    if isinstance(sampling, Sampling):
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                              max_new_tokens=sampling.max_new_tokens, stop_token_ids=list(sampling.stop_token_ids),
+                              ignore_eos=sampling.ignore_eos, sampling_seed=sampling.seed)
+    return SamplingParams.model_validate(sampling or {})
+
+
+def to_generation(resp: GenerateResponse) -> Generation:
+    meta = resp.meta_info
+    if [t for _, t, _ in meta.output_token_logprobs] != resp.output_ids:
+        raise ValueError(f"request {meta.id}: meta_info.output_token_logprobs does not follow output_ids")
+    return Generation(output_ids=list(resp.output_ids), logprobs=[lp for lp, _, _ in meta.output_token_logprobs],
+                      versions=list(meta.output_token_versions), finish_reason=meta.finish_reason.type)
 
 
 _EMPTY = _Empty()
@@ -251,10 +274,12 @@ async def run_all(coros) -> list:
 
 
 class RolloutPool:
-    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0):
+    """``make_client(url, timeout_s)``: the backend's client (default: the embedded engine's)."""
+
+    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None):
         if not urls:
             raise ValueError("RolloutPool needs at least one server URL")
-        self.clients = [RolloutClient(u, timeout_s) for u in urls]
+        self.clients = [(make_client or RolloutClient)(u, timeout_s) for u in urls]
         self.in_flight = [0] * len(self.clients)  # generate requests awaiting an answer, per server
         self.sent = [0] * len(self.clients)
         self._next = 0
@@ -284,24 +309,24 @@ class RolloutPool:
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling: dict | SamplingParams | None = None,
+        sampling: dict | Sampling | SamplingParams | None = None,
         rid: str | None = None,
-    ) -> GenerateResponse:
+    ) -> Generation:
         async with self._least_busy(1) as client:
             return await client.generate(input_ids, sampling, rid=rid)
 
     async def generate_batch(
         self,
         input_ids: Sequence[Sequence[int]],
-        sampling: dict | SamplingParams | Sequence[dict | SamplingParams] | None = None,
+        sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
         rids: Sequence[str] | None = None,
-    ) -> list[GenerateResponse]:
+    ) -> list[Generation]:
         """One batched request to one server (the least busy), responses in order."""
         async with self._least_busy(len(input_ids)) as client:
             return await client.generate_batch(input_ids, sampling, rids=rids)
 
-    async def update_weights(self, model_path: str, version: int) -> None:
-        await run_all(c.update_weights(model_path, version) for c in self.clients)
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        await run_all(c.update_weights_from_disk(model_path, version) for c in self.clients)
 
     async def pause(self) -> None:
         await run_all(c.pause() for c in self.clients)

@@ -12,6 +12,7 @@ and a run with the same seed starts each server's random stream the same way.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from areal_core.rollout.client import check_health_sync
+from areal_core.rollout.client import RolloutClient, check_health_sync
 
 log = logging.getLogger(__name__)
 
@@ -230,3 +231,35 @@ class EmbeddedServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class EmbeddedBackend:
+    """The embedded engine as a rollout backend: ``n_servers`` child processes on this host."""
+    name = "embedded"
+    restartable = True
+
+    def __init__(self, rollout, *, seed: int, dtype: str, log_dir: str | os.PathLike):
+        self._r, self._seed, self._dtype, self._log_dir = rollout, seed, dtype, Path(log_dir)
+        self._servers: EmbeddedServers | None = None
+
+    @contextlib.contextmanager
+    def launch(self, model_path: str, version: int):
+        r = self._r
+        with EmbeddedServers(model_path, r.n_servers, weight_version=version, seed=self._seed,
+                             max_running=r.max_running, weight_update=r.weight_update,
+                             torch_threads=r.torch_threads, dtype=self._dtype,
+                             log_paths=[str(self._log_dir / f"rollout_server_{k}.log")
+                                        for k in range(r.n_servers)]) as servers:
+            self._servers = servers
+            try:
+                yield servers.urls
+            finally:
+                self._servers = None
+
+    def restart(self, index: int, model_path: str, version: int) -> None:
+        if self._servers is None:
+            raise RuntimeError("restart() outside launch(): no embedded servers are running")
+        self._servers.restart(index, model_path, version)
+
+    def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
+        return RolloutClient(url, timeout_s)

@@ -101,7 +101,7 @@ class DiskTransport(WeightTransport):
 
     async def _push(self, clients: list[RolloutClient], version: int) -> None:
         path = self._path(version)
-        await run_all(c.update_weights(path, version) for c in clients)
+        await run_all(c.update_weights_from_disk(path, version) for c in clients)
 
 
 class TensorTransport(WeightTransport):

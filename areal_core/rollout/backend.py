@@ -1,0 +1,104 @@
+"""What the controller needs from a rollout backend, in domain types (no wire formats).
+
+A backend (the embedded engine, vLLM, SGLang, ...) is one class that starts or finds its
+servers (:class:`RolloutBackend`) and one client per server that speaks that server's HTTP
+API and answers with :class:`Generation` (:class:`RolloutClient`). The controller, the run
+and the weight transports see only these; what a server's JSON looks like is the client's
+business alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request's new tokens: ids, the behaviour logprob of each (of the distribution it was
+    sampled from), the weight version that sampled each, and why generation ended
+    (``abort``: cut short by a pause or an abort; continue it from ``prompt + output_ids``)."""
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if not len(self.output_ids) == len(self.logprobs) == len(self.versions):
+            raise ValueError(f"a generation needs one logprob and one version per token: {len(self.output_ids)} "
+                             f"tokens, {len(self.logprobs)} logprobs, {len(self.versions)} versions")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for one request (SGLang's names). ``seed``: the request's own random stream."""
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    weight_version: int
+    running: int  # requests being decoded
+    waiting: int  # requests queued
+    paused: bool
+
+
+class RolloutClient(Protocol):
+    """One server. Errors: :class:`areal_core.rollout.client.RolloutServerError` (``server_down``
+    tells a lost server, whose requests the caller resubmits, from a refused request)."""
+    url: str
+
+    async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation: ...
+    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
+                             rids: Sequence[str]) -> list[Generation]: ...
+    async def abort_request(self, rid: str) -> None: ...
+    async def pause(self) -> None: ...
+    async def resume(self) -> None: ...
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None: ...
+    async def info(self) -> ServerInfo: ...
+    async def health(self) -> bool: ...
+    async def aclose(self) -> None: ...
+
+
+class RolloutBackend(Protocol):
+    """Starts (or finds) a run's servers and makes a client for each. ``launch`` leaves every
+    server serving ``model_path`` as ``version``; leaving its context stops what it started."""
+    name: str
+    restartable: bool  # whether ``restart`` can bring back a server that died
+
+    def launch(self, model_path: str, version: int) -> contextlib.AbstractContextManager[list[str]]: ...
+
+    def restart(self, index: int, model_path: str, version: int) -> None:
+        """Start server ``index`` again (same URL) from ``model_path`` as ``version`` (blocking)."""
+        ...
+
+    def client(self, url: str, timeout_s: float) -> RolloutClient: ...
+
+
+def versions_from_spans(spans: Sequence[dict], n_tokens: int) -> list[int]:
+    """Per-token weight versions from SGLang / vLLM ``weight_versions`` spans
+    (``{"version", "start", "end"}``, ``end`` exclusive, over the output tokens), which must
+    cover ``0..n_tokens`` without gaps or overlaps."""
+    out: list[int] = []
+    for k, span in enumerate(spans):
+        try:
+            version, start, end = int(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"weight_versions[{k}] must be {{version, start, end}} integers, got {span!r}") from e
+        if start != len(out) or end < start:
+            raise ValueError(f"weight_versions[{k}] = {span!r} does not continue the spans before it "
+                             f"(next token {len(out)})")
+        out += [version] * (end - start)
+    if len(out) != n_tokens:
+        raise ValueError(f"weight_versions cover {len(out)} tokens, the output has {n_tokens}")
+    return out

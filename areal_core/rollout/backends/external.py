@@ -1,0 +1,42 @@
+"""Servers someone else started that speak the embedded engine's protocol (``protocol.py``):
+``rollout.backend: external`` with ``rollout.urls``. Nothing is started or stopped; on launch
+every server is checked and loads the run's starting weights from a folder it can read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
+
+
+class ExternalBackend:
+    name = "external"
+    restartable = False
+
+    def __init__(self, urls: list[str]):
+        if not urls:
+            raise ValueError("rollout.backend: external needs rollout.urls (the servers' base URLs)")
+        self.urls = list(urls)
+
+    @contextlib.contextmanager
+    def launch(self, model_path: str, version: int):
+        asyncio.run(self._load(model_path, version))
+        yield list(self.urls)
+
+    async def _load(self, model_path: str, version: int) -> None:
+        pool = RolloutPool(self.urls)
+        try:
+            down = [u for u, ok in zip(self.urls, await pool.health()) if not ok]
+            if down:
+                raise RolloutServerError(down[0], None, f"rollout server(s) {down} (rollout.urls) do not answer "
+                                         "GET /health; start them first")
+            await pool.update_weights_from_disk(model_path, version)
+        finally:
+            await pool.aclose()
+
+    def restart(self, index: int, model_path: str, version: int) -> None:
+        raise RuntimeError(f"an external rollout server ({self.urls[index]}) cannot be restarted from here")
+
+    def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
+        return RolloutClient(url, timeout_s)

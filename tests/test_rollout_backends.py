@@ -1,0 +1,74 @@
+"""The rollout backend interface: the embedded and external backends behind ``make_backend``,
+clients answering in the domain type ``Generation``, and clear errors at launch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from areal_core.experiment import ExperimentConfig
+from areal_core.rollout.backend import Generation, Sampling
+from areal_core.rollout.backends import make_backend
+from areal_core.rollout.backends.external import ExternalBackend
+from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.launcher import EmbeddedBackend, free_port
+from tests.test_rollout_server import hf_greedy, tiny_qwen2
+
+
+def _rollout(**kw):
+    return ExperimentConfig.model_validate({"rollout": kw}).rollout
+
+
+def test_make_backend_picks_the_configured_one(tmp_path):
+    assert isinstance(make_backend(_rollout(), seed=0, dtype="float32", log_dir=tmp_path), EmbeddedBackend)
+    ext = make_backend(_rollout(backend="external", urls=["http://127.0.0.1:1"]), seed=0, dtype="float32",
+                       log_dir=tmp_path)
+    assert isinstance(ext, ExternalBackend) and not ext.restartable
+    with pytest.raises(ValueError, match="rollout.urls"):
+        make_backend(_rollout(backend="external"), seed=0, dtype="float32", log_dir=tmp_path)
+
+
+def test_generation_needs_one_logprob_and_version_per_token():
+    Generation([1, 2], [-0.1, -0.2], [0, 0], "length")
+    with pytest.raises(ValueError, match="2 tokens, 1 logprobs, 2 versions"):
+        Generation([1, 2], [-0.1], [0, 0], "stop")
+
+
+def test_unreachable_external_server_fails_at_launch_naming_it(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RolloutServerError, match=f"{url}.*do not answer GET /health"):
+        with ExternalBackend([url]).launch(str(tmp_path), 0):
+            pass
+
+
+def test_embedded_servers_behind_both_backends(tmp_path):
+    """Embedded servers started by the embedded backend; the external backend, pointed at them,
+    makes them load the run's weights as the given version; clients answer in Generation."""
+    v0, v1 = tiny_qwen2(11), tiny_qwen2(12)
+    v0.save_pretrained(tmp_path / "v0")
+    v1.save_pretrained(tmp_path / "v1")
+    embedded = make_backend(_rollout(n_servers=1, max_running=8), seed=3, dtype="float32", log_dir=tmp_path)
+    prompt, greedy = [5, 6, 7, 8], Sampling(max_new_tokens=12, temperature=0.0)
+
+    async def generate(client):
+        try:
+            return await client.generate(prompt, greedy, rid="g"), await client.info()
+        finally:
+            await client.aclose()
+
+    with embedded.launch(str(tmp_path / "v0"), 0) as urls:
+        gen, info = asyncio.run(generate(embedded.client(urls[0], 60.0)))
+        assert isinstance(gen, Generation) and gen.output_ids == hf_greedy(v0, prompt, 12)
+        assert set(gen.versions) == {0} and info.weight_version == 0 and not info.paused
+
+        external = ExternalBackend(urls)
+        with external.launch(str(tmp_path / "v1"), 7) as same:
+            assert same == urls
+            gen, info = asyncio.run(generate(external.client(urls[0], 60.0)))
+        assert gen.output_ids == hf_greedy(v1, prompt, 12) and set(gen.versions) == {7}
+        assert info.weight_version == 7
+        with pytest.raises(RuntimeError, match="cannot be restarted"):
+            external.restart(0, str(tmp_path / "v0"), 0)
+    with pytest.raises(RuntimeError, match="outside launch"):
+        embedded.restart(0, str(tmp_path / "v0"), 0)
