@@ -53,12 +53,13 @@ def check_storage(url: str) -> dict:
 
 
 def check_rollout(cfg: RolloutConfig) -> dict:
-    if cfg.backend == "embedded":
-        return {"backend": "embedded", "n_servers": cfg.n_servers, "started_by": "the training run"}
-    down = [u for u in cfg.urls if not check_health_sync(u, timeout_s=5.0)]
+    b = cfg.backend
+    if b.kind == "embedded" or (b.kind == "sglang" and not b.urls):
+        return {"backend": b.kind, "started_by": "the training run"}
+    down = [u for u in b.urls if not check_health_sync(u, timeout_s=5.0)]
     if down:
-        raise ProvisionError(f"rollout servers not healthy: {down}")
-    return {"backend": "external", "urls": list(cfg.urls), "healthy": True}
+        raise ProvisionError(f"rollout servers ({b.kind}) not healthy: {down}")
+    return {"backend": b.kind, "urls": list(b.urls), "healthy": True}
 
 
 def storage_url(cfg: ExperimentConfig, out_dir: str) -> str:

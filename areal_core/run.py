@@ -57,7 +57,7 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
     r = cfg.rollout
     if cfg.trainer.eta == 0 and r.weight_update == "drain":
         return cores
-    busy = r.torch_threads * r.n_servers if r.backend == "embedded" else 0
+    busy = r.torch_threads * r.n_servers if r.backend.kind == "embedded" else 0
     return max(1, cores - busy)
 
 

@@ -4,6 +4,7 @@ clients answering in the domain type ``Generation``, and clear errors at launch.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -11,7 +12,8 @@ from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.backends.external import ExternalBackend
-from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.backends.sglang import SGLangBackend
+from areal_core.rollout.client import RolloutClient, RolloutServerError
 from areal_core.rollout.launcher import EmbeddedBackend, free_port
 from tests.test_rollout_server import hf_greedy, tiny_qwen2
 
@@ -22,11 +24,24 @@ def _rollout(**kw):
 
 def test_make_backend_picks_the_configured_one(tmp_path):
     assert isinstance(make_backend(_rollout(), seed=0, dtype="float32", log_dir=tmp_path), EmbeddedBackend)
-    ext = make_backend(_rollout(backend="external", urls=["http://127.0.0.1:1"]), seed=0, dtype="float32",
-                       log_dir=tmp_path)
+    ext = make_backend(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"]}), seed=0,
+                       dtype="float32", log_dir=tmp_path)
     assert isinstance(ext, ExternalBackend) and not ext.restartable
-    with pytest.raises(ValueError, match="rollout.urls"):
-        make_backend(_rollout(backend="external"), seed=0, dtype="float32", log_dir=tmp_path)
+    sg = make_backend(_rollout(backend={"kind": "sglang", "tp_size": 2}), seed=0, dtype="float32", log_dir=tmp_path)
+    assert isinstance(sg, SGLangBackend) and sg.cfg.tp_size == 2 and sg.restartable
+    assert _rollout(backend="embedded").backend.kind == "embedded"  # the shorthand
+
+
+@pytest.mark.parametrize("rollout, words", [
+    ({"backend": "external"}, "urls"),
+    ({"backend": {"kind": "external", "urls": []}}, "urls"),
+    ({"backend": {"kind": "vlm"}}, "kind"),
+    ({"backend": {"kind": "sglang", "tp_size": 0}}, "tp_size"),
+    ({"backend": "external", "urls": ["http://x"]}, "backend: {kind: external, urls: [...]}"),
+])
+def test_bad_backend_config_is_an_error_naming_the_key(rollout, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ExperimentConfig.model_validate({"rollout": rollout})
 
 
 def test_generation_needs_one_logprob_and_version_per_token():
@@ -42,13 +57,32 @@ def test_unreachable_external_server_fails_at_launch_naming_it(tmp_path):
             pass
 
 
+async def _model_info(url):
+    client = RolloutClient(url, 30.0)
+    try:
+        return await client.model_info()
+    finally:
+        await client.aclose()
+
+
+def test_engine_config_reaches_the_server_whole_and_bad_json_is_named():
+    from areal_core.rollout.server import parse_args
+
+    cfg = _rollout(max_running=7, weight_update="drain", torch_threads=2).engine_config(seed=9, dtype="bfloat16")
+    args = parse_args(["--model-path", "m", "--port", "1", "--engine-config", cfg.model_dump_json()])
+    assert args.engine_config == cfg and cfg.seed == 9 and cfg.dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        parse_args(["--model-path", "m", "--port", "1", "--engine-config", '{"max_runing": 7}'])
+
+
 def test_embedded_servers_behind_both_backends(tmp_path):
     """Embedded servers started by the embedded backend; the external backend, pointed at them,
     makes them load the run's weights as the given version; clients answer in Generation."""
     v0, v1 = tiny_qwen2(11), tiny_qwen2(12)
     v0.save_pretrained(tmp_path / "v0")
     v1.save_pretrained(tmp_path / "v1")
-    embedded = make_backend(_rollout(n_servers=1, max_running=8), seed=3, dtype="float32", log_dir=tmp_path)
+    embedded = make_backend(_rollout(n_servers=1, max_running=8, weight_update="keep_kv"), seed=3, dtype="float32",
+                            log_dir=tmp_path)
     prompt, greedy = [5, 6, 7, 8], Sampling(max_new_tokens=12, temperature=0.0)
 
     async def generate(client):
@@ -61,6 +95,8 @@ def test_embedded_servers_behind_both_backends(tmp_path):
         gen, info = asyncio.run(generate(embedded.client(urls[0], 60.0)))
         assert isinstance(gen, Generation) and gen.output_ids == hf_greedy(v0, prompt, 12)
         assert set(gen.versions) == {0} and info.weight_version == 0 and not info.paused
+        full = asyncio.run(_model_info(urls[0]))  # the engine got the run's settings whole
+        assert (full.max_running, full.weight_update) == (8, "keep_kv")
 
         external = ExternalBackend(urls)
         with external.launch(str(tmp_path / "v1"), 7) as same:

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
+from areal_core.rollout.backends.sglang import SGLangConfig
 
 _NEEDS_FULL = ("training needs the unfiltered distribution: the trainer recomputes logprobs over every "
                "token, and the kept set of a filter depends on the policy, so the importance weights "
@@ -55,10 +56,37 @@ WeightTransportConfig = Annotated[
     DiskTransportConfig | TensorTransportConfig | DistributedTransportConfig, Field(discriminator="kind")]
 
 
+class EngineConfig(Section):
+    """Everything one embedded server's engine is configured with, built once from the run's
+    config (``RolloutConfig.engine_config``) and handed to the server whole, as JSON."""
+    max_running: int = Field(256, gt=0)  # sequences decoded together
+    weight_update: Literal["reprefill", "keep_kv", "drain"] = "reprefill"
+    torch_threads: int = Field(1, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
+
+
+class EmbeddedBackendConfig(Section):
+    """The embedded engine: ``rollout.n_servers`` child processes on this host."""
+    kind: Literal["embedded"] = "embedded"
+
+
+class ExternalBackendConfig(Section):
+    """Servers someone else started that speak the embedded engine's protocol (protocol.py)."""
+    kind: Literal["external"] = "external"
+    urls: list[str] = Field(min_length=1)
+
+
+# one member per backend; the backend's own file defines its config (backends/<name>.py)
+RolloutBackendConfig = Annotated[EmbeddedBackendConfig | ExternalBackendConfig | SGLangConfig,
+                                 Field(discriminator="kind")]
+
+
 class RolloutConfig(Section):
-    backend: str = Field("embedded", pattern="^(embedded|external)$")
+    # which servers generate: {kind: embedded} (the shorthand `backend: embedded` works too),
+    # {kind: external, urls: [...]}, {kind: sglang, ...} (backends/sglang.py)
+    backend: RolloutBackendConfig = EmbeddedBackendConfig()
     n_servers: int = Field(1, gt=0)  # embedded servers to start
-    urls: list[str] = []  # external servers (backend: external)
     max_running: int = Field(256, gt=0)  # sequences decoded together by one embedded server
     # what a weight update does to in-flight sequences: reprefill (AReaL: re-prefill them with the
     # new weights), keep_kv (PipelineRL: continue on the old KV cache), drain (finish them first)
@@ -74,14 +102,23 @@ class RolloutConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, data):
+        if isinstance(data, dict) and "urls" in data:
+            raise ValueError("rollout.urls moved into the backend: write 'backend: {kind: external, urls: [...]}'")
+        if isinstance(data, dict) and isinstance(data.get("backend"), str):  # `backend: embedded` shorthand
+            data = {**data, "backend": {"kind": data["backend"]}}
         if isinstance(data, dict) and "interruptible" in data:
             raise ValueError("rollout.interruptible was replaced by rollout.weight_update: write "
                              "'weight_update: reprefill' for interruptible: true, 'weight_update: drain' for "
                              "interruptible: false (or 'keep_kv' to keep the KV cache across updates)")
         return data
 
+    def engine_config(self, *, seed: int, dtype: str) -> EngineConfig:
+        """The embedded engine's settings for one server (``seed``: that server's)."""
+        return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,
+                            torch_threads=self.torch_threads, dtype=dtype, seed=seed)
+
     def transport(self) -> WeightTransportConfig:
         """The configured weight transport, or the default for the backend."""
         if self.weight_transport is not None:
             return self.weight_transport
-        return TensorTransportConfig() if self.backend == "embedded" else DistributedTransportConfig()
+        return TensorTransportConfig() if self.backend.kind == "embedded" else DistributedTransportConfig()

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from areal_core.rollout.client import RolloutClient, check_health_sync
+from areal_core.rollout.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,50 +108,42 @@ class ServerProcess:
         return f"ServerProcess(url={self.url!r}, pid={self.pid}, alive={self.alive()})"
 
 
-def _command(model_path: str, port: int, max_running: int, weight_update: str, torch_threads: int,
-             weight_version: int, dtype: str, seed: int) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "areal_core.rollout.server",
-        "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
-        "--max-running", str(max_running), "--torch-threads", str(torch_threads),
-        "--weight-version", str(weight_version), "--dtype", dtype, "--parent-pid", str(os.getpid()),
-        "--weight-update", weight_update, "--seed", str(seed),
-    ]
-    return cmd
+def _command(model_path: str, port: int, weight_version: int, engine: EngineConfig) -> list[str]:
+    return [sys.executable, "-m", "areal_core.rollout.server", "--model-path", model_path, "--host", "127.0.0.1",
+            "--port", str(port), "--weight-version", str(weight_version), "--parent-pid", str(os.getpid()),
+            "--engine-config", engine.model_dump_json()]
 
 
 def start_server(
     model_path: str,
     *,
+    engine: EngineConfig | None = None,
     port: int | None = None,
-    max_running: int = 256,
-    weight_update: str = "reprefill",
-    torch_threads: int = 1,
     weight_version: int = 0,
     log_path: str | None = None,
     env: dict[str, str] | None = None,
     startup_timeout_s: float = 120.0,
-    dtype: str = "float32",
-    seed: int = 0,
+    **engine_fields,
 ) -> ServerProcess:
     """Start a rollout server on 127.0.0.1 and return once ``/health`` answers.
-    ``seed``: the server's sampling seed (requests without ``sampling_seed`` use it).
+    ``engine``: the engine's settings (sent whole); or give its fields (``max_running=16``, ...).
 
     ``port=None`` picks a free port (retrying with another one if it was taken
     meanwhile). Raises ``RuntimeError`` with the log tail if the server exits
     during startup, ``TimeoutError`` if it is not healthy in time.
     """
+    engine = engine or EngineConfig(**engine_fields)
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="rollout-server-", suffix=".log")
         os.close(fd)
     child_env = dict(os.environ)
-    child_env.update({"OMP_NUM_THREADS": str(torch_threads), "PYTHONUNBUFFERED": "1"})
+    child_env.update({"OMP_NUM_THREADS": str(engine.torch_threads), "PYTHONUNBUFFERED": "1"})
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, child_env.get("PYTHONPATH")) if p)
     child_env.update(env or {})
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         p = port if port is not None else free_port()
-        cmd = _command(model_path, p, max_running, weight_update, torch_threads, weight_version, dtype, seed)
+        cmd = _command(model_path, p, weight_version, engine)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                     env=child_env, start_new_session=True)
@@ -182,16 +175,17 @@ def start_server(
 class EmbeddedServers:
     """``n`` embedded servers started together; one that died can be restarted on its port.
 
-    Server ``k`` samples with ``server_seed(seed, k)`` (``seed``: the run's seed).
+    Server ``k`` runs ``engine`` with the sampling seed ``server_seed(seed, k)`` (``seed``: the run's).
     ``restart(i, model_path, version)`` stops server ``i`` (if anything is left of it)
     and starts a new one on the same port with the given weights and the same seed, so
     its URL and the clients that use it stay valid. Use as a context manager: every
     server is stopped by its PID on exit.
     """
 
-    def __init__(self, model_path: str, n: int, *, weight_version: int = 0, seed: int = 0,
-                 log_paths: list[str] | None = None, **kwargs):
-        self._kwargs = kwargs
+    def __init__(self, model_path: str, n: int, *, engine: EngineConfig | None = None, weight_version: int = 0,
+                 seed: int = 0, log_paths: list[str] | None = None, startup_timeout_s: float = 120.0):
+        self._engine = engine or EngineConfig()
+        self._timeout = startup_timeout_s
         self._seed = seed
         self._logs = log_paths or [None] * n
         self.servers: list[ServerProcess] = []
@@ -199,11 +193,14 @@ class EmbeddedServers:
         self._closed = False
         try:
             for k in range(n):
-                self.servers.append(start_server(model_path, weight_version=weight_version,
-                                                 seed=server_seed(seed, k), log_path=self._logs[k], **kwargs))
+                self.servers.append(start_server(model_path, engine=self._engine_of(k), weight_version=weight_version,
+                                                 log_path=self._logs[k], startup_timeout_s=self._timeout))
         except BaseException:
             self.stop()
             raise
+
+    def _engine_of(self, k: int) -> EngineConfig:
+        return self._engine.model_copy(update={"seed": server_seed(self._seed, k)})
 
     @property
     def urls(self) -> list[str]:
@@ -214,8 +211,8 @@ class EmbeddedServers:
         log.warning("restarting rollout server %s (pid %d, alive=%s) with version %d",
                     old.url, old.pid, old.alive(), version)
         old.stop()
-        new = start_server(model_path, port=old.port, weight_version=version, seed=server_seed(self._seed, i),
-                           log_path=self._logs[i], **self._kwargs)
+        new = start_server(model_path, engine=self._engine_of(i), port=old.port, weight_version=version,
+                           log_path=self._logs[i], startup_timeout_s=self._timeout)
         self.servers[i] = new
         self.restarts += 1
         if self._closed:  # stopped while this one was starting (a restart runs in a worker thread)
@@ -245,9 +242,8 @@ class EmbeddedBackend:
     @contextlib.contextmanager
     def launch(self, model_path: str, version: int):
         r = self._r
-        with EmbeddedServers(model_path, r.n_servers, weight_version=version, seed=self._seed,
-                             max_running=r.max_running, weight_update=r.weight_update,
-                             torch_threads=r.torch_threads, dtype=self._dtype,
+        with EmbeddedServers(model_path, r.n_servers, engine=r.engine_config(seed=self._seed, dtype=self._dtype),
+                             weight_version=version, seed=self._seed,
                              log_paths=[str(self._log_dir / f"rollout_server_{k}.log")
                                         for k in range(r.n_servers)]) as servers:
             self._servers = servers

@@ -1,8 +1,9 @@
 """The embedded rollout server: the engine behind a subset of SGLang's HTTP API.
 
     python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
-        [--host 127.0.0.1] [--max-running 256] [--weight-update reprefill|keep_kv|drain] \\
-        [--torch-threads 1] [--weight-version 0] [--dtype float32] [--seed 0] [--parent-pid PID]
+        [--host 127.0.0.1] [--weight-version 0] [--parent-pid PID] \\
+        [--engine-config '{"max_running": 256, "weight_update": "reprefill", "torch_threads": 1,
+                           "dtype": "float32", "seed": 0}']   (EngineConfig in config.py; omitted: defaults)
 
 Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
 answer ``{"message": ..., "error": {"message": ..., "type": ...}}`` naming the
@@ -28,7 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from areal_core.rollout.engine import WEIGHT_UPDATE_MODES, EngineStopped, RequestError, RolloutEngine
+from areal_core.rollout.config import EngineConfig
+from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import (
     AbortRequest,
     GenerateBatchRequest,
@@ -316,19 +318,22 @@ def _watch_parent(parent_pid: int, server: _Server) -> None:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _engine_config(text: str) -> EngineConfig:
+    try:
+        return EngineConfig.model_validate_json(text)
+    except pydantic.ValidationError as e:
+        raise argparse.ArgumentTypeError(
+            "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m areal_core.rollout.server", description=__doc__.splitlines()[0])
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder or fsspec URL")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--weight-update", choices=WEIGHT_UPDATE_MODES, default="reprefill",
-                    help="what a weight update does to in-flight sequences (see engine.py)")
-    ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--weight-version", type=int, default=0)
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the sampling generator (requests without sampling_params.sampling_seed)")
+    ap.add_argument("--engine-config", type=_engine_config, default=EngineConfig(),
+                    help="the engine's settings as JSON (EngineConfig in areal_core/rollout/config.py)")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
@@ -338,18 +343,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s rollout[%(process)d]: %(message)s")
-    torch.set_num_threads(args.torch_threads)
+    eng = args.engine_config
+    torch.set_num_threads(eng.torch_threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
-        args.model_path, dtype=_DTYPES[args.dtype], max_running=args.max_running,
-        weight_update=args.weight_update, weight_version=args.weight_version, seed=args.seed,
+        args.model_path, dtype=_DTYPES[eng.dtype], max_running=eng.max_running,
+        weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed,
     )
-    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (max_running=%d, weight_update=%s)",
+    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
-             args.max_running, args.weight_update)
+             eng.model_dump_json())
     config = uvicorn.Config(create_app(engine), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5, lifespan="off",
                             timeout_keep_alive=SERVER_KEEP_ALIVE_S)

@@ -9,13 +9,18 @@ from areal_core.rollout.backend import RolloutBackend
 
 
 def make_backend(rollout, *, seed: int, dtype: str, log_dir: str | Path) -> RolloutBackend:
-    """The backend ``rollout.backend`` names (``rollout``: a ``RolloutConfig``)."""
-    if rollout.backend == "embedded":
+    """The backend ``rollout.backend`` configures (``rollout``: a ``RolloutConfig``)."""
+    cfg = rollout.backend
+    if cfg.kind == "embedded":
         from areal_core.rollout.launcher import EmbeddedBackend
 
         return EmbeddedBackend(rollout, seed=seed, dtype=dtype, log_dir=log_dir)
-    if rollout.backend == "external":
+    if cfg.kind == "external":
         from areal_core.rollout.backends.external import ExternalBackend
 
-        return ExternalBackend(rollout.urls)
-    raise ValueError(f"unknown rollout.backend {rollout.backend!r}")
+        return ExternalBackend(cfg.urls)
+    if cfg.kind == "sglang":
+        from areal_core.rollout.backends.sglang import SGLangBackend
+
+        return SGLangBackend(cfg, log_dir=str(log_dir))
+    raise ValueError(f"unknown rollout.backend.kind {cfg.kind!r}")

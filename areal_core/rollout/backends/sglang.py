@@ -1,0 +1,366 @@
+"""SGLang 0.5.x as a rollout backend: a launcher for ``python -m sglang.launch_server`` and a
+client for its native HTTP API. Contract-tested only: SGLang needs CUDA, and this has never
+run against a live SGLang server here (tests/sglang_standin.py is a stand-in for the contract).
+
+Fields (read from SGLang's source: managers/io_struct.py, entrypoints/http_server.py,
+managers/tokenizer_manager.py, utils/weight_versions.py, sampling/sampling_params.py):
+``/generate`` takes ``input_ids`` (a list of lists for a batch, one response each, in order),
+``sampling_params`` (one dict, or a list), ``return_logprob``, ``rid`` and answers
+``output_ids`` plus ``meta_info``: ``finish_reason`` ``{"type": "stop", "matched"}`` |
+``{"type": "length", "length"}`` | ``{"type": "abort", "message", ...}``;
+``output_token_logprobs`` as ``[logprob, token_id, text|null]``; ``weight_version`` (a string
+label) and ``weight_versions``: ``[{"version", "start", "end"}]`` over the output tokens, ``end``
+exclusive, contiguous from 0. Versions are strings in SGLang: we send ``str(int)`` and start
+servers with ``--weight-version <int>`` (its default label is ``"default"``). A server without
+``weight_versions`` (older 0.5.x) gets its one ``weight_version`` for every token, which
+over-reports freshness if an update happened mid-request. ``/abort_request`` aborts every
+request whose rid *starts with* the given rid, so rids must not be prefixes of one another.
+
+Weight-update modes -> SGLang pause modes (``SGLangClient(pause_mode=...)``):
+  keep_kv   -> ``in_place``: requests stay put with their KV; update with ``flush_cache``
+               false (SGLang refuses to flush while requests are held); ``/continue_generation``.
+  reprefill -> ``retract``: requests go back to the queue and are re-prefilled with the new
+               weights after ``/continue_generation``; or ``abort``: they return at once with
+               finish ``abort`` and the caller resubmits ``prompt + output_ids``.
+  drain     -> no pause: stop submitting, wait for in-flight requests, then update.
+Weight transports: disk (``/update_weights_from_disk``) and distributed
+(``/init_weights_update_group`` then ``/update_weights_from_distributed``, NCCL on GPUs).
+SGLang's ``/update_weights_from_tensor`` passes CUDA IPC handles, so it only works on the
+same GPU host; we do not implement it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+from pydantic import Field
+
+from areal_core.configbase import Section
+
+from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
+from areal_core.rollout.client import RolloutServerError, check_health_sync
+
+if TYPE_CHECKING:  # launcher imports the rollout config, which imports SGLangConfig from here
+    from areal_core.rollout.launcher import ServerProcess
+
+PauseMode = Literal["abort", "retract", "in_place"]
+PAUSE_MODE_FOR_UPDATE: dict[str, PauseMode | None] = {"keep_kv": "in_place", "reprefill": "retract", "drain": None}
+
+
+class SGLangConfig(Section):
+    """``rollout.backend: {kind: sglang, ...}``. ``urls``: use these servers; else start
+    ``num_servers`` local ones on ``port``, ``port + port_stride``, ... (with more than one,
+    server i sees GPUs i*tp_size.. via CUDA_VISIBLE_DEVICES)."""
+    kind: Literal["sglang"] = "sglang"
+    urls: list[str] = []
+    num_servers: int = Field(1, ge=1)
+    tp_size: int = Field(1, ge=1)
+    mem_fraction_static: float = Field(0.85, gt=0, le=1)
+    host: str = "127.0.0.1"
+    port: int = Field(30000, gt=0, lt=65536)
+    port_stride: int = Field(10, ge=1)
+    extra_args: list[str] = []  # passed on to sglang.launch_server as they are
+    env: dict[str, str] = {}
+    python: str = sys.executable  # the interpreter of the venv that has sglang
+    startup_timeout_s: float = Field(900.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)  # for configured urls, at start
+    pause_mode: PauseMode = "retract"
+
+
+def sglang_launch_command(cfg: SGLangConfig, model_path: str, port: int, weight_version: int = 0) -> list[str]:
+    return [cfg.python, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(cfg.tp_size),
+            "--mem-fraction-static", str(cfg.mem_fraction_static), "--host", cfg.host, "--port", str(port),
+            "--weight-version", str(weight_version), *cfg.extra_args]
+
+
+def _sampling_params(s: Sampling) -> dict[str, Any]:
+    sp: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                          "top_k": s.top_k if s.top_k > 0 else -1}  # SGLang: -1 disables top-k
+    if s.stop_token_ids:
+        sp["stop_token_ids"] = list(s.stop_token_ids)
+    if s.seed is not None:
+        sp["sampling_seed"] = s.seed
+    return sp
+
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
+    """One SGLang ``/generate`` answer -> Generation; a missing or malformed field raises
+    RolloutServerError naming it."""
+    def bad(field: str, why: str) -> RolloutServerError:
+        return RolloutServerError(url, 200, f"malformed /generate response: {field} {why}")
+    if not isinstance(body, dict):
+        raise bad("body", f"must be an object, got {type(body).__name__}")
+    ids, meta = body.get("output_ids"), body.get("meta_info")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise bad("output_ids", "is missing or not a list of token ids")
+    if not isinstance(meta, dict):
+        raise bad("meta_info", "is missing")
+    fr = meta.get("finish_reason")
+    if not isinstance(fr, dict) or fr.get("type") not in _FINISH:
+        raise bad("meta_info.finish_reason", f"must be {{type: stop|length|abort}}, got {fr!r}")
+    finish = _FINISH[fr["type"]]
+    lps = meta.get("output_token_logprobs")
+    if lps is None and not ids:
+        lps = []  # e.g. aborted while waiting
+    if not isinstance(lps, list):
+        raise bad("meta_info.output_token_logprobs", "is missing (was return_logprob sent?)")
+    if finish == "abort" and len(lps) > len(ids):
+        lps = lps[:len(ids)]
+    if len(lps) != len(ids):
+        raise bad("meta_info.output_token_logprobs", f"has {len(lps)} entries for {len(ids)} output_ids")
+    logprobs = []
+    for i, (entry, tok) in enumerate(zip(lps, ids)):
+        if not (isinstance(entry, (list, tuple)) and len(entry) >= 2 and isinstance(entry[0], (int, float))
+                and entry[1] == tok):
+            raise bad(f"meta_info.output_token_logprobs[{i}]", f"must be [logprob, {tok}, text], got {entry!r}")
+        logprobs.append(float(entry[0]))
+    try:
+        if meta.get("weight_versions") is not None:
+            versions = versions_from_spans(meta["weight_versions"], len(ids))
+        elif "weight_version" in meta:
+            versions = [int(meta["weight_version"])] * len(ids)
+        else:
+            raise bad("meta_info.weight_version", "is missing (and no weight_versions)")
+    except ValueError as e:
+        raise bad("meta_info.weight_versions", f"unusable: {e} (integer labels need --weight-version <int>)") from e
+    return Generation(output_ids=list(ids), logprobs=logprobs, versions=versions, finish_reason=finish)
+
+
+class SGLangClient:
+    """One SGLang server (implements areal_core.rollout.backend.RolloutClient)."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode = "retract", retries: int = 2):
+        self.url = url.rstrip("/")
+        self.timeout_s, self.pause_mode, self.retries = timeout_s, pause_mode, retries
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+        self._paused = False
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                  trust_env=False)
+        return self._session
+
+    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        """JSON answer of one request (None for an empty body); connection failures retried."""
+        for attempt in range(self.retries + 1):
+            try:
+                async with self._http().request(method, self.url + path, json=body) as resp:
+                    data, status = await resp.read(), resp.status
+                break
+            except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                timed_out = isinstance(e, asyncio.TimeoutError)
+                if timed_out or attempt == self.retries:
+                    raise RolloutServerError(self.url, None, f"{method} {self.url}{path}: {e!r}", timed_out) from e
+                await asyncio.sleep(0.1 * 2**attempt)
+        try:
+            parsed = json.loads(data) if data.strip() else None
+        except ValueError:
+            parsed = data.decode("utf-8", "replace")[:1000]
+        if not 200 <= status < 300:
+            msg = (parsed.get("message") or parsed.get("detail")) if isinstance(parsed, dict) else parsed
+            raise RolloutServerError(self.url, status, f"{method} {path}: {msg or parsed}")
+        if isinstance(parsed, str):
+            raise RolloutServerError(self.url, status, f"{method} {path}: answer is not JSON: {parsed[:200]!r}")
+        return parsed
+
+    async def _ok(self, path: str, body: dict) -> dict:
+        ans = await self._call("POST", path, body)
+        if not isinstance(ans, dict) or ans.get("success") is not True:
+            raise RolloutServerError(self.url, 200, f"POST {path} failed: {ans!r}")
+        return ans
+
+    async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation:
+        body = {"input_ids": [int(t) for t in input_ids], "sampling_params": _sampling_params(sampling),
+                "return_logprob": True, "rid": rid}
+        self._in_flight += 1
+        try:
+            return parse_generate_response(await self._call("POST", "/generate", body), self.url)
+        finally:
+            self._in_flight -= 1
+
+    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
+                             rids: Sequence[str]) -> list[Generation]:
+        n = len(input_ids)
+        if not n == len(sampling) == len(rids):
+            raise ValueError(f"{n} prompts, {len(sampling)} sampling params, {len(rids)} rids")
+        body = {"input_ids": [[int(t) for t in ids] for ids in input_ids],
+                "sampling_params": [_sampling_params(s) for s in sampling], "return_logprob": True,
+                "rid": list(rids)}
+        self._in_flight += n
+        try:
+            ans = await self._call("POST", "/generate", body)
+        finally:
+            self._in_flight -= n
+        if not isinstance(ans, list) or len(ans) != n:
+            raise RolloutServerError(self.url, 200, f"malformed batched /generate response: expected a list "
+                                                    f"of {n} responses, got {type(ans).__name__}")
+        return [parse_generate_response(a, self.url) for a in ans]
+
+    async def abort_request(self, rid: str) -> None:
+        await self._call("POST", "/abort_request", {"rid": rid})
+
+    async def pause(self) -> None:
+        await self._call("POST", "/pause_generation", {"mode": self.pause_mode})
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self._call("POST", "/continue_generation", {})
+        self._paused = False
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        await self._ok("/update_weights_from_disk", {
+            "model_path": model_path, "weight_version": str(version), "abort_all_requests": False,
+            "flush_cache": self.pause_mode != "in_place"})
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str = "nccl") -> None:
+        await self._ok("/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str, version: int) -> None:
+        await self._ok("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "weight_version": str(version), "abort_all_requests": False,
+            "flush_cache": self.pause_mode != "in_place"})
+
+    async def info(self) -> ServerInfo:
+        """``running``: this client's requests awaiting an answer; SGLang's /model_info reports no
+        load, so ``waiting`` is 0 and ``paused`` is what this client last asked for."""
+        try:
+            ans = await self._call("GET", "/model_info")
+        except RolloutServerError as e:
+            if e.status != 404:
+                raise
+            ans = await self._call("GET", "/get_model_info")  # before /model_info existed
+        try:
+            version = int(ans["weight_version"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise RolloutServerError(self.url, 200, f"model_info.weight_version is not an integer label: "
+                                                    f"{ans!r} (start servers with --weight-version <int>)") from e
+        return ServerInfo(weight_version=version, running=self._in_flight, waiting=0, paused=self._paused)
+
+    async def health(self) -> bool:
+        try:
+            async with self._http().get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                return r.status == 200
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def check_reachable(urls: Sequence[str], timeout_s: float) -> None:
+    """Raise RolloutServerError (server_down) naming each configured URL whose /health does not
+    answer 200 within ``timeout_s``."""
+    deadline, dead = time.monotonic() + timeout_s, list(urls)
+    while dead:
+        dead = [u for u in dead if not check_health_sync(u.rstrip("/"), timeout_s=2.0)]
+        if dead and time.monotonic() > deadline:
+            raise RolloutServerError(dead[0], None, "configured SGLang server unreachable: tried GET "
+                                     + ", ".join(f"{u.rstrip('/')}/health" for u in dead)
+                                     + f" for {timeout_s:.0f}s without a 200 answer")
+        if dead:
+            time.sleep(0.2)
+
+
+class SGLangBackend:
+    """Starts SGLang servers as child processes (each its own process group, stopped by its PID),
+    or uses the configured ``urls`` (which then load the run's weights from disk at launch);
+    implements areal_core.rollout.backend.RolloutBackend."""
+    name = "sglang"
+
+    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None):
+        self.cfg = cfg
+        self.restartable = not cfg.urls
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="sglang-logs-")
+        self.servers: dict[str, tuple[int, "ServerProcess"]] = {}  # url -> (index, process)
+        self._model_path, self._version = "", 0
+
+    @contextlib.contextmanager
+    def launch(self, model_path: str, version: int) -> Iterator[list[str]]:
+        if self.cfg.urls:
+            urls = [u.rstrip("/") for u in self.cfg.urls]
+            check_reachable(urls, self.cfg.connect_timeout_s)
+            asyncio.run(self._load_all(urls, model_path, version))
+            yield urls
+            return
+        self._model_path, self._version = model_path, version
+        try:
+            started = [self._start(i) for i in range(self.cfg.num_servers)]
+            for s in started:
+                self._wait_healthy(s)
+            yield [s.url for s in started]
+        finally:
+            for _, proc in self.servers.values():
+                proc.stop()
+            self.servers.clear()
+
+    def _start(self, i: int) -> "ServerProcess":
+        from areal_core.rollout.launcher import ServerProcess
+
+        port = self.cfg.port + i * self.cfg.port_stride
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.cfg.num_servers > 1:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * self.cfg.tp_size + k) for k in range(self.cfg.tp_size))
+        env.update(self.cfg.env)
+        log_path = os.path.join(self.log_dir, f"sglang-{i}.log")
+        cmd = sglang_launch_command(self.cfg, self._model_path, port, self._version)
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        server = ServerProcess(proc, self.cfg.host, port, log_path)
+        self.servers[server.url] = (i, server)
+        return server
+
+    def _wait_healthy(self, s: "ServerProcess") -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while not check_health_sync(s.url, timeout_s=2.0):
+            if not s.alive() or time.monotonic() > deadline:
+                why = f"exited with code {s.returncode}" if not s.alive() else \
+                    f"not healthy after {self.cfg.startup_timeout_s:.0f}s"
+                s.stop()
+                raise RuntimeError(f"SGLang server {s.url} (pid {s.pid}) {why}; tried GET {s.url}/health; "
+                                   f"log {s.log_path}:\n{s.log_tail()}")
+            time.sleep(0.5)
+
+    async def _load_all(self, urls: list[str], model_path: str, version: int) -> None:
+        clients = [self.client(u) for u in urls]
+        try:
+            await asyncio.gather(*(c.update_weights_from_disk(model_path, version) for c in clients))
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    def restart(self, index: int, model_path: str, version: int) -> None:
+        """Start server ``index`` again on its port from ``model_path`` as ``version`` (blocking)."""
+        if not self.restartable:
+            raise RuntimeError(f"a configured SGLang server ({self.cfg.urls[index]}) cannot be restarted from here")
+        url = next((u for u, (i, _) in self.servers.items() if i == index), None)
+        if url is None:
+            raise RuntimeError(f"restart({index}): no SGLang server {index} was started by this backend")
+        _, old = self.servers.pop(url)
+        old.stop()
+        self._model_path, self._version = model_path, version
+        self._wait_healthy(self._start(index))
+
+    def client(self, url: str, timeout_s: float = 600.0) -> SGLangClient:
+        return SGLangClient(url, timeout_s, pause_mode=self.cfg.pause_mode)
