@@ -154,7 +154,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
     # the servers compute as the trainer's model does
-    backend = make_backend(cfg.rollout, seed=cfg.seed, dtype=dtype_name(model.dtype), log_dir=run_dir)
+    engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
+    backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir)
     with RewardService(cfg.reward) as rewards, \
             backend.launch(store.local_copy(version), version) as urls:
         if before is None:

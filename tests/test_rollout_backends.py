@@ -22,12 +22,16 @@ def _rollout(**kw):
     return ExperimentConfig.model_validate({"rollout": kw}).rollout
 
 
+def _make(rollout, log_dir, seed=0, device="auto"):
+    return make_backend(rollout, engine=rollout.engine_config(seed=seed, dtype="float32", device=device),
+                        log_dir=log_dir)
+
+
 def test_make_backend_picks_the_configured_one(tmp_path):
-    assert isinstance(make_backend(_rollout(), seed=0, dtype="float32", log_dir=tmp_path), EmbeddedBackend)
-    ext = make_backend(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"]}), seed=0,
-                       dtype="float32", log_dir=tmp_path)
+    assert isinstance(_make(_rollout(), tmp_path), EmbeddedBackend)
+    ext = _make(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"]}), tmp_path)
     assert isinstance(ext, ExternalBackend) and not ext.restartable
-    sg = make_backend(_rollout(backend={"kind": "sglang", "tp_size": 2}), seed=0, dtype="float32", log_dir=tmp_path)
+    sg = _make(_rollout(backend={"kind": "sglang", "tp_size": 2}), tmp_path)
     assert isinstance(sg, SGLangBackend) and sg.cfg.tp_size == 2 and sg.restartable
     assert _rollout(backend="embedded").backend.kind == "embedded"  # the shorthand
 
@@ -81,8 +85,7 @@ def test_embedded_servers_behind_both_backends(tmp_path):
     v0, v1 = tiny_qwen2(11), tiny_qwen2(12)
     v0.save_pretrained(tmp_path / "v0")
     v1.save_pretrained(tmp_path / "v1")
-    embedded = make_backend(_rollout(n_servers=1, max_running=8, weight_update="keep_kv"), seed=3, dtype="float32",
-                            log_dir=tmp_path)
+    embedded = _make(_rollout(n_servers=1, max_running=8, weight_update="keep_kv"), tmp_path, seed=3)
     prompt, greedy = [5, 6, 7, 8], Sampling(max_new_tokens=12, temperature=0.0)
 
     async def generate(client):
@@ -108,3 +111,20 @@ def test_embedded_servers_behind_both_backends(tmp_path):
             external.restart(0, str(tmp_path / "v0"), 0)
     with pytest.raises(RuntimeError, match="outside launch"):
         embedded.restart(0, str(tmp_path / "v0"), 0)
+
+
+def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_fails_at_start(tmp_path):
+    import torch
+
+    from areal_core.device import resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: this checks the CPU-only machine's errors")
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    with pytest.raises(ValueError, match="device: cuda was asked for.*cannot use CUDA here"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="device: cuda"):  # the embedded backend checks before starting servers
+        _make(_rollout(), tmp_path, device="cuda")
+    assert ExperimentConfig.model_validate({"model": {"device": "cuda"}}).model.device == "cuda"
+    with pytest.raises(ValueError, match="device"):
+        ExperimentConfig.model_validate({"model": {"device": "tpu"}})

@@ -30,7 +30,8 @@ def bf16_server(tmp_path_factory):
     v0 = tiny_qwen2(21)
     v0.save_pretrained(root / "v0")
     cfg = ExperimentConfig.model_validate({"model": {"dtype": "bfloat16"}})
-    backend = make_backend(cfg.rollout, seed=cfg.seed, dtype=cfg.model.dtype, log_dir=root)
+    backend = make_backend(cfg.rollout, engine=cfg.rollout.engine_config(seed=cfg.seed, dtype=cfg.model.dtype),
+                           log_dir=root)
     with backend.launch(str(root / "v0"), 0) as urls:
         yield urls[0], v0
 

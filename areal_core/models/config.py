@@ -48,3 +48,5 @@ class ModelConfig(Section):
     tiny: TinyArch = TinyArch()
     warm_start: WarmStart = WarmStart()
     dtype: Literal["float32", "bfloat16"] = "float32"
+    # where the embedded engine and the torch trainer compute: auto = CUDA when torch sees a GPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -64,6 +64,7 @@ class EngineConfig(Section):
     torch_threads: int = Field(1, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # areal_core/device.py
 
 
 class EmbeddedBackendConfig(Section):
@@ -112,10 +113,10 @@ class RolloutConfig(Section):
                              "interruptible: false (or 'keep_kv' to keep the KV cache across updates)")
         return data
 
-    def engine_config(self, *, seed: int, dtype: str) -> EngineConfig:
-        """The embedded engine's settings for one server (``seed``: that server's)."""
+    def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
+        """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
         return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,
-                            torch_threads=self.torch_threads, dtype=dtype, seed=seed)
+                            torch_threads=self.torch_threads, dtype=dtype, seed=seed, device=device)
 
     def transport(self) -> WeightTransportConfig:
         """The configured weight transport, or the default for the backend."""

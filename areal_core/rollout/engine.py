@@ -99,6 +99,7 @@ class RolloutEngine:
         self._running: list[Sequence] = []
         self._updates: deque[tuple[tuple[dict, int, str], Future]] = deque()
         self._sampler: BatchSampler | None = None  # the decode batch's; None when the batch changed
+        self.device = self.kv.device  # the model's: cache, logits and sampling live there
         self._lens = self._tokens = torch.empty(0, dtype=torch.long)  # valid while _sampler is set
         self._max_len = 0
         self._needs_prefill = False
@@ -111,9 +112,10 @@ class RolloutEngine:
             self.start()
 
     @classmethod
-    def from_pretrained(cls, model_path: str, *, dtype: torch.dtype = torch.float32, **kwargs) -> "RolloutEngine":
-        """Load a Hugging Face model folder (local path or fsspec URL)."""
-        return cls(load_model(model_path, dtype), model_path=model_path, **kwargs)
+    def from_pretrained(cls, model_path: str, *, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu", **kwargs) -> "RolloutEngine":
+        """Load a Hugging Face model folder (local path or fsspec URL) onto ``device``."""
+        return cls(load_model(model_path, dtype).to(device), model_path=model_path, **kwargs)
 
     # -- state ---------------------------------------------------------------
     @property
@@ -364,7 +366,7 @@ class RolloutEngine:
             for i, s in zip(rows, seqs):
                 s.cache_len = len(toks[i])
                 s.needs_prefill = False
-            sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator)
+            sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator, self.device)
             tokens, logprobs = sampler.sample(logits[src] if len(src) > len(g) else logits)
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
@@ -375,9 +377,9 @@ class RolloutEngine:
         its last tokens and cache lengths stay in tensors from one step to the next."""
         run = self._running
         if self._sampler is None:
-            self._sampler = BatchSampler([s.sampling for s in run], self.n_logits, self._generator)
-            self._lens = torch.tensor([s.cache_len for s in run])
-            self._tokens = torch.tensor([s.out[-1] for s in run])
+            self._sampler = BatchSampler([s.sampling for s in run], self.n_logits, self._generator, self.device)
+            self._lens = torch.tensor([s.cache_len for s in run], device=self.device)
+            self._tokens = torch.tensor([s.out[-1] for s in run], device=self.device)
             self._max_len = max(s.cache_len for s in run)
         logits = self.kv.decode(self._tokens, self._lens, self._max_len + 1)
         self._lens += 1

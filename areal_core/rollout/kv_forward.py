@@ -289,7 +289,7 @@ class KVForward:
         if n * L < self.split_min_positions:
             return None
         desc = torch.sort(lengths + 1, descending=True).values  # positions each row attends to
-        m = torch.arange(n)
+        m = torch.arange(n, device=lengths.device)
         cost = n * desc + m * (L - desc)  # rows 0..m-1 long, the others up to desc[m]
         best = int(torch.argmin(cost[1:])) + 1  # at least one long row
         if 2 * int(cost[best]) > n * L:
@@ -312,7 +312,7 @@ class KVForward:
         s2 = torch.baddbmm(mask2, q2, tail[..., :hd].transpose(1, 2), alpha=self.scale)
         top2 = s2.amax(dim=-1, keepdim=True).float()  # finite: a long row holds a position past Ls
         p2 = torch.exp(s2.float() - top2)
-        sel = (long_rows[:, None] * kv + torch.arange(kv)).reshape(-1)  # their [n*kv] rows
+        sel = (long_rows[:, None] * kv + torch.arange(kv, device=long_rows.device)).reshape(-1)  # their [n*kv] rows
         new_top = torch.maximum(top[sel], top2)
         a, b = torch.exp(top[sel] - new_top), torch.exp(top2 - new_top)
         o[sel] = o[sel] * a + torch.bmm(p2.to(self.dtype), tail[..., hd:]).float() * b

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from areal_core.rollout.client import RolloutClient, check_health_sync
+from areal_core.device import resolve_device
 from areal_core.rollout.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -235,17 +236,16 @@ class EmbeddedBackend:
     name = "embedded"
     restartable = True
 
-    def __init__(self, rollout, *, seed: int, dtype: str, log_dir: str | os.PathLike):
-        self._r, self._seed, self._dtype, self._log_dir = rollout, seed, dtype, Path(log_dir)
+    def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike):
+        resolve_device(engine.device)  # a GPU asked for and missing: an error now, not in each server
+        self._n, self._engine, self._log_dir = n_servers, engine, Path(log_dir)
         self._servers: EmbeddedServers | None = None
 
     @contextlib.contextmanager
     def launch(self, model_path: str, version: int):
-        r = self._r
-        with EmbeddedServers(model_path, r.n_servers, engine=r.engine_config(seed=self._seed, dtype=self._dtype),
-                             weight_version=version, seed=self._seed,
+        with EmbeddedServers(model_path, self._n, engine=self._engine, weight_version=version, seed=self._engine.seed,
                              log_paths=[str(self._log_dir / f"rollout_server_{k}.log")
-                                        for k in range(r.n_servers)]) as servers:
+                                        for k in range(self._n)]) as servers:
             self._servers = servers
             try:
                 yield servers.urls

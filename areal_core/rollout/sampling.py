@@ -53,22 +53,26 @@ class RowSampling:
 class BatchSampler:
     """Sampling settings of a fixed list of rows, turned into tensors once."""
 
-    def __init__(self, rows: list[RowSampling], vocab_size: int, default_generator: torch.Generator):
+    def __init__(self, rows: list[RowSampling], vocab_size: int, default_generator: torch.Generator,
+                 device: torch.device | str = "cpu"):
+        """``device``: where the logits are. Uniforms are drawn on the CPU (seeded generators are
+        CPU generators, so a seed gives the same answer on any device) and moved there."""
         self.n = len(rows)
+        self.device = torch.device(device)
         self.vocab_size = vocab_size
         self.default_generator = default_generator
         greedy = [r.temperature == 0 for r in rows]
         self.all_greedy = all(greedy)
         self.any_greedy = any(greedy)
-        self.greedy = torch.tensor(greedy, dtype=torch.bool)
+        self.greedy = torch.tensor(greedy, dtype=torch.bool, device=device)
         temps = [1.0 if g else r.temperature for g, r in zip(greedy, rows)]
         self.unit_temp = all(t == 1.0 for t in temps)
-        self.temps = torch.tensor(temps, dtype=torch.float32)[:, None]
+        self.temps = torch.tensor(temps, dtype=torch.float32, device=device)[:, None]
         ks = [r.top_k if 0 < r.top_k < vocab_size else vocab_size for r in rows]
         self.use_top_k = any(k < vocab_size for k in ks)
-        self.top_k = torch.tensor(ks, dtype=torch.long)[:, None]
+        self.top_k = torch.tensor(ks, dtype=torch.long, device=device)[:, None]
         self.use_top_p = any(r.top_p < 1.0 for r in rows)
-        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32)[:, None]
+        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)[:, None]
         self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
 
     def _filtered(self, logp: torch.Tensor) -> torch.Tensor:
@@ -78,7 +82,7 @@ class BatchSampler:
         else:  # top-k only: the largest k of the batch is enough
             sorted_lp, order = torch.topk(logp, int(self.top_k.max()), dim=-1)
         if self.use_top_k:
-            ranks = torch.arange(sorted_lp.shape[-1])[None, :]
+            ranks = torch.arange(sorted_lp.shape[-1], device=sorted_lp.device)[None, :]
             sorted_lp = sorted_lp.masked_fill(ranks >= self.top_k, _NEG_INF)
         if self.use_top_p:  # nucleus over the (renormalised) top-k survivors
             probs = torch.softmax(sorted_lp, dim=-1)
@@ -91,7 +95,7 @@ class BatchSampler:
         u = torch.rand((self.n, 1), generator=self.default_generator, dtype=torch.float64)
         for i, g in self.seeded:
             u[i] = torch.rand(1, generator=g, dtype=torch.float64)
-        return u
+        return u if self.device.type == "cpu" else u.to(self.device)
 
     def _draw_from(self, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inverse-CDF draw from unnormalised ``weights [n, V] >= 0``: (tokens ``[n, 1]``, float64

@@ -29,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from areal_core.device import resolve_device
 from areal_core.rollout.config import EngineConfig
 from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import (
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
-        args.model_path, dtype=_DTYPES[eng.dtype], max_running=eng.max_running,
+        args.model_path, dtype=_DTYPES[eng.dtype], device=resolve_device(eng.device), max_running=eng.max_running,
         weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed,
     )
     log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",

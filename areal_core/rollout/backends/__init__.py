@@ -8,13 +8,14 @@ from pathlib import Path
 from areal_core.rollout.backend import RolloutBackend
 
 
-def make_backend(rollout, *, seed: int, dtype: str, log_dir: str | Path) -> RolloutBackend:
-    """The backend ``rollout.backend`` configures (``rollout``: a ``RolloutConfig``)."""
+def make_backend(rollout, *, engine, log_dir: str | Path) -> RolloutBackend:
+    """The backend ``rollout.backend`` configures (``rollout``: a ``RolloutConfig``; ``engine``:
+    the embedded engine's ``EngineConfig``, from ``rollout.engine_config``)."""
     cfg = rollout.backend
     if cfg.kind == "embedded":
         from areal_core.rollout.launcher import EmbeddedBackend
 
-        return EmbeddedBackend(rollout, seed=seed, dtype=dtype, log_dir=log_dir)
+        return EmbeddedBackend(rollout.n_servers, engine, log_dir=log_dir)
     if cfg.kind == "external":
         from areal_core.rollout.backends.external import ExternalBackend
 
