@@ -124,17 +124,29 @@ def _key_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
-def format_validation_error(err: ValidationError, source: str, lines: dict[tuple, int]) -> str:
+def _as_yaml(value: Any) -> str:
+    """A value as one would write it after ``--set KEY=`` (YAML flow style, one line)."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("\n...")
+
+
+def format_validation_error(err: ValidationError, source: str, lines: dict[tuple, int],
+                            overrides: dict[str, Any] | None = None) -> str:
+    """One line per error, each blaming where its value came from: ``file:line`` or the
+    ``--set KEY=VALUE`` that overrode it."""
     msgs = []
+    set_at = {tuple(k.split(".")): k for k in overrides or {}}
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
         key = ".".join(str(x) for x in loc) or "(top level)"
-        line = None
+        line = setter = None
         for n in range(len(loc), 0, -1):
+            if loc[:n] in set_at:
+                setter = set_at[loc[:n]]
+                break
             if loc[:n] in lines:
                 line = lines[loc[:n]]
                 break
-        where = f"{source}:{line}" if line else source
+        where = f"--set {setter}={_as_yaml(overrides[setter])}" if setter else f"{source}:{line}" if line else source
         typ, msg = e["type"], e["msg"]
         if typ == "extra_forbidden":
             msg = "unknown key"
@@ -157,13 +169,14 @@ def _section_at(loc: tuple):
     return cls if hasattr(cls, "model_fields") else None
 
 
-def parse_config(data: dict, source: str = "<config>", text: str = "") -> ExperimentConfig:
+def parse_config(data: dict, source: str = "<config>", text: str = "",
+                 overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source, _key_lines(text))) from None
+        raise ConfigError(format_validation_error(e, source, _key_lines(text), overrides)) from None
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
@@ -195,7 +208,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if overrides:
         data = apply_overrides(data, overrides)
-    cfg = parse_config(data, str(path), text)
+    cfg = parse_config(data, str(path), text, overrides)
     _check_paths(cfg, path)
     return cfg
 

@@ -17,7 +17,8 @@ CONFIG = str(REPO / "tests/data/e2e.yaml")
 
 @pytest.mark.parametrize("argv, words", [
     (["train", CONFIG, "--set", "trainer.eta"], "--set expects KEY=VALUE"),
-    (["train", CONFIG, "--set", "trainer.eta=-1"], "trainer.eta"),
+    (["train", CONFIG, "--set", "trainer.eta=-1"], "--set trainer.eta=-1: trainer.eta"),  # not the file's line
+    (["train", CONFIG, "--set", "rollout.sampling.max_new_tokens='96'"], "valid integer (got '96')"),
     (["train", str(REPO / "no/such.yaml")], "no/such.yaml"),
     (["sweep", CONFIG, "--grid", "seed"], "--grid expects KEY=V1,V2"),
     (["campaign", CONFIG, "--set", "nope"], "--set expects KEY=VALUE"),
