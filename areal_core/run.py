@@ -17,6 +17,7 @@ the latest one and redoes the steps after it (docs/OPERATIONS.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -89,6 +90,23 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
+def make_trainer(cfg: ExperimentConfig, model, steps: int, run_dir: Path, stack: contextlib.ExitStack):
+    """The trainer ``trainer.backend`` names; what it starts (megatron's other ranks) is stopped
+    when ``stack`` closes."""
+    b, temperature = cfg.trainer.backend, cfg.rollout.sampling.temperature
+    if b.kind == "torch":
+        return Trainer(model, cfg.trainer, temperature, steps)
+    from areal_core.trainer.megatron import parallel
+    from areal_core.trainer.megatron.launch import local_ranks
+    from areal_core.trainer.megatron.trainer import MegatronTrainer
+
+    stack.enter_context(local_ranks(b.processes, b.tensor_parallel_size, run_dir))
+    stack.callback(parallel.shutdown)
+    trainer = MegatronTrainer(model, cfg.trainer, temperature, steps, tp_size=b.tensor_parallel_size, seed=cfg.seed)
+    stack.callback(trainer.close)  # (runs first: releases the other ranks, then they are waited for)
+    return trainer
+
+
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
                    progress: bool = True, cache_dir: str | None = None,
                    on_step: Callable[[dict], None] | None = None,
@@ -104,9 +122,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     data position, buffer, partial answers, metrics and ledger); a store with no version
     yet starts afresh, so a retry can always pass ``resume=True``.
     """
+    with contextlib.ExitStack() as stack:
+        return _run_experiment(cfg, Path(run_dir), stack, max_steps=max_steps, progress=progress,
+                               cache_dir=cache_dir, on_step=on_step, on_checkpoint=on_checkpoint, resume=resume)
+
+
+def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
+                    cache_dir, on_step, on_checkpoint, resume) -> dict:
     t_start = time.perf_counter()
     _quiet_libraries()
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     trainer_threads = trainer_torch_threads(cfg, os.cpu_count() or 1)
@@ -131,7 +155,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
-    trainer = Trainer(model, cfg.trainer, cfg.rollout.sampling.temperature, steps)
+    trainer = make_trainer(cfg, model, steps, run_dir, stack)
     runlog = RunLog(run_dir)
     saved = run_state.load_latest(store, config) if resume else None
     if saved is None:
@@ -270,6 +294,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
         "final_version": version,
         "eta": eta,
         "objective": cfg.trainer.objective,
+        "trainer_backend": cfg.trainer.backend.kind,
         "weight_update": cfg.rollout.weight_update,
         "trainer_torch_threads": trainer_threads,
         "weight_transport": cfg.rollout.transport().kind,

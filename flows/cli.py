@@ -83,6 +83,12 @@ def print_run_summary(s: dict, run_dir: Path) -> None:
 def cmd_train(args) -> int:
     overrides = _overrides(args.set)
     cfg = _load(args.config, overrides)
+    b = cfg.trainer.backend
+    if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
+        from areal_core.trainer.megatron.follower import follow
+
+        follow(b.tensor_parallel_size)
+        return 0
     run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
     if args.no_prefect:
         from areal_core.run import run_experiment

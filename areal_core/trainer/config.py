@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,31 @@ class OptimConfig(Section):
     continue_warm_start: bool = False
 
 
+class TorchTrainerBackend(Section):
+    """The torch trainer (areal_core/trainer/trainer.py): one process, packed shared-prompt forward."""
+    kind: Literal["torch"] = "torch"
+
+
+class MegatronTrainerBackend(Section):
+    """A megatron-core GPTModel (areal_core/trainer/megatron/, the ``megatron`` extra) over
+    ``processes`` gloo ranks: tensor parallel ``tensor_parallel_size``, data parallel the rest.
+    The run starts ranks 1.. on this host itself; under ``torchrun`` it uses torchrun's."""
+    kind: Literal["megatron"] = "megatron"
+    tensor_parallel_size: int = Field(1, gt=0)
+    processes: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _tp_divides(self):
+        if self.processes % self.tensor_parallel_size:
+            raise ValueError(f"trainer.backend.tensor_parallel_size ({self.tensor_parallel_size}) must divide "
+                             f"trainer.backend.processes ({self.processes})")
+        return self
+
+
 class TrainerConfig(Section):
+    # {kind: torch} (shorthand `backend: torch`) or {kind: megatron, tensor_parallel_size, processes}
+    backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = \
+        TorchTrainerBackend()
     batch_size: int = Field(128, gt=0)  # B: trajectories per training step
     eta: int = Field(4, ge=0)  # max staleness; 0 = synchronous
     max_steps: int = Field(100, gt=0)
@@ -45,6 +69,13 @@ class TrainerConfig(Section):
     # None: all cores when generation is idle while the trainer works (eta 0 + rollout.weight_update
     # drain), else the cores the rollout servers leave (measured best: docs/PERFORMANCE.md)
     torch_threads: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_shorthand(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("backend"), str):
+            data = {**data, "backend": {"kind": data["backend"]}}
+        return data
 
     @model_validator(mode="after")
     def _prox_needs_decoupled(self):

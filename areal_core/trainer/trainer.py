@@ -20,16 +20,10 @@ import time
 
 import torch
 
-from areal_core.algo import (
-    allocate_shared_prompt_microbatches,
-    compute_advantages,
-    decoupled_ppo_loss,
-    loglinear_prox_logp,
-    naive_ppo_loss,
-    split_fixed,
-)
+from areal_core.algo import allocate_shared_prompt_microbatches, split_fixed
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.packed_forward import check_supported, response_logprobs
+from areal_core.trainer.step_parts import batch_stats, ppo_loss, prepare_batch, prox_path
 from areal_core.types import Trajectory
 
 
@@ -137,11 +131,7 @@ class Trainer:
         return response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
 
     def prox_path(self, n_minibatches: int) -> str:
-        """How this step gets pi_prox: "none" (naive objective), "current_forward" (one minibatch:
-        the update's own forward, detached), "recompute" or "loglinear" (``trainer.prox_logp``)."""
-        if self.cfg.objective == "naive":
-            return "none"
-        return "current_forward" if n_minibatches == 1 else self.cfg.prox_logp
+        return prox_path(self.cfg, n_minibatches)
 
     def _recompute_prox(self, seqs, starts, n_out) -> tuple[list[torch.Tensor], int]:
         """pi_prox logprobs of every trajectory by the weights before this step (no-grad forward
@@ -158,18 +148,8 @@ class Trainer:
         """One training step on ``batch`` by the policy at ``version``."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        for t in batch:
-            if not t.output_ids:
-                raise ValueError(f"trajectory {t.traj_id} has no output tokens")
-            if len(t.output_logprobs) != len(t.output_ids) or len(t.output_versions) != len(t.output_ids):
-                raise ValueError(f"trajectory {t.traj_id}: tokens, logprobs and versions differ in length")
-        seqs = [t.prompt_ids + t.output_ids for t in batch]
-        starts = [len(t.prompt_ids) for t in batch]
-        n_out = [len(t.output_ids) for t in batch]
-        rewards = torch.tensor([float(t.reward) for t in batch])
-        adv_seq = compute_advantages(rewards, [t.group_id for t in batch], mode=cfg.adv_norm)
-        behav = [torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch]
-        adv = [torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())]
+        prep = prepare_batch(batch, cfg.adv_norm)
+        seqs, starts, n_out = prep.seqs, prep.starts, prep.n_out
 
         minibatches = split_fixed(len(batch), cfg.ppo_minibatches)
         path = self.prox_path(len(minibatches))
@@ -186,21 +166,8 @@ class Trainer:
             for local in self.microbatches([batch[i].prompt_ids for i in mbatch], [n_out[i] for i in mbatch]):
                 idx = [mbatch[j] for j in local]
                 logp = self._logprobs(seqs, starts, idx)
-                b = torch.cat([behav[i] for i in idx])
-                a = torch.cat([adv[i] for i in idx])
-                mask = torch.ones_like(logp, dtype=torch.bool)
-                if cfg.objective == "naive":
-                    loss, st = naive_ppo_loss(logp, b, a, mask, cfg.eps_clip, n_tokens=n_tokens)
-                else:
-                    if path == "recompute":
-                        p = torch.cat([prox[i] for i in idx])
-                    elif path == "loglinear":
-                        p = loglinear_prox_logp(b, logp.detach(), torch.cat([versions[i] for i in idx]), version)
-                    else:  # one minibatch: the weights before this step are the ones of this forward
-                        p = logp.detach()
-                    loss, st = decoupled_ppo_loss(
-                        logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens
-                    )
+                loss, st = ppo_loss(cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version,
+                                    n_tokens=n_tokens)
                 loss.backward()
                 self._accumulate_grads()
                 n_forward += 1
@@ -216,20 +183,9 @@ class Trainer:
             self._round_into_model()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-
-        staleness = torch.tensor([version - v for t in batch for v in t.output_versions], dtype=torch.float32)
-        lengths = torch.tensor(n_out, dtype=torch.float32)
         return {
             **sums,
-            "reward": float(rewards.mean()),
-            "accuracy": sum(bool(t.correct) for t in batch) / len(batch),
-            "answer_len_mean": float(lengths.mean()),
-            "answer_len_p50": float(lengths.quantile(0.5)),
-            "answer_len_p90": float(lengths.quantile(0.9)),
-            "answer_len_max": float(lengths.max()),
-            "staleness_mean": float(staleness.mean()),
-            "staleness_max": int(staleness.max()),
-            "tokens_trained": int(sum(n_out)),
+            **batch_stats(batch, prep, version),
             "forward_passes": n_forward,
             "prox_logp_path": path,
             "prox_forward_passes": n_prox_forward,
