@@ -32,6 +32,7 @@ from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
+from areal_core.device import resolve_device
 from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
@@ -149,6 +150,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     model_info: dict = {}
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
+    if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
+        model.to(resolve_device(cfg.model.device))
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)

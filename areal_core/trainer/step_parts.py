@@ -50,15 +50,15 @@ def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBa
              prox: dict | list | None, versions: list[torch.Tensor] | None, version: int, n_tokens: int):
     """The configured objective's loss and stats on the micro-batch ``idx`` (``logp``: its answer
     tokens' logprobs by the policy being updated, in order)."""
-    b = torch.cat([prep.behav[i] for i in idx])
-    a = torch.cat([prep.adv[i] for i in idx])
+    b = torch.cat([prep.behav[i] for i in idx]).to(logp.device)
+    a = torch.cat([prep.adv[i] for i in idx]).to(logp.device)
     mask = torch.ones_like(logp, dtype=torch.bool)
     if cfg.objective == "naive":
         return naive_ppo_loss(logp, b, a, mask, cfg.eps_clip, n_tokens=n_tokens)
     if path == "recompute":
         p = torch.cat([prox[i] for i in idx])
     elif path == "loglinear":
-        p = loglinear_prox_logp(b, logp.detach(), torch.cat([versions[i] for i in idx]), version)
+        p = loglinear_prox_logp(b, logp.detach(), torch.cat([versions[i] for i in idx]).to(logp.device), version)
     else:  # one minibatch: the weights before this step are the ones of this forward
         p = logp.detach()
     return decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens)

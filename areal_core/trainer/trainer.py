@@ -11,6 +11,9 @@ it in that precision (as the rollout servers compute), its gradients are summed 
 float32 masters, and after each optimizer step the masters are rounded back into it.
 So updates smaller than half a bfloat16 step accumulate in the masters instead of being
 lost, and what is published (checkpoints, weight pushes) stays in the model's dtype.
+
+Device: the model's. On a GPU a float32 model computes its forward and backward under bfloat16
+autocast (the weights, and so the masters, stay float32).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Trainer:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        self.device = next(model.parameters()).device
+        self.autocast = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32
         named = list(model.named_parameters())  # a tied parameter once
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -128,7 +133,9 @@ class Trainer:
         return split_fixed(len(prompts), min(self.cfg.n_microbatches, len(prompts)))
 
     def _logprobs(self, seqs, starts, idx) -> torch.Tensor:
-        return response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            lp = response_logprobs(self.model, [seqs[i] for i in idx], [starts[i] for i in idx], self.temperature)
+        return lp.float()
 
     def prox_path(self, n_minibatches: int) -> str:
         return prox_path(self.cfg, n_minibatches)
