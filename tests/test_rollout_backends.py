@@ -128,3 +128,12 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_fails_at_start(tmp_p
     assert ExperimentConfig.model_validate({"model": {"device": "cuda"}}).model.device == "cuda"
     with pytest.raises(ValueError, match="device"):
         ExperimentConfig.model_validate({"model": {"device": "tpu"}})
+
+
+def test_sglang_backend_refuses_the_tensor_transport_and_maps_the_update_mode(tmp_path):
+    with pytest.raises(ValueError, match="'tensor' is not supported by rollout.backend kind 'sglang'"):
+        _rollout(backend={"kind": "sglang"}, weight_transport={"kind": "tensor"})
+    assert _rollout(backend={"kind": "sglang"}).transport().kind == "distributed"  # the default off the host
+    for mode, pause in (("keep_kv", "in_place"), ("reprefill", "retract"), ("drain", None)):
+        backend = _make(_rollout(backend={"kind": "sglang"}, weight_update=mode), tmp_path)
+        assert backend.client("http://127.0.0.1:1", 5.0).pause_mode == pause

@@ -23,6 +23,7 @@ from areal_core.rollout.backends.sglang import (
     sglang_launch_command,
 )
 from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.weight_layout import TensorSpec
 from areal_core.rollout.launcher import free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -193,9 +194,14 @@ def test_update_weights_from_disk_and_info(standin):
 def test_distributed_update_fields(standin):
     async def go(c: SGLangClient):
         await c.init_weights_update_group("10.0.0.1", 29500, 1, 3, "areal")
-        await c.update_weights_from_distributed(["w1", "w2"], ["bfloat16", "float32"], [[4, 8], [8]], "areal", 3)
+        specs = [TensorSpec("w1", "bfloat16", (4, 8), 0), TensorSpec("w2", "float32", (8,), 64)]
+        await c.update_weights_from_distributed(specs, "areal", 3)
         return await c.info()
     assert run(go, standin.url).weight_version == 3
+    # not paused by the caller: the update is wrapped in pause (retract) and continue
+    paths = [p for p, _ in standin.log]
+    i = paths.index("/update_weights_from_distributed")
+    assert paths[i - 1] == "/pause_generation" and paths[i + 1] == "/continue_generation"
     posts = dict(standin.log)
     assert posts["/init_weights_update_group"] == {"master_address": "10.0.0.1", "master_port": 29500,
                                                    "rank_offset": 1, "world_size": 3, "group_name": "areal",

@@ -136,14 +136,11 @@ def test_a_model_of_another_shape_is_refused_by_name(two_servers):
 
 
 def test_a_server_without_the_transport_is_named_at_connect():
-    class _Info:
-        weight_transports = ["disk"]
-
     class _Client:
         url = "http://127.0.0.1:1"
 
-        async def model_info(self):
-            return _Info()
+        async def weight_transports(self):
+            return ["disk"]
 
     with pytest.raises(TransportUnsupported, match=r"http://127.0.0.1:1 cannot receive weights by the 'tensor'"):
         asyncio.run(TensorTransport().connect([_Client()]))

@@ -222,6 +222,9 @@ class RolloutClient:
         """Everything the embedded server reports (``info`` is the part every backend has)."""
         return ModelInfo.model_validate_json(await self._call("GET", MODEL_INFO))
 
+    async def weight_transports(self) -> list[str]:
+        return (await self.model_info()).weight_transports
+
     async def info(self) -> ServerInfo:
         m = await self.model_info()
         return ServerInfo(weight_version=m.weight_version, running=m.running, waiting=m.waiting, paused=m.paused)

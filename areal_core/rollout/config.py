@@ -113,6 +113,15 @@ class RolloutConfig(Section):
                              "interruptible: false (or 'keep_kv' to keep the KV cache across updates)")
         return data
 
+    @model_validator(mode="after")
+    def _backend_can_take_the_transport(self):
+        b, t = self.backend, self.weight_transport
+        if b.kind == "sglang" and t is not None and t.kind == "tensor":
+            raise ValueError("rollout.weight_transport kind 'tensor' is not supported by rollout.backend kind "
+                             "'sglang' (SGLang's tensor update passes CUDA IPC handles; use 'distributed' or "
+                             "'disk')")
+        return self
+
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
         """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
         return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,

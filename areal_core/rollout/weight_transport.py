@@ -43,13 +43,12 @@ class WeightTransport(ABC):
     staged_version: int | None = None
 
     async def connect(self, clients: list[RolloutClient]) -> None:
-        infos = await asyncio.gather(*(c.model_info() for c in clients))
-        for c, info in zip(clients, infos):
-            if self.kind not in info.weight_transports:
+        offers = await asyncio.gather(*(c.weight_transports() for c in clients))
+        for c, offered in zip(clients, offers):
+            if self.kind not in offered:
                 raise TransportUnsupported(
                     f"rollout server {c.url} cannot receive weights by the '{self.kind}' transport "
-                    f"(it offers: {', '.join(info.weight_transports)}); set rollout.weight_transport "
-                    "to one of those")
+                    f"(it offers: {', '.join(offered)}); set rollout.weight_transport to one of those")
 
     def stage(self, model: torch.nn.Module, version: int) -> None:
         self._stage(named_weights(model) if self.kind != "disk" else model, version)

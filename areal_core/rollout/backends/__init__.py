@@ -23,5 +23,5 @@ def make_backend(rollout, *, engine, log_dir: str | Path) -> RolloutBackend:
     if cfg.kind == "sglang":
         from areal_core.rollout.backends.sglang import SGLangBackend
 
-        return SGLangBackend(cfg, log_dir=str(log_dir))
+        return SGLangBackend(cfg, log_dir=str(log_dir), weight_update=rollout.weight_update)
     raise ValueError(f"unknown rollout.backend.kind {cfg.kind!r}")

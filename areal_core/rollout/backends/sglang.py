@@ -16,7 +16,8 @@ servers with ``--weight-version <int>`` (its default label is ``"default"``). A 
 over-reports freshness if an update happened mid-request. ``/abort_request`` aborts every
 request whose rid *starts with* the given rid, so rids must not be prefixes of one another.
 
-Weight-update modes -> SGLang pause modes (``SGLangClient(pause_mode=...)``):
+``rollout.weight_update`` -> the SGLang pause mode the client wraps each weight update in
+(pause, update, continue; ``SGLangClient(pause_mode=...)``):
   keep_kv   -> ``in_place``: requests stay put with their KV; update with ``flush_cache``
                false (SGLang refuses to flush while requests are held); ``/continue_generation``.
   reprefill -> ``retract``: requests go back to the queue and are re-prefilled with the new
@@ -74,7 +75,6 @@ class SGLangConfig(Section):
     python: str = sys.executable  # the interpreter of the venv that has sglang
     startup_timeout_s: float = Field(900.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)  # for configured urls, at start
-    pause_mode: PauseMode = "retract"
 
 
 def sglang_launch_command(cfg: SGLangConfig, model_path: str, port: int, weight_version: int = 0) -> list[str]:
@@ -142,7 +142,12 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
 class SGLangClient:
     """One SGLang server (implements areal_core.rollout.backend.RolloutClient)."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode = "retract", retries: int = 2):
+    weight_transports = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
+
+    def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode | None = "retract",
+                 retries: int = 2):
+        """``pause_mode``: what an update does to in-flight requests (None: SGLang lets them finish
+        first, our ``drain``)."""
         self.url = url.rstrip("/")
         self.timeout_s, self.pause_mode, self.retries = timeout_s, pause_mode, retries
         self._session: aiohttp.ClientSession | None = None
@@ -222,7 +227,26 @@ class SGLangClient:
         await self._call("POST", "/continue_generation", {})
         self._paused = False
 
+    @contextlib.asynccontextmanager
+    async def _paused_for_update(self):
+        """Pause in ``pause_mode`` around an update unless the caller already paused."""
+        if self._paused or self.pause_mode is None:
+            yield
+            return
+        await self.pause()
+        try:
+            yield
+        finally:
+            await self.resume()
+
+    async def weight_transports(self) -> list[str]:
+        return list(self.weight_transports)
+
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        async with self._paused_for_update():
+            await self._update_from_disk(model_path, version)
+
+    async def _update_from_disk(self, model_path: str, version: int) -> None:
         await self._ok("/update_weights_from_disk", {
             "model_path": model_path, "weight_version": str(version), "abort_all_requests": False,
             "flush_cache": self.pause_mode != "in_place"})
@@ -233,12 +257,14 @@ class SGLangClient:
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend})
 
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
-                                              shapes: Sequence[Sequence[int]], group_name: str, version: int) -> None:
-        await self._ok("/update_weights_from_distributed", {
-            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "weight_version": str(version), "abort_all_requests": False,
-            "flush_cache": self.pause_mode != "in_place"})
+    async def update_weights_from_distributed(self, specs, group_name: str, version: int) -> None:
+        """The tensors ``specs`` (name, dtype, shape each) broadcast by the trainer (rank 0)."""
+        names, dtypes, shapes = [s.name for s in specs], [s.dtype for s in specs], [list(s.shape) for s in specs]
+        async with self._paused_for_update():
+            await self._ok("/update_weights_from_distributed", {
+                "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                "weight_version": str(version), "abort_all_requests": False,
+                "flush_cache": self.pause_mode != "in_place"})
 
     async def info(self) -> ServerInfo:
         """``running``: this client's requests awaiting an answer; SGLang's /model_info reports no
@@ -289,8 +315,10 @@ class SGLangBackend:
     implements areal_core.rollout.backend.RolloutBackend."""
     name = "sglang"
 
-    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None):
+    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: str = "reprefill"):
+        """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update."""
         self.cfg = cfg
+        self.pause_mode = PAUSE_MODE_FOR_UPDATE[weight_update]
         self.restartable = not cfg.urls
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sglang-logs-")
         self.servers: dict[str, tuple[int, "ServerProcess"]] = {}  # url -> (index, process)
@@ -363,4 +391,4 @@ class SGLangBackend:
         self._wait_healthy(self._start(index))
 
     def client(self, url: str, timeout_s: float = 600.0) -> SGLangClient:
-        return SGLangClient(url, timeout_s, pause_mode=self.cfg.pause_mode)
+        return SGLangClient(url, timeout_s, pause_mode=self.pause_mode)
