@@ -31,6 +31,7 @@ import asyncio
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -279,7 +280,8 @@ class RolloutController:
         max_new = int(self.s.sampling["max_new_tokens"])
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   Sampling(**{**self.s.sampling, "max_new_tokens": max_new}),
+                                                   [Sampling(**{**self.s.sampling, "max_new_tokens": max_new})]
+                                                   * len(trajs),
                                                    rids=[t.traj_id for t in trajs])
         except RolloutServerError as e:
             if not e.server_down:
@@ -394,7 +396,7 @@ class RolloutController:
         i = self.pool.urls.index(url)
         async with self._servers_lock:
             if await self.pool.clients[i].health():
-                info = await self.pool.clients[i].model_info()
+                info = await self.pool.clients[i].info()
                 if info.weight_version == self.version:
                     return  # restarted meanwhile (or a passing failure)
             await self._bring_back(i)
@@ -405,9 +407,13 @@ class RolloutController:
         if self.restart_server is not None:
             path = await asyncio.to_thread(self._restart_source)
             await asyncio.to_thread(self.restart_server, i, path, self.model_version)
-        await client.wait_healthy(self.request_timeout_s)
+        deadline = time.monotonic() + self.request_timeout_s
+        while not await client.health():
+            if time.monotonic() > deadline:
+                raise RolloutServerError(client.url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
+            await asyncio.sleep(0.2)
         staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
-        if staged is not None and (await client.model_info()).weight_version != staged:
+        if staged is not None and (await client.info()).weight_version != staged:
             await self.transport.resend(self.pool.clients, i)
 
     # resume ------------------------------------------------------------------
@@ -417,7 +423,7 @@ class RolloutController:
         fresh = {}
         for client in self.pool.clients:
             try:
-                fresh.update({p.rid: p for p in (await client.requests()).requests})
+                fresh.update(await client.partial_outputs())
             except RolloutServerError as e:  # a dead server: its answers restart from what we hold
                 log.warning("no partial outputs from %s: %s", client.url, e)
         self._partials = {rid: (asked_at[rid], p) for rid, p in fresh.items() if rid in asked_at}
@@ -436,8 +442,8 @@ class RolloutController:
                 asked, p = partials.get(tid, (None, None))
                 if p is not None and not t.finished and asked == len(t.output_ids):
                     row["output_ids"] = row["output_ids"] + p.output_ids
-                    row["output_logprobs"] = row["output_logprobs"] + p.output_token_logprobs
-                    row["output_versions"] = row["output_versions"] + p.output_token_versions
+                    row["output_logprobs"] = row["output_logprobs"] + p.logprobs
+                    row["output_versions"] = row["output_versions"] + p.versions
                 live.setdefault(t.group_id, []).append(row)
             # the sampler has seen every finished group; the tallies hold the others' answers so far
             sampler = self._sampler.state()

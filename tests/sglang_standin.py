@@ -132,8 +132,8 @@ class SGLangContractStandIn:
     """A stand-in for SGLang's HTTP contract (not SGLang). ``start()`` serves it on a thread."""
 
     def __init__(self, weight_version: str = "0", model_path: str = "standin-model", step_s: float = 0.002,
-                 host: str = "127.0.0.1", port: int = 0):
-        self.version, self.model_path, self.step_s = weight_version, model_path, step_s
+                 host: str = "127.0.0.1", port: int = 0, vocab: int = VOCAB):
+        self.version, self.model_path, self.step_s, self.vocab = weight_version, model_path, step_s, vocab
         self.host, self.port = host, port
         self.pause_mode: str | None = None
         self.active: dict[str, _Request] = {}
@@ -223,7 +223,7 @@ class SGLangContractStandIn:
             await asyncio.sleep(self.step_s)
             if r.abort is not None or self.pause_mode is not None:
                 continue  # paused or aborted during the step: this token was not sampled
-            tok = ((r.out or r.prompt)[-1] + 1) % VOCAB
+            tok = ((r.out or r.prompt)[-1] + 1) % self.vocab
             r.out.append(tok)
             r.lps.append(token_logprob(tok, self.version))
             if tok in stop:

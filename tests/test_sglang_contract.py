@@ -375,3 +375,29 @@ def test_backend_reports_a_server_that_dies_at_start(tmp_path):
     with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no CUDA here"):
         with SGLangBackend(cfg, log_dir=str(tmp_path)).launch("/models/m", 0):
             pass
+
+
+@pytest.mark.slow
+def test_a_training_run_through_the_sglang_client(tmp_path):
+    """The whole loop with `rollout.backend: {kind: sglang, urls: [...]}` against the stand-in
+    (not SGLang: its answers are counting sequences, not the policy's): generation through SGLang's
+    fields, weights by the disk transport wrapped in pause/continue, every trajectory once."""
+    from areal_core.experiment import load_config
+    from areal_core.models import build_char_tokenizer
+    from areal_core.run import run_experiment
+
+    s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()))
+    s.start()
+    try:
+        cfg = load_config(Path(__file__).parent / "data/e2e.yaml", {
+            "rollout.backend": {"kind": "sglang", "urls": [s.url]}, "rollout.weight_transport": {"kind": "disk"},
+            "trainer.max_steps": 3})
+        summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    finally:
+        s.stop()
+    assert summary["ledger_check"]["ok"] and summary["steps"] == 3
+    assert summary["max_staleness_observed"] <= cfg.trainer.eta
+    paths = [p for p, _ in s.log]
+    assert paths.count("/update_weights_from_disk") >= 4  # the start (v0) and each of the 3 versions
+    i = paths.index("/update_weights_from_disk", 1 + paths.index("/update_weights_from_disk"))
+    assert paths[i - 1] == "/pause_generation" and paths[i + 1] == "/continue_generation"

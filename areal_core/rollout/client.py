@@ -233,6 +233,11 @@ class RolloutClient:
         """Partial outputs of the unfinished requests (a protocol extension, see protocol.py)."""
         return RequestsSnapshot.model_validate_json(await self._call("GET", REQUESTS))
 
+    async def partial_outputs(self) -> dict[str, Generation]:
+        """What each unfinished request has generated so far, by request id."""
+        return {p.rid: Generation(list(p.output_ids), list(p.output_token_logprobs), list(p.output_token_versions),
+                                  "abort") for p in (await self.requests()).requests}
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -142,7 +142,7 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
 class SGLangClient:
     """One SGLang server (implements areal_core.rollout.backend.RolloutClient)."""
 
-    weight_transports = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
+    TRANSPORTS = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
 
     def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode | None = "retract",
                  retries: int = 2):
@@ -240,7 +240,11 @@ class SGLangClient:
             await self.resume()
 
     async def weight_transports(self) -> list[str]:
-        return list(self.weight_transports)
+        return list(self.TRANSPORTS)
+
+    async def partial_outputs(self) -> dict[str, Generation]:
+        """SGLang does not list a running request's tokens: a resumed run starts those answers again."""
+        return {}
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         async with self._paused_for_update():
