@@ -43,6 +43,31 @@ def _load(config: str, overrides: dict):
         raise UsageError(str(e)) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _check_run_dir(cfg, run_dir: Path, resume: bool) -> None:
+    """Before anything starts: a run folder that already holds checkpoints is continued only with
+    --resume; --resume says what it will do."""
+    from areal_core.storage import CheckpointStore
+
+    where = cfg.storage.url or str(run_dir / "checkpoints")
+    latest = CheckpointStore.from_config(cfg.storage, str(run_dir)).latest()
+    if latest is not None and not resume:
+        raise UsageError(f"{where} already holds this run's checkpoints (latest v{latest}): add --resume to "
+                         f"continue it, or give a new --run-dir")
+    if resume:
+        print(f"resuming from checkpoint v{latest} in {where}" if latest is not None
+              else f"nothing to resume in {where}: starting fresh", flush=True)
+
+
 def _csv(text: str, kind=str) -> list:
     return [kind(v) for v in text.split(",") if v.strip() != ""]
 
@@ -78,6 +103,8 @@ def print_run_summary(s: dict, run_dir: Path) -> None:
     print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
           f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
     print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
+    if s.get("resumed_from_step") is not None:
+        print(f"  resumed from step {s['resumed_from_step']}")
 
 
 def cmd_train(args) -> int:
@@ -90,6 +117,7 @@ def cmd_train(args) -> int:
         follow(b.tensor_parallel_size)
         return 0
     run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
+    _check_run_dir(cfg, run_dir, args.resume)
     if args.no_prefect:
         from areal_core.run import run_experiment
 
@@ -207,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run one experiment from a YAML config (a Prefect flow)")
     t.add_argument("config")
     t.add_argument("--run-dir", help="output folder (default: runs/<name>-<time>)")
-    t.add_argument("--max-steps", type=int, help="override trainer.max_steps")
+    t.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps")
     _add_set(t)
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its latest checkpoint (see docs/OPERATIONS.md)")
@@ -243,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--objective", default="decoupled,naive", help="comma-separated objectives")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="another config key to sweep over (repeatable)")
-    s.add_argument("--max-steps", type=int, help="override trainer.max_steps for every run")
+    s.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps for every run")
     s.add_argument("--out", help="output folder (default: runs/sweep-<name>-<time>)")
     _add_set(s)
     s.add_argument("--evaluate-every", type=int, default=50, help="see train --evaluate-every")
@@ -255,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eta", default="", help="comma-separated eta values: run a sweep")
     c.add_argument("--objective", default="", help="comma-separated objectives: run a sweep")
     c.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
-    c.add_argument("--max-steps", type=int)
+    c.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps")
     _add_set(c)
     c.add_argument("--data-source", help="dataset name to train on (default: the config's data)")
     c.add_argument("--eval-source", help="dataset name for held-out accuracy")

@@ -46,3 +46,29 @@ def test_prefect_free_paths_do_not_import_prefect():
             "assert not [m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')], 'prefect imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_max_steps_below_one_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", CONFIG, "--max-steps", "-3"])
+    assert e.value.code == 2 and "--max-steps: must be at least 1, got -3" in capsys.readouterr().err
+
+
+def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does(tmp_path, capsys):
+    from areal_core.models import build_char_tokenizer
+    from areal_core.storage import CheckpointStore
+    from tests.test_rollout_server import tiny_qwen2
+
+    from areal_core.experiment import load_config
+    from flows.cli import _check_run_dir
+
+    cfg = load_config(CONFIG)
+    _check_run_dir(cfg, tmp_path / "fresh", resume=True)
+    assert "nothing to resume in" in capsys.readouterr().out
+    CheckpointStore.from_config(cfg.storage, str(tmp_path / "run")).publish(0, tiny_qwen2(1), build_char_tokenizer())
+    capsys.readouterr()  # (transformers' progress bar while saving)
+    assert main(["train", CONFIG, "--run-dir", str(tmp_path / "run"), "--no-prefect"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "latest v0" in err and "--resume" in err and "--run-dir" in err
+    _check_run_dir(cfg, tmp_path / "run", resume=True)
+    assert "resuming from checkpoint v0" in capsys.readouterr().out
