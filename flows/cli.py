@@ -159,8 +159,15 @@ def _eval_reference(args) -> int:
         print(f"{r['label']}: {r['n_correct']}/{r['n_with_reference']} references graded correct")
     n = sum(r["n_with_reference"] for r in reports)
     ok = sum(r["n_correct"] for r in reports)
-    print(json.dumps({"benches": [{k: v for k, v in r.items() if k != "failures"} for r in reports],
-                      "n": n, "correct": ok, "accuracy": ok / n}))
+    result = {"benches": [{k: v for k, v in r.items() if k != "failures"} for r in reports],
+              "n": n, "correct": ok, "accuracy": ok / n}
+    if args.out:
+        from areal_core.storage import write_json_atomic
+
+        write_json_atomic(str(Path(args.out) / "reference.json"), {**result, "failures": {
+            r["label"]: r["failures"] for r in reports}})
+        print(f"written: {Path(args.out) / 'reference.json'}")
+    print(json.dumps(result))
     return 0
 
 
@@ -174,7 +181,12 @@ def cmd_eval(args) -> int:
         return _eval_reference(args)
     if not args.model:
         raise UsageError("give a CHECKPOINT_OR_MODEL to evaluate (or --reference)")
-    from areal_core.eval.harness import evaluate_checkpoint
+    from areal_core.eval.harness import check_model_arg, evaluate_checkpoint
+
+    try:
+        check_model_arg(args.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
     out_dir = args.out or str(_stamped("eval"))
     summary = evaluate_checkpoint(

@@ -72,3 +72,28 @@ def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does
     assert err.startswith("error: ") and "latest v0" in err and "--resume" in err and "--run-dir" in err
     _check_run_dir(cfg, tmp_path / "run", resume=True)
     assert "resuming from checkpoint v0" in capsys.readouterr().out
+
+
+def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, capsys):
+    (tmp_path / "ckpts/v3").mkdir(parents=True)
+    (tmp_path / "ckpts/v12").mkdir()
+    (tmp_path / "empty").mkdir()
+    cases = [(tmp_path / "no/such", "no such file or folder"),
+             (tmp_path / "ckpts", f"is a checkpoints folder: give one of its versions, e.g. {tmp_path / 'ckpts/v12'}"),
+             (tmp_path / "empty", "neither a checkpoint version nor an HF model folder")]
+    for model, words in cases:
+        assert main(["eval", str(model), "--bench", "gsm8k", "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and words in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_eval_reference_with_out_writes_its_report(tmp_path, capsys):
+    import json
+
+    assert main(["eval", "--reference", "--bench", "synthetic", "--limit", "5", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    report = json.loads((tmp_path / "reference.json").read_text())
+    assert report["n"] == 5 and report["accuracy"] == json.loads(capsys.readouterr().out.strip().splitlines()[-1])[
+        "accuracy"]

@@ -37,6 +37,24 @@ def _cache_root() -> Path:
     return Path(os.environ.get("AREAL_FLOW_CACHE") or Path.home() / ".cache" / "areal-flow")
 
 
+def check_model_arg(model: str) -> None:
+    """A clear ValueError for a local ``model`` that cannot be what ``model_folder`` loads (URLs
+    are checked when read)."""
+    if model == SMOLLM2 or "://" in model:
+        return
+    p = Path(model)
+    what = "give a checkpoint version folder (RUN/checkpoints/vN), an HF model folder, or smollm2-135m"
+    if not p.exists():
+        raise ValueError(f"{model}: no such file or folder ({what})")
+    if (p / "config.json").is_file() or (p / "manifest.json").is_file():
+        return
+    versions = sorted(int(c.name[1:]) for c in p.iterdir() if re.fullmatch(r"v\d+", c.name) and c.is_dir())
+    if versions:
+        raise ValueError(f"{model} is a checkpoints folder: give one of its versions, e.g. {p / f'v{versions[-1]}'} "
+                         f"(the latest of {len(versions)})")
+    raise ValueError(f"{model} is neither a checkpoint version nor an HF model folder (no config.json; {what})")
+
+
 def model_folder(model: str) -> str:
     """A folder (or URL) the rollout server can load: ``smollm2-135m`` is exported once to an HF folder;
     a checkpoint version (``.../v<N>`` with a manifest) comes through its store, which rebuilds a
@@ -209,11 +227,12 @@ def evaluate_checkpoint(
         raise ValueError(f"samples must be >= 1, got {samples}")
     chosen = [get_benchmark(b) for b in benches]  # unknown names fail before anything starts
     problems = {b.name: load_benchmark(b.name, limit) for b in chosen}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_model_arg(model)
     t0 = time.perf_counter()
     folder = model_folder(model)
     tokenizer = load_tokenizer(folder)
+    out = Path(out_dir)  # made once the model loads: a failed start leaves no empty folder
+    out.mkdir(parents=True, exist_ok=True)
     summary: dict = {
         "model": model,
         "settings": {"samples": samples, "limit": limit, "temperature": temperature, "top_p": top_p,
