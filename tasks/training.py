@@ -2,7 +2,9 @@
 
 Progress: a Prefect progress artifact updated after every step, and a log line every
 ~5% of the run. Every published checkpoint emits ``areal.checkpoint.published``.
-Retries once; a retry resumes from the checkpoints already in object storage.
+Retries once, and only what a retry can fix (a lost server, storage or network trouble); a
+retry resumes from the checkpoints already in object storage. Bad input (config, records, a
+refused overwrite, a resume that does not match) fails at once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,22 @@ def _artifact_key(name: str, run_dir: str) -> str:
     return f"train-progress-{slug}"[:100]
 
 
-@task(name="train-run", retries=1, retry_delay_seconds=5)
+def worth_retrying(exc: BaseException | None) -> bool:
+    """False for errors that fail the same way every time: bad config or records (ValueError and
+    its kin), a refused overwrite, a resume state that does not match the config."""
+    from areal_core.rollout.weight_transport import TransportUnsupported
+    from areal_core.storage.checkpoints import VersionExistsError
+    from areal_core.storage.run_state import ResumeError
+
+    return not isinstance(exc, (ValueError, TypeError, KeyError, ImportError, VersionExistsError, ResumeError,
+                                TransportUnsupported))
+
+
+def _retry_condition(task, task_run, state) -> bool:
+    return worth_retrying(state.data if isinstance(state.data, BaseException) else None)
+
+
+@task(name="train-run", retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_condition)
 def train_run(config_path: str, run_dir: str, max_steps: int | None = None, overrides: dict | None = None,
               evaluate_every: int | None = 50, progress: bool = False, cache_dir: str | None = None,
               resume: bool = False) -> dict:
