@@ -53,6 +53,18 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _check_records(cfg) -> None:
+    """Records files are read (and every line checked) before anything starts."""
+    if cfg.data.dataset == "synthetic" and cfg.data.eval_dataset is None:
+        return
+    from areal_core.datasets import load_records
+
+    try:
+        load_records(cfg.data)
+    except ValueError as e:  # RecordError names the file, line and field
+        raise UsageError(str(e)) from None
+
+
 def _check_run_dir(cfg, run_dir: Path, resume: bool) -> None:
     """Before anything starts: a run folder that already holds checkpoints is continued only with
     --resume; --resume says what it will do."""
@@ -117,6 +129,7 @@ def cmd_train(args) -> int:
         follow(b.tensor_parallel_size)
         return 0
     run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
+    _check_records(cfg)
     _check_run_dir(cfg, run_dir, args.resume)
     if args.no_prefect:
         from areal_core.run import run_experiment

@@ -97,3 +97,18 @@ def test_eval_reference_with_out_writes_its_report(tmp_path, capsys):
     report = json.loads((tmp_path / "reference.json").read_text())
     assert report["n"] == 5 and report["accuracy"] == json.loads(capsys.readouterr().out.strip().splitlines()[-1])[
         "accuracy"]
+
+
+def test_a_bad_records_line_is_reported_before_the_run_starts(tmp_path, capsys):
+    import json
+
+    good = {"id": "a", "task": "chain", "prompt": "1+2=", "answer": "3"}
+    recs = tmp_path / "records.jsonl"
+    recs.write_text("\n".join(json.dumps(r) for r in (good, good, {"id": "b", "task": "chain"})) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(Path(CONFIG).read_text().replace(
+        "data:\n", f"data:\n  dataset: {recs}\n  eval_dataset: {recs}\n", 1))
+    assert main(["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-prefect"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "line 3" in err and "'prompt'" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
