@@ -65,8 +65,6 @@ class ExperimentConfig(Section):
                 f"at least 1 prompt token + rollout.sampling.max_new_tokens ({r.sampling.max_new_tokens}) = "
                 f"{r.sampling.max_new_tokens + 1} tokens"
             )
-        if r.backend == "external" and not r.urls:
-            raise ValueError("rollout.urls must list at least one server when rollout.backend is 'external'")
         if r.sampling.temperature == 0:
             raise ValueError("rollout.sampling.temperature must be > 0 for RL (behaviour logprobs need a proper distribution)")
         if t.optim.continue_warm_start and (self.model.name != "tiny" or self.model.warm_start.steps == 0):
@@ -82,24 +80,33 @@ class ExperimentConfig(Section):
         return self
 
 
-def _check_paths(cfg: ExperimentConfig, source: Path) -> None:
-    """Missing models or datasets fail here, before anything starts (named after ``source``)."""
+def _check_paths(data: dict, source: Path, lines: dict[tuple, int], overrides: dict[str, Any] | None) -> None:
+    """Missing models or datasets fail first, before any other check and before anything starts
+    (read from the raw config: the other checks would only distract from a wrong path)."""
     base = source.parent
-    m = cfg.model.name
-    if m not in BUILTIN_MODELS and "://" not in m:
+
+    def where(*key: str) -> str:
+        dotted = ".".join(key)
+        if overrides and dotted in overrides:
+            return f"--set {dotted}={_as_yaml(overrides[dotted])}"
+        return f"{source}:{lines[key]}" if key in lines else str(source)
+
+    model, dataset = data.get("model") or {}, data.get("data") or {}
+    m = model.get("name") if isinstance(model, dict) else None
+    if isinstance(m, str) and m not in BUILTIN_MODELS and "://" not in m:
         p = (base / m) if not os.path.isabs(m) else Path(m)
         if not (p / "config.json").is_file():
             raise ConfigError(
-                f"{source}: model.name: '{m}' is neither a built-in model {BUILTIN_MODELS} nor an HF model "
-                f"folder (no config.json at {p})"
+                f"{where('model', 'name')}: model.name: '{m}' is neither a built-in model {BUILTIN_MODELS} nor an "
+                f"HF model folder (no config.json at {p})"
             )
     for key in ("dataset", "eval_dataset"):
-        d = getattr(cfg.data, key)
-        if d is None or d == "synthetic" or "://" in d:
+        d = dataset.get(key) if isinstance(dataset, dict) else None
+        if not isinstance(d, str) or d == "synthetic" or "://" in d:
             continue
         p = (base / d) if not os.path.isabs(d) else Path(d)
         if not p.is_file():
-            raise ConfigError(f"{source}: data.{key}: dataset file '{d}' not found (looked at {p})")
+            raise ConfigError(f"{where('data', key)}: data.{key}: dataset file '{d}' not found (looked at {p})")
 
 
 def _key_lines(text: str) -> dict[tuple, int]:
@@ -208,9 +215,9 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if overrides:
         data = apply_overrides(data, overrides)
-    cfg = parse_config(data, str(path), text, overrides)
-    _check_paths(cfg, path)
-    return cfg
+    if isinstance(data, dict):
+        _check_paths(data, path, _key_lines(text), overrides)
+    return parse_config(data, str(path), text, overrides)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

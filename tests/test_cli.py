@@ -112,3 +112,11 @@ def test_a_bad_records_line_is_reported_before_the_run_starts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "line 3" in err and "'prompt'" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_dataset_file_is_the_first_error_named(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"  # length_alpha would also object to a non-synthetic dataset: the path comes first
+    cfg.write_text("model:\n  warm_start: {length_alpha: 3.0}\ndata:\n  dataset: missing.jsonl\n")
+    assert main(["train", str(cfg), "--no-prefect"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cfg}:4: data.dataset: dataset file 'missing.jsonl' not found"), err

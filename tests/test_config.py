@@ -126,12 +126,14 @@ def test_curriculum_settings_are_checked(tmp_path):
         load_config(_write(tmp_path, "data:\n  curriculum: {ema: 0.5}\n"))
 
 
-def test_missing_model_or_dataset_names_the_config_file(tmp_path):
-    p = _write(tmp_path, "name: x\n")
-    with pytest.raises(ConfigError, match=rf"^{p}: model.name: '' is neither"):
+def test_missing_model_or_dataset_names_where_it_was_set(tmp_path):
+    p = _write(tmp_path, "name: x\nmodel:\n  name: nowhere\n")
+    with pytest.raises(ConfigError, match=rf"^{p}:3: model.name: 'nowhere' is neither"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"^--set model.name='': model.name: '' is neither"):
         load_config(p, {"model.name": ""})
-    with pytest.raises(ConfigError, match=rf"^{p}: data.dataset: dataset file 'gone.jsonl' not found"):
-        load_config(p, {"data.dataset": "gone.jsonl"})
+    with pytest.raises(ConfigError, match=r"^--set data.dataset=gone.jsonl: data.dataset: dataset file 'gone.jsonl'"):
+        load_config(p, {"model.name": "tiny", "data.dataset": "gone.jsonl"})
 
 
 def test_trainer_threads_default_split():
