@@ -69,9 +69,16 @@ def _check_run_dir(cfg, run_dir: Path, resume: bool) -> None:
     """Before anything starts: a run folder that already holds checkpoints is continued only with
     --resume; --resume says what it will do."""
     from areal_core.storage import CheckpointStore
+    from areal_core.storage.run_state import ResumeError, check_resumable
 
     where = cfg.storage.url or str(run_dir / "checkpoints")
-    latest = CheckpointStore.from_config(cfg.storage, str(run_dir)).latest()
+    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
+    latest = store.latest()
+    if latest is not None and resume:
+        try:
+            check_resumable(store, cfg.model_dump(mode="json"))
+        except ResumeError as e:
+            raise UsageError(f"cannot resume {where}: {e}") from None
     if latest is not None and not resume:
         raise UsageError(f"{where} already holds this run's checkpoints (latest v{latest}): add --resume to "
                          f"continue it, or give a new --run-dir")

@@ -70,8 +70,22 @@ def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does
     assert main(["train", CONFIG, "--run-dir", str(tmp_path / "run"), "--no-prefect"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "latest v0" in err and "--resume" in err and "--run-dir" in err
-    _check_run_dir(cfg, tmp_path / "run", resume=True)
-    assert "resuming from checkpoint v0" in capsys.readouterr().out
+    assert main(["train", CONFIG, "--run-dir", str(tmp_path / "run"), "--no-prefect", "--resume"]) == 2
+    assert "holds no run state" in capsys.readouterr().err  # a bare checkpoint cannot be resumed
+
+
+@pytest.mark.slow
+def test_resume_with_a_changed_config_is_refused_before_starting(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--resume", "--set", "trainer.eta=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot resume") and "trainer.eta" in err and "Traceback" not in err
+    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume",
+                 "--max-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from checkpoint v1" in out and "resumed from step 1" in out
 
 
 def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, capsys):

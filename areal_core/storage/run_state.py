@@ -81,8 +81,9 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS + REMOVED_KEYS)]
 
 
-def load_latest(store: CheckpointStore, config: dict) -> RunState | None:
-    """The state of the newest complete version, or None if the store has no version.
+def check_resumable(store: CheckpointStore, config: dict) -> tuple[int, dict] | None:
+    """(version, run state) of the newest complete version, or None if the store has none; reads
+    only the small JSON state, so a caller can check before anything starts.
 
     Raises ResumeError if that version has no run state (written by an older
     areal-flow, or by something else), or if ``config`` differs from the stopped
@@ -106,6 +107,15 @@ def load_latest(store: CheckpointStore, config: dict) -> RunState | None:
     if diff:
         raise ResumeError(f"the config differs from the stopped run's in {', '.join(diff[:10])}; "
                           f"a resumed run may change only {', '.join(MUTABLE_KEYS)}")
+    return version, state
+
+
+def load_latest(store: CheckpointStore, config: dict) -> RunState | None:
+    """The state of the newest complete version (see :func:`check_resumable`), or None."""
+    found = check_resumable(store, config)
+    if found is None:
+        return None
+    version, state = found
     trainer = torch.load(io.BytesIO(store.read_file(version, TRAINER)), weights_only=True)
     log.info("resuming from %s (step %d)", store.version_url(version), version)
     return RunState(version, state, trainer, store.read_file(version, METRICS), store.read_file(version, LEDGER))
