@@ -260,12 +260,22 @@ def _add_set(p: argparse.ArgumentParser) -> None:
                    help="override a config key, e.g. --set trainer.eta=0 (repeatable)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("areal-flow")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="areal-flow", description="Fully asynchronous RL for LLM reasoning.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="run one experiment from a YAML config (a Prefect flow)")
-    t.add_argument("config")
+    t.add_argument("config", help="the experiment's YAML config (e.g. configs/quickstart.yaml)")
     t.add_argument("--run-dir", help="output folder (default: runs/<name>-<time>)")
     t.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps")
     _add_set(t)
@@ -288,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--samples", type=int, default=1, help="answers per problem (k)")
     e.add_argument("--limit", type=int, help="only the first N problems")
     e.add_argument("--out", help="output folder (default: runs/eval-<time>)")
-    e.add_argument("--temperature", type=float, default=0.6)
-    e.add_argument("--top-p", type=float, default=0.95)
+    e.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
+    e.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
     e.add_argument("--max-new-tokens", type=int, help="default: 1024 for math and code, 64 for synthetic")
     e.add_argument("--scheduler", help="Dask scheduler address for grading (default: a local cluster)")
     e.add_argument("--reference", action="store_true",
@@ -298,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("sweep", help="a grid of training runs, then one comparison report (a Prefect flow)")
-    s.add_argument("config")
+    s.add_argument("config", help="the base YAML config every run of the grid starts from")
     s.add_argument("--eta", default="0,4", help="comma-separated max staleness values (default 0,4)")
     s.add_argument("--objective", default="decoupled,naive", help="comma-separated objectives")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -310,11 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sweep)
 
     c = sub.add_parser("campaign", help="provision, prepare data, train or sweep, evaluate, report (a Prefect flow)")
-    c.add_argument("config")
+    c.add_argument("config", help="the YAML config the campaign trains (or sweeps) with")
     c.add_argument("--out", help="output folder (default: runs/campaign-<name>-<time>)")
     c.add_argument("--eta", default="", help="comma-separated eta values: run a sweep")
     c.add_argument("--objective", default="", help="comma-separated objectives: run a sweep")
-    c.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
+    c.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="another config key to sweep over (repeatable)")
     c.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps")
     _add_set(c)
     c.add_argument("--data-source", help="dataset name to train on (default: the config's data)")
@@ -325,8 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_campaign)
 
     k = sub.add_parser("stack", help="the local Prefect server + worker with the deployments")
-    k.add_argument("action", choices=["up", "down", "status"])
-    k.add_argument("--port", type=int, help="server port for `up` (default: a free one)")
+    k.add_argument("action", choices=["up", "down", "status"],
+                   help="up: start the server, a worker and the deployments; down: stop them; status: show them")
+    k.add_argument("--port", type=int, help="server port for `up` (default 4200, or a free one if taken)")
     k.set_defaults(func=cmd_stack)
     return p
 

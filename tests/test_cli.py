@@ -134,3 +134,14 @@ def test_a_missing_dataset_file_is_the_first_error_named(tmp_path, capsys):
     assert main(["train", str(cfg), "--no-prefect"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {cfg}:4: data.dataset: dataset file 'missing.jsonl' not found"), err
+
+
+def test_every_argument_has_help_and_version_prints(capsys):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    missing = [f"{name} {a.dest}" for name, p in sub.choices.items() for a in p._actions
+               if a.dest != "help" and not a.help]
+    assert not missing, missing
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("areal-flow ")
