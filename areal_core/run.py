@@ -130,6 +130,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
 
 def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
                     cache_dir, on_step, on_checkpoint, resume) -> dict:
+    def phase(text: str) -> None:  # what the run is doing before (and after) its progress bar
+        if progress:
+            tqdm.write(f"[{cfg.name}] {text}")
+
     t_start = time.perf_counter()
     _quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +152,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     if cfg.model.name == "tiny":  # its char tokenizer: the prompts are checked before the warm start
         check_trajectory_budget(cfg, to_prompts(train_records, build_char_tokenizer()))
     model_info: dict = {}
+    phase(f"loading {cfg.model.name}" + (" and its supervised warm start (cached after the first run)"
+                                        if cfg.model.name == "tiny" and cfg.model.warm_start.steps else ""))
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
     if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
@@ -183,9 +189,11 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     # the servers compute as the trainer's model does
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir)
+    phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     with RewardService(cfg.reward) as rewards, \
             backend.launch(store.local_copy(version), version) as urls:
         if before is None:
+            phase(f"held-out accuracy before RL, on {len(eval_prompts)} problems")
             before = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
                                       temperature=cfg.eval.temperature,
                                       max_new_tokens=max_new)
@@ -274,6 +282,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                 controller.stop()
                 transport.close()
         rl_end = time.perf_counter()
+        phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
         after = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
                                      temperature=cfg.eval.temperature,
                                  max_new_tokens=max_new)

@@ -27,6 +27,7 @@ the scheduler held the trainer's GIL for a fifth of the time (docs/PERFORMANCE.m
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -59,6 +60,10 @@ class RewardService:
             self.client = Client(cfg.scheduler_address, timeout="30s")
         else:
             from distributed.deploy.subprocess import SubprocessCluster
+
+            # the scheduler and nanny processes read their log level from the environment
+            # (dask config `logging.distributed`): warnings and errors only, as here
+            os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
             self._cluster = SubprocessCluster(
                 host="127.0.0.1", n_workers=cfg.n_workers, threads_per_worker=cfg.threads_per_worker,
                 dashboard_address=None, silence_logs=logging.ERROR,
