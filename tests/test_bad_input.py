@@ -52,7 +52,8 @@ def test_config_overrides_valid_or_named_error(tmp_path_factory, overrides):
         load_config(path, overrides)
     except ConfigError as e:
         msg = str(e)
-        assert str(path) in msg or "override" in msg, msg
+        # blames the file or the --set that set the value
+        assert str(path) in msg or "override" in msg or any(f"--set {k}=" in msg for k in overrides), msg
         assert any(k.split(".")[-1] in msg or k.split(".")[0] in msg for k in overrides), (overrides, msg)
 
 
