@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 from areal_core.rollout.engine import RequestError, RolloutEngine
 from areal_core.rollout.engine_parts import prefill_groups
@@ -26,6 +26,8 @@ def tiny_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Modu
     common.update(overrides)
     if arch == "qwen2":
         cfg = Qwen2Config(tie_word_embeddings=False, **common)
+    elif arch == "mistral":
+        cfg = MistralConfig(tie_word_embeddings=False, sliding_window=None, **common)
     else:  # SmolLM2-style Llama with tied embeddings
         cfg = LlamaConfig(tie_word_embeddings=True, **common)
     torch.manual_seed(seed)

@@ -37,7 +37,7 @@ CONT = [[30, 31, 32, 33], [34, 35, 36, 37], [38, 39, 40, 41], [42, 43, 44, 45]]
 
 
 @pytest.mark.parametrize("arch,extra", [("qwen2", {}), ("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
-                                        ("llama", {"num_key_value_heads": 4})])
+                                        ("llama", {"num_key_value_heads": 4}), ("mistral", {})])
 def test_prefill_and_decode_match_hf(arch, extra):
     model = tiny_model(arch, seed=11, **extra)
     if extra.get("attention_bias"):

@@ -96,3 +96,30 @@ def test_response_start_outside_the_sequence_is_an_error():
     model = _models()[0]
     with pytest.raises(ValueError, match="sequence 1: response start 4"):
         response_logprobs(model, [[1, 2, 3], [1, 2, 3, 4]], [1, 4])
+
+
+def test_trainer_and_engine_forwards_agree_on_a_mistral_decoder():
+    """One decoder check and one rotary form: a model the packed forward trains (here Mistral,
+    with a non-default rope base) is one the engine serves, and both score a sequence as HF does."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from areal_core.rollout.kv_forward import KVForward
+
+    torch.manual_seed(1)
+    m = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         sliding_window=None, rope_theta=5000.0)).eval()
+    seq, start = [3, 9, 14, 2, 7, 7, 30, 41], 3
+    want = _reference(m, [seq], [start], 1.0)
+    with torch.no_grad():
+        trained = response_logprobs(m, [seq], [start]).double()
+        kv = KVForward(m, max_slots=1)
+        kv.ensure(1, len(seq))
+        logits = [kv.prefill([0], [seq[:start]])[0]]
+        lengths = torch.tensor([start])
+        for t in seq[start:-1]:
+            logits.append(kv.decode(torch.tensor([t]), lengths, int(lengths.max()) + 1)[0])
+            lengths += 1
+        served = torch.log_softmax(torch.stack(logits).double(), -1)[torch.arange(len(seq) - start), seq[start:]]
+    torch.testing.assert_close(trained, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(served, want, atol=1e-4, rtol=0)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from areal_core.models.decoder import apply_rope, rope_table
 from areal_core.rollout.model_io import (  # noqa: F401 - re-exported: the engine's imports
-    SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
     apply_weights,
     check_supported,
@@ -216,14 +216,7 @@ class KVForward:
             self._rope = self._rope_table(new_cap)
 
     def _rope_table(self, n: int) -> torch.Tensor:
-        """``[n, 2, head_dim]``: cos and sin of positions ``0..n-1`` from the model's rotary module,
-        the sin with its first half negated (``rotate_half(x) * sin == roll(x, hd/2) * signed sin``; see :meth:`_rotate`)."""
-        pos = torch.arange(n, device=self.device)[None]
-        cos, sin = self.rotary(torch.zeros(1, dtype=self.dtype, device=self.device), pos)
-        half = self.head_dim // 2
-        sin = sin[0].clone()
-        sin[:, :half].neg_()
-        return torch.stack((cos[0], sin), dim=1)
+        return rope_table(self.rotary, torch.arange(n, device=self.device), self.dtype)
 
     def move_rows(self, dst: list[int], src: list[int], length: int) -> None:
         """Copy rows ``src`` onto rows ``dst`` (the first ``length`` positions; the mask entirely)."""
@@ -238,11 +231,6 @@ class KVForward:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._final_norm(h)).float()
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """Rotary embedding in place: ``x = x * cos + rotate_half(x) * sin``."""
-        rolled = x.roll(self.head_dim // 2, -1)  # [x2, x1]; the signed sin makes it [-x2, x1]
-        x.mul_(cos).addcmul_(rolled, sin)
 
     # decode ------------------------------------------------------------------
     @torch.no_grad()
@@ -268,7 +256,7 @@ class KVForward:
         mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
         for f, cache in zip(self.fused, self.kv):
             y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
-            self._rotate(y[:, :, : g + 1], cos, sin)  # the queries and the key
+            apply_rope(y[:, :, : g + 1], cos, sin, inplace=True)  # the queries and the key
             cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
             rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
             q = y[:, :, :g].reshape(n * kv, g, hd)
@@ -347,7 +335,7 @@ class KVForward:
         chunk = max(1, self.attn_chunk_bytes // max(1, m * self.n_heads * L * 4))
         for f, cache in zip(self.fused, self.kv):
             y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(m, L, kv, g + 2, hd)
-            self._rotate(y[..., : g + 1, :], cos, sin)
+            apply_rope(y[..., : g + 1, :], cos, sin, inplace=True)
             cache.view(self.slots, kv, self.capacity, 2, hd)[row_t, :, :L] = y[..., g:, :].transpose(1, 2)
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
             kt = y[..., g, :].permute(0, 2, 3, 1)[:, :, None]  # [m, kv, 1, hd, L]

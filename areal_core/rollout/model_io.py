@@ -10,42 +10,10 @@ import os
 import torch
 from safetensors import safe_open
 
+from areal_core.models.decoder import UnsupportedModelError, check_decoder  # noqa: F401 - the engine's
 from areal_core.storage.localize import localize
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
-
-
-class UnsupportedModelError(ValueError):
-    """The model uses an architecture or feature the engine does not implement."""
-
-
-def check_supported(model: torch.nn.Module) -> None:
-    cfg = model.config
-    arch = getattr(cfg, "model_type", "?")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported by the rollout engine (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    layer_types = getattr(cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
-        raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported by the rollout engine")
-    inner = getattr(model, "model", None)
-    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if inner is None or not hasattr(inner, name):
-            raise UnsupportedModelError(f"{arch}: model.model.{name} is missing; not a supported decoder layout")
-    rope_type = getattr(inner.rotary_emb, "rope_type", "default")
-    if rope_type in DYNAMIC_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"{arch}: rope type {rope_type!r} rescales with the sequence length; the rollout engine needs a fixed "
-            f"table (supported: static types such as 'default', 'linear', 'llama3', 'yarn')"
-        )
-    for layer in inner.layers:
-        attn = layer.self_attn
-        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-            raise UnsupportedModelError(f"{arch}: q/k norms are not supported by the rollout engine")
-        if getattr(attn, "sliding_window", None):
-            raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported by the rollout engine")
+check_supported = check_decoder  # the engine serves exactly the decoders the trainer trains
 
 
 def eos_token_ids(model: torch.nn.Module) -> list[int]:

@@ -4,7 +4,7 @@ Sequences are concatenated into one stream of tokens: embeddings, projections,
 MLPs and the LM head run on exactly the real tokens (no padding), and so does
 attention: each sequence attends causally to itself only, one fused kernel call
 per sequence (``packed_attention``). Works with the Llama-family decoders of
-Hugging Face transformers (Llama, Qwen2, Mistral), reusing the model's own
+Hugging Face transformers (``models/decoder.py``), reusing the model's own
 modules and parameters, so gradients flow into it.
 
 Answers to the same prompt share it: a group's prompt enters the stream once,
@@ -23,27 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from areal_core.models.decoder import apply_rope, rope_table
 from areal_core.trainer.packed_attention import packed_causal_attention
-
-SUPPORTED = ("llama", "qwen2", "mistral")
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-def check_supported(model) -> None:
-    mt = getattr(model.config, "model_type", "?")
-    if mt not in SUPPORTED:
-        raise NotImplementedError(
-            f"the packed training forward supports {', '.join(SUPPORTED)} decoders, not model_type {mt!r}"
-        )
-    if getattr(model.config, "use_sliding_window", False):
-        raise NotImplementedError("sliding-window attention is not supported by the packed forward")
-    if getattr(model.config, "attention_dropout", 0.0):
-        raise NotImplementedError("attention dropout is not supported by the packed forward "
-                                  f"(model.config.attention_dropout = {model.config.attention_dropout})")
 
 
 @dataclass
@@ -118,8 +99,8 @@ def response_logprobs(
     scatter = None if lay.scatter is None else torch.tensor(lay.scatter, device=dev)
 
     h = inner.embed_tokens(ids)[None]  # [1, T, H]
-    cos, sin = inner.rotary_emb(h, pos[None])
-    cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, d]
+    rope = rope_table(inner.rotary_emb, pos, h.dtype)
+    cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, d]; sin signed (decoder.apply_rope)
     for layer in inner.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)[0]
@@ -127,8 +108,7 @@ def response_logprobs(
         q = attn.q_proj(x).view(T, -1, d)
         k = attn.k_proj(x).view(T, -1, d)
         v = attn.v_proj(x).view(T, -1, d)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if gather is not None:  # each answer's segment: its prompt's tokens, then its own
             q, k, v = q[gather], k[gather], v[gather]
         o = packed_causal_attention(q, k, v, lay.segments, attn.scaling)

@@ -25,7 +25,8 @@ import torch
 
 from areal_core.algo import allocate_shared_prompt_microbatches, split_fixed
 from areal_core.trainer.config import TrainerConfig
-from areal_core.trainer.packed_forward import check_supported, response_logprobs
+from areal_core.models.decoder import check_decoder
+from areal_core.trainer.packed_forward import response_logprobs
 from areal_core.trainer.step_parts import batch_stats, ppo_loss, prepare_batch, prox_path
 from areal_core.types import Trajectory
 
@@ -46,7 +47,7 @@ def lr_lambda(cfg: TrainerConfig, total_steps: int):
 
 class Trainer:
     def __init__(self, model, cfg: TrainerConfig, temperature: float, total_steps: int):
-        check_supported(model)
+        check_decoder(model, training=True)
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
