@@ -244,7 +244,7 @@ def test_malformed_response_names_the_field(standin):
 
 def test_standin_refuses_unknown_fields(standin):
     async def go(c: SGLangClient):
-        return await c._call("POST", "/generate", {"input_ids": [1], "rid": "x", "sampling_params": {"seed": 1}})
+        return await c._json("POST", "/generate", {"input_ids": [1], "rid": "x", "sampling_params": {"seed": 1}})
     with pytest.raises(RolloutServerError, match="unknown field") as e:
         run(go, standin.url)
     assert e.value.status == 400
@@ -350,7 +350,7 @@ def test_backend_starts_restarts_and_stops_servers(tmp_path):
     (pkg / "launch_server.py").write_text("from sglang_standin import main\n\nmain()\n")
     tests_dir = str(Path(__file__).parent)
     port = free_port()
-    cfg = SGLangConfig(num_servers=2, port=port, port_stride=1, startup_timeout_s=30,
+    cfg = SGLangConfig(num_servers=2, port=port, port_stride=1, startup_timeout_s=120,
                        env={"PYTHONPATH": f"{tmp_path}:{tests_dir}"})
     backend = SGLangBackend(cfg, log_dir=str(tmp_path))
     with backend.launch("/models/m", 3) as urls:

@@ -22,6 +22,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 import pydantic
@@ -99,41 +100,75 @@ def check_health_sync(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-class RolloutClient:
-    def __init__(self, base_url: str, timeout_s: float = 600.0):
-        self.url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None  # made in the event loop that uses it
+class HTTPClient:
+    """The HTTP plumbing every backend's client shares: one aiohttp session (made in the event
+    loop that uses it), connection failures retried with backoff, a non-2xx answer raised as
+    :class:`RolloutServerError` with the server's own message, and ``GET /health``."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = CONNECTION_RETRIES):
+        self.url = url.rstrip("/")
+        self.timeout_s, self.retries = timeout_s, retries
+        self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(self.timeout_s, 30.0)),
-                # close idle connections well before the server does (SERVER_KEEP_ALIVE_S), so a
-                # request is never sent on a socket the server is closing
+                # no cap on connections (one request per answer with some servers), and idle ones
+                # closed well before the server does (SERVER_KEEP_ALIVE_S), so a request is never
+                # sent on a socket the server is closing
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=20.0),
                 trust_env=False,
             )
         return self._session
 
-    async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None,
-                    retries: int = CONNECTION_RETRIES) -> bytes:
-        """One request; connection-level failures (reset, refused, dropped) are retried with backoff."""
-        content = None if body is None else body.model_dump_json()
+    async def _request(self, method: str, path: str, body: str | bytes | None = None) -> bytes:
+        """The answer's body; ``body`` is JSON text. Connection-level failures (reset, refused,
+        dropped) are retried; a timeout is not (the server may still be working on it)."""
         headers = None if body is None else {"content-type": "application/json"}
-        for attempt in range(retries + 1):
+        for attempt in range(self.retries + 1):
             try:
-                async with self._http().request(method, self.url + path, data=content, headers=headers) as resp:
-                    data = await resp.read()
+                async with self._http().request(method, self.url + path, data=body, headers=headers) as resp:
+                    data, status, reason = await resp.read(), resp.status, resp.reason
                 break
             except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 timed_out = isinstance(e, asyncio.TimeoutError)
-                if timed_out or attempt == retries:
+                if timed_out or attempt == self.retries:
                     raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}", timed_out) from e
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-        if not 200 <= resp.status < 300:
-            raise RolloutServerError(self.url, resp.status, _server_message(data, resp.reason or ""))
+        if not 200 <= status < 300:
+            raise RolloutServerError(self.url, status, f"{method} {path}: {_server_message(data, reason or '')}")
         return data
+
+    async def _json(self, method: str, path: str, body: dict | None = None) -> Any:
+        """The JSON answer (None for an empty body) to a request with JSON ``body``."""
+        data = await self._request(method, path, None if body is None else json.dumps(body))
+        if not data.strip():
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise RolloutServerError(self.url, 200, f"{method} {path}: answer is not JSON: "
+                                                    f"{data[:200].decode('utf-8', 'replace')!r}") from None
+
+    async def health(self) -> bool:
+        try:
+            async with self._http().get(self.url + HEALTH, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                return resp.status == 200
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class RolloutClient(HTTPClient):
+    """One embedded server (implements backend.RolloutClient)."""
+
+    async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None) -> bytes:
+        return await self._request(method, path, None if body is None else body.model_dump_json())
 
     async def _status(self, path: str, body: pydantic.BaseModel | None = None) -> StatusResponse:
         st = StatusResponse.model_validate_json(await self._call("POST", path, body or _EMPTY))
@@ -204,13 +239,6 @@ class RolloutClient:
         """Stop request ``rid`` on the server (its output so far is returned to whoever waits for it)."""
         await self._status(ABORT, AbortRequest(rid=rid))
 
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(self.url + HEALTH, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                return resp.status == 200
-        except (asyncio.TimeoutError, aiohttp.ClientError):
-            return False
-
     async def wait_healthy(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not await self.health():
@@ -237,11 +265,6 @@ class RolloutClient:
         """What each unfinished request has generated so far, by request id."""
         return {p.rid: Generation(list(p.output_ids), list(p.output_token_logprobs), list(p.output_token_versions),
                                   "abort") for p in (await self.requests()).requests}
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
 
 class _Empty(pydantic.BaseModel):

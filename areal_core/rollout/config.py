@@ -6,6 +6,7 @@ from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
 from areal_core.rollout.backends.sglang import SGLangConfig
+from areal_core.rollout.backends.vllm import VLLMConfig
 
 _NEEDS_FULL = ("training needs the unfiltered distribution: the trainer recomputes logprobs over every "
                "token, and the kept set of a filter depends on the policy, so the importance weights "
@@ -79,13 +80,14 @@ class ExternalBackendConfig(Section):
 
 
 # one member per backend; the backend's own file defines its config (backends/<name>.py)
-RolloutBackendConfig = Annotated[EmbeddedBackendConfig | ExternalBackendConfig | SGLangConfig,
+RolloutBackendConfig = Annotated[EmbeddedBackendConfig | ExternalBackendConfig | SGLangConfig | VLLMConfig,
                                  Field(discriminator="kind")]
 
 
 class RolloutConfig(Section):
     # which servers generate: {kind: embedded} (the shorthand `backend: embedded` works too),
-    # {kind: external, urls: [...]}, {kind: sglang, ...} (backends/sglang.py)
+    # {kind: external, urls: [...]}, {kind: sglang, ...} (backends/sglang.py), {kind: vllm, ...}
+    # (backends/vllm.py)
     backend: RolloutBackendConfig = EmbeddedBackendConfig()
     n_servers: int = Field(1, gt=0)  # embedded servers to start
     max_running: int = Field(256, gt=0)  # sequences decoded together by one embedded server
@@ -93,7 +95,7 @@ class RolloutConfig(Section):
     # new weights), keep_kv (PipelineRL: continue on the old KV cache), drain (finish them first)
     weight_update: Literal["reprefill", "keep_kv", "drain"] = "reprefill"
     # how weights reach the servers; None: the fastest that works for the backend
-    # (embedded servers on this host: tensor; external servers: distributed)
+    # (embedded servers on this host: tensor; external and SGLang servers: distributed; vLLM: disk)
     weight_transport: WeightTransportConfig | None = None
     n_samples: int = Field(8, gt=0)  # answers per prompt
     sampling: SamplingConfig = SamplingConfig()
@@ -120,6 +122,9 @@ class RolloutConfig(Section):
             raise ValueError("rollout.weight_transport kind 'tensor' is not supported by rollout.backend kind "
                              "'sglang' (SGLang's tensor update passes CUDA IPC handles; use 'distributed' or "
                              "'disk')")
+        if b.kind == "vllm" and t is not None and t.kind != "disk":
+            raise ValueError(f"rollout.weight_transport kind {t.kind!r} is not supported by rollout.backend kind "
+                             "'vllm' (its servers reload from a folder: use 'disk')")
         return self
 
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
@@ -131,4 +136,5 @@ class RolloutConfig(Section):
         """The configured weight transport, or the default for the backend."""
         if self.weight_transport is not None:
             return self.weight_transport
-        return TensorTransportConfig() if self.backend.kind == "embedded" else DistributedTransportConfig()
+        default = {"embedded": TensorTransportConfig, "vllm": DiskTransportConfig}
+        return default.get(self.backend.kind, DistributedTransportConfig)()

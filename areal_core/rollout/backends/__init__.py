@@ -24,4 +24,9 @@ def make_backend(rollout, *, engine, log_dir: str | Path) -> RolloutBackend:
         from areal_core.rollout.backends.sglang import SGLangBackend
 
         return SGLangBackend(cfg, log_dir=str(log_dir), weight_update=rollout.weight_update)
+    if cfg.kind == "vllm":
+        from areal_core.rollout.backends.vllm import VLLMBackend
+
+        return VLLMBackend(cfg, weight_update=rollout.weight_update, seed=engine.seed, dtype=engine.dtype,
+                           log_dir=str(log_dir))
     raise ValueError(f"unknown rollout.backend.kind {cfg.kind!r}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -43,13 +42,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
 from pydantic import Field
 
 from areal_core.configbase import Section
 
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
-from areal_core.rollout.client import RolloutServerError, check_health_sync
+from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 
 if TYPE_CHECKING:  # launcher imports the rollout config, which imports SGLangConfig from here
     from areal_core.rollout.launcher import ServerProcess
@@ -139,7 +137,7 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     return Generation(output_ids=list(ids), logprobs=logprobs, versions=versions, finish_reason=finish)
 
 
-class SGLangClient:
+class SGLangClient(HTTPClient):
     """One SGLang server (implements areal_core.rollout.backend.RolloutClient)."""
 
     TRANSPORTS = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
@@ -148,43 +146,13 @@ class SGLangClient:
                  retries: int = 2):
         """``pause_mode``: what an update does to in-flight requests (None: SGLang lets them finish
         first, our ``drain``)."""
-        self.url = url.rstrip("/")
-        self.timeout_s, self.pause_mode, self.retries = timeout_s, pause_mode, retries
-        self._session: aiohttp.ClientSession | None = None
+        super().__init__(url, timeout_s, retries)
+        self.pause_mode = pause_mode
         self._in_flight = 0
         self._paused = False
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                                  trust_env=False)
-        return self._session
-
-    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
-        """JSON answer of one request (None for an empty body); connection failures retried."""
-        for attempt in range(self.retries + 1):
-            try:
-                async with self._http().request(method, self.url + path, json=body) as resp:
-                    data, status = await resp.read(), resp.status
-                break
-            except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-                timed_out = isinstance(e, asyncio.TimeoutError)
-                if timed_out or attempt == self.retries:
-                    raise RolloutServerError(self.url, None, f"{method} {self.url}{path}: {e!r}", timed_out) from e
-                await asyncio.sleep(0.1 * 2**attempt)
-        try:
-            parsed = json.loads(data) if data.strip() else None
-        except ValueError:
-            parsed = data.decode("utf-8", "replace")[:1000]
-        if not 200 <= status < 300:
-            msg = (parsed.get("message") or parsed.get("detail")) if isinstance(parsed, dict) else parsed
-            raise RolloutServerError(self.url, status, f"{method} {path}: {msg or parsed}")
-        if isinstance(parsed, str):
-            raise RolloutServerError(self.url, status, f"{method} {path}: answer is not JSON: {parsed[:200]!r}")
-        return parsed
-
     async def _ok(self, path: str, body: dict) -> dict:
-        ans = await self._call("POST", path, body)
+        ans = await self._json("POST", path, body)
         if not isinstance(ans, dict) or ans.get("success") is not True:
             raise RolloutServerError(self.url, 200, f"POST {path} failed: {ans!r}")
         return ans
@@ -194,7 +162,7 @@ class SGLangClient:
                 "return_logprob": True, "rid": rid}
         self._in_flight += 1
         try:
-            return parse_generate_response(await self._call("POST", "/generate", body), self.url)
+            return parse_generate_response(await self._json("POST", "/generate", body), self.url)
         finally:
             self._in_flight -= 1
 
@@ -208,7 +176,7 @@ class SGLangClient:
                 "rid": list(rids)}
         self._in_flight += n
         try:
-            ans = await self._call("POST", "/generate", body)
+            ans = await self._json("POST", "/generate", body)
         finally:
             self._in_flight -= n
         if not isinstance(ans, list) or len(ans) != n:
@@ -217,14 +185,14 @@ class SGLangClient:
         return [parse_generate_response(a, self.url) for a in ans]
 
     async def abort_request(self, rid: str) -> None:
-        await self._call("POST", "/abort_request", {"rid": rid})
+        await self._json("POST", "/abort_request", {"rid": rid})
 
     async def pause(self) -> None:
-        await self._call("POST", "/pause_generation", {"mode": self.pause_mode})
+        await self._json("POST", "/pause_generation", {"mode": self.pause_mode})
         self._paused = True
 
     async def resume(self) -> None:
-        await self._call("POST", "/continue_generation", {})
+        await self._json("POST", "/continue_generation", {})
         self._paused = False
 
     @contextlib.asynccontextmanager
@@ -274,29 +242,17 @@ class SGLangClient:
         """``running``: this client's requests awaiting an answer; SGLang's /model_info reports no
         load, so ``waiting`` is 0 and ``paused`` is what this client last asked for."""
         try:
-            ans = await self._call("GET", "/model_info")
+            ans = await self._json("GET", "/model_info")
         except RolloutServerError as e:
             if e.status != 404:
                 raise
-            ans = await self._call("GET", "/get_model_info")  # before /model_info existed
+            ans = await self._json("GET", "/get_model_info")  # before /model_info existed
         try:
             version = int(ans["weight_version"])
         except (KeyError, TypeError, ValueError) as e:
             raise RolloutServerError(self.url, 200, f"model_info.weight_version is not an integer label: "
                                                     f"{ans!r} (start servers with --weight-version <int>)") from e
         return ServerInfo(weight_version=version, running=self._in_flight, waiting=0, paused=self._paused)
-
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                return r.status == 200
-        except (asyncio.TimeoutError, aiohttp.ClientError):
-            return False
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
 
 def check_reachable(urls: Sequence[str], timeout_s: float) -> None:
