@@ -363,6 +363,12 @@ class RolloutController:
                 self._sampler.observe(tally[0], tally[1], tally[2])
 
     @property
+    def curriculum_mix(self) -> dict[str, float]:
+        """The probability of each bucket in the curriculum's next draw (empty without one)."""
+        with self._lock:
+            return self._sampler.mix()
+
+    @property
     def pass_rates(self) -> dict[str, float]:
         """The curriculum's running pass rate per bucket (empty without a curriculum)."""
         with self._lock:

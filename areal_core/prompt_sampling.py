@@ -1,6 +1,6 @@
 """Which prompt the rollout controller admits next.
 
-Two samplers with one interface (``next``, ``observe``, ``state``, ``estimates``):
+Two samplers with one interface (``next``, ``observe``, ``state``, ``estimates``, ``mix``):
 
 * :class:`PromptStream`: the data set in a fresh seeded permutation each epoch;
 * :class:`BucketCurriculum`: an adaptive mix. Prompts are grouped into buckets (a
@@ -87,6 +87,9 @@ class PromptStream:
     def estimates(self) -> dict[str, float]:
         return {}
 
+    def mix(self) -> dict[str, float]:
+        return {}  # no buckets: the data set as it comes
+
 
 class BucketCurriculum:
     """Draw a bucket by share * max(p(1-p), floor), then that bucket's next prompt."""
@@ -140,6 +143,17 @@ class BucketCurriculum:
     def estimates(self) -> dict[str, float]:
         """Running pass rate per bucket."""
         return dict(self.pass_rate)
+
+    def mix(self) -> dict[str, float]:
+        """The probability that the next draw comes from each bucket."""
+        w = self.weights()
+        return {b: x / sum(w) for b, x in zip(self.names, w)}
+
+
+def describe_mix(mix: dict[str, float], by: str, top: int = 3) -> str:
+    """The ``top`` most drawn buckets, e.g. ``k=6 31%, k=7 24%, k=5 18%``."""
+    best = sorted(mix.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{by}={b} {p:.0%}" for b, p in best)
 
 
 def _natural(name: str):

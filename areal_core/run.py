@@ -20,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import ControllerSettings, RolloutController
@@ -35,6 +37,7 @@ from areal_core.eval.heldout import evaluate_prompts
 from areal_core.device import resolve_device
 from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
+from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
 from areal_core.rollout.kv_forward import apply_weights, read_weights
@@ -126,6 +129,23 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     with contextlib.ExitStack() as stack:
         return _run_experiment(cfg, Path(run_dir), stack, max_steps=max_steps, progress=progress,
                                cache_dir=cache_dir, on_step=on_step, on_checkpoint=on_checkpoint, resume=resume)
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+
+
+@contextlib.contextmanager
+def logs_above_the_bar(enabled: bool):
+    """While a progress bar is shown, every logger that writes to the terminal (ours, Prefect's,
+    Dask's) writes through tqdm, on its own line above the bar, instead of gluing its lines to it."""
+    if not enabled:
+        yield
+        return
+    loggers = [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    with logging_redirect_tqdm([lg for lg in loggers if any(map(_writes_to_terminal, lg.handlers))], tqdm_class=tqdm):
+        yield
 
 
 def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
@@ -225,7 +245,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         rl_start = time.perf_counter()
         warm_t, warm_tokens, tokens_total = None, 0, 0
         bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {cfg.name}", unit="step", disable=not progress)
-        with checkpoints:
+        with checkpoints, logs_above_the_bar(progress):
             try:
                 controller.start()
                 syncing = None  # the push of the last version, running while the trainer works
@@ -246,10 +266,12 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     transport.stage(model, version)
                     syncing = controller.update_weights(version)  # servers get it while we go on
                     t2 = time.perf_counter()
+                    mix = controller.curriculum_mix
                     row = {
                         "step": step, "version": version, **stats, "wait_time_s": t_wait,
                         "generated_tokens": controller.generated_tokens - gen_before,
                         **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
+                        **{f"mix_{b}": p for b, p in mix.items()},
                     }
                     runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
                     t_ckpt_wait = 0.0
@@ -272,8 +294,12 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     if on_step:
                         on_step({**row, "total_steps": steps})
                     bar.update(1)
-                    bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats['accuracy']:.2f}",
-                                    stale=stats["staleness_max"], len=int(stats["answer_len_mean"]))
+                    # with a curriculum the batch's accuracy is on the prompts the curriculum drew
+                    # (it moves to harder ones as the policy improves): labelled so, with the mix
+                    acc = {"acc": f"{stats['accuracy']:.2f}"} if not mix else {
+                        "acc_on_mix": f"{stats['accuracy']:.2f}", "mix": describe_mix(mix, cfg.data.curriculum.by, 2)}
+                    bar.set_postfix(reward=f"{stats['reward']:.2f}", **acc, stale=stats["staleness_max"],
+                                    len=int(stats["answer_len_mean"]))
                 runlog.flush()
                 if syncing is not None:
                     syncing.result()  # the servers hold the final weights before the evaluation

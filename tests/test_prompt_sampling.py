@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_core.prompt_sampling import BucketCurriculum, PromptStream
+from areal_core.prompt_sampling import BucketCurriculum, PromptStream, describe_mix
 
 
 def _prompts(n: int) -> list[SimpleNamespace]:
@@ -64,9 +64,15 @@ def test_curriculum_moves_to_the_buckets_with_mixed_results():
     assert p["mixed"] == pytest.approx(0.5)
     # expected shares, computed independently: share * max(p(1-p), floor)
     w = {"easy": 0.5 * 0.02, "mixed": 0.25 * 0.25, "hard": 0.25 * 0.02}
+    assert cur.mix() == pytest.approx({b: x / sum(w.values()) for b, x in w.items()})  # what the console shows
     counts = Counter(cur.next()[1].id.split("-")[0] for _ in range(8000))
     for b in w:
         assert abs(counts[b] / 8000 - w[b] / sum(w.values())) < 0.02, (counts, w)
+    assert describe_mix(cur.mix(), "level", top=2).startswith("level=mixed 81%, level=")
+
+
+def test_mix_without_a_curriculum_is_empty():
+    assert PromptStream(_prompts(3), True, 0).mix() == {}
 
 
 def test_curriculum_running_pass_rate_is_an_exponential_average():
