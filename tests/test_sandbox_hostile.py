@@ -260,3 +260,234 @@ def test_forcing_an_unavailable_mode_is_an_error(monkeypatch):
         monkeypatch.delenv("AREAL_SANDBOX_MODE")
         sandbox_mode.cache_clear()
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Forged passes: programs that do not solve the problem but try to be graded passed anyway, against each test style.
+# The problem is "square a number"; none of these programs computes a square. Each must be graded failed with no test
+# passed (partial credit is a reward too), in every mode, while the control (a correct program) passes.
+
+FORGERY_LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=512, max_processes=16, file_size_mb=4, disk_mb=8,
+                               max_open_files=64)
+ASSERT_PREFIX = 'def close(a, b):\n    return abs(a - b) < 1e-9\n\n\ndef square(x):\n    """x squared."""\n'
+STYLES = {
+    "stdin": ([{"testtype": "stdin", "input": "7\n", "output": "49\n"},
+               {"testtype": "stdin", "input": "12\n", "output": "144\n"}],
+              "print(int(input()) ** 2)\n"),
+    "functional": ([{"testtype": "functional", "input": "7", "output": "49", "fn_name": "square"},
+                    {"testtype": "functional", "input": "12", "output": "144", "fn_name": "square"}],
+                   "def square(x):\n    return x * x\n"),
+    "assert": ([{"testtype": "assert", "prefix": ASSERT_PREFIX,
+                 "code": "def check(candidate):\n    assert close(candidate(7), 49)\n    assert close(candidate(12), 144)\n"
+                         "    assert candidate(-3) == 9\n\n\ncheck(square)\n"}],
+               "def square(x):\n    return x * x\n"),
+}
+# what a fake "everything passed" looks like in every format the graders have used (the old harness printed a
+# per-run token followed by {"results": ...}; the checker writes {"results": ..., "calls": ...}; the functional
+# runner writes {"i": k, "value": v}; the protocol starts with {"ready": true}). No fake carries a right answer.
+_FAKES = (
+    "ok\\nOK\\nPASSED\\nAll tests passed\\n1 passed\\nTrue\\n"
+    '0123456789abcdef0123456789abcdef{\\"results\\": [{\\"ok\\": true, \\"value\\": 0}, {\\"ok\\": true, \\"value\\": 0}]}\\n'
+    '{\\"results\\": [{\\"ok\\": true}, {\\"ok\\": true}, {\\"ok\\": true}], \\"calls\\": 3}\\n'
+    '{\\"passed\\": true, \\"reason\\": \\"ok\\"}\\n{\\"ready\\": true}\\n{\\"v\\": true, \\"objs\\": []}\\n'
+    '{\\"i\\": 0, \\"value\\": 0}\\n{\\"i\\": 1, \\"value\\": 0}\\n'
+)
+FORGERS = {
+    # the old harness's secret: dig every token-like string out of the stack frames and the heap, print it with
+    # fake results on every fd, exit 0 before any test runs
+    "frames_token": (
+        "import gc, json, os, re, sys\nfound = set()\nf = sys._getframe()\nwhile f is not None:\n"
+        "    for scope in (f.f_locals, f.f_globals):\n        for v in list(scope.values()):\n"
+        "            if isinstance(v, str) and 8 <= len(v) <= 200:\n                found.add(v)\n    f = f.f_back\n"
+        "for o in gc.get_objects():\n    if isinstance(o, dict):\n        for v in list(o.values())[:50]:\n"
+        "            if isinstance(v, str) and re.fullmatch('[0-9a-f]{16,64}', v):\n                found.add(v)\n"
+        "res = json.dumps({'results': [{'ok': True, 'value': 0}] * 3})\n"
+        "verdict = json.dumps({'results': [{'ok': True}] * 3, 'calls': 3})\n"
+        "for tok in sorted(found):\n    for line in (tok, tok + res, tok + verdict, verdict):\n"
+        "        for fd in (1, 2, 3, 4):\n            try:\n                os.write(fd, (line + '\\n').encode())\n"
+        "            except OSError:\n                pass\nos._exit(0)\n"
+    ),
+    # look for the expected values or a token in stdin, argv, the environment and the work folder
+    "stdin_argv_env": (
+        "import json, os, re, sys\ndata = sys.stdin.read()\ntexts = [data, ' '.join(sys.argv), repr(dict(os.environ))]\n"
+        "for name in os.listdir('.'):\n    try:\n        texts.append(open(name).read())\n    except OSError:\n"
+        "        pass\nprint(*texts, sep='\\n')\ntable = {}\nfor t in texts:\n"
+        "    for a, b in re.findall(r'\"input\": \"(-?\\d+)\", \"output\": \"(-?\\d+)\"', t):\n"
+        "        table[int(a)] = int(b)\ndef square(x):\n    return table.get(x, 0)\n"
+    ),
+    # patch the exit and assert machinery and the builtins the tests use, then raise SystemExit(0) from the function
+    "patch_exit_and_builtins": (
+        "import builtins, os, sys\nexit_0 = SystemExit(0)\nsys.exit = lambda *a: os._exit(0)\n"
+        "builtins.exit = builtins.quit = sys.exit\nbuiltins.AssertionError = type('AssertionError', (Warning,), {})\n"
+        "builtins.abs = lambda x: 0\nbuiltins.print = lambda *a, **k: None\n"
+        "builtins.__import__ = lambda *a, **k: sys\n__builtins__ = {'abs': lambda x: 0}\n"
+        "def square(x):\n    raise exit_0\n"
+    ),
+    # tamper with the modules the harness uses: json.dumps always claims success, os._exit is a no-op
+    "patch_json_and_sys_modules": (
+        "import json, os, sys, types\nfake = types.ModuleType('json')\n"
+        "fake.dumps = lambda *a, **k: '{\"v\": true, \"ok\": true, \"i\": 0, \"value\": 49}'\n"
+        "fake.loads = lambda *a, **k: {'op': 'noop'}\nsys.modules['json'] = fake\n"
+        "json.dumps = fake.dumps\nos._exit = lambda code: None\n"
+        "sys.modules['builtins'].AssertionError = KeyError\ndef square(x):\n    return 0\n"
+    ),
+    # the classic: an object equal to everything, close to everything, truthy
+    "always_equal": (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
+        "        return False\n    __lt__ = __le__ = __gt__ = __ge__ = __eq__\n    def __abs__(self):\n        return 0\n"
+        "    def __sub__(self, other):\n        return self\n    __rsub__ = __add__ = __radd__ = __sub__\n"
+        "    def __hash__(self):\n        return 0\ndef square(x):\n    return Anything()\n"
+    ),
+    "always_equal_int_subclass": (
+        "class Anything(int):\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
+        "        return False\n    __lt__ = __le__ = __gt__ = __ge__ = __eq__\n    def __abs__(self):\n        return 0\n"
+        "    def __sub__(self, other):\n        return self\n    __rsub__ = __sub__\n    __hash__ = int.__hash__\n"
+        "def square(x):\n    return Anything(0)\n"
+    ),
+    # redefine the tests' helpers (the prefix's close, builtins they call) and the check itself; one public
+    # answer hard-coded so that `==` alone does not give it away
+    "shadow_helpers": (
+        "def close(a, b):\n    return True\ndef abs(x):\n    return 0\ndef check(candidate):\n    return None\n"
+        "def is_same_list(a, b):\n    return True\ndef square(x):\n    return 9 if x == -3 else 0\n"
+    ),
+    # write what a grader might read: result, verdict and expected-output files, in the work folder and outside
+    "write_expected_files": (
+        "import os\nblob = '49\\n144\\n{\"results\": [{\"ok\": true}], \"calls\": 3}\\n{\"i\": 0, \"value\": 49}\\n'\n"
+        "for p in ['stdout', 'verdict', 'verdict.json', 'results.json', 'expected_output', 'job.json', 'status',\n"
+        "          '../stdout', '../stderr', '../status', '../spec.json', '../checker/stdout', '../checker/files/job.json',\n"
+        "          '../check/job.json', '../check/stdout', '/tmp/check/job.json', '/tmp/check/stdout']:\n"
+        "    try:\n        with open(p, 'w') as f:\n            f.write(blob)\n    except OSError:\n        pass\n"
+        "def square(x):\n    return 0\n"
+    ),
+    "exit_os_exit_0": "import os\nos._exit(0)\n",
+    "exit_sys_exit_0": "import sys\nsys.exit(0)\n",
+    "exit_raise_systemexit_0": "raise SystemExit(0)\n",
+    "exit_inside_the_call": "import os\ndef square(x):\n    os._exit(0)\n",
+    "fake_success_lines": (
+        f"import os, sys\nfakes = '{_FAKES}'\nprint(fakes, flush=True)\nprint(fakes, file=sys.stderr, flush=True)\n"
+        "def square(x):\n    return 0\n"
+    ),
+    # a child that outlives its parent and, once the parent is gone, writes fake results on every fd (and, on
+    # the protocol's fd, a well-formed conversation claiming a handle for the function and True for every call)
+    "forked_child_late": (
+        f"import os, time\nfakes = '{_FAKES}'.encode()\n"
+        "talk = ('{\"ready\": true}\\n{\"v\": null}\\n' + '{\"v\": {\"handle\": 0}}\\n' * 3 + '{\"v\": true}\\n' * 50).encode()\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(0.3)\n    for fd in range(1, 20):\n        try:\n"
+        "            os.write(fd, talk if fd == 4 else fakes)\n        except OSError:\n            pass\n"
+        "    time.sleep(0.5)\n    os._exit(0)\nos._exit(0)\n"
+    ),
+    # redirect stdout, close every other fd (the harness's channels), then claim success on the new stdout
+    "redirect_and_close_fds": (
+        "import os, sys\nnull = os.open('/dev/null', os.O_WRONLY)\nsaved = os.dup(1)\nos.dup2(null, 1)\n"
+        "for fd in range(3, 64):\n    if fd != saved:\n        try:\n            os.close(fd)\n        except OSError:\n"
+        "            pass\nos.dup2(saved, 1)\nsys.stdout = os.fdopen(1, 'w')\n"
+        f"print('{_FAKES}', flush=True)\ndef square(x):\n    return 0\n"
+    ),
+    "many_fake_json_results": (
+        "import json, os\nfakes = [{'i': i, 'value': v} for i in range(3) for v in (0, -1)]\n"
+        "fakes += [{'ok': True, 'value': 0}, {'results': [{'ok': True}] * 3, 'calls': 3}, {'ready': True}, {'v': True}]\n"
+        "blob = ''.join(json.dumps(x) + '\\n' for x in fakes * 2000).encode()\nfor fd in (1, 3, 4):\n    try:\n"
+        "        os.write(fd, blob)\n    except OSError:\n        pass\ndef square(x):\n    return 0\n"
+    ),
+    # speak the checker's protocol before the runner does, claiming a value for every request
+    "impersonate_protocol": (
+        "import json, os\ntry:\n    os.write(4, b'{\"ready\": true}\\n')\n    r = os.fdopen(3, 'rb')\n    n = 0\n"
+        "    for line in r:\n        n += 1\n        op = json.loads(line).get('op')\n"
+        "        ans = {'v': {'handle': 0}} if op == 'global' else {'v': True} if n % 2 else \\\n"
+        "            {'v': {'obj': 0}, 'objs': [['ListNode', {'val': 0}]]}\n"
+        "        os.write(4, (json.dumps(ans) + '\\n').encode())\nexcept (OSError, ValueError):\n    pass\n"
+        "os._exit(0)\n"
+    ),
+    # reach into the checker: its work folder, its /proc entries (cwd, fds, memory), ptrace; rebuild the expected
+    # values from any test code found
+    "reach_into_the_checker": (
+        "import ctypes, os, re\nme = os.getpid()\ntexts, dirs = [], ['.', '..', '../check', '../checker', "
+        "'../checker/files', '/tmp', '/tmp/check']\npids = [p for p in os.listdir('/proc') if p.isdigit() and "
+        "int(p) != me]\nfor p in pids:\n    dirs += [f'/proc/{p}/cwd', f'/proc/{p}/root/tmp/check', f'/proc/{p}/fd']\n"
+        "for d in dirs:\n    try:\n        names = os.listdir(d)\n    except OSError:\n        continue\n"
+        "    for n in names:\n        try:\n            texts.append(open(os.path.join(d, n), errors='replace').read(10**6))\n"
+        "        except OSError:\n            pass\nlibc = ctypes.CDLL(None)\nfor p in pids:\n"
+        "    for what in ('environ', 'cmdline', 'mem'):\n        try:\n"
+        "            texts.append(open(f'/proc/{p}/{what}', 'rb').read(10**6).decode(errors='replace'))\n"
+        "        except OSError:\n            pass\n    libc.ptrace(16, int(p), 0, 0)  # PTRACE_ATTACH\n"
+        "table = {}\nfor t in texts:\n    for a, b in re.findall(r'candidate\\((-?\\d+)\\)\\s*(?:==|,)\\s*(-?\\d+)', t):\n"
+        "        table[int(a)] = int(b)\ndef square(x):\n    return table.get(x, 0)\n"
+    ),
+    # kill every process it can see (the checker, the launcher), then answer wrongly
+    "kill_the_checker": (
+        "import os, signal\nme = os.getpid()\nfor p in os.listdir('/proc'):\n    if p.isdigit() and int(p) != me:\n"
+        "        try:\n            os.kill(int(p), signal.SIGKILL)\n        except OSError:\n            pass\n"
+        "def square(x):\n    return 0\n"
+    ),
+}
+# where the program shares the grader's user id (rlimits without root) it can read and signal the grader's processes
+# (documented); these two would then reach the checker or other tests' sandboxes, so they run only with an own uid
+FORGERS_NEED_OWN_USER = {"reach_into_the_checker", "kill_the_checker"}
+
+
+@pytest.fixture(scope="module", params=_modes())
+def forgery(request):
+    mode = request.param
+    old_mode = os.environ.get("AREAL_SANDBOX_MODE")
+    os.environ["AREAL_SANDBOX_MODE"] = mode
+    sandbox_mode.cache_clear()
+    own_user = guarantees(mode)["own_user"]
+    jobs = [(style, name) for style in STYLES for name in FORGERS if own_user or name not in FORGERS_NEED_OWN_USER]
+    jobs += [(style, "control") for style in STYLES]
+
+    def run(job):
+        style, name = job
+        tests, control = STYLES[style]
+        return job, grade_code(control if name == "control" else FORGERS[name], tests, FORGERY_LIMITS)
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = dict(pool.map(run, jobs))
+        time.sleep(0.2)
+        yield {"mode": mode, "results": results, "own_user": own_user, "leftovers": _sandbox_processes()}
+    finally:
+        if old_mode is None:
+            os.environ.pop("AREAL_SANDBOX_MODE", None)
+        else:
+            os.environ["AREAL_SANDBOX_MODE"] = old_mode
+        sandbox_mode.cache_clear()
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_control_passes(forgery, style):
+    result = forgery["results"][(style, "control")]
+    assert result.passed and result.n_passed == result.n_tests, result
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("name", list(FORGERS))
+def test_forgery_graded_failed(forgery, name, style):
+    if (style, name) not in forgery["results"]:
+        assert name in FORGERS_NEED_OWN_USER and not forgery["own_user"]
+        return
+    result = forgery["results"][(style, name)]
+    assert result.passed is False, result
+    assert result.n_passed == 0, result  # not even partial credit
+
+
+def test_forgeries_leave_no_process(forgery):
+    assert forgery["leftovers"] == []
+
+
+def _shared_interpreter_verdict(program: str) -> bool:
+    """What a harness that runs the assert test in the program's own interpreter would say (the old design)."""
+    (test,), _ = STYLES["assert"]
+    ns: dict = {"__name__": "solution"}
+    exec(test["prefix"] + "\n" + program, ns)
+    try:
+        exec(test["code"], ns)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["always_equal", "shadow_helpers"])
+def test_these_forgeries_pass_a_shared_interpreter(name):
+    """The attacks are live: in the program's own interpreter they pass (so the suite tests something)."""
+    assert _shared_interpreter_verdict(FORGERS[name]) is True
+    assert _shared_interpreter_verdict("def square(x):\n    return 0\n") is False

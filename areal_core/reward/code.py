@@ -10,84 +10,52 @@ Test kinds (dicts, as stored in a record's ``tests``):
   the arguments; ``Solution().fn_name(*args)`` (or a top-level ``fn_name``)
   must return the JSON value ``output``.
 * ``{"testtype": "assert", "code": str}`` (HumanEval ``check(candidate)``,
-  LeetCode ``check(Solution().f)``): ``code`` runs after the program in the
-  same namespace and must not raise. Optional ``"prefix"``: text the program
-  is appended to when it does not contain it already (HumanEval's prompt:
-  signature, docstring and helper functions).
+  LeetCode ``check(Solution().f)``): ``code`` must run without raising. It
+  runs in a namespace of trusted text (the imports, LeetCode's helpers, the
+  prefix) where the names it takes from the program (the prefix's stubs, and
+  names it uses that nothing trusted defines) stand for the program's
+  objects. Optional ``"prefix"``: text the program is appended to when it
+  does not contain it already (HumanEval's prompt: signature, docstring and
+  helper functions); its helpers with a body are the trusted ones.
 
 Functional and assert programs get :data:`PREAMBLE` (the imports LeetCode
-solutions take for granted). A run passes only if the harness prints a
-per-run secret token after the last test, so exiting early with status 0
-does not pass.
+solutions take for granted, and LeetCode's ``ListNode`` / ``TreeNode``).
+
+No part of the verdict is decided where the program runs:
+
+* stdin tests: the host compares the program's stdout with the expected output;
+* functional tests: the program's process gets only the arguments and reports
+  the return values as JSON lines; the host parses them strictly and compares
+  them with the expected values, which never enter the sandbox;
+* assert tests: the test code runs in a separate, trusted checker process
+  (:mod:`areal_core.reward.code_rpc`) with its own work folder and user id;
+  the program's functions are called over a pipe and only plain data comes
+  back, so the test code compares built-in values, and the verdict is the
+  checker's. Exiting early, printing anything, patching builtins or
+  ``sys.exit`` in the program's process, or writing files cannot pass.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import functools
 import json
 import math
+import os
 import re
-import secrets
+import symtable
 from dataclasses import dataclass, field
 
-from areal_core.reward.sandbox import SandboxLimits, run_python_file
+from areal_core.reward import code_rpc
+from areal_core.reward.sandbox import SandboxLimits, run_python_file, run_with_checker, sandbox_python
 
-PREAMBLE = (
-    "import sys, math, heapq, bisect, itertools, functools, collections, string, re, operator, random\n"
-    "from typing import *\n"
-    "from collections import *\n"
-    "from heapq import *\n"
-    "from bisect import *\n"
-    "from itertools import *\n"
-    "from functools import *\n"
-    "from math import *\n"
-    "from string import *\n"
-    "sys.setrecursionlimit(100000)\n"
-)
+PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_CLASSES + "\n"
 TEST_TYPES = ("stdin", "functional", "assert")
 DEFAULT_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-
-# The harness: runs inside the sandbox. It reads the secret token and the cases
-# from stdin before any untrusted code runs, then prints the token followed by
-# the JSON results as its last line.
-_HARNESS = '''
-import json, sys
-def _run():
-    token = sys.stdin.readline().strip()
-    job = json.loads(sys.stdin.readline())
-    ns = {"__name__": "solution", "__builtins__": __builtins__}
-    src = open("solution.py").read()
-    results = []
-    try:
-        exec(compile(src, "solution.py", "exec"), ns)
-    except BaseException as e:
-        print(token + json.dumps({"error": "program failed to load: " + repr(e)[:300]}), flush=True)
-        return
-    if job["kind"] == "assert":
-        for i, code in enumerate(job["cases"]):
-            try:
-                exec(compile(code, "test_%d.py" % i, "exec"), ns)
-            except BaseException as e:
-                results.append({"ok": False, "error": repr(e)[:300]})
-                break
-            results.append({"ok": True})
-    else:
-        name = job["fn_name"]
-        target = getattr(ns["Solution"](), name) if "Solution" in ns else ns.get(name)
-        if target is None:
-            print(token + json.dumps({"error": "no function %r defined" % name}), flush=True)
-            return
-        for case in job["cases"]:
-            try:
-                args = [json.loads(line) for line in case.split("\\n") if line.strip()]
-                value = target(*args)
-                results.append({"ok": True, "value": json.loads(json.dumps(value))})
-            except BaseException as e:
-                results.append({"ok": False, "error": repr(e)[:300]})
-                break
-    print(token + json.dumps({"results": results}), flush=True)
-_run()
-'''
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_rpc.py")) as _f:
+    _RPC_SOURCE = _f.read()
 
 
 @dataclass
@@ -157,6 +125,14 @@ def _check_tests(tests: list[dict]) -> str:
         missing = [k for k in need if not isinstance(t.get(k), str)]
         if missing:
             raise ValueError(f"test {i} ({kind}): missing or non-string field(s) {missing}")
+        if kind == "functional":
+            args = [ln for ln in t["input"].split("\n") if ln.strip()]
+            for name, texts in (("input", args), ("output", [t["output"]])):
+                for text in texts:
+                    try:
+                        json.loads(text)
+                    except ValueError:
+                        raise ValueError(f"test {i} (functional): field {name!r} is not JSON: {text[:100]!r}") from None
     return kind
 
 
@@ -174,36 +150,143 @@ def _grade_stdin(program: str, tests: list[dict], limits: SandboxLimits) -> Code
     return CodeResult(True, "ok", len(tests), len(tests), details)
 
 
-def _grade_in_harness(program: str, tests: list[dict], kind: str, limits: SandboxLimits) -> CodeResult:
-    token = secrets.token_hex(16)
-    if kind == "assert":
-        prefix = tests[0].get("prefix") or ""
-        if prefix and prefix.strip() not in program:
-            program = prefix + "\n" + program
-        job = {"kind": "assert", "cases": [t["code"] for t in tests]}
-    else:
-        job = {"kind": "functional", "fn_name": tests[0]["fn_name"], "cases": [t["input"] for t in tests]}
-    files = {"solution.py": PREAMBLE + program, "harness.py": _HARNESS}
-    run = run_python_file("harness.py", files, token + "\n" + json.dumps(job) + "\n", limits)
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(token)]
-    if not lines:
-        reason = run.reason() if not run.ok else "the harness did not finish (the program exited early)"
-        return CodeResult(False, reason, len(tests), 0)
-    report = json.loads(lines[-1][len(token):])
-    if "error" in report:
-        return CodeResult(False, report["error"], len(tests), 0)
+def _parse_results(stdout: str, n: int) -> tuple[list[dict], str | None]:
+    """The functional runner's result lines, validated: ``({"i": k, "value"|"error": ...} in order, why not)``.
+
+    Anything but one well-formed line per case, in order, stopping at the first
+    error, makes the whole stream void: the program's process writes these
+    lines, so they are claims to check, never a verdict.
+    """
+    out = []
+    for k, line in enumerate(stdout.splitlines()):
+        if k >= n:
+            return out, "more result lines than tests"
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            return out, f"malformed result line {k}"
+        if type(rec) is not dict:
+            return out, f"malformed result line {k}"
+        if k == 0 and set(rec) == {"error"} and isinstance(rec["error"], str):
+            return [rec], None  # the program failed before any case ran
+        ok_keys = set(rec) in ({"i", "value"}, {"i", "error"})
+        if not ok_keys or type(rec["i"]) is not int or rec["i"] != k or (out and "error" in out[-1]):
+            return out, f"malformed result line {k}"
+        if "error" in rec and not isinstance(rec["error"], str):
+            return out, f"malformed result line {k}"
+        out.append(rec)
+    return out, None
+
+
+def _grade_functional(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
+    job = {"fn_name": tests[0]["fn_name"], "cases": [t["input"] for t in tests]}
+    files = {"solution.py": PREAMBLE + program, "runner.py": _RPC_SOURCE}
+    run = run_python_file("runner.py", files, json.dumps(job), limits, args=("functional",))
+    results, bad = _parse_results(run.stdout, len(tests))
+    if bad:
+        return CodeResult(False, f"invalid results from the program's process: {bad}", len(tests), 0)
+    if results and set(results[0]) == {"error"}:
+        return CodeResult(False, results[0]["error"][:300], len(tests), 0)
     details, n_ok = [], 0
-    for i, (t, r) in enumerate(zip(tests, report["results"])):
-        if not r["ok"]:
-            details.append({"test": i, "ok": False, "reason": r["error"]})
-            return CodeResult(False, f"test {i}: {r['error']}", len(tests), n_ok, details)
-        if kind == "functional" and not _close(r["value"], json.loads(t["output"])):
+    for i, (t, r) in enumerate(zip(tests, results)):
+        if "error" in r:
+            details.append({"test": i, "ok": False, "reason": r["error"][:300]})
+            return CodeResult(False, f"test {i}: {r['error'][:300]}", len(tests), n_ok, details)
+        if not _close(r["value"], json.loads(t["output"])):
             details.append({"test": i, "ok": False, "reason": "wrong result", "got": str(r["value"])[:200]})
             return CodeResult(False, f"test {i}: wrong result", len(tests), n_ok, details)
         details.append({"test": i, "ok": True})
         n_ok += 1
     if n_ok < len(tests):
-        return CodeResult(False, "the harness stopped early", len(tests), n_ok, details)
+        reason = run.reason() if not run.ok else "the program's process stopped before the last test"
+        return CodeResult(False, reason, len(tests), n_ok, details)
+    return CodeResult(True, "ok", len(tests), n_ok, details)
+
+
+def _global_names(code: str) -> tuple[set[str], set[str]]:
+    """(names ``code`` looks up as globals in any scope, names it binds at module level)."""
+    top = symtable.symtable(code, "<test>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    refs, stack = set(), [top]
+    while stack:
+        table = stack.pop()
+        stack.extend(table.get_children())
+        for sym in table.get_symbols():
+            if sym.is_referenced() and (table is top or sym.is_global()):
+                refs.add(sym.get_name())
+    return refs, bound
+
+
+@functools.cache
+def _import_names() -> frozenset[str]:
+    """The names :data:`code_rpc.IMPORTS` defines (stdlib modules and their star exports)."""
+    ns: dict = {}
+    exec(code_rpc.IMPORTS, ns)
+    return frozenset(ns) - {"__builtins__"}
+
+
+def _is_stub_statement(b: ast.stmt) -> bool:
+    if isinstance(b, (ast.Pass, ast.Import, ast.ImportFrom)):
+        return True
+    return isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and (
+        isinstance(b.value.value, str) or b.value.value is Ellipsis)
+
+
+def _stub_names(prefix: str) -> list[str]:
+    """Top-level functions of the prefix with no body (only a docstring, imports, ``pass`` or ``...``): the
+    program's to write. The prefix's other functions are trusted helpers."""
+    return [node.name for node in ast.parse(prefix).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(map(_is_stub_statement, node.body))]
+
+
+def _grade_assert(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
+    prefix = tests[0].get("prefix") or ""
+    if prefix and prefix.strip() not in program:
+        program = prefix + "\n" + program
+    refs, bound = set(), set()
+    for i, t in enumerate(tests):
+        try:
+            r, b = _global_names(t["code"])
+        except SyntaxError as e:
+            raise ValueError(f"test {i} (assert): code does not parse: {e}") from None
+        refs |= r
+        bound |= b
+    try:
+        stubs = _stub_names(prefix)
+        prefix_refs, prefix_bound = _global_names(prefix)
+        classes = [n.name for n in ast.parse(prefix).body if isinstance(n, ast.ClassDef)]
+    except SyntaxError as e:
+        raise ValueError(f"test 0 (assert): prefix does not parse: {e}") from None
+    job = {"prefix": prefix, "cases": [t["code"] for t in tests], "stubs": stubs,
+           # globals the tests look up that they do not define: trusted names, or the program's (the checker sorts)
+           "loads": sorted(n for n in refs - bound if not hasattr(builtins, n)),
+           # the common imports cost ~6 ms of start-up: only when the tests or the prefix use one of their names
+           "imports": bool(((refs - bound) | (prefix_refs - prefix_bound)) & _import_names()),
+           "byvalue": sorted({*code_rpc.NODE_CLASS_NAMES, *classes}),
+           "max_message": limits.file_size_mb * 2**20}
+    run = run_with_checker([sandbox_python(), "-I", "runner.py", "candidate"],
+                           {"solution.py": PREAMBLE + program, "runner.py": _RPC_SOURCE},
+                           {"checker.py": _RPC_SOURCE, "job.json": json.dumps(job)}, "checker.py", ("checker",), limits)
+    chk = run.checker
+    lines = chk.stdout.splitlines()
+    if chk.timed_out or chk.exit_code != 0 or len(lines) != 1:
+        if chk.timed_out or chk.signal is not None:
+            reason = chk.reason()
+        else:
+            reason = "the checker failed: " + (chk.stderr.strip().splitlines()[-1:] or ["no verdict"])[0][:300]
+        return CodeResult(False, reason, len(tests), 0)
+    verdict = json.loads(lines[0])  # written by the trusted checker only
+    if "error" in verdict:
+        return CodeResult(False, verdict["error"], len(tests), 0)
+    details, n_ok = [], 0
+    for i, r in enumerate(verdict["results"]):
+        if not r["ok"]:
+            details.append({"test": i, "ok": False, "reason": r["error"]})
+            return CodeResult(False, f"test {i}: {r['error']}", len(tests), n_ok, details)
+        details.append({"test": i, "ok": True})
+        n_ok += 1
+    if n_ok < len(tests):
+        return CodeResult(False, "the checker stopped early", len(tests), n_ok, details)
     return CodeResult(True, "ok", len(tests), n_ok, details)
 
 
@@ -213,4 +296,6 @@ def grade_code(program: str, tests: list[dict], limits: SandboxLimits | None = N
     limits = limits or DEFAULT_LIMITS
     if kind == "stdin":
         return _grade_stdin(program, tests, limits)
-    return _grade_in_harness(program, tests, kind, limits)
+    if kind == "functional":
+        return _grade_functional(program, tests, limits)
+    return _grade_assert(program, tests, limits)

@@ -12,6 +12,12 @@ its own; every process killed when the run ends.
 environment, fresh work folder, its own session; a user id of its own only when
 we are root. No network or filesystem isolation. :data:`GUARANTEES` says
 exactly what each mode guarantees; docs/EVALUATION.md explains it.
+
+:func:`run_with_checker` runs a program beside a trusted checker process that
+talks to it over two pipes: the checker gets a work folder and (when we are
+root) a user id of its own, so the program can neither read the checker's
+files nor signal, trace or read the checker (``code.py`` uses it for assert
+tests, with ``code_rpc.py``).
 """
 
 from __future__ import annotations
@@ -112,6 +118,14 @@ class SandboxRun:
         return asdict(self)
 
 
+@dataclass
+class CheckedRun:
+    """A program run beside a checker (:func:`run_with_checker`); ``timed_out`` and ``wall_s`` are the run's."""
+
+    program: SandboxRun
+    checker: SandboxRun
+
+
 def _probe_namespaces() -> str | None:
     """None if the namespaces mode works here, else why not."""
     if not _is_root():
@@ -161,6 +175,46 @@ def run_sandboxed(
     ``argv[0]`` must be an absolute path (no PATH lookup). Output beyond
     ``limits.file_size_mb`` kills the command (SIGXFSZ).
     """
+    return _run(argv, files, stdin, limits, mode, None)[0]
+
+
+def run_with_checker(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    checker_files: dict[str, str | bytes],
+    checker_script: str,
+    checker_args: tuple[str, ...] = (),
+    limits: SandboxLimits | None = None,
+    mode: str | None = None,
+) -> CheckedRun:
+    """Run ``argv`` (untrusted, empty stdin) beside a trusted checker, both under ``limits``.
+
+    The checker is the Python script ``checker_script`` (one of
+    ``checker_files``), run with ``sys.argv = [checker_script, *checker_args]``
+    in a fork of the launcher (:func:`sandbox_python`, ``-I -S``) that first
+    drops into the sandbox. It reads the program's fd 4 on its fd 4 and writes
+    the program's fd 3 on its fd 3; its stdin is empty. Each has its own work
+    folder (the checker's is unreadable by the program where the sandbox has
+    its own user ids: ``guarantees(mode)["own_user"]``) and its own stdout and
+    stderr. The run ends when the checker exits (the program is then killed)
+    or at the wall-time limit.
+    """
+    if checker_script not in checker_files:
+        raise ValueError(f"checker script {checker_script!r} is not among the checker's files")
+    program, checker = _run(argv, files, "", limits, mode, (checker_script, tuple(checker_args), checker_files))
+    return CheckedRun(program, checker)
+
+
+def _write_files(folder: str, files: dict[str, str | bytes]) -> None:
+    os.makedirs(folder, mode=0o700)
+    for name, data in files.items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"sandbox file names must be plain names, got {name!r}")
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+
+
+def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, SandboxRun | None]:
     limits = limits or SandboxLimits()
     mode = mode or sandbox_mode()
     if mode not in MODES:
@@ -172,34 +226,48 @@ def run_sandboxed(
     folder = tempfile.mkdtemp(prefix="areal-sandbox-")
     try:
         os.chmod(folder, 0o711)  # the sandbox user may pass through to work/, read nothing else
-        os.makedirs(os.path.join(folder, "files"))
-        for name, data in files.items():
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"sandbox file names must be plain names, got {name!r}")
-            with open(os.path.join(folder, "files", name), "wb") as f:
-                f.write(data.encode() if isinstance(data, str) else data)
+        _write_files(os.path.join(folder, "files"), files)
         with open(os.path.join(folder, "stdin"), "wb") as f:
             f.write(stdin.encode())
         spec = {"mode": mode, "argv": argv, "env": scrubbed_env(marker), "uid": uid, "marker": marker,
-                "limits": asdict(limits)}
+                "limits": asdict(limits), "checker": None}
+        if checker is not None:
+            checker_uid = None
+            while _is_root() and checker_uid in (None, uid):
+                checker_uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
+            # 0700 (the launcher's user only) until the launcher copies them into the checker's own work folder
+            os.mkdir(os.path.join(folder, "checker"), 0o700)
+            _write_files(os.path.join(folder, "checker", "files"), checker[2])
+            spec["checker"] = {"script": checker[0], "args": list(checker[1]), "uid": checker_uid}
         with open(os.path.join(folder, "spec.json"), "w") as f:
             json.dump(spec, f)
-        cmd = [sys.executable, "-I", "-S", LAUNCHER, folder]
+        # a checker runs in the launcher's interpreter after dropping to its own user id: one that user can run
+        cmd = [sys.executable if checker is None else sandbox_python(), "-I", "-S", LAUNCHER, folder]
         if mode == "namespaces":
             cmd = ["unshare", *UNSHARE_FLAGS, *cmd]
         status = _launch(cmd, limits, marker)
-        return SandboxRun(
-            mode=mode,
-            exit_code=status["exit_code"],
-            signal=status["signal"],
-            timed_out=status["timed_out"],
-            wall_s=status["wall_s"],
-            stdout=_read_capped(os.path.join(folder, "stdout"), limits),
-            stderr=_read_capped(os.path.join(folder, "stderr"), limits),
-            leftovers_killed=status["leftovers_killed"],
-        )
+
+        def result(where: str, st: dict) -> SandboxRun:
+            return SandboxRun(
+                mode=mode,
+                exit_code=st["exit_code"],
+                signal=st["signal"],
+                timed_out=status["timed_out"],
+                wall_s=status["wall_s"],
+                stdout=_read_capped(os.path.join(where, "stdout"), limits),
+                stderr=_read_capped(os.path.join(where, "stderr"), limits),
+                leftovers_killed=status["leftovers_killed"],
+            )
+
+        program = result(folder, status)
+        if checker is None:
+            return program, None
+        return program, result(os.path.join(folder, "checker"), status.get("checker") or _KILLED)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_KILLED = {"exit_code": None, "signal": 9}
 
 
 def _launch(cmd: list[str], limits: SandboxLimits, marker: str) -> dict:
@@ -240,6 +308,9 @@ def _sweep_marker(marker: str) -> int:
 
 
 def _read_capped(path: str, limits: SandboxLimits) -> str:
+    """The file's text (capped); empty when the launcher was killed before it made the file."""
+    if not os.path.exists(path):
+        return ""
     with open(path, "rb") as f:
         return f.read(limits.file_size_mb * 1024 * 1024).decode(errors="replace")
 
@@ -252,8 +323,8 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None
 
 
 def run_python_file(main: str, files: dict[str, str], stdin: str = "", limits: SandboxLimits | None = None,
-                    mode: str | None = None) -> SandboxRun:
-    return run_sandboxed([sandbox_python(), "-I", main], files, stdin, limits, mode)
+                    mode: str | None = None, args: tuple[str, ...] = ()) -> SandboxRun:
+    return run_sandboxed([sandbox_python(), "-I", main, *args], files, stdin, limits, mode)
 
 
 def _usable_by_others(path: str) -> bool:

@@ -17,11 +17,25 @@ Either way the command runs in a child that gets its own session, a user id of
 its own when we are root, no new privileges, the resource limits, a scrubbed
 environment and the work folder as its current directory. The launcher kills
 it at the wall-time limit.
+
+With a ``checker`` in the spec (``DIR/checker/`` holds its files; it writes
+``DIR/checker/stdout`` and ``stderr``), a trusted Python script runs beside
+the command under the same limits, in a work folder of its own and, when we
+are root, under a second user id of its own, so the command can neither read
+its files nor signal, trace or read it. The checker is a fork of this
+launcher that drops into the sandbox (user id, limits, fds, work folder)
+and then runs the script in the already started interpreter: no second
+interpreter start-up, and, having changed user id without an exec, it is not
+even dumpable. Two pipes join them: the checker writes
+requests on its fd 3 that the command reads on its fd 3, and the command
+answers on its fd 4, read by the checker on its fd 4. The run ends when the
+checker ends (the command is then killed) or at the wall-time limit.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -68,40 +82,78 @@ def _tasks_of_uid(uid: int) -> int:
     return n
 
 
-def _exec_child(spec: dict, work: str, fds: tuple[int, int, int], nproc: int) -> None:
+def _enter(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
+    """In a forked child: drop into the sandbox, ``fds`` as fds 0, 1, 2, ..., every other fd closed."""
+    os.setsid()
+    # move every fd out of the way first, so that no target number clobbers a source
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
+    for i, fd in enumerate(high):
+        os.dup2(fd, i)  # inheritable
+    os.closerange(len(fds), 65536)
+    uid = spec["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    libc = _libc()
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _set_limits(spec["limits"], nproc)
+    os.chdir(work)
+
+
+def _exec_child(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
     """In the forked child: become the sandboxed command (never returns)."""
     try:
-        os.setsid()
-        for i, fd in enumerate(fds):
-            os.dup2(fd, i)
-        os.closerange(3, 65536)
-        uid = spec["uid"]
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        libc = _libc()
-        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _set_limits(spec["limits"], nproc)
-        os.chdir(work)
+        _enter(spec, work, fds, nproc)
         os.execve(spec["argv"][0], spec["argv"], spec["env"])
     except BaseException as e:  # noqa: BLE001 - report any setup failure on the command's stderr
         os.write(2, f"sandbox setup failed: {e!r}\n".encode())
     os._exit(126)
 
 
+def _run_checker(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
+    """In the forked child: drop into the sandbox as the checker, then run its Python script in this
+    interpreter (no second interpreter start-up; never returns). Nothing of the checker's runs before the
+    user id, the limits and the fds are those of the sandbox."""
+    code = 126
+    try:
+        _enter(spec, work, fds, nproc)
+        code = 1
+        script = spec["script"]
+        with open(script) as f:
+            source = f.read()
+        sys.argv = [script, *spec["args"]]
+        exec(compile(source, script, "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if e.code is not None and not isinstance(e.code, int):
+            os.write(2, f"{e.code}\n".encode())
+    except BaseException:  # noqa: BLE001 - reported on the checker's stderr; the run fails on its exit code
+        import traceback
+
+        os.write(2, traceback.format_exc().encode())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken by the script: nothing more to write
+            pass
+    os._exit(code)
+
+
 def _sweep(spec: dict) -> int:
     """Kill every process left behind (rlimits mode); the number killed."""
     killed, me = 0, os.getpid()
+    uids = {spec["uid"], (spec.get("checker") or {}).get("uid")} - {None}
     for _ in range(20):  # repeat: a forking process may spawn while we sweep
         found = 0
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == me:
                 continue
             try:
-                if spec["uid"] is not None:
-                    hit = os.stat(f"/proc/{pid}").st_uid == spec["uid"]
+                if uids:
+                    hit = os.stat(f"/proc/{pid}").st_uid in uids
                 else:
                     with open(f"/proc/{pid}/environ", "rb") as f:
                         hit = spec["marker"].encode() in f.read()
@@ -117,81 +169,118 @@ def _sweep(spec: dict) -> int:
     return killed
 
 
-def main(folder: str) -> int:
-    with open(os.path.join(folder, "spec.json")) as f:
-        spec = json.load(f)
-    lim, mode = spec["limits"], spec["mode"]
-    fds = (
-        os.open(os.path.join(folder, "stdin"), os.O_RDONLY),
+def _open_io(folder: str, stdin: str) -> tuple[int, int, int]:
+    return (
+        os.open(stdin, os.O_RDONLY),
         os.open(os.path.join(folder, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
         os.open(os.path.join(folder, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
     )
+
+
+def _read_files(src: str) -> dict[str, bytes]:
     files = {}
-    src = os.path.join(folder, "files")
     for name in os.listdir(src):
         with open(os.path.join(src, name), "rb") as f:
             files[name] = f.read()
+    return files
+
+
+def _make_work(work: str, files: dict[str, bytes], uid: int | None) -> None:
+    os.makedirs(work, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(work, name), "wb") as f:
+            f.write(data)
+    if uid is not None:
+        os.chown(work, uid, uid)
+        os.chmod(work, 0o700)
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL the child's session (a session leader cannot leave its group), and the child itself in case it has
+    not reached its ``setsid`` yet."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main(folder: str) -> int:
+    with open(os.path.join(folder, "spec.json")) as f:
+        spec = json.load(f)
+    lim, mode, chk = spec["limits"], spec["mode"], spec.get("checker")
+    fds = _open_io(folder, os.path.join(folder, "stdin"))
+    files = _read_files(os.path.join(folder, "files"))
+    if chk:
+        chk_folder = os.path.join(folder, "checker")
+        chk_fds = _open_io(chk_folder, os.devnull)
+        chk_files = _read_files(os.path.join(chk_folder, "files"))
     libc = _libc()
     if mode == "namespaces":
         _mount_tmpfs(libc, "/tmp", lim["disk_mb"], "1777")
         for d in ("/var/tmp", "/dev/shm"):
             if os.path.isdir(d):
                 _mount_tmpfs(libc, d, 1, "1777")
-        work = "/tmp/work"
+        work, chk_work = "/tmp/work", "/tmp/check"
     else:
-        work = os.path.join(folder, "work")
+        work, chk_work = os.path.join(folder, "work"), os.path.join(folder, "check")
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    os.makedirs(work, exist_ok=True)
-    for name, data in files.items():
-        with open(os.path.join(work, name), "wb") as f:
-            f.write(data)
+    _make_work(work, files, spec["uid"])
+    if chk:
+        _make_work(chk_work, chk_files, chk["uid"])
     if spec["uid"] is not None:
-        os.chown(work, spec["uid"], spec["uid"])
-        os.chmod(work, 0o700)
         nproc = lim["max_processes"]
     else:  # same user id as the host process: the limit counts the user's other tasks too
         nproc = _tasks_of_uid(os.getuid()) + lim["max_processes"]
 
     t0 = time.monotonic()
+    to_close = list(fds)
+    if chk:
+        req_r, req_w = os.pipe()  # checker -> command
+        resp_r, resp_w = os.pipe()  # command -> checker
+        fds = (*fds, req_r, resp_w)
+        to_close += [*chk_fds, req_r, req_w, resp_r, resp_w]
     child = os.fork()
     if child == 0:
         _exec_child(spec, work, fds, nproc)
-    for fd in fds:
+    checker = None
+    if chk:
+        checker = os.fork()
+        if checker == 0:
+            _run_checker({**spec, **chk}, chk_work, (*chk_fds, req_w, resp_r), nproc)
+    for fd in to_close:
         os.close(fd)
+    main_pid = checker if chk else child  # the run ends when this one ends
     deadline = t0 + lim["wall_s"]
-    status, timed_out = None, False
-    while status is None:
+    statuses, timed_out = {}, False
+    while main_pid not in statuses:
         # as PID 1 of a namespace we also reap orphans: wait for any child
         pid, st = os.waitpid(-1, os.WNOHANG)
-        if pid == child:
-            status = st
-            break
-        if pid == 0:
+        if pid in (child, checker):
+            statuses[pid] = st
+        elif pid == 0:
             if time.monotonic() > deadline:
                 timed_out = True
-                try:
-                    os.killpg(child, signal.SIGKILL)
-                except ProcessLookupError:
-                    os.kill(child, signal.SIGKILL)
-                _, status = os.waitpid(child, 0)
                 break
             time.sleep(0.005)
     wall = time.monotonic() - t0
-    try:
-        os.killpg(child, signal.SIGKILL)  # the command's session, if anything is left in it
-    except (ProcessLookupError, PermissionError):
-        pass
+    for pid in (child, checker):
+        if pid is not None and pid not in statuses:
+            _kill_session(pid)
+            _, statuses[pid] = os.waitpid(pid, 0)
+        if pid is not None:
+            _kill_session(pid)  # whatever is left in its session
     leftovers = _sweep(spec) if mode != "namespaces" else 0
-    out = {
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "timed_out": timed_out,
-        "wall_s": wall,
-        "leftovers_killed": leftovers,
-    }
+    out = {**_decode(statuses[child]), "timed_out": timed_out, "wall_s": wall, "leftovers_killed": leftovers,
+           "checker": _decode(statuses[checker]) if chk else None}
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0  # as PID 1 (namespaces mode), exiting kills whatever is left in the namespace
+
+
+def _decode(status: int) -> dict:
+    return {"exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
 
 
 if __name__ == "__main__":
