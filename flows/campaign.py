@@ -30,7 +30,8 @@ def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None =
     Data: ``data_source`` (a dataset name, read by areal_core.data.sources) becomes the
     training records and ``eval_source`` the held-out ones; with neither, a synthetic
     config's chain task is written out as records and trained from. The final checkpoint
-    of every run is evaluated on ``benches`` (default: synthetic); ``evaluate_every`` marks
+    of every run is evaluated on ``benches`` (default: the run's own held-out split and sampling,
+    bench ``heldout``); ``evaluate_every`` marks
     intermediate checkpoints for the event-triggered evaluate deployment.
     """
     from areal_core.experiment import load_config  # torch: imported when the flow runs, not when deployed
@@ -68,8 +69,8 @@ def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None =
         summary = read_json(os.path.join(run_dir, "summary.json"))
         version = summary["final_version"]
         ckpt = CheckpointStore(summary["checkpoints"]).version_url(version)
-        evaluations[run_dir] = evaluate.with_options(flow_run_name=f"evaluate-{os.path.basename(run_dir)}-v{version}")(
-            ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=eval_limit)
+        evaluations[run_dir] = evaluate(ckpt, benches, eval_dir_for_run(run_dir, version), version=version,
+                                        limit=eval_limit, run_dir=run_dir)
     report_path = report(run_dirs, out_dir, title=f"campaign {cfg.name}")
     return {"out_dir": out_dir, "run_dirs": run_dirs, "evaluations": evaluations, "report": report_path}
 

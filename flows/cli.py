@@ -65,6 +65,17 @@ def _check_records(cfg) -> None:
         raise UsageError(str(e)) from None
 
 
+def _check_backend(cfg) -> None:
+    """A rollout backend run from its own venv needs that venv (before anything starts)."""
+    if cfg.rollout.backend.kind == "vllm":
+        from areal_core.rollout.backends.vllm import venv_python
+
+        try:
+            venv_python(cfg.rollout.backend)
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+
+
 def _check_run_dir(cfg, run_dir: Path, resume: bool) -> None:
     """Before anything starts: a run folder that already holds checkpoints is continued only with
     --resume; --resume says what it will do."""
@@ -137,6 +148,7 @@ def cmd_train(args) -> int:
         return 0
     run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
     _check_records(cfg)
+    _check_backend(cfg)
     _check_run_dir(cfg, run_dir, args.resume)
     if args.no_prefect:
         from areal_core.run import run_experiment
@@ -193,26 +205,33 @@ def _eval_reference(args) -> int:
 
 def cmd_eval(args) -> int:
     from areal_core.eval.benchmarks import BENCHMARKS
+    from areal_core.eval.harness import HELDOUT
 
-    unknown = [b for b in args.bench if b not in BENCHMARKS]
+    unknown = [b for b in args.bench if b not in BENCHMARKS and b != HELDOUT]
     if unknown:
-        raise UsageError(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+        raise UsageError(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}, {HELDOUT}")
     if args.reference:
+        if HELDOUT in args.bench:
+            raise UsageError(f"--reference checks the shipped benchmarks' own solutions, not '{HELDOUT}'")
         return _eval_reference(args)
     if not args.model:
         raise UsageError("give a CHECKPOINT_OR_MODEL to evaluate (or --reference)")
-    from areal_core.eval.harness import check_model_arg, evaluate_checkpoint
+    from areal_core.eval.harness import check_model_arg, evaluate_checkpoint, run_folder_of
 
     try:
         check_model_arg(args.model)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    run_dir = args.run_dir or run_folder_of(args.model)
+    if HELDOUT in args.bench and not (run_dir and os.path.isfile(os.path.join(run_dir, "config.json"))):
+        raise UsageError(f"--bench {HELDOUT} evaluates on a training run's own held-out split: give a run's "
+                         f"checkpoint (RUN/checkpoints/vN) or --run-dir RUN (a folder with the run's config.json)")
 
     out_dir = args.out or str(_stamped("eval"))
     summary = evaluate_checkpoint(
         args.model, args.bench, out_dir=out_dir, samples=args.samples, limit=args.limit,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        scheduler_address=args.scheduler, progress=not args.no_progress,
+        scheduler_address=args.scheduler, progress=not args.no_progress, run_dir=run_dir,
     )
     _print_eval_summary(summary, out_dir)
     return 0
@@ -255,6 +274,13 @@ def cmd_stack(args) -> int:
     return stack.main([args.action] + (["--port", str(args.port)] if args.port else []))
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return _csv(text, int)
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated whole numbers, got {text!r}") from None
+
+
 def _add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set trainer.eta=0 (repeatable)")
@@ -294,13 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint version folder/URL, HF model folder, or smollm2-135m")
     e.add_argument("--bench", action="append", required=True, metavar="NAME",
                    help="benchmark (repeatable): aime24, aime25, math500, gsm8k, livecodebench (public tests "
-                        "only), humaneval, leetcode, synthetic")
+                        "only), humaneval, leetcode, synthetic, or heldout: the held-out problems of the run the "
+                        "checkpoint belongs to, sampled as that run measured them")
     e.add_argument("--samples", type=int, default=1, help="answers per problem (k)")
     e.add_argument("--limit", type=int, help="only the first N problems")
     e.add_argument("--out", help="output folder (default: runs/eval-<time>)")
-    e.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
-    e.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
-    e.add_argument("--max-new-tokens", type=int, help="default: 1024 for math and code, 64 for synthetic")
+    e.add_argument("--temperature", type=float,
+                   help="sampling temperature (default 0.6; heldout: the run's eval.temperature)")
+    e.add_argument("--top-p", type=float, help="nucleus sampling mass (default 0.95; heldout: 1.0)")
+    e.add_argument("--max-new-tokens", type=int,
+                   help="default: 1024 for math and code, 64 for synthetic; heldout: the run's")
+    e.add_argument("--run-dir", help="the training run the checkpoint belongs to, for --bench heldout (found by "
+                                     "itself for RUN/checkpoints/vN)")
     e.add_argument("--scheduler", help="Dask scheduler address for grading (default: a local cluster)")
     e.add_argument("--reference", action="store_true",
                    help="grade each problem's own reference solution; prints JSON with 'accuracy' last")
@@ -334,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eval-limit", type=int, help="at most this many problems per benchmark")
     c.add_argument("--s3-credentials-block", help="Prefect Secret block with AWS_* variables")
     c.set_defaults(func=cmd_campaign)
+
 
     k = sub.add_parser("stack", help="the local Prefect server + worker with the deployments")
     k.add_argument("action", choices=["up", "down", "status"],

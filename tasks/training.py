@@ -12,16 +12,49 @@ from __future__ import annotations
 import re
 
 from prefect import task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from tasks.events import emit_checkpoint_published
+from tasks.evaluation import evaluation_key, evaluation_name
+from tasks.events import emit_checkpoint_published, should_evaluate
 
 
-def _artifact_key(name: str, run_dir: str) -> str:
+def _artifact_key(name: str, run_dir: str, what: str = "progress") -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", f"{name}-{run_dir.rstrip('/').rsplit('/', 1)[-1]}".lower()).strip("-")
-    return f"train-progress-{slug}"[:100]
+    return f"train-{what}-{slug}"[:100]
+
+
+def result_markdown(s: dict, run_dir: str, evaluate_every: int | None, ui_url: str = "") -> str:
+    """The run's result (what `train` prints) and links to the evaluations its checkpoints triggered."""
+    from areal_core.storage import CheckpointStore
+
+    gain = s["accuracy_after"] - s["accuracy_before"]
+    rows = [
+        (f"held-out accuracy ({s['n_eval_problems']} problems)",
+         f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f} ({gain:+.3f})"),
+        ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
+        ("max staleness seen", str(s["max_staleness_observed"])),
+        ("effective training throughput", f"{s['effective_train_tokens_per_s']:.0f} tokens/s"),
+        ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
+        ("ledger", "every trajectory trained exactly once" if s["ledger_check"]["ok"] else str(s["ledger_check"])),
+        ("run folder", f"`{run_dir}`"),
+    ]
+    if s.get("resumed_from_step") is not None:
+        rows.append(("resumed from step", str(s["resumed_from_step"])))
+    out = [f"### {s['name']}: held-out accuracy {s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}", "",
+           "| | |", "|:---|:---|", *(f"| {k} | {v} |" for k, v in rows), "", "### Checkpoint evaluations", ""]
+    store = CheckpointStore(s["checkpoints"])
+    marked = [v for v in range(s["final_version"] + 1) if should_evaluate(v, s["final_version"], evaluate_every)]
+    for v in marked:
+        url = store.version_url(v)
+        out.append(f"- [{evaluation_name(url, run_dir)}]({ui_url}/artifacts/key/{evaluation_key(url, run_dir)}): "
+                   f"`{url}`")
+    if not marked:
+        out.append(f"none: evaluate_every = {evaluate_every} marks no checkpoint for the evaluate deployment")
+    else:
+        out += ["", "Each link opens once the evaluate deployment (`areal-flow stack up`) has scored that checkpoint."]
+    return "\n".join(out)
 
 
 def worth_retrying(exc: BaseException | None) -> bool:
@@ -44,6 +77,7 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
               evaluate_every: int | None = 50, progress: bool = False, cache_dir: str | None = None,
               resume: bool = False) -> dict:
     from areal_core.experiment import load_config  # torch and transformers: imported when a run starts
+    from areal_core.prompt_sampling import describe_mix
     from areal_core.run import run_experiment
 
     logger = get_run_logger()
@@ -59,8 +93,12 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
         step = row["step"]
         update_progress_artifact(artifact, 100.0 * step / row["total_steps"])
         if step % every == 0 or step == row["total_steps"]:
-            logger.info("step %d/%d reward %.3f accuracy %.3f staleness<=%d answer len %.1f tokens/s %.0f",
-                        step, row["total_steps"], row["reward"], row["accuracy"], row["staleness_max"],
+            mix = {k[len("mix_"):]: v for k, v in row.items() if k.startswith("mix_")}
+            acc = (f"accuracy {row['accuracy']:.3f}" if not mix else  # the curriculum draws harder prompts
+                   f"accuracy on the curriculum's prompts {row['accuracy']:.3f} "
+                   f"(next draws: {describe_mix(mix, cfg.data.curriculum.by)})")
+            logger.info("step %d/%d reward %.3f %s staleness<=%d answer len %.1f tokens/s %.0f",
+                        step, row["total_steps"], row["reward"], acc, row["staleness_max"],
                         row["answer_len_mean"], row["train_tokens_per_s"])
 
     def on_checkpoint(version: int, url: str) -> None:
@@ -74,4 +112,9 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
     logger.info("held-out accuracy %.3f -> %.3f, effective throughput %.0f tokens/s, wall %.0f s",
                 summary["accuracy_before"], summary["accuracy_after"],
                 summary["effective_train_tokens_per_s"], summary["wall_time_s"])
+    from prefect.settings import PREFECT_UI_URL
+
+    create_markdown_artifact(result_markdown(summary, str(run_dir), evaluate_every, (PREFECT_UI_URL.value() or "").rstrip("/")),
+                             key=_artifact_key(cfg.name, run_dir, "result"),
+                             description=f"result of training {cfg.name} -> {run_dir}")
     return summary

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -79,3 +80,34 @@ def test_unknown_benchmark_fails_before_starting_anything(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark"):
         evaluate_checkpoint("smollm2-135m", ["nope"], out_dir=str(tmp_path))
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path):
+    """Evaluating a run's final checkpoint without further settings scores the run's own held-out
+    problems with its own sampling: the number `train` printed, problem for problem."""
+    from areal_core.experiment import load_config
+    from areal_core.run import run_experiment
+
+    cfg = load_config(Path(__file__).parent / "data/campaign_tiny.yaml")
+    run = tmp_path / "run"
+    s = run_experiment(cfg, run, progress=False, cache_dir=str(tmp_path / "cache"))
+    ckpt = str(run / "checkpoints" / f"v{s['final_version']}")
+    summary = evaluate_checkpoint(ckpt, ["heldout"], out_dir=str(tmp_path / "eval"), progress=False)
+    got = summary["benchmarks"]["heldout"]
+    assert summary["run_dir"] == str(run)
+    assert got["n_problems"] == s["n_eval_problems"] == 8
+    assert (got["temperature"], got["top_p"], got["max_new_tokens"]) == (0.0, 1.0, 24)  # the run's, not 0.6/0.95/64
+    assert got["pass@1"] == pytest.approx(s["accuracy_after"])
+    # without a run to take them from, heldout fails before anything starts
+    with pytest.raises(ValueError, match="heldout.*training run"):
+        evaluate_checkpoint(str(tmp_path / "elsewhere"), ["heldout"], out_dir=str(tmp_path / "e2"))
+
+
+def test_evaluation_names_and_keys_are_per_run_and_version():
+    from tasks.evaluation import evaluation_key, evaluation_name
+
+    assert evaluation_name("/x/runs/eta1-decoupled/checkpoints/v3") == "evaluate-eta1-decoupled-v3"
+    assert evaluation_name("s3://b/store/v12", "/x/runs/quick_start") == "evaluate-quick_start-v12"
+    assert evaluation_key("s3://b/store/v12", "/x/runs/quick_start") == "evaluation-quick-start-v12"
+    assert evaluation_key("/a/r1/checkpoints/v2") != evaluation_key("/a/r2/checkpoints/v2")

@@ -63,9 +63,10 @@ def test_campaign_end_to_end(harness, tmp_path):
 
     # the final checkpoint was evaluated: per-problem parquet + summary
     ev = json.loads((run_dir / "evals/v2/summary.json").read_text())
-    assert ev["benchmarks"]["synthetic"]["n_problems"] == 8
-    assert len(pd.read_parquet(run_dir / "evals/v2/synthetic/results.parquet")) == 8
-    assert result["evaluations"][str(run_dir)]["benchmarks"]["synthetic"]["n_problems"] == 8
+    # by default on the run's own held-out split, with the run's sampling settings
+    assert ev["benchmarks"]["heldout"]["n_problems"] == 8 and ev["run_dir"] == str(run_dir)
+    assert len(pd.read_parquet(run_dir / "evals/v2/heldout/results.parquet")) == 8
+    assert result["evaluations"][str(run_dir)]["benchmarks"]["heldout"]["n_problems"] == 8
 
     # the report, with the run and its evaluation
     assert result["report"] == str(out / "report.md")
@@ -89,7 +90,10 @@ def test_campaign_end_to_end(harness, tmp_path):
     progress = [a for a in arts if a.type == "progress" and (a.key or "").startswith("train-progress-tiny")]
     assert progress and float(progress[0].data) == pytest.approx(100.0)
     keys = {a.key for a in arts}
-    assert {"evaluation", "report-runs", "report"} <= keys
+    # one evaluation artifact per run and version; the train run's result table
+    assert {"evaluation-tiny-v2", "report-runs", "report"} <= keys
+    result_md = [a for a in arts if (a.key or "").startswith("train-result-tiny")]
+    assert result_md and "held-out accuracy" in result_md[0].data and "/artifacts/key/evaluation-tiny-v2" in result_md[0].data
 
     # one checkpoint event per published version (v0, v1, v2), with URL and version, marked for evaluation
     deadline = time.monotonic() + 30
@@ -179,9 +183,35 @@ def test_train_task_retry_resumes(harness, tmp_path, monkeypatch):
         if len(calls) == 1:
             raise RuntimeError("rollout server died")
         kw["on_checkpoint"](1, f"{run_dir}/checkpoints/v1")
-        return {"accuracy_before": 0.1, "accuracy_after": 0.2, "effective_train_tokens_per_s": 1.0,
-                "wall_time_s": 1.0}
+        return {"name": "tiny", "accuracy_before": 0.1, "accuracy_after": 0.2, "n_eval_problems": 8,
+                "steps": 1, "eta": 1, "objective": "decoupled", "max_staleness_observed": 0,
+                "effective_train_tokens_per_s": 1.0, "rl_time_s": 1.0, "wall_time_s": 1.0,
+                "ledger_check": {"ok": True}, "resumed_from_step": 0, "final_version": 1,
+                "checkpoints": f"{run_dir}/checkpoints"}
 
     monkeypatch.setattr(areal_core.run, "run_experiment", fake_run_experiment)
     out = train(config_path=CONFIG, run_dir=str(tmp_path / "r"), max_steps=1)
     assert calls == [False, True] and out["accuracy_after"] == 0.2
+
+
+def _summary(run_dir, final_version=3):
+    return {"name": "tiny", "accuracy_before": 0.25, "accuracy_after": 0.5, "n_eval_problems": 40, "steps": 3,
+            "eta": 1, "objective": "decoupled", "max_staleness_observed": 1, "effective_train_tokens_per_s": 812.4,
+            "rl_time_s": 30.2, "wall_time_s": 41.0, "ledger_check": {"ok": True}, "resumed_from_step": None,
+            "final_version": final_version, "checkpoints": f"{run_dir}/checkpoints"}
+
+
+def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_path):
+    from tasks.training import result_markdown
+
+    run_dir = str(tmp_path / "runA")
+    md = result_markdown(_summary(run_dir), run_dir, evaluate_every=2, ui_url="http://127.0.0.1:4200")
+    assert "held-out accuracy 0.250 -> 0.500" in md and "(+0.250)" in md and "812 tokens/s" in md
+    assert "every trajectory trained exactly once" in md and "resumed" not in md
+    # evaluate_every=2 over 3 versions marks v2 and the final v3 (not v0, v1): one link each
+    links = [line for line in md.splitlines() if line.startswith("- [")]
+    assert links == [
+        f"- [evaluate-runA-v{v}](http://127.0.0.1:4200/artifacts/key/evaluation-runa-v{v}): `{run_dir}/checkpoints/v{v}`"
+        for v in (2, 3)]
+    none = result_markdown({**_summary(run_dir), "resumed_from_step": 2}, run_dir, evaluate_every=0)
+    assert "none: evaluate_every = 0" in none and "| resumed from step | 2 |" in none

@@ -73,7 +73,8 @@ def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
             deps = asyncio.run(_deployments())
             assert EXPECTED_DEPLOYMENTS <= set(deps)
             campaign = deps["campaign"][1]
-            assert campaign.schedules and not any(s.active for s in campaign.schedules)  # shipped paused
+            assert campaign.schedules and campaign.paused  # shipped paused: the UI shows it so
+            assert all(d.description for _, d in deps.values()), [n for n, (_, d) in deps.items() if not d.description]
             asyncio.run(_limit_evaluations(deps["evaluate"][1].id))
 
             run_id = asyncio.run(_start("sweep/sweep", {

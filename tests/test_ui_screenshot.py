@@ -6,9 +6,12 @@ without it this test FAILS with instructions (it never passes without taking the
 Set AREAL_SCREENSHOT_DIR to keep the PNG.
 """
 
+import asyncio
+import html
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -83,4 +86,83 @@ def test_flow_runs_page_screenshot(tmp_path):
         stack.down(log=print)
         if os.environ.get("AREAL_SCREENSHOT_DIR") and shot.exists():
             shutil.copy(shot, os.environ["AREAL_SCREENSHOT_DIR"])
+    assert stack.state() is None
+
+
+EXPECTED = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data"}
+
+
+async def _deployments():
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as c:
+        return {d.name: d for d in await c.read_deployments()}
+
+
+async def _artifact(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as c:
+        found = await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert len(found) == 1, f"{len(found)} artifacts with key {key}"
+    return found[0]
+
+
+def _page(exe: str, url: str, shot, must_show: list[str]) -> str:
+    """The page's rendered DOM once it shows every string in must_show, and its screenshot."""
+    for budget_ms in (5000, 10000, 20000):  # the single-page app renders asynchronously: retry
+        r = _chromium(exe, url, "--dump-dom", budget_ms=budget_ms)
+        assert r.returncode == 0, r.stderr[-2000:]
+        dom = html.unescape(r.stdout)
+        if all(s in dom for s in must_show):
+            break
+    missing = [s for s in must_show if s not in dom]
+    assert not missing, f"{url} does not show {missing}"
+    r = _chromium(exe, url, f"--screenshot={shot}", budget_ms=budget_ms)
+    assert r.returncode == 0, r.stderr[-2000:]
+    im = Image.open(shot).convert("L")
+    assert im.size == (1400, 900) and im.getextrema()[1] - im.getextrema()[0] > 100, f"{shot} is blank"
+    return dom
+
+
+@pytest.mark.slow
+def test_train_result_and_deployments_pages_screenshot(tmp_path):
+    """A train run's artifacts (the result table with links to the evaluations it marked) and the
+    Deployments page (every deployment described, the nightly campaign visibly paused)."""
+    exe = _browser()
+    stack = Stack(home=tmp_path / "stack", port=free_port())
+    shots = {name: tmp_path / f"{name}.png" for name in ("train_result", "deployments", "campaign", "evaluate")}
+    try:
+        state = stack.up(worker=False, log=print)  # deployed; the triggered evaluations just wait
+        run_dir = tmp_path / "uirun"
+        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+            from flows.train import train
+
+            summary = train(config_path=str(Path(__file__).parent / "data/campaign_tiny.yaml"),
+                            run_dir=str(run_dir), max_steps=1, evaluate_every=1, cache_dir=str(tmp_path / "cache"))
+            result = asyncio.run(_artifact("train-result-tiny-uirun"))
+        assert summary["final_version"] == 1
+        ui = state["ui_url"]
+        # the artifact's page (its key page lists every version of it, with links here)
+        dom = _page(exe, f"{ui}/artifacts/artifact/{result.id}", shots["train_result"],
+                    ["held-out accuracy", "every trajectory trained exactly once", "evaluate-uirun-v1"])
+        assert f"{ui}/artifacts/key/evaluation-uirun-v1" in dom  # the link to the evaluation it triggered
+
+        dom = _page(exe, f"{ui}/deployments", shots["deployments"], ["campaign", "evaluate", "At 02:00 AM every day"])
+        rows = dom.split('<tr class="p-table-row')[1:]
+        subdued = {name for name in EXPECTED for row in rows if f'title="{name}"' in row and "--subdued" in row}
+        assert subdued == {"campaign"}, subdued  # the paused one is drawn greyed out, the others not
+        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+            deployments = asyncio.run(_deployments())
+        assert set(deployments) == EXPECTED and deployments["campaign"].paused
+        for name, shot in (("campaign", "campaign"), ("evaluate", "evaluate")):  # a deployment's page: its description
+            _page(exe, f"{ui}/deployments/deployment/{deployments[name].id}?tab=Description", shots[shot],
+                  [deployments[name].description.split(".")[0][:60]])
+    finally:
+        stack.down(log=print)
+        if os.environ.get("AREAL_SCREENSHOT_DIR"):
+            for shot in shots.values():
+                if shot.exists():
+                    shutil.copy(shot, os.environ["AREAL_SCREENSHOT_DIR"])
     assert stack.state() is None

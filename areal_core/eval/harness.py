@@ -30,7 +30,33 @@ from areal_core.storage.fsutil import write_json_atomic
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = {"math": 1024, "code": 1024, "chain": 64}
+DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.6, 0.95  # the public benchmarks'
 SMOLLM2 = "smollm2-135m"
+HELDOUT = "heldout"  # a training run's own held-out split, sampled as the run measured it
+
+
+def run_folder_of(checkpoint: str) -> str | None:
+    """``RUN`` for a local ``RUN/checkpoints/vN`` with ``RUN/config.json``, else None."""
+    p = Path(checkpoint)
+    if "://" in checkpoint or p.parent.name != "checkpoints" or not (p.parent.parent / "config.json").is_file():
+        return None
+    return str(p.parent.parent)
+
+
+def run_heldout(run_dir: str) -> tuple[Benchmark, dict]:
+    """The held-out problems the run in ``run_dir`` measured itself on (``eval.n_problems`` of its
+    data's held-out split), and the sampling it used for them (greedy by default)."""
+    from areal_core.datasets import load_records
+    from areal_core.experiment import ExperimentConfig
+    from areal_core.storage.fsutil import read_json
+
+    cfg = ExperimentConfig.model_validate(read_json(os.path.join(run_dir, "config.json")))
+    records = load_records(cfg.data)[1][: cfg.eval.n_problems]
+    bench = Benchmark(HELDOUT, f"{cfg.name}'s held-out split ({len(records)} problems, the run's own settings)",
+                      records[0].task, lambda: records, None)
+    sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
+                "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens}
+    return bench, sampling
 
 
 def _cache_root() -> Path:
@@ -209,24 +235,37 @@ def evaluate_checkpoint(
     out_dir: str,
     samples: int = 1,
     limit: int | None = None,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    temperature: float | None = None,
+    top_p: float | None = None,
     max_new_tokens: int | None = None,
     scheduler_address: str | None = None,
     progress: bool = True,
+    run_dir: str | None = None,
 ) -> dict:
     """Evaluate ``model`` on ``benches``; writes ``out_dir/<bench>/results.parquet`` and ``out_dir/summary.json``.
 
     ``model``: a checkpoint version folder or URL (``CheckpointStore``), an HF
-    model folder, or ``smollm2-135m``. Returns the summary dict.
+    model folder, or ``smollm2-135m``. ``run_dir``: the training run the checkpoint belongs to
+    (found by itself for a local ``RUN/checkpoints/vN``), whose held-out split and sampling the
+    bench ``heldout`` uses. Sampling settings left None take each bench's own: the run's for
+    ``heldout``, temperature 0.6 and top-p 0.95 for the others. Returns the summary dict.
     """
     from areal_core.reward.service import RewardService
     from areal_core.rollout.launcher import start_server
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    chosen = [get_benchmark(b) for b in benches]  # unknown names fail before anything starts
-    problems = {b.name: load_benchmark(b.name, limit) for b in chosen}
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    run_dir = run_dir or run_folder_of(model)
+    own = {}
+    if HELDOUT in benches:
+        if run_dir is None:
+            raise ValueError(f"bench '{HELDOUT}' is a training run's own held-out split: evaluate a run's checkpoint "
+                             f"(RUN/checkpoints/vN, with RUN/config.json) or give the run's folder")
+        own[HELDOUT] = run_heldout(run_dir)
+    chosen = [own[b][0] if b in own else get_benchmark(b) for b in benches]  # unknown names fail before anything starts
+    problems = {b.name: b.load()[:limit] if b.name in own else load_benchmark(b.name, limit) for b in chosen}
     check_model_arg(model)
     t0 = time.perf_counter()
     folder = model_folder(model)
@@ -235,6 +274,7 @@ def evaluate_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {
         "model": model,
+        "run_dir": run_dir,
         "settings": {"samples": samples, "limit": limit, "temperature": temperature, "top_p": top_p,
                      "max_new_tokens": max_new_tokens},
         "benchmarks": {},
@@ -243,14 +283,17 @@ def evaluate_checkpoint(
             RewardService(RewardConfig(scheduler_address=scheduler_address)) as rewards:
         for bench in chosen:
             tb = time.perf_counter()
-            sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0,
-                        "max_new_tokens": max_new_tokens or DEFAULT_MAX_NEW_TOKENS[bench.task]}
+            sampling = own[bench.name][1] if bench.name in own else {
+                "temperature": DEFAULT_TEMPERATURE, "top_p": DEFAULT_TOP_P, "top_k": 0,
+                "max_new_tokens": DEFAULT_MAX_NEW_TOKENS[bench.task]}
+            given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+            sampling = {**sampling, **{k: v for k, v in given.items() if v is not None}}  # what the caller set
             df = _evaluate_bench(bench, problems[bench.name], [server.url], tokenizer, rewards, samples=samples,
                                  sampling=sampling, progress=progress)
             (out / bench.name).mkdir(exist_ok=True)
             write_parquet_atomic(df, out / bench.name / "results.parquet")
             summary["benchmarks"][bench.name] = {**_bench_summary(bench, df, samples),
-                                                 "max_new_tokens": sampling["max_new_tokens"],
+                                                 **{k: sampling[k] for k in ("temperature", "top_p", "max_new_tokens")},
                                                  "wall_s": time.perf_counter() - tb}
             write_json_atomic(str(out / "summary.json"), summary)  # after each bench: partial results survive
     summary["wall_s"] = time.perf_counter() - t0
