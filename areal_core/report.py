@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 import matplotlib
 
 matplotlib.use("Agg")
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from areal_core.storage.fsutil import filesystem, join, write_bytes_atomic, write_text_atomic  # noqa: E402
 
@@ -138,7 +141,13 @@ def _smooth(s: pd.Series, n: int) -> pd.Series:
     return s.rolling(max(1, n // 15), min_periods=1).mean()
 
 
-def plot_learning_curve(runs: list[RunData]) -> bytes:
+def _integer_ticks(*axes: Axes) -> None:
+    """Steps, versions and staleness are whole numbers: no 2.5 on their axes."""
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_learning_curve(runs: list[RunData]) -> Figure:
     fig = Figure(figsize=(10, 4))
     ax_r, ax_a = fig.subplots(1, 2)
     for r in runs:
@@ -146,22 +155,30 @@ def plot_learning_curve(runs: list[RunData]) -> bytes:
         ax_r.plot(m["step"], _smooth(m["reward"], len(m)), label=r.label)
         ax_a.plot(m["step"], _smooth(m["accuracy"], len(m)), label=r.label)
     ax_r.set(title="mean reward per batch (smoothed)", xlabel="step", ylabel="reward")
-    ax_a.set(title="batch accuracy (smoothed)", xlabel="step", ylabel="accuracy")
+    ax_a.set(title="batch accuracy (smoothed; on the prompts drawn)", xlabel="step", ylabel="accuracy")
     ax_r.legend(fontsize=8)
-    return _png(fig)
+    _integer_ticks(ax_r, ax_a)
+    return fig
 
 
-def plot_accuracy(runs: list[RunData]) -> bytes:
+def plot_accuracy(runs: list[RunData]) -> Figure:
+    """Held-out accuracy before -> after per run as arrows on an axis zoomed to the values (bars
+    from 0 would hide a change of 0.01), each labelled with its gain; checkpoint evaluations."""
     fig = Figure(figsize=(10, 4))
     ax_b, ax_e = fig.subplots(1, 2)
-    x = range(len(runs))
     before = [r.summary["accuracy_before"] for r in runs]
     after = [r.summary["accuracy_after"] for r in runs]
-    ax_b.bar([i - 0.2 for i in x], before, width=0.4, label="before RL")
-    ax_b.bar([i + 0.2 for i in x], after, width=0.4, label="after RL")
-    ax_b.set_xticks(list(x), [r.label for r in runs], rotation=20, fontsize=8)
-    ax_b.set(title="held-out accuracy", ylabel="accuracy", ylim=(0, 1.3 * max(before + after + [0.01])))
-    ax_b.legend(fontsize=8, ncol=2, loc="upper left")
+    for i, (b, a) in enumerate(zip(before, after)):
+        ax_b.annotate("", xy=(i, a), xytext=(i, b), arrowprops={"arrowstyle": "->", "lw": 1.5,
+                                                                "color": "tab:green" if a >= b else "tab:red"})
+        ax_b.plot([i], [b], "o", color="tab:gray")
+        ax_b.text(i + 0.08, a, f"{a - b:+.3f}", va="center", fontsize=8)
+    lo, hi = min(before + after), max(before + after)
+    pad = max(0.02, 0.15 * (hi - lo))
+    ax_b.set_xlim(-0.5, len(runs) - 0.5)
+    ax_b.set_xticks(list(range(len(runs))), [r.label for r in runs], rotation=20, fontsize=8)
+    ax_b.set(title="held-out accuracy before (dot) -> after RL (arrow tip)", ylabel="accuracy",
+             ylim=(max(0.0, lo - pad), min(1.0, hi + pad)))
     any_eval = False
     for r in runs:
         for bench, g in r.evals.groupby("bench"):
@@ -169,53 +186,82 @@ def plot_accuracy(runs: list[RunData]) -> bytes:
             ax_e.plot(g["version"], g["accuracy"], marker="o", label=f"{r.label} {bench}")
             any_eval = True
     ax_e.set(title="checkpoint evaluations", xlabel="checkpoint version", ylabel="accuracy")
+    _integer_ticks(ax_e)
     if any_eval:
         ax_e.legend(fontsize=8)
     else:
-        ax_e.text(0.5, 0.5, "no checkpoint evaluations", ha="center", va="center", transform=ax_e.transAxes)
-    return _png(fig)
+        ax_e.text(0.5, 0.5, "no checkpoint evaluations\n(see the report's text for why)", ha="center", va="center",
+                  transform=ax_e.transAxes)
+    return fig
 
 
-def plot_answer_lengths(runs: list[RunData]) -> bytes:
+def length_bins(lengths: pd.Series, max_bins: int = 30) -> np.ndarray:
+    """Bin edges on half-integers, each bin a whole number of tokens wide: integer lengths
+    binned at fractional edges give alternating empty and double bins (a spiky histogram)."""
+    lo, hi = int(lengths.min()), int(lengths.max())
+    width = max(1, -(-(hi - lo + 1) // max_bins))
+    return np.arange(lo, hi + width + 1, width) - 0.5
+
+
+def plot_answer_lengths(runs: list[RunData]) -> Figure:
     fig = Figure(figsize=(10, 4))
     ax_t, ax_h = fig.subplots(1, 2)
+    every = pd.concat([r.ledger["n_tokens"] for r in runs])
+    bins = length_bins(every) if len(every) else 10
     for r in runs:
         m = r.metrics
         line, = ax_t.plot(m["step"], _smooth(m["answer_len_mean"], len(m)), label=f"{r.label} mean")
         ax_t.plot(m["step"], _smooth(m["answer_len_p90"], len(m)), ls="--", color=line.get_color())
-        ax_h.hist(r.ledger["n_tokens"], bins=30, histtype="step", label=r.label)
+        ax_h.hist(r.ledger["n_tokens"], bins=bins, histtype="step", label=r.label)
     ax_t.set(title="trained answer length (solid: mean, dashed: p90)", xlabel="step", ylabel="tokens")
     ax_h.set(title="trained answer length distribution", xlabel="tokens", ylabel="trajectories")
     ax_t.legend(fontsize=8)
-    return _png(fig)
+    _integer_ticks(ax_t, ax_h)
+    return fig
 
 
-def plot_staleness(runs: list[RunData]) -> bytes:
+def staleness_fractions(r: RunData) -> pd.Series:
+    """Fraction of trained trajectories per staleness (trained-by version - oldest token version)."""
+    gap = (r.ledger["trained_by_version"] - r.ledger["min_token_version"]).astype(int)
+    return gap.value_counts(normalize=True).sort_index()
+
+
+def plot_staleness(runs: list[RunData]) -> Figure:
+    """Side-by-side bars centred on each whole staleness value, one colour per run."""
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     width = 0.8 / max(1, len(runs))
+    top = 0
     for k, r in enumerate(runs):
-        st = (r.ledger["trained_by_version"] - r.ledger["min_token_version"]).value_counts(normalize=True)
-        st = st.sort_index()
-        ax.bar(st.index + (k - (len(runs) - 1) / 2) * width, st.values, width=width, label=r.label)
+        st = staleness_fractions(r)
+        ax.bar(st.index.to_numpy() + (k - (len(runs) - 1) / 2) * width, st.values, width=width, label=r.label)
+        top = max(top, int(st.index.max()) if len(st) else 0)
+    ax.set_xticks(list(range(top + 1)))
     ax.set(title="staleness of trained trajectories (version gap of the oldest token)",
-           xlabel="trained-by version - oldest token version", ylabel="fraction of trajectories")
+           xlabel="trained-by version - oldest token version", ylabel="fraction of trajectories", ylim=(0, 1.05))
     ax.legend(fontsize=8)
-    return _png(fig)
+    return fig
 
 
-def plot_throughput(runs: list[RunData]) -> bytes:
+def plot_throughput(runs: list[RunData]) -> Figure:
     fig = Figure(figsize=(10, 4))
     ax_b, ax_t = fig.subplots(1, 2)
     ax_b.bar(range(len(runs)), [r.summary["effective_train_tokens_per_s"] for r in runs])
-    ax_b.set_xticks(list(range(len(runs))), [r.label for r in runs], rotation=20, fontsize=8)
-    ax_b.set(title="effective training throughput", ylabel="trained tokens / s")
+    ax_b.set_xticks(list(range(len(runs))), [f"{r.label}\n({_throughput_steps(r)} steps)" for r in runs],
+                    rotation=20, fontsize=8)
+    ax_b.set(title="effective training throughput (after warm-up)", ylabel="trained tokens / s")
     for r in runs:
         m = r.metrics
         ax_t.plot(m["step"], _smooth(m["train_tokens_per_s"], len(m)), label=r.label)
     ax_t.set(title="per-step throughput (smoothed)", xlabel="step", ylabel="trained tokens / s")
     ax_t.legend(fontsize=8)
-    return _png(fig)
+    _integer_ticks(ax_t)
+    return fig
+
+
+def _throughput_steps(r: RunData) -> int:
+    """The steps a run's effective throughput rests on (older summaries: all but 2 warm-up steps)."""
+    return int(r.summary.get("throughput_steps", max(1, r.summary["steps"] - 2)))
 
 
 _PLOTTERS = {"learning_curve": plot_learning_curve, "accuracy": plot_accuracy,
@@ -237,11 +283,33 @@ def _md_table(df: pd.DataFrame) -> str:
     return head + "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in df.itertuples(index=False))
 
 
+SHORT_THROUGHPUT = 5  # fewer measured steps than this: the throughput figure gets a caveat
+
+
+def _throughput_caveats(runs: list[RunData]) -> list[str]:
+    short = [(r.label, _throughput_steps(r)) for r in runs if _throughput_steps(r) < SHORT_THROUGHPUT]
+    if not short:
+        return []
+    which = ", ".join(f"`{label}` on {k} step{'s' if k != 1 else ''}" for label, k in short)
+    return [f"**Caveat:** effective throughput rests on few steps after warm-up ({which}): a rough figure "
+            "that one slow or fast step moves a lot; run more steps to compare throughput.", ""]
+
+
+def _no_evals_reason(runs: list[RunData]) -> str:
+    return ("None found under the runs' `evals/` folders. Checkpoints are evaluated by the `evaluate` "
+            "deployment, which runs only while a Prefect stack is up (`areal-flow stack up`) and only for "
+            "checkpoints the run marked (`evaluate_every`); or by hand: `areal-flow eval RUN/checkpoints/vN`.")
+
+
 def render_markdown(title: str, table: pd.DataFrame, evals: pd.DataFrame, runs: list[RunData]) -> str:
     lines = [f"# {title}", "",
              f"{len(runs)} run(s). `final_accuracy` is held-out accuracy after RL; "
              "`effective_train_tokens_per_s` counts generated tokens trained per second after warm-up.", "",
-             "## Runs", "", _md_table(table), "", "## Checkpoint evaluations", "", _md_table(evals), ""]
+             "## Runs", "", _md_table(table), "", *_throughput_caveats(runs),
+             "## Checkpoint evaluations", "", _md_table(evals) if not evals.empty else _no_evals_reason(runs), ""]
+    missing = sorted({r.label for r in runs} - set(evals["run"])) if not evals.empty else []
+    if missing:
+        lines += [f"No checkpoint evaluations for: {', '.join(f'`{m}`' for m in missing)}.", ""]
     titles = {"learning_curve": "Learning curve", "accuracy": "Accuracy", "answer_lengths": "Answer lengths",
               "staleness": "Staleness distribution", "throughput": "Effective throughput"}
     for name in PLOTS:
@@ -264,7 +332,7 @@ def write_report(run_urls: list[str], out_dir: str, title: str = "areal-flow rep
     plots = {}
     for name in PLOTS:
         url = join(out_dir, f"{name}.png")
-        write_bytes_atomic(url, _PLOTTERS[name](runs))
+        write_bytes_atomic(url, _png(_PLOTTERS[name](runs)))
         plots[name] = url
     csv_url, md_url = join(out_dir, "report.csv"), join(out_dir, "report.md")
     write_text_atomic(csv_url, table.to_csv(index=False))

@@ -315,10 +315,11 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
 
     # throughput of this process's steps (after its own warm-up), so a resumed run is not
     # credited with the time before the stop
-    if warm_t is not None and steps > first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
-        eff = (tokens_total - warm_tokens) / (rl_end - warm_t)
-    else:
-        eff = tokens_total / max(rl_end - rl_start, 1e-9)
+    warm_step = first_step - 1 + cfg.trainer.warmup_steps_for_throughput
+    if warm_t is not None and steps > warm_step:
+        eff, throughput_steps = (tokens_total - warm_tokens) / (rl_end - warm_t), steps - warm_step
+    else:  # too short to leave out a warm-up
+        eff, throughput_steps = tokens_total / max(rl_end - rl_start, 1e-9), steps - first_step + 1
     frame = runlog.ledger_frame()
     ledger = check_ledger(frame, steps, B)
     trained_lengths = frame["n_tokens"].astype(int).tolist()
@@ -339,6 +340,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         "microbatching": cfg.trainer.microbatching,
         "max_staleness_observed": max(r["staleness_max"] for r in m),
         "effective_train_tokens_per_s": eff,
+        "throughput_steps": throughput_steps,  # the steps that figure rests on
         "tokens_trained": int(sum(trained_lengths)),
         "resumed_from_step": saved.version if saved is not None else None,
         "warm_start": {k: model_info["warm_start"].get(k) for k in ("steps", "val_accuracy", "wall_s", "cached")}

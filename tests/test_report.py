@@ -164,3 +164,55 @@ def test_sweep_freezes_its_config(tmp_path):
     src.write_text("name: broken\ntrainer: {etaa: 1}\n")
     cfg = load_config(frozen, {"trainer.eta": 0})
     assert (cfg.name, cfg.trainer.max_steps, cfg.trainer.eta, cfg.trainer.batch_size) == ("tiny", 7, 0, 8)
+
+
+def test_report_plots_read_right(tmp_path):
+    """Whole-number axes, a zoomed accuracy axis, a histogram binned on whole tokens, staleness bars
+    centred on their values: the plots of a short sweep read right."""
+    from areal_core.report import (length_bins, load_run, plot_accuracy, plot_answer_lengths, plot_learning_curve,
+                                   plot_staleness, plot_throughput)
+
+    runs = [load_run(fake_run(tmp_path / f"r{i}", eta=2, objective="decoupled", steps=3, acc_after=0.404 + i / 200,
+                              seed=i)) for i in range(2)]
+    for plot in (plot_learning_curve, plot_answer_lengths, plot_throughput):
+        fig = plot(runs)
+        fig.canvas.draw()
+        step_axes = [ax for ax in fig.axes if ax.get_xlabel() == "step"]
+        assert step_axes
+        for ax in step_axes:
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks and all(float(t).is_integer() for t in ticks), (plot.__name__, ticks)
+
+    # held-out 0.400 -> 0.404 / 0.409: the axis is zoomed to the values, not drawn from 0
+    ax_b = plot_accuracy(runs).axes[0]
+    lo, hi = ax_b.get_ylim()
+    assert 0.3 < lo < 0.4 and 0.409 < hi < 0.5, (lo, hi)
+
+    # integer lengths: edges on half-integers, whole-token bins, every length inside
+    lengths = pd.Series([5, 6, 6, 7, 40, 93])
+    edges = length_bins(lengths)
+    assert all((e + 0.5).is_integer() for e in edges) and len(set(np.diff(edges))) == 1
+    assert len(edges) - 1 <= 30 and edges[0] < 5 and edges[-1] > 93
+    assert np.histogram(lengths, edges)[0].sum() == len(lengths)
+
+    # one run: bars centred exactly on the staleness values, ticks on whole numbers
+    ax = plot_staleness(runs[:1]).axes[0]
+    centres = sorted(p.get_x() + p.get_width() / 2 for p in ax.patches)
+    assert all(abs(c - round(c)) < 1e-9 for c in centres) and list(ax.get_xticks()) == [0, 1, 2]
+
+
+def test_report_says_when_a_figure_is_weak_or_missing(tmp_path):
+    short = fake_run(tmp_path / "short", 1, "decoupled", steps=3)
+    long = fake_run(tmp_path / "long", 1, "decoupled", steps=12)
+    for folder, k in ((short, 1), (long, 10)):
+        s = json.loads(Path(folder, "summary.json").read_text())
+        Path(folder, "summary.json").write_text(json.dumps({**s, "throughput_steps": k}))
+    md = write_report([short, long], str(tmp_path / "rep"))["markdown"]
+    assert "**Caveat:** effective throughput rests on few steps after warm-up (`short` on 1 step)" in md
+    assert "`long`" not in md.split("**Caveat:**")[1].split("\n")[0]
+    # no evaluations anywhere: the report says why and how to get them
+    assert "None found under the runs' `evals/` folders" in md and "areal-flow stack up" in md
+
+    with_eval = fake_run(tmp_path / "ev", 1, "decoupled", steps=12, evals={3: 0.5})
+    md = write_report([with_eval, long], str(tmp_path / "rep2"))["markdown"]
+    assert "None found" not in md and "No checkpoint evaluations for: `long`." in md and "Caveat" not in md
