@@ -281,6 +281,27 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise UsageError(f"{flag} expects comma-separated whole numbers, got {text!r}") from None
 
 
+def cmd_plan(args) -> int:
+    from areal_core.sim.request import build_request, run_plan
+
+    try:
+        req = build_request(
+            model=args.model, gpu=args.gpu_type, n_gpus=args.gpus, context=args.context,
+            prompt_tokens=args.prompt_tokens, answer_median=args.answer_median, answer_sigma=args.answer_sigma,
+            answer_lengths=_int_list(args.lengths, "--lengths") or None, from_run=args.from_run,
+            etas=_int_list(args.eta, "--eta"), ratios=_csv(args.ratio) or None,
+            prompts_per_step=args.prompts_per_step, answers_per_prompt=args.answers_per_prompt,
+            weight_update=args.weight_update, n_steps=args.steps, seed=args.seed,
+        )
+        outcome = run_plan(req, args.out)
+    except ValueError as e:  # every bad input names its argument (areal_core/sim/request.py)
+        raise UsageError(str(e)) from None
+    print(outcome.markdown)
+    for path in outcome.files.values():
+        print(f"wrote {path}")
+    return 0
+
+
 def _add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set trainer.eta=0 (repeatable)")
@@ -366,6 +387,33 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--s3-credentials-block", help="Prefect Secret block with AWS_* variables")
     c.set_defaults(func=cmd_campaign)
 
+    pl = sub.add_parser("plan", help="recommend a cluster's rollout:trainer split and eta by simulation "
+                                     "(docs/PLANNING.md)")
+    pl.add_argument("--model", default="7B",
+                    help="model size: 1.5B, 7B or 32B, or a name that carries one (e.g. DeepSeek-R1-Distill-Qwen-7B)")
+    pl.add_argument("--gpus", type=int, default=64, help="GPUs in all (default 64)")
+    pl.add_argument("--gpu-type", default="H800", help="H800, H100, A100 or H200 (default H800)")
+    pl.add_argument("--context", type=int, default=16384, help="context length: prompt + answer tokens (default 16384)")
+    pl.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length in tokens (default 1024)")
+    pl.add_argument("--answer-median", type=float, default=4000.0,
+                    help="median answer length of the lognormal answer-length distribution (default 4000)")
+    pl.add_argument("--answer-sigma", type=float, default=0.9,
+                    help="log-space standard deviation of that lognormal (default 0.9; 0: every answer the median)")
+    pl.add_argument("--lengths", default="", metavar="L1,L2,...",
+                    help="answer lengths to draw from instead of the lognormal (comma-separated tokens)")
+    pl.add_argument("--from-run", metavar="RUN_DIR",
+                    help="draw answer lengths from a past run: its ledger.parquet, else its metrics.parquet")
+    pl.add_argument("--eta", default="1,2,4,8", help="comma-separated staleness bounds to try (default 1,2,4,8)")
+    pl.add_argument("--ratio", default="", metavar="R:T,...",
+                    help="rollout:trainer splits to try, e.g. 1:1,3:1,7:1 (default: 3/8 to 7/8 of the GPUs)")
+    pl.add_argument("--prompts-per-step", type=int, default=128, help="prompts per training batch (default 128)")
+    pl.add_argument("--answers-per-prompt", type=int, default=16, help="answers per prompt (default 16)")
+    pl.add_argument("--weight-update", default="reprefill",
+                    help="what an update does to answers in flight: reprefill, keep_kv or drain (default reprefill)")
+    pl.add_argument("--steps", type=int, default=30, help="training steps to simulate per alternative (default 30)")
+    pl.add_argument("--seed", type=int, default=0, help="seed of the simulated answer lengths")
+    pl.add_argument("--out", metavar="DIR", help="also write plan.json and plan_ratio.png (the plot) to DIR")
+    pl.set_defaults(func=cmd_plan)
 
     k = sub.add_parser("stack", help="the local Prefect server + worker with the deployments")
     k.add_argument("action", choices=["up", "down", "status"],

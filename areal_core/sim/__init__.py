@@ -1,0 +1,47 @@
+"""A discrete-event simulator of one RL run and a planner on top of it (issue 19).
+
+Pure Python and numpy: no torch, no Prefect, no GPU.
+
+* `simulate(SimConfig) -> SimResult`: one run, synchronous or asynchronous.
+* `plan(...) -> list[Alternative]`: rollout:trainer splits and eta values, best first.
+* `calibrate_from(measurements) -> CostModel`: fit the cost model to measured points.
+* `validation_rows()`: simulated vs published AReaL figures.
+* `request.build_request` / `request.run_plan`: what `areal-flow plan` and the `plan`
+  flow run.
+* `python -m areal_core.sim.measure`: this machine's costs, measured with the project's
+  engine and trainer and fitted (the only module that imports torch);
+  `python -m areal_core.sim.local RUN_DIR...`: the calibrated simulator against runs
+  measured here.
+
+docs/PLANNING.md describes the model, its assumptions and its validation.
+"""
+
+from areal_core.sim.calibrate import calibrate_from
+from areal_core.sim.cost import CostModel, Efficiency, build_cost_model
+from areal_core.sim.engine import SimConfig, SimResult, gate_allows, resolve, simulate
+from areal_core.sim.hardware import GPUS, MODELS, GPUSpec, ModelSpec
+from areal_core.sim.lengths import LengthDist
+from areal_core.sim.planner import Alternative, plan, recommend
+from areal_core.sim.validation import ValidationRow, validation_rows
+
+__all__ = [
+    "GPUS",
+    "MODELS",
+    "Alternative",
+    "CostModel",
+    "Efficiency",
+    "GPUSpec",
+    "LengthDist",
+    "ModelSpec",
+    "SimConfig",
+    "SimResult",
+    "ValidationRow",
+    "build_cost_model",
+    "calibrate_from",
+    "gate_allows",
+    "plan",
+    "recommend",
+    "resolve",
+    "simulate",
+    "validation_rows",
+]

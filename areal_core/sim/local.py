@@ -1,0 +1,187 @@
+"""The simulator, calibrated on this machine, against runs of the project measured here.
+
+    .venv/bin/python -m areal_core.sim.local RUN_DIR [RUN_DIR ...] [--calibration FILE] [--seeds 3]
+
+Each run folder (what `areal-flow train` writes) gives the setting: its config.json (batch,
+answers per prompt, eta, weight-update mode, servers and threads), its summary.json (the
+trainer's thread count and the measured `effective_train_tokens_per_s`) and its
+ledger.parquet (the answer length of every trained trajectory, and through the
+trajectory ids the prompts, whose mean length is taken). The simulator replays the
+setting with the calibrated cost model and the run's own answer lengths (drawn with
+replacement) and predicts the same figure: answer tokens trained per second after the
+run's warm-up steps.
+
+Devices are cores. Asynchronous: the rollout server holds its `rollout.torch_threads`
+cores, the trainer the rest (its thread count). Synchronous (eta 0, drain): one server
+and then the trainer take turns on all the trainer's cores; the server decodes on its
+own thread count whatever the number of devices it is given, as it does in the run.
+Not simulated: grading (a Dask worker process), the controller, the HTTP calls and the
+trainer's work around `Trainer.step` (staging weights, metrics); they share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from areal_core.sim.cost import CostModel
+from areal_core.sim.engine import SimConfig, simulate
+from areal_core.sim.hardware import GPUSpec, ModelSpec
+from areal_core.sim.lengths import LengthDist
+
+DEFAULT_CALIBRATION = "areal_core/sim/data/calibration_quickstart.json"
+
+# The tiny model and a core of this machine, as the simulator's specs: only their memory
+# checks run when a calibrated cost model is given, and neither binds.
+TINY = ModelSpec("tiny (quickstart)", params=0.5e6, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32,
+                 bytes_per_param=4)
+CPU_CORE = GPUSpec("CPU core", peak_flops=1e11, hbm_bandwidth=1e10, memory_bytes=8e9, nvlink_bandwidth=1e10)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a measured run gives the simulator, and what it measured."""
+
+    run_dir: str
+    name: str
+    eta: int
+    weight_update: str
+    prompts_per_step: int
+    answers_per_prompt: int
+    steps: int
+    warmup_steps: int
+    max_new_tokens: int
+    prompt_tokens: int
+    answer_lengths: tuple[int, ...]
+    n_servers: int
+    rollout_threads: int
+    trainer_threads: int
+    max_running: int
+    measured_tokens_per_s: float
+
+    @property
+    def mode(self) -> str:
+        return "sync" if self.eta == 0 and self.weight_update == "drain" else "async"
+
+
+def _prompt_lengths(cfg) -> dict[str, int]:
+    """Prompt id -> token count, as the run encoded its prompts."""
+    from areal_core.data.prompting import encode_prompt
+    from areal_core.datasets import load_records
+
+    if cfg.model.name == "tiny":
+        from areal_core.models import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
+    train, _ = load_records(cfg.data)
+    return {r.id: len(encode_prompt(tokenizer, r)) for r in train}
+
+
+def read_run(run_dir: str | os.PathLike) -> RunFacts:
+    import pandas as pd
+
+    from areal_core.experiment import parse_config
+
+    run = Path(run_dir)
+    for name in ("config.json", "summary.json", "ledger.parquet"):
+        if not (run / name).is_file():
+            raise ValueError(f"{run}: no {name} (not a finished run folder)")
+    cfg = parse_config(json.loads((run / "config.json").read_text()), source=str(run / "config.json"))
+    summary = json.loads((run / "summary.json").read_text())
+    ledger = pd.read_parquet(run / "ledger.parquet")
+    prompt_ids = ledger["trajectory_id"].str.extract(r"^e\d+-p(.+)-s\d+$")[0]
+    lengths = _prompt_lengths(cfg)
+    prompt_tokens = round(float(np.mean([lengths[p] for p in prompt_ids])))
+    n = cfg.rollout.n_samples
+    return RunFacts(
+        run_dir=str(run), name=cfg.name, eta=cfg.trainer.eta, weight_update=cfg.rollout.weight_update,
+        prompts_per_step=cfg.trainer.batch_size // n, answers_per_prompt=n, steps=int(summary["steps"]),
+        warmup_steps=cfg.trainer.warmup_steps_for_throughput, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+        prompt_tokens=prompt_tokens, answer_lengths=tuple(int(x) for x in ledger["n_tokens"]),
+        n_servers=cfg.rollout.n_servers, rollout_threads=cfg.rollout.torch_threads,
+        trainer_threads=int(summary["trainer_torch_threads"]), max_running=cfg.rollout.max_running,
+        measured_tokens_per_s=float(summary["effective_train_tokens_per_s"]),
+    )
+
+
+def sim_config(facts: RunFacts, cost: CostModel, seed: int = 0) -> SimConfig:
+    """The run's setting as the simulator's, devices being cores (see the module docstring)."""
+    if facts.mode == "sync":
+        n_gpus, n_rollout, tp = facts.trainer_threads * facts.n_servers, None, facts.trainer_threads
+    else:
+        tp = facts.rollout_threads
+        n_rollout = facts.n_servers * tp
+        n_gpus = n_rollout + facts.trainer_threads
+    return SimConfig(
+        model=TINY, gpu=CPU_CORE, n_gpus=n_gpus, mode=facts.mode, n_rollout_gpus=n_rollout, rollout_tp=tp,
+        eta=facts.eta, weight_update=facts.weight_update, prompts_per_step=facts.prompts_per_step,
+        answers_per_prompt=facts.answers_per_prompt, prompt_tokens=facts.prompt_tokens,
+        lengths=LengthDist.empirical(facts.answer_lengths, facts.max_new_tokens), n_steps=facts.steps,
+        warmup_steps=facts.warmup_steps, seed=seed, cost=cost, max_running_per_server=facts.max_running,
+        admit_reserve_tokens=0, train_shared_prompt=True,
+    )
+
+
+def predict(facts: RunFacts, cost: CostModel, seeds: int = 3) -> dict:
+    """Simulated answer tokens/s (mean and spread over `seeds` draws of the lengths)."""
+    results = [simulate(sim_config(facts, cost, seed)) for seed in range(seeds)]
+    values = np.array([r.effective_answer_throughput for r in results])
+    return {"simulated": float(values.mean()), "simulated_std": float(values.std()),
+            "rollout_util": float(np.mean([r.rollout_util for r in results])),
+            "trainer_util": float(np.mean([r.trainer_util for r in results])),
+            "staleness_mean": float(np.mean([r.staleness_mean for r in results]))}
+
+
+def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3) -> list[dict]:
+    rows = []
+    for run_dir in run_dirs:
+        facts = read_run(run_dir)
+        p = predict(facts, cost, seeds)
+        rows.append({"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
+                     "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
+                     "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
+                     "measured": facts.measured_tokens_per_s, **p,
+                     "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1})
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = ["| run | mode | steps | batch | answer mean | measured tok/s | simulated tok/s | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mode = r["mode"] + (f", eta {r['eta']}" if r["mode"] == "async" else "")
+        lines.append(f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
+                     f"| {r['measured']:,.0f} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} "
+                     f"| {r['rel_error']:+.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from areal_core.sim.measure import load_calibration
+
+    ap = argparse.ArgumentParser(prog="python -m areal_core.sim.local", description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run folders (areal-flow train --run-dir)")
+    ap.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="JSON written by areal_core.sim.measure")
+    ap.add_argument("--seeds", type=int, default=3, help="simulations per run (answer-length draws)")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    cost, _ = load_calibration(args.calibration)
+    rows = validate_runs(args.runs, cost, args.seeds)
+    print(format_rows(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
