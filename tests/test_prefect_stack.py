@@ -17,7 +17,7 @@ from infra.stack import Stack, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
-EXPECTED_DEPLOYMENTS = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan"}
+EXPECTED_DEPLOYMENTS = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers"}
 
 
 async def _deployments():

@@ -89,7 +89,7 @@ def test_flow_runs_page_screenshot(tmp_path):
     assert stack.state() is None
 
 
-EXPECTED = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan"}
+EXPECTED = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers"}
 
 
 async def _deployments():
