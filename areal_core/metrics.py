@@ -20,13 +20,21 @@ LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version"
                   "min_token_version", "max_token_version", "n_tokens", "reward"]
 
 
+def _policy_versions(t) -> list[int]:
+    """The versions of the tokens the policy sampled (environment tokens of a multi-turn answer excluded)."""
+    if not t.output_mask:
+        return t.output_versions
+    return [v for v, m in zip(t.output_versions, t.output_mask) if m]
+
+
 def ledger_rows(batch, step: int, version: int) -> list[dict]:
-    return [
-        {"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
-         "admit_version": t.admit_version, "min_token_version": min(t.output_versions),
-         "max_token_version": max(t.output_versions), "n_tokens": len(t.output_ids), "reward": t.reward}
-        for t in batch
-    ]
+    rows = []
+    for t in batch:
+        versions = _policy_versions(t)
+        rows.append({"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
+                     "admit_version": t.admit_version, "min_token_version": min(versions),
+                     "max_token_version": max(versions), "n_tokens": len(t.output_ids), "reward": t.reward})
+    return rows
 
 
 class RunLog:

@@ -21,6 +21,9 @@ class Trajectory:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)  # behaviour logprobs
     output_versions: list[int] = field(default_factory=list)  # version that sampled each token
+    # 1: a token the policy sampled (trained); 0: environment or tool text inside a multi-turn
+    # answer (never trained: no loss, no staleness). Empty: every output token is the policy's.
+    output_mask: list[int] = field(default_factory=list)
     finish_reason: str = ""
     reference: str = ""  # what the reward function compares against
     task: str = ""  # the record's task kind, which picks the grader

@@ -20,6 +20,20 @@ class PreparedBatch:
     rewards: torch.Tensor  # [B]
     behav: list[torch.Tensor]  # behaviour logprobs, per trajectory
     adv: list[torch.Tensor]  # advantages per answer token, per trajectory
+    mask: list[torch.Tensor]  # bool per answer token: the policy's own (trained) or environment text
+    n_trained: list[int]  # policy tokens per trajectory: what the loss averages over
+
+
+def trained_mask(t: Trajectory) -> torch.Tensor:
+    """Which of ``t``'s output tokens the loss sees (``Trajectory.output_mask``; empty: all)."""
+    if not t.output_mask:
+        return torch.ones(len(t.output_ids), dtype=torch.bool)
+    if len(t.output_mask) != len(t.output_ids) or any(m not in (0, 1) for m in t.output_mask):
+        raise ValueError(f"trajectory {t.traj_id}: output_mask must hold one 0 or 1 per output token "
+                         f"({len(t.output_ids)}), got {len(t.output_mask)} values")
+    if not any(t.output_mask):
+        raise ValueError(f"trajectory {t.traj_id}: output_mask trains no token (all 0)")
+    return torch.tensor(t.output_mask, dtype=torch.bool)
 
 
 def prepare_batch(batch: list[Trajectory], adv_norm: str) -> PreparedBatch:
@@ -30,12 +44,14 @@ def prepare_batch(batch: list[Trajectory], adv_norm: str) -> PreparedBatch:
         if len(t.output_logprobs) != len(t.output_ids) or len(t.output_versions) != len(t.output_ids):
             raise ValueError(f"trajectory {t.traj_id}: tokens, logprobs and versions differ in length")
     n_out = [len(t.output_ids) for t in batch]
+    mask = [trained_mask(t) for t in batch]
     rewards = torch.tensor([float(t.reward) for t in batch])
     adv_seq = compute_advantages(rewards, [t.group_id for t in batch], mode=adv_norm)
     return PreparedBatch(
         seqs=[t.prompt_ids + t.output_ids for t in batch], starts=[len(t.prompt_ids) for t in batch], n_out=n_out,
         rewards=rewards, behav=[torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch],
-        adv=[torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())])
+        adv=[torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())],
+        mask=mask, n_trained=[int(m.sum()) for m in mask])
 
 
 def prox_path(cfg: TrainerConfig, n_minibatches: int) -> str:
@@ -49,10 +65,11 @@ def prox_path(cfg: TrainerConfig, n_minibatches: int) -> str:
 def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBatch, idx: list[int], *,
              prox: dict | list | None, versions: list[torch.Tensor] | None, version: int, n_tokens: int):
     """The configured objective's loss and stats on the micro-batch ``idx`` (``logp``: its answer
-    tokens' logprobs by the policy being updated, in order)."""
+    tokens' logprobs by the policy being updated, in order); environment tokens are masked out and
+    ``n_tokens`` counts the minibatch's policy tokens."""
     b = torch.cat([prep.behav[i] for i in idx]).to(logp.device)
     a = torch.cat([prep.adv[i] for i in idx]).to(logp.device)
-    mask = torch.ones_like(logp, dtype=torch.bool)
+    mask = torch.cat([prep.mask[i] for i in idx]).to(logp.device)
     if cfg.objective == "naive":
         return naive_ppo_loss(logp, b, a, mask, cfg.eps_clip, n_tokens=n_tokens)
     if path == "recompute":
@@ -66,7 +83,8 @@ def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBa
 
 def batch_stats(batch: list[Trajectory], prep: PreparedBatch, version: int) -> dict:
     """Reward, accuracy, answer lengths and staleness of a step's batch."""
-    staleness = torch.tensor([version - v for t in batch for v in t.output_versions], dtype=torch.float32)
+    staleness = torch.tensor([version - v for t, m in zip(batch, prep.mask)
+                              for v, trained in zip(t.output_versions, m.tolist()) if trained], dtype=torch.float32)
     n = torch.tensor(prep.n_out, dtype=torch.float32)
     return {
         "reward": float(prep.rewards.mean()),
@@ -74,5 +92,5 @@ def batch_stats(batch: list[Trajectory], prep: PreparedBatch, version: int) -> d
         "answer_len_mean": float(n.mean()), "answer_len_p50": float(n.quantile(0.5)),
         "answer_len_p90": float(n.quantile(0.9)), "answer_len_max": float(n.max()),
         "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-        "tokens_trained": int(sum(prep.n_out)),
+        "tokens_trained": int(sum(prep.n_trained)),
     }

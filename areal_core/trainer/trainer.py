@@ -169,7 +169,7 @@ class Trainer:
         n_forward = 0
         grad_norms = []
         for mbatch in minibatches:
-            n_tokens = sum(n_out[i] for i in mbatch)
+            n_tokens = sum(prep.n_trained[i] for i in mbatch)
             self.optimizer.zero_grad(set_to_none=True)
             for local in self.microbatches([batch[i].prompt_ids for i in mbatch], [n_out[i] for i in mbatch]):
                 idx = [mbatch[j] for j in local]
@@ -179,8 +179,8 @@ class Trainer:
                 loss.backward()
                 self._accumulate_grads()
                 n_forward += 1
-                share = logp.numel() / sum(n_out)
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * n_tokens / sum(n_out)
+                share = sum(prep.n_trained[i] for i in idx) / sum(prep.n_trained)
+                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * n_tokens / sum(prep.n_trained)
                 for k, v in st.items():
                     if k.endswith("_max"):
                         sums[k] = max(sums.get(k, -math.inf), v)

@@ -215,12 +215,12 @@ class MegatronEngine:
         versions = [torch.tensor(t.output_versions) for t in batch] if path == "loglinear" else None
 
         self.module.train()
-        total = sum(n_out)
+        total = sum(prep.n_trained)  # policy tokens: environment tokens in multi-turn answers are not trained
         sums = {k: 0.0 for k in ("loss", *STAT_KEYS) if not k.endswith("_max")}
         maxes = {k: -math.inf for k in STAT_KEYS if k.endswith("_max")}
         n_forward, grad_norms = 0, []
         for mbatch, my in zip(minibatches, mine):
-            n_tokens = sum(n_out[i] for i in mbatch)  # the whole minibatch's, over all ranks
+            n_tokens = sum(prep.n_trained[i] for i in mbatch)  # the whole minibatch's, over all ranks
             self.optimizer.zero_grad(set_to_none=True)
             for idx in self.microbatches(my, lengths):
                 logp = self.logprobs([seqs[i] for i in idx], [starts[i] for i in idx])
@@ -228,7 +228,7 @@ class MegatronEngine:
                                     n_tokens=n_tokens)
                 loss.backward()
                 n_forward += 1
-                share = logp.numel() / total
+                share = sum(prep.n_trained[i] for i in idx) / total
                 sums["loss"] += float(loss.detach()) * n_tokens / total
                 for k, v in st.items():
                     if k in maxes:
