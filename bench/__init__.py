@@ -23,6 +23,7 @@ BENCHMARKS = (
     "async_vs_sync",
     "checkpoints",
     "trl_peer",
+    "kv_admission",
 )
 
 LEARNING = (

@@ -57,6 +57,48 @@ WeightTransportConfig = Annotated[
     DiskTransportConfig | TensorTransportConfig | DistributedTransportConfig, Field(discriminator="kind")]
 
 
+def _whole_number(v):
+    """A byte count as YAML gives it: an int, an integral float (``2.0e+9``) or scientific notation
+    that YAML 1.1 leaves as text (``2e9``); anything else is returned for the int check to refuse."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+class KVBudget(Section):
+    """How much KV cache the running requests of one embedded engine may reserve: exactly one of
+    ``tokens`` (positions) or ``bytes`` (turned into positions with the model's KV bytes per token,
+    2 x layers x kv_heads x head_dim x dtype bytes). Each request reserves prompt + max_new_tokens
+    positions (what it holds when it ends at its length limit) from admission until it finishes."""
+    tokens: int | None = Field(None, gt=0)
+    bytes: int | None = Field(None, gt=0)
+
+    @field_validator("bytes", mode="before")
+    @classmethod
+    def _bytes_as_number(cls, v):
+        return _whole_number(v)
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.tokens is None) == (self.bytes is None):
+            raise ValueError("kv_budget takes exactly one of 'tokens' or 'bytes', e.g. {tokens: 20000} or "
+                             "{bytes: 2e9}")
+        return self
+
+    def in_tokens(self, bytes_per_token: int) -> int:
+        """The budget in KV positions, for a model storing ``bytes_per_token`` per position."""
+        return self.tokens if self.tokens is not None else self.bytes // bytes_per_token
+
+    def describe(self, bytes_per_token: int) -> str:
+        tokens = self.in_tokens(bytes_per_token)
+        return f"{tokens} tokens ({tokens * bytes_per_token} bytes at {bytes_per_token} bytes per token)"
+
+
 class EngineConfig(Section):
     """Everything one embedded server's engine is configured with, built once from the run's
     config (``RolloutConfig.engine_config``) and handed to the server whole, as JSON."""
@@ -66,6 +108,7 @@ class EngineConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # areal_core/device.py
+    kv_budget: KVBudget | None = None  # None: admission limited by max_running alone
 
 
 class EmbeddedBackendConfig(Section):
@@ -101,6 +144,9 @@ class RolloutConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     torch_threads: int = Field(1, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
+    # KV cache the running requests of one embedded server may reserve: {tokens: N} or {bytes: N};
+    # a request waits (FIFO) until its prompt + max_new_tokens fit; None: no limit but max_running
+    kv_budget: KVBudget | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -127,10 +173,26 @@ class RolloutConfig(Section):
                              "'vllm' (its servers reload from a folder: use 'disk')")
         return self
 
+    @model_validator(mode="after")
+    def _kv_budget_fits(self):
+        kv = self.kv_budget
+        if kv is None:
+            return self
+        if self.backend.kind != "embedded":
+            raise ValueError(f"rollout.kv_budget is enforced by the embedded engine; rollout.backend kind "
+                             f"{self.backend.kind!r} does not use it (limit the KV cache in that server's own "
+                             f"settings), so remove it")
+        need = self.sampling.max_new_tokens + 1
+        if kv.tokens is not None and kv.tokens < need:
+            raise ValueError(f"rollout.kv_budget.tokens ({kv.tokens}) cannot hold one request: at least 1 prompt "
+                             f"token + rollout.sampling.max_new_tokens ({self.sampling.max_new_tokens}) = {need}")
+        return self
+
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
         """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
         return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,
-                            torch_threads=self.torch_threads, dtype=dtype, seed=seed, device=device)
+                            torch_threads=self.torch_threads, dtype=dtype, seed=seed, device=device,
+                            kv_budget=self.kv_budget)
 
     def transport(self) -> WeightTransportConfig:
         """The configured weight transport, or the default for the backend."""

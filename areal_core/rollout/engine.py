@@ -1,7 +1,9 @@
 """Continuous-batching decoder with a KV cache: the core of the embedded rollout server.
 
 Requests join the running batch at the next step (at most ``max_running`` run,
-the rest wait FIFO) and leave as soon as they finish. Each loop iteration is one
+the rest wait FIFO) and leave as soon as they finish. With a KV budget (``kv_budget``,
+``rollout.kv_budget``) a request is admitted only while the KV positions reserved by the
+running requests stay within it; see "KV-cache-aware admission" below. Each loop iteration is one
 step: queued commands are applied, then either the sequences that need it are
 prefilled (new ones, or all of them after a weight update) or every running
 sequence decodes one token.
@@ -29,6 +31,21 @@ Weight updates, by ``weight_update`` mode (``WEIGHT_UPDATE_MODES``):
   the update is applied and admission resumes (the synchronous baseline); while paused
   in that mode the update waits for ``resume()``.
 
+KV-cache-aware admission: a request's KV cache grows to at most prompt + generated so far +
+max remaining new tokens = prompt + ``max_new_tokens`` positions (:func:`kv_reserve`), the same
+over its whole life, so it reserves that from admission until it finishes or is aborted. The
+head of the queue is admitted while the reservations of the running requests plus its own stay
+within the budget; a request that does not fit waits, and the requests behind it wait too (FIFO:
+a large request at the head is never overtaken, so it starts as soon as enough running ones
+finish). A request larger than the whole budget is refused at submit with a
+:class:`RequestError` naming both sizes (the server answers 400; other requests go on). While
+a budget is set, the cache starts empty and each prefill sizes it for the longest reservation
+running, instead of a head start of rows and positions that doubles as tokens arrive: for
+requests of one length it then allocates at most the budget (:attr:`RolloutEngine.kv_cache_bytes`);
+mixed lengths allocate more, since every row of the cache is as long as the longest.
+Weight updates do not change reservations: ``reprefill`` rebuilds the same positions,
+``keep_kv`` keeps them, ``drain`` admits nothing until the update is live.
+
 Threading: :meth:`start` runs the loop in a background thread; :meth:`submit`
 and the commands are thread-safe and return ``concurrent.futures.Future``s.
 With ``start=False`` the caller drives the loop with :meth:`step`.
@@ -44,6 +61,7 @@ from concurrent.futures import Future
 
 import torch
 
+from areal_core.rollout.config import KVBudget
 from areal_core.rollout.engine_parts import EngineStopped, prefill_groups, requests_snapshot
 from areal_core.rollout.engine_parts import deliver as _deliver
 from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
@@ -52,11 +70,22 @@ from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
 from areal_core.storage.localize import localize
 
-__all__ = ["EngineStopped", "RequestError", "RolloutEngine", "WEIGHT_UPDATE_MODES"]
+__all__ = ["EngineStopped", "RequestError", "RolloutEngine", "WEIGHT_UPDATE_MODES", "kv_reserve"]
 
 WEIGHT_UPDATE_MODES = ("reprefill", "keep_kv", "drain")
 
 log = logging.getLogger(__name__)
+
+
+def kv_reserve(s: Sequence) -> int:
+    """KV positions ``s`` may hold before it ends: prompt + generated so far + max remaining new
+    tokens, which is prompt + max_new_tokens at every point of its life."""
+    return len(s.prompt) + s.max_new
+
+
+def kv_bytes_per_token(kv: KVForward) -> int:
+    """Bytes of K and V one position takes over all layers: 2 x layers x kv_heads x head_dim x dtype."""
+    return 2 * len(kv.layers) * kv.n_kv * kv.head_dim * kv.dtype.itemsize
 
 
 class RolloutEngine:
@@ -68,10 +97,11 @@ class RolloutEngine:
         max_running: int = 256,
         weight_update: str = "reprefill",
         weight_version: int = 0,
-        kv_slots: int = 16,
-        kv_capacity: int = 256,
+        kv_slots: int | None = None,
+        kv_capacity: int | None = None,
         prefill_tokens: int = 8192,
         seed: int = 0,
+        kv_budget: KVBudget | None = None,
         start: bool = True,
     ):
         if max_running < 1:
@@ -79,7 +109,18 @@ class RolloutEngine:
         if weight_update not in WEIGHT_UPDATE_MODES:
             raise ValueError(f"weight_update must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {weight_update!r}")
         model.eval()
+        # the cache's first rows and positions; with a budget none ahead of what admission reserved
+        if kv_slots is None:
+            kv_slots = 16 if kv_budget is None else 1
+        if kv_capacity is None:
+            kv_capacity = 256 if kv_budget is None else 1
         self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity)
+        self.kv_bytes_per_token = kv_bytes_per_token(self.kv)
+        self.kv_budget = kv_budget
+        self.kv_budget_tokens: int | None = None if kv_budget is None else kv_budget.in_tokens(self.kv_bytes_per_token)
+        if self.kv_budget_tokens == 0:
+            raise ValueError(f"kv_budget of {kv_budget.bytes} bytes holds no KV position of this model "
+                             f"({self.kv_bytes_per_token} bytes per token)")
         self.model_path = model_path
         self.max_running = max_running
         self.weight_update = weight_update
@@ -134,6 +175,16 @@ class RolloutEngine:
     def max_positions(self) -> int:
         return self.kv.max_positions
 
+    @property
+    def kv_reserved_tokens(self) -> int:
+        """KV positions reserved by the running requests (:func:`kv_reserve`); read between steps."""
+        return sum(kv_reserve(s) for s in self._running)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache has allocated now (K/V of every layer and the mask)."""
+        return sum(t.nbytes for t in self.kv.kv) + self.kv.mask.nbytes
+
     def info(self) -> ModelInfo:
         return ModelInfo(
             model_path=self.model_path,
@@ -173,12 +224,24 @@ class RolloutEngine:
         seqs = [new_sequence(ids, sampling, rid, return_logprob, fut, vocab_size=self.vocab_size,
                              max_positions=self.max_positions, eos_ids=self.eos_ids)
                 for (ids, sampling, rid), fut in zip(jobs, futs)]
+        for s in seqs:
+            self._check_fits_budget(s)
         with self._lock:
             if self._closed:
                 raise EngineStopped("the rollout engine is shut down")
             self._waiting.extend(seqs)
         self._wake.set()
         return futs
+
+    def _check_fits_budget(self, s: Sequence) -> None:
+        """Refuse a request that could never be admitted: it reserves more than the whole budget."""
+        budget = self.kv_budget_tokens
+        if budget is None or kv_reserve(s) <= budget:
+            return
+        need, bpt = kv_reserve(s), self.kv_bytes_per_token
+        raise RequestError(
+            f"request {s.rid}: prompt ({len(s.prompt)} tokens) + max_new_tokens ({s.max_new}) = {need} tokens "
+            f"({need * bpt} bytes) of KV cache exceed the whole kv_budget of {self.kv_budget.describe(bpt)}")
 
     def pause(self) -> Future:
         """Stop decoding after the current step; requests stay queued."""
@@ -329,17 +392,29 @@ class RolloutEngine:
             _deliver(fut, None)
 
     def _admit(self) -> None:
-        if self._drains and self._updates:
-            return  # draining the running sequences before an update
+        if not self._waiting or (self._drains and self._updates):
+            return  # nothing to admit, or draining the running sequences before an update
         room = self.max_running - len(self._running)
+        free = self._kv_free()
         while room > 0 and self._waiting:
-            s = self._waiting.popleft()
+            s = self._waiting[0]
             if s.future.cancelled():
+                self._waiting.popleft()
                 continue
+            if kv_reserve(s) > free:
+                break  # FIFO: the head waits for running requests to finish; nothing overtakes it
+            self._waiting.popleft()
             self._running.append(s)
             room -= 1
+            free -= kv_reserve(s)
             self._needs_prefill = True
             self._sampler = None
+
+    def _kv_free(self) -> float:
+        """KV positions the budget leaves for new requests (inf without a budget)."""
+        if self.kv_budget_tokens is None:
+            return float("inf")
+        return self.kv_budget_tokens - self.kv_reserved_tokens
 
     def _prefill_step(self) -> None:
         run = self._running
@@ -353,7 +428,7 @@ class RolloutEngine:
             if j != i:
                 copies.setdefault(j, []).append(i)
         lengths = {i: len(toks[i]) for i in first.values()}
-        self.kv.ensure(len(run), max(lengths.values()) + 1)
+        self.kv.ensure(len(run), self._cache_length(lengths))
         for g in prefill_groups(lengths, self.prefill_tokens):
             logits = self.kv.prefill(g, [toks[i] for i in g])
             rows, src = [], []
@@ -371,6 +446,13 @@ class RolloutEngine:
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
         self._sampler = None  # the decode batch's tensors are rebuilt from the sequences
+
+    def _cache_length(self, lengths: dict[int, int]) -> int:
+        """Positions the cache needs for this prefill: room for the next token; with a budget, the
+        longest reservation running, so that decoding never grows (doubles) it."""
+        if self.kv_budget_tokens is None:
+            return max(lengths.values()) + 1
+        return max(kv_reserve(s) for s in self._running)
 
     def _decode_step(self) -> None:
         """One token for every running sequence. While the batch stays the same (``_sampler`` set),

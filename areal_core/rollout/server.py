@@ -3,7 +3,8 @@
     python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
         [--host 127.0.0.1] [--weight-version 0] [--parent-pid PID] \\
         [--engine-config '{"max_running": 256, "weight_update": "reprefill", "torch_threads": 1,
-                           "dtype": "float32", "seed": 0}']   (EngineConfig in config.py; omitted: defaults)
+                           "dtype": "float32", "seed": 0, "kv_budget": {"tokens": 20000}}']
+        (EngineConfig in config.py; omitted: defaults)
 
 Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
 answer ``{"message": ..., "error": {"message": ..., "type": ...}}`` naming the
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
         args.model_path, dtype=_DTYPES[eng.dtype], device=resolve_device(eng.device), max_running=eng.max_running,
-        weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed,
+        weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed, kv_budget=eng.kv_budget,
     )
     log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
