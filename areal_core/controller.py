@@ -32,12 +32,13 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from areal_core.algo import staleness_allows
 from areal_core.buffer import ReplayBuffer
+from areal_core.episodes import Episode, SingleTurn
 from areal_core.prompt_sampling import make_sampler
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
@@ -60,6 +61,17 @@ class Prompt:
     input_ids: list[int]
     reference: str
     bucket: str | None = None  # for the curriculum: the record's meta field it is grouped by
+    tests: list[dict] | None = None  # code: the record's unit tests, sent with each answer to the grader
+
+
+def group_id(epoch: int, prompt_id: str) -> str:
+    """The id of a group of answers: ``e{epoch}-p{prompt id}`` (a trajectory's adds ``-s{k}``)."""
+    return f"e{epoch}-p{prompt_id}"
+
+
+def prompt_of(group: str) -> str:
+    """The prompt id in a :func:`group_id`."""
+    return group.split("-p", 1)[1]
 
 
 @dataclass
@@ -96,6 +108,8 @@ class RolloutController:
         model_path: str = "",
         restart_server: Callable[[int, str, int], None] | None = None,
         make_client=None,
+        episode: Episode | None = None,
+        encode=None,  # response text -> token ids (episodes that add text to an answer need it)
     ):
         """``transport`` moves new weights to the servers (``update_weights``).
         ``model_path``: a checkpoint folder of ``version`` that a restarted server starts from
@@ -106,6 +120,8 @@ class RolloutController:
             raise ValueError("the controller needs at least one prompt")
         self.urls = urls
         self.decode = decode
+        self.encode = encode
+        self.episode = episode or SingleTurn()
         self.rewards = rewards
         self.buffer = buffer
         self.s = settings
@@ -116,6 +132,7 @@ class RolloutController:
         self.restart_server = restart_server
         self.make_client = make_client  # the rollout backend's client for a URL (None: the embedded one)
         self._prompts = prompts
+        self._tests = {p.id: p.tests for p in prompts if p.tests}  # what code answers are graded against
         self._sampler = make_sampler(prompts, settings.shuffle, settings.seed, settings.curriculum)
         self._tally: dict[str, list] = {}  # group id -> [prompt id, correct, rewarded] until all n are in
         self.n_submitted = 0
@@ -242,13 +259,13 @@ class RolloutController:
                     )
                 with self._lock:  # the sampler's pass rates change in reward callbacks
                     epoch, prompt = self._sampler.next()
-                    group_id = f"e{epoch}-p{prompt.id}"
-                    self._tally[group_id] = [prompt.id, 0, 0]
+                    gid = group_id(epoch, prompt.id)
+                    self._tally[gid] = [prompt.id, 0, 0]
                 first = self.n_submitted
                 self.n_submitted += n
                 self.n_groups += 1
-                self.buffer.admit(group_id, first, self.version, n)
-                trajs = [Trajectory(traj_id=f"{group_id}-s{k}", group_id=group_id, seq_no=first + k,
+                self.buffer.admit(gid, first, self.version, n)
+                trajs = [Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=first + k,
                                     admit_version=self.version, prompt_ids=list(prompt.input_ids),
                                     reference=prompt.reference, task=prompt.task) for k in range(n)]
                 for traj in trajs:
@@ -261,23 +278,34 @@ class RolloutController:
             self.buffer.fail(e)
 
     async def _run_group(self, trajs: list[Trajectory], fresh: bool) -> None:
-        """Generate a group's answers (a fresh group in one batched request), then grade them
-        together: the buffer hands out whole groups, so nothing waits for them one by one."""
+        """Roll out a fresh group through the episode (the built-in one: every answer in one batched
+        request, graded together); a restored group's unfinished answers are finished and graded as
+        they are. The buffer hands out whole groups, so nothing waits for answers one by one."""
         try:
             if fresh:
-                await self._first_call(trajs)
-            await asyncio.gather(*(self._continue(t) for t in trajs))
+                results = await self.episode.run(trajs, _EpisodeContext(self))
+            else:
+                await asyncio.gather(*(self._continue(t) for t in trajs))
+                results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs])
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            log.error("generation of group %s failed: %r", trajs[0].group_id, e)
+            log.error("rollout of group %s failed: %r", trajs[0].group_id, e)
             self.buffer.fail(e)
             return
-        self._grade(trajs)
+        for t, r in zip(trajs, results, strict=True):
+            self._rewarded(t, r)
 
-    async def _first_call(self, trajs: list[Trajectory]) -> None:
+    async def _generate_turn(self, trajs: Sequence[Trajectory], max_new: int | None) -> None:
+        """One policy turn of each of ``trajs``: fresh ones in one batched request first."""
+        if all(not t.output_ids for t in trajs):
+            await self._first_call(list(trajs), max_new)
+        await asyncio.gather(*(self._continue(t, len(t.output_ids) if t.output_mask else 0, max_new)
+                               for t in trajs))
+
+    async def _first_call(self, trajs: list[Trajectory], max_new: int | None = None) -> None:
         """All of a new group's answers in one request; what it does not finish, ``_continue`` does."""
-        max_new = int(self.s.sampling["max_new_tokens"])
+        max_new = int(max_new or self.s.sampling["max_new_tokens"])
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
                                                    [Sampling(**{**self.s.sampling, "max_new_tokens": max_new})]
@@ -300,16 +328,19 @@ class RolloutController:
         traj.output_ids += gen.output_ids
         traj.output_logprobs += gen.logprobs
         traj.output_versions += gen.versions
+        if traj.output_mask:  # a multi-turn answer: these are the policy's tokens
+            traj.output_mask += [1] * len(gen.output_ids)
         self.generated_tokens += len(gen.output_ids)
         if gen.finish_reason != "abort":  # aborted: keep what it made and go on
             traj.finish_reason = gen.finish_reason
 
-    async def _continue(self, traj: Trajectory) -> None:
-        """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies)."""
-        max_new = int(self.s.sampling["max_new_tokens"])
+    async def _continue(self, traj: Trajectory, turn_start: int = 0, max_new: int | None = None) -> None:
+        """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies);
+        the turn that began at output position ``turn_start`` gets ``max_new`` tokens (default the config's)."""
+        max_new = int(max_new or self.s.sampling["max_new_tokens"])
         resubmits = 0
         while not traj.finished:
-            remaining = max_new - len(traj.output_ids)
+            remaining = max_new - (len(traj.output_ids) - turn_start)
             if remaining <= 0:
                 traj.finish_reason = "length"
                 break
@@ -331,26 +362,39 @@ class RolloutController:
             self._append(traj, resp)
         self.n_generated += 1
 
-    def _grade(self, trajs: list[Trajectory]) -> None:
-        items = [(t.task, self.decode(t.output_ids), t.reference, None) for t in trajs]
+    def _grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> asyncio.Future:
+        """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks."""
+        tests = self._tests.get(prompt_of(trajs[0].group_id))  # one group, one prompt (and one list of tests)
+        items = [(t.task, x, t.reference, tests) for t, x in zip(trajs, texts, strict=True)]
+        fut = self._loop.create_future()
 
-        def done(results, error) -> None:
-            if error is not None:
-                self.buffer.fail(error)
+        def settle(results, error) -> None:
+            if fut.done():
                 return
-            for t, r in zip(trajs, results):
-                self._rewarded(t, r)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(list(results))
 
-        self.rewards.submit_batch(items, on_done=done)
+        self.rewards.submit_batch(items, on_done=lambda results, error: self._loop.call_soon_threadsafe(
+            settle, results, error))
+        return fut
 
     def _rewarded(self, traj: Trajectory, result: RewardResult) -> None:
         with self._lock:
-            traj.correct = bool(result.correct)
-            traj.reward = self.s.reward_correct if result.correct else self.s.reward_wrong
-            traj.reward_info = result.as_dict()
+            traj.correct = bool(result.correct)  # for code: every test passed
+            traj.reward = self._reward(result)
+            traj.reward_info = {**traj.reward_info, **result.as_dict()}  # an episode's notes (turns) stay
             self._live.pop(traj.traj_id, None)
             self._count(traj)
             self.buffer.put(traj)
+
+    def _reward(self, result: RewardResult) -> float:
+        """reward_correct or reward_wrong; with partial credit (code under ``reward.code_reward:
+        fraction``) the result's score of the way from reward_wrong to reward_correct."""
+        if result.score is None:
+            return self.s.reward_correct if result.correct else self.s.reward_wrong
+        return self.s.reward_wrong + result.score * (self.s.reward_correct - self.s.reward_wrong)
 
     def _count(self, traj: Trajectory) -> None:
         """Tally a rewarded answer; a group's last one tells the sampler (caller holds the lock)."""
@@ -450,6 +494,8 @@ class RolloutController:
                     row["output_ids"] = row["output_ids"] + p.output_ids
                     row["output_logprobs"] = row["output_logprobs"] + p.logprobs
                     row["output_versions"] = row["output_versions"] + p.versions
+                    if row["output_mask"]:
+                        row["output_mask"] = row["output_mask"] + [1] * len(p.output_ids)
                 live.setdefault(t.group_id, []).append(row)
             # the sampler has seen every finished group; the tallies hold the others' answers so far
             sampler = self._sampler.state()
@@ -469,3 +515,28 @@ class RolloutController:
         await asyncio.gather(*others, return_exceptions=True)
         await self.pool.aclose()
         self._loop.call_soon(self._loop.stop)
+
+
+class _EpisodeContext:
+    """What an episode may do with the controller (``episodes.EpisodeContext``)."""
+
+    def __init__(self, controller: RolloutController):
+        self._c = controller
+
+    @property
+    def version(self) -> int:
+        return self._c.version
+
+    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None) -> None:
+        await self._c._generate_turn(trajs, max_new_tokens)
+
+    async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
+        return await self._c._grade(trajs, texts)
+
+    def encode(self, text: str) -> list[int]:
+        if self._c.encode is None:
+            raise RuntimeError("this episode adds text to answers: the controller needs encode=")
+        return list(self._c.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._c.decode(list(ids))

@@ -6,13 +6,13 @@ from areal_core.controller import Prompt
 from areal_core.data.config import DataConfig
 from areal_core.data.prompting import encode_prompt
 from areal_core.data.records import Record, read_records
-from areal_core.data.synthetic import ChainTask
+from areal_core.data.tasks import synthetic_task
 
 
 def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
     """(train records, held-out records)."""
     if cfg.dataset == "synthetic":
-        task = ChainTask(cfg.synthetic)
+        task = synthetic_task(cfg.synthetic)
         train, held_out = task.train_records(), task.eval_records()
     else:
         train = read_records(cfg.dataset)
@@ -32,7 +32,7 @@ def to_prompts(records: list[Record], tokenizer, instruction: str | None = None,
         raise ValueError(f"{len(buckets)} buckets for {len(records)} records")
     return [
         Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r),
-               bucket=b)
+               bucket=b, tests=r.tests)
         for r, b in zip(records, buckets)
     ]
 
@@ -46,7 +46,8 @@ def bucket(record: Record, field: str) -> str:
 
 
 def reference(record: Record) -> str:
-    """What the grader compares a response with: the whole chain for the chain task."""
+    """What the grader compares a response with: the whole chain for the chain task (code is
+    graded against the record's tests, which the prompt carries)."""
     if record.task == "chain":
         if not record.solution:
             raise ValueError(f"chain record {record.id} has no solution to grade against")

@@ -15,6 +15,7 @@ from pydantic import ValidationError, model_validator
 
 from areal_core.configbase import Section
 from areal_core.data.config import DataConfig
+from areal_core.episodes.config import EpisodeConfig, SingleTurnConfig
 from areal_core.eval.config import EvalConfig
 from areal_core.models.config import ModelConfig
 from areal_core.reward.config import RewardConfig
@@ -39,6 +40,7 @@ class ExperimentConfig(Section):
     reward: RewardConfig = RewardConfig()
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
+    episode: EpisodeConfig = SingleTurnConfig()  # what one rollout of a prompt group is (areal_core/episodes)
 
     @model_validator(mode="after")
     def _cross_checks(self):

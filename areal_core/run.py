@@ -35,6 +35,7 @@ from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.device import resolve_device
+from areal_core.episodes import make_episode
 from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.prompt_sampling import describe_mix
@@ -231,7 +232,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                                        version=version, request_timeout_s=cfg.rollout.request_timeout_s,
                                        model_path=store.local_copy(version),
                                        restart_server=backend.restart if backend.restartable else None,
-                                       make_client=backend.client)
+                                       make_client=backend.client, episode=make_episode(cfg.episode),
+                                       encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
         if saved is not None:
             controller.restore(saved.state["controller"])
         first_step = version + 1
@@ -272,6 +274,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                         "generated_tokens": controller.generated_tokens - gen_before,
                         **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
                         **{f"mix_{b}": p for b, p in mix.items()},
+                        # multi-turn episodes: answers' turns, and text the environment added (not trained)
+                        "turns_mean": sum(t.reward_info.get("turns", 1) for t in batch) / len(batch),
+                        "environment_tokens": sum(len(t.output_mask) - sum(t.output_mask) for t in batch),
                     }
                     runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
                     t_ckpt_wait = 0.0

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from areal_core.configbase import Section
 
@@ -10,6 +10,7 @@ from areal_core.configbase import Section
 class SyntheticTask(Section):
     """Chain-of-running-sums task; chain lengths drawn with P(k) proportional to 1/k**alpha."""
 
+    kind: Literal["chain"] = "chain"
     n_train: int = Field(20000, gt=0)
     n_eval: int = Field(500, gt=0)
     min_chain: int = Field(2, ge=1)
@@ -28,6 +29,30 @@ class SyntheticTask(Section):
         return self
 
 
+class SyntheticCodeTask(Section):
+    """Short Python functions from examples (areal_core.data.synthetic_code): a function linear in
+    its k arguments, shown at zero and the unit points; the answer is ``def f(...): return ...``,
+    graded by unit tests in the sandbox. k is drawn with P(k) proportional to 1/k**alpha."""
+
+    kind: Literal["code"]
+    n_train: int = Field(20000, gt=0)
+    n_eval: int = Field(500, gt=0)
+    max_args: int = Field(4, ge=1, le=4)  # k in [1, max_args] (arguments named x, y, z, w)
+    alpha: float = Field(1.0, ge=0)
+    max_coef: int = Field(9, ge=1)  # coefficients in [-max_coef, max_coef]
+    max_const: int = Field(20, ge=0)  # the constant in [-max_const, max_const]
+    seed: int = 0
+
+
+def _synthetic_kind(value) -> str:
+    return value.get("kind", "chain") if isinstance(value, dict) else getattr(value, "kind", "chain")
+
+
+# data.synthetic: the chain task (kind: chain, the default when no kind is given) or the code task (kind: code)
+SyntheticConfig = Annotated[Annotated[SyntheticTask, Tag("chain")] | Annotated[SyntheticCodeTask, Tag("code")],
+                            Discriminator(_synthetic_kind)]
+
+
 class Curriculum(Section):
     """Adaptive prompt mix for RL (areal_core.prompt_sampling.BucketCurriculum): prompts are
     grouped by a meta field of their records, and a group is drawn with weight
@@ -42,6 +67,6 @@ class DataConfig(Section):
     # `synthetic` or a path/URL to a records file (jsonl or parquet, the project's record schema)
     dataset: str = "synthetic"
     eval_dataset: str | None = None  # defaults to the synthetic held-out split
-    synthetic: SyntheticTask = SyntheticTask()
+    synthetic: SyntheticConfig = SyntheticTask()
     shuffle: bool = True
     curriculum: Curriculum | None = None  # None: the data set's own mix, in shuffled epochs

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
+from areal_core.data.code_tests import TestCaseError, check_test_case, shared_testtype
 from areal_core.storage.fsutil import filesystem, write_bytes_atomic
+
+CodeTest = Annotated[dict, AfterValidator(check_test_case)]  # a test case in the grader's format
 
 
 class Record(BaseModel):
@@ -28,9 +31,21 @@ class Record(BaseModel):
     prompt: str
     answer: str = ""
     solution: str | None = None
-    tests: list[dict] | None = None  # code tests
+    tests: list[CodeTest] | None = None  # code records only: the unit tests (areal_core.data.code_tests)
     source: str = ""
     meta: dict = {}
+
+    @model_validator(mode="after")
+    def _tests_fit_task(self) -> "Record":
+        if self.task != "code":
+            if self.tests:
+                raise ValueError(f"field 'tests': only code records carry tests (this one's task is {self.task!r})")
+            return self
+        try:
+            shared_testtype(self.tests or [])
+        except ValueError as e:
+            raise ValueError(f"field 'tests': {e}") from None
+        return self
 
 
 class RecordError(ValueError):
@@ -46,10 +61,19 @@ def _format(kind: str) -> str:
     raise RecordError(f"{kind}: unknown records format (expected a .jsonl or .parquet file)")
 
 
-def _describe(err: ValidationError) -> str:
+def describe_validation_error(err: ValidationError) -> str:
+    """Each of a record's validation errors as ``field 'F': what was wrong``, joined by '; '."""
     parts = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<row>"
+        if e["type"] == "value_error":  # our own checks: the message says what was wrong and what came
+            cause = e.get("ctx", {}).get("error")
+            if isinstance(cause, TestCaseError) and cause.field is not None:  # e.g. field 'tests.2.fn_name'
+                field, msg = f"{field}.{cause.field}", cause.reason
+            else:
+                msg = e["msg"].removeprefix("Value error, ")
+            parts.append(msg if field == "<row>" else f"field '{field}': {msg}")
+            continue
         got = e.get("input")
         got_s = "missing" if e["type"] == "missing" else f"got {type(got).__name__} {got!r:.60}"
         parts.append(f"field '{field}': {e['msg']} ({got_s})")
@@ -59,10 +83,12 @@ def _describe(err: ValidationError) -> str:
 def _validate(row: Any, where: str) -> Record:
     if not isinstance(row, dict):
         raise RecordError(f"{where}: expected a JSON object (a record), got {type(row).__name__}")
+    if isinstance(row.get("id"), str):
+        where = f"{where} (record {row['id']!r})"
     try:
         return Record.model_validate(row)
     except ValidationError as e:
-        raise RecordError(f"{where}: {_describe(e)}") from None
+        raise RecordError(f"{where}: {describe_validation_error(e)}") from None
 
 
 def _read_jsonl(f, url: str) -> list[Record]:

@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_core.data.records import Record, RecordError
+from pydantic import ValidationError
+
+from areal_core.data.records import Record, RecordError, describe_validation_error
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+SHARED_DATA_DIR = DATA_DIR.parents[1] / "shared" / "data"  # ../shared/data: where the files not shipped are
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 _QWQ_SUFFIX = "\n" + MATH_INSTRUCTION
 _DSR_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
@@ -40,6 +43,13 @@ class _Row:
     def fail(self, field: str, expected: str) -> RecordError:
         got = self.data.get(field, "<missing>")
         return RecordError(f"{self.where}: field '{field}': expected {expected}, got {str(got)[:80]!r}")
+
+    def record(self, **fields) -> Record:
+        """The row as a :class:`Record`; one that fails validation names this row."""
+        try:
+            return Record(**fields)
+        except ValidationError as e:
+            raise RecordError(f"{self.where} (record {fields.get('id')!r}): {describe_validation_error(e)}") from None
 
     def text(self, field: str) -> str:
         v = self.data.get(field)
@@ -103,8 +113,8 @@ def _gsm8k(path: str, name: str) -> list[Record]:
         final = worked.rsplit("####", 1)[1].strip().replace(",", "")
         if not re.fullmatch(r"-?\d+(\.\d+)?", final):
             raise row.fail("answer", "a number after '####'")
-        out.append(Record(id=f"{name}/{i}", task="math", prompt=row.text("question"), answer=final,
-                          solution=worked, source=name))
+        out.append(row.record(id=f"{name}/{i}", task="math", prompt=row.text("question"), answer=final,
+                              solution=worked, source=name))
     return out
 
 
@@ -117,8 +127,8 @@ def _math_problems(path: str, name: str) -> list[Record]:
             continue  # 4 known rows without an answer: nothing to grade against (data/SOURCES.md)
         rid = d.get("unique_id") or d.get("id")
         meta = {k: d[k] for k in ("subject", "level", "type", "difficulty", "url") if k in d}
-        out.append(Record(id=f"{name}/{rid if rid is not None else i}", task="math", prompt=row.text("problem"),
-                          answer=row.answer("answer"), solution=d.get("solution") or None, source=name, meta=meta))
+        out.append(row.record(id=f"{name}/{rid if rid is not None else i}", task="math", prompt=row.text("problem"),
+                              answer=row.answer("answer"), solution=d.get("solution") or None, source=name, meta=meta))
     return out
 
 
@@ -131,7 +141,7 @@ def _aime25(path: str, name: str) -> list[Record]:
             prompt = prompt[: -len(_QWQ_SUFFIX)] if prompt.endswith(_QWQ_SUFFIX) else prompt
         else:
             prompt = row.text("problem")
-        out.append(Record(id=f"{name}/{i}", task="math", prompt=prompt, answer=row.answer("answer"), source=name))
+        out.append(row.record(id=f"{name}/{i}", task="math", prompt=prompt, answer=row.answer("answer"), source=name))
     return out
 
 
@@ -146,7 +156,7 @@ def _deepscaler(path: str, name: str) -> list[Record]:
         truth = (row.data.get("reward_model") or {}).get("ground_truth")
         if not isinstance(truth, str) or not truth.strip():
             continue  # 1 known row with an empty ground truth (data/SOURCES.md)
-        out.append(Record(id=f"{name}/{i}", task="math", prompt=prompt, answer=truth.strip(), source=name))
+        out.append(row.record(id=f"{name}/{i}", task="math", prompt=prompt, answer=truth.strip(), source=name))
     return out
 
 
@@ -183,8 +193,8 @@ def _livecodebench(path: str, name: str) -> list[Record]:
                 tests.append({"testtype": "stdin", "input": t["input"], "output": t["output"]})
             else:
                 raise row.fail("tests", "testtype 'stdin' or 'functional'")
-        out.append(Record(id=f"{name}/{i}", task="code", prompt=_code_prompt(problem, starter), tests=tests,
-                          source=name, meta={"public_tests_only": True, "starter_code": starter}))
+        out.append(row.record(id=f"{name}/{i}", task="code", prompt=_code_prompt(problem, starter), tests=tests,
+                              source=name, meta={"public_tests_only": True, "starter_code": starter}))
     return out
 
 
@@ -195,10 +205,10 @@ def _humaneval(path: str, name: str) -> list[Record]:
         test = row.text("test") + f"\n\ncheck({entry})\n"
         prompt = f"Complete the following Python function.\n```python\n{stub.rstrip()}\n```\nReturn the complete " \
                  "function (with any imports it needs) in one ```python code block."
-        out.append(Record(id=row.text("task_id"), task="code", prompt=prompt,
-                          solution=stub + row.text("canonical_solution"),
-                          tests=[{"testtype": "assert", "code": test, "prefix": stub}], source=name,
-                          meta={"entry_point": entry}))
+        out.append(row.record(id=row.text("task_id"), task="code", prompt=prompt,
+                              solution=stub + row.text("canonical_solution"),
+                              tests=[{"testtype": "assert", "code": test, "prefix": stub}], source=name,
+                              meta={"entry_point": entry}))
     return out
 
 
@@ -208,8 +218,8 @@ def _leetcode(path: str, name: str) -> list[Record]:
         tests = row.data.get("tests")
         if not isinstance(tests, dict) or not isinstance(tests.get("functional"), str):
             raise row.fail("tests", "an object with a 'functional' check() program")
-        out.append(Record(id=f"{name}/{i}", task="code", prompt=row.text("problem"), solution=row.text("solutions"),
-                          tests=[{"testtype": "assert", "code": tests["functional"]}], source=name))
+        out.append(row.record(id=f"{name}/{i}", task="code", prompt=row.text("problem"), solution=row.text("solutions"),
+                              tests=[{"testtype": "assert", "code": tests["functional"]}], source=name))
     return out
 
 
@@ -221,8 +231,8 @@ def _codeforces(path: str, name: str) -> list[Record]:
                                                         and isinstance(t.get("output"), str) for t in raw):
             raise row.fail("tests", "a non-empty list of {input, output} strings")
         tests = [{"testtype": "stdin", "input": t["input"], "output": t["output"]} for t in raw]
-        out.append(Record(id=f"{name}/{i}", task="code", prompt=_code_prompt(row.text("problem"), ""), tests=tests,
-                          source=name))
+        out.append(row.record(id=f"{name}/{i}", task="code", prompt=_code_prompt(row.text("problem"), ""), tests=tests,
+                              source=name))
     return out
 
 
@@ -231,29 +241,62 @@ class Source:
     reader: Callable[[str, str], list[Record]]
     default_file: str  # relative to data/ in the repo, or to ../shared/data for files not shipped
     shipped: bool  # copied into the repo's data/ folder
+    origin: str  # where the file was copied from: repo : path @ commit (blob); data/SOURCES.md has the licenses
+    # a training set: the evaluation sources it must share no problem with (areal_core.data.overlap);
+    # `prepare` leaves out the problems that are also in one of them
+    held_out_from: tuple[str, ...] = ()
 
+
+_RLLM = "agentica-project/rllm : rllm/data/{} @ 874daa4acb7f451dc2a4b2b6e8ce28f5aa88d1f5 (blob {})"
+_RLLM_5255 = "rllm-org/rllm : rllm/data/{} @ 5255304e87b07e6e81e7c61d9dac3e4f160ec6a9 (blob {})"
+CODE_BENCHMARKS = ("livecodebench", "leetcode", "humaneval")
 
 SOURCES: dict[str, Source] = {
-    "gsm8k": Source(_gsm8k, "gsm8k/test.jsonl", True),
-    "math500": Source(_math_problems, "math500/test.jsonl", True),
-    "aime24": Source(_math_problems, "aime24/test.jsonl", True),
-    "aime25": Source(_aime25, "aime25/qwq_aime25.jsonl", True),
-    "math_train": Source(_math_problems, "math_train/math.json", False),
-    "deepscaler_subset": Source(_deepscaler, "deepscaler_subset/dsr_sub.parquet", True),
-    "livecodebench": Source(_livecodebench, "livecodebench/test_livecodebench.json", True),
-    "humaneval": Source(_humaneval, "humaneval/HumanEval.jsonl.gz", True),
-    "leetcode": Source(_leetcode, "leetcode/test_leetcode.json", True),
-    "codeforces": Source(_codeforces, "codeforces/test_codeforces.json", False),
+    "gsm8k": Source(_gsm8k, "gsm8k/test.jsonl", True, "openai/grade-school-math : grade_school_math/data/test.jsonl "
+                    "@ 3101c7d5072418e28b9008a6636bde82a006892c (blob e4c2ff49)"),
+    "math500": Source(_math_problems, "math500/test.jsonl", True, "inclusionAI/AReaL : evaluation/data/math_500/"
+                      "test.jsonl @ f55fe685c661b0117d888fcae47d6f46e9a85087 (blob 2376b9a1)"),
+    "aime24": Source(_math_problems, "aime24/test.jsonl", True, "QwenLM/Qwen2.5-Math : evaluation/data/aime24/"
+                     "test.jsonl @ a45202bd16f1ec06f433442dc1152d0074773465 (blob bb72e176)"),
+    "aime25": Source(_aime25, "aime25/qwq_aime25.jsonl", True, "QwenLM/QwQ : eval/data/aime25.jsonl "
+                     "@ 620a5eadc89ff464d339367dd9c9973a93215c81 (blob 5c22e0f4)"),
+    "math_train": Source(_math_problems, "math_train/math.json", False,
+                         _RLLM.format("train/math/math.json", "c923136f")),
+    "deepscaler_subset": Source(_deepscaler, "deepscaler_subset/dsr_sub.parquet", True, "ypwang61/One-Shot-RLVR : "
+                                "data/train/one_shot_rlvr/dsr_sub.parquet @ 21ed529ec90002597c92aee957af1dd8166bb66c "
+                                "(blob 8199b691)"),
+    "livecodebench": Source(_livecodebench, "livecodebench/test_livecodebench.json", True,
+                            _RLLM_5255.format("test/code/livecodebench.json", "fae91d6e")),
+    "humaneval": Source(_humaneval, "humaneval/HumanEval.jsonl.gz", True, "openai/human-eval : data/HumanEval.jsonl.gz "
+                        "@ 6d43fb980f9fee3c892a914eda09951f772ad10d (blob 998d2519)"),
+    "leetcode": Source(_leetcode, "leetcode/test_leetcode.json", True,
+                       _RLLM.format("test/code/leetcode.json", "05bcf223")),
+    "codeforces": Source(_codeforces, "codeforces/test_codeforces.json", False,
+                         _RLLM.format("test/code/codeforces.json", "6454c1ee")),
+    "livecodebench_train": Source(_livecodebench, "livecodebench/train_livecodebench.json", False,
+                                  _RLLM_5255.format("train/code/livecodebench.json", "5ad514db"), CODE_BENCHMARKS),
+    "leetcode_train": Source(_leetcode, "leetcode/train_leetcode.json", False,
+                             _RLLM.format("train/code/leetcode.json", "3a11291d"), CODE_BENCHMARKS),
 }
 
 
+def source_path(name: str) -> str:
+    """Where source ``name``'s file is read from by default: data/ in the repo, else (for a file not
+    shipped) ../shared/data beside the repo."""
+    src = SOURCES[name]
+    shipped_copy = DATA_DIR / src.default_file
+    if src.shipped or shipped_copy.exists():
+        return str(shipped_copy)
+    return str(SHARED_DATA_DIR / src.default_file)
+
+
 def read_source(name: str, path: str | None = None) -> list[Record]:
-    """Records of source ``name`` read from ``path`` (default: the file shipped in data/)."""
+    """Records of source ``name`` read from ``path`` (default: :func:`source_path`)."""
     if name not in SOURCES:
         raise ValueError(f"unknown data source {name!r}; known: {', '.join(SOURCES)}")
     src = SOURCES[name]
     if path is None:
-        path = str(DATA_DIR / src.default_file)
+        path = source_path(name)
         if not os.path.exists(path):
             hint = "" if src.shipped else " (not shipped with the repo; pass the path of a copy, see data/SOURCES.md)"
             raise RecordError(f"{path}: no such file for source {name!r}{hint}")

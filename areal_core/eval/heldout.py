@@ -28,7 +28,8 @@ def evaluate_prompts(urls, prompts, decode, rewards, *, temperature=0.0, max_new
         by_task.setdefault(p.task, []).append(i)
     correct = [False] * len(prompts)
     for task, idx in by_task.items():
-        results = rewards.grade_many(task, [texts[i] for i in idx], [prompts[i].reference for i in idx])
+        results = rewards.grade_many(task, [texts[i] for i in idx], [prompts[i].reference for i in idx],
+                                     [prompts[i].tests for i in idx])
         for i, r in zip(idx, results):
             correct[i] = bool(r.correct)
     lengths = [len(r.output_ids) for r in responses]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from areal_core.configbase import Section
@@ -14,3 +16,7 @@ class RewardConfig(Section):
     # limits normally end a grading first (math: helper process killed after 20 s; code: the
     # sandbox's 10 s wall time); this one also covers a grader that hangs.
     timeout_s: float = Field(30.0, gt=0)
+    # the reward of a code answer in training: all_pass (the AReaL paper's: reward_correct only if every
+    # test passes, else reward_wrong) or fraction (reward_wrong + share of tests passed x (reward_correct
+    # - reward_wrong); each failing test costs one more sandbox run). Accuracy and evaluation are all-pass.
+    code_reward: Literal["all_pass", "fraction"] = "all_pass"

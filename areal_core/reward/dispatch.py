@@ -9,6 +9,7 @@ from areal_core.reward.result import RewardResult
 
 TASKS = ("chain", "math", "code")
 TIMED_OUT = "grading timed out"  # the reason of an answer whose grading ran past reward.timeout_s
+CODE_REWARDS = ("all_pass", "fraction")  # reward.code_reward: see grade_partial
 
 
 def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
@@ -28,14 +29,50 @@ def grade(task: str, response: str, reference: str, tests: list[dict] | None = N
 
         return grade_math_result(response, reference)
     if task == "code":
-        from areal_core.reward.code import extract_code, grade_code
-
-        if not tests:
-            raise ValueError("a code task needs tests to grade against")
-        program = extract_code(response)
-        result = grade_code(program, tests)
+        program, result = _run_code(response, tests)
         return RewardResult(correct=result.passed, parsed=program[:2000], reason=result.reason)
     raise ValueError(f"no grader for task kind {task!r}; known: {', '.join(TASKS)}")
+
+
+def _run_code(response: str, tests: list[dict] | None):
+    """``(program, CodeResult)``: the response's program run against ``tests`` in the sandbox."""
+    from areal_core.reward.code import extract_code, grade_code
+
+    if not tests:
+        raise ValueError("a code task needs tests to grade against")
+    program = extract_code(response)
+    return program, grade_code(program, tests)
+
+
+def _passed_share(program: str, tests: list[dict], first) -> float:
+    """The share of ``tests`` that ``program`` passes, given ``first``, its graded run against all of them.
+
+    A graded run stops at the first failing test, so the tests after it are graded again
+    (from the one after the failure), until a run passes the rest or fails for no test in
+    particular (it did not load, timed out, or broke off between tests): the tests it did not
+    reach then count as failed. Each failing test costs one more sandbox run at most."""
+    from areal_core.reward.code import grade_code
+
+    passed, start, run = 0, 0, first
+    while True:
+        passed += run.n_passed
+        if run.passed or not run.details or run.details[-1]["ok"]:
+            break
+        start += len(run.details)  # the tests up to and including the failing one
+        if start >= len(tests):
+            break
+        run = grade_code(program, tests[start:])
+    return passed / len(tests)
+
+
+def grade_partial(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
+    """:func:`grade`, with partial credit for code (``reward.code_reward: fraction``): the result's
+    ``score`` is the share of the tests the program passes (``correct`` still means all of them)."""
+    if task != "code":
+        return grade(task, response, reference, tests)
+    program, result = _run_code(response, tests)
+    return RewardResult(correct=result.passed, parsed=program[:2000], reason=result.reason,
+                        score=_passed_share(program, tests, result))
 
 
 def grade_within(timeout_s: float, task: str, response: str, reference: str,
@@ -45,9 +82,11 @@ def grade_within(timeout_s: float, task: str, response: str, reference: str,
     return grade_batch([(task, response, reference, tests)], timeout_s)[0]
 
 
-def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float) -> list[RewardResult]:
+def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float,
+                code_reward: str = "all_pass") -> list[RewardResult]:
     """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group),
-    each within ``timeout_s`` seconds of its start.
+    each within ``timeout_s`` seconds of its start; ``code_reward: fraction`` grades with
+    :func:`grade_partial` (a score for the share of tests passed), ``all_pass`` with :func:`grade`.
 
     The items are graded one after another in one daemon thread (starting a thread per
     answer cost more than grading a short one). An item still being graded after
@@ -55,6 +94,13 @@ def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s:
     cannot stop, is told to stop after it and left behind, and a fresh thread takes the
     items after it. A grader's exception is raised here.
     """
+    if code_reward not in CODE_REWARDS:
+        raise ValueError(f"code_reward must be one of {CODE_REWARDS}, got {code_reward!r}")
+    return _grade_in_order(items, timeout_s, grade if code_reward == "all_pass" else grade_partial)
+
+
+def _grade_in_order(items: list[tuple], timeout_s: float, grader) -> list[RewardResult]:
+    """Each item's result in order, by ``grader``, in one thread at a time (see :func:`grade_batch`)."""
     results: list[RewardResult] = []
     while len(results) < len(items):
         first = len(results)
@@ -66,7 +112,7 @@ def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s:
                 if stop.is_set():
                     return
                 try:
-                    done.put(grade(*item))
+                    done.put(grader(*item))
                 except Exception as e:  # raised again below, in the caller's thread
                     done.put(e)
                     return

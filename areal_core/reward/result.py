@@ -10,6 +10,7 @@ class RewardResult:
     correct: bool
     parsed: str | None = None  # the answer extracted from the response
     reason: str = ""  # e.g. "ok", "wrong answer", "no answer found", "timeout"
+    score: float | None = None  # partial credit in 0..1 (reward.code_reward: fraction); None: all or nothing
 
     def as_dict(self) -> dict:
         return asdict(self)

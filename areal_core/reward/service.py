@@ -107,7 +107,10 @@ class RewardService:
     ) -> None:
         """Grade ``items`` ``(task, response, reference, tests)`` in one Dask task, together with
         any other batches waiting for a worker (see the module docstring); ``on_done(results,
-        error)`` gets this batch's results in order, from a Dask thread."""
+        error)`` gets this batch's results in order, from a Dask thread.
+
+        This is the training path: code answers get ``reward.code_reward``'s credit
+        (``RewardResult.score`` under ``fraction``); ``submit`` and ``grade_many`` give verdicts only."""
         with self._coalesce_lock:
             self._pending.append((list(items), on_done))
             ready = self._take_pending()
@@ -137,7 +140,7 @@ class RewardService:
                 start += len(items)
 
         self.n_tasks += 1
-        self._submit(grade_batch, (merged, self.cfg.timeout_s), done)
+        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward), done)
 
     def _submit(self, fn, args: tuple, on_done):
         from distributed.scheduler import KilledWorker
@@ -172,9 +175,14 @@ class RewardService:
             self.n_timed_out += n
             log.warning("%d answer(s) graded wrong: grading ran past reward.timeout_s (%gs)", n, self.cfg.timeout_s)
 
-    def grade_many(self, task: str, responses: list[str], references: list[str]) -> list[RewardResult]:
+    def grade_many(self, task: str, responses: list[str], references: list[str],
+                   tests: list[list[dict] | None] | None = None) -> list[RewardResult]:
+        """Verdicts for ``responses`` (one Dask task each); ``tests``: each one's tests (code)."""
         n = len(responses)
-        futs = self.client.map(grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references,
+        tests = tests if tests is not None else [None] * n
+        if len(tests) != n:
+            raise ValueError(f"{len(tests)} test lists for {n} responses")
+        futs = self.client.map(grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references, tests,
                                pure=False, retries=2)
         results = self.client.gather(futs)
         self._count_timeouts(results)
