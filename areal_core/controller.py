@@ -28,6 +28,7 @@ Nothing admitted is lost:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import logging
 import threading
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from areal_core.agents import FROZEN, TRAINABLE, AgentRouter
 from areal_core.algo import staleness_allows
 from areal_core.buffer import ReplayBuffer
 from areal_core.episodes import Episode, SingleTurn
@@ -50,6 +52,10 @@ from areal_core.types import Trajectory
 log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 8  # per trajectory: a request that keeps killing servers fails the run
+
+# The policy the current task generates with (multi-agent runs): a group's task sets it, the turns it
+# runs (and their tasks) inherit it, so generation and recovery use that policy's servers.
+_ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("areal_route", default=TRAINABLE)
 
 
 @dataclass
@@ -110,12 +116,24 @@ class RolloutController:
         make_client=None,
         episode: Episode | None = None,
         encode=None,  # response text -> token ids (episodes that add text to an answer need it)
+        agents: AgentRouter | None = None,
+        agent_prompt: Callable[[str, Prompt], list[int]] | None = None,
+        frozen_urls: Sequence[str] = (),
+        frozen_model_path: str = "",
+        frozen_version: int = 0,
+        restart_frozen: Callable[[int, str, int], None] | None = None,
     ):
         """``transport`` moves new weights to the servers (``update_weights``).
         ``model_path``: a checkpoint folder of ``version`` that a restarted server starts from
         (``restart_from`` moves it on); the transport then brings it to the current weights.
         ``restart_server(i, model_path, version)``: restart server ``i`` (blocking); None
-        for servers managed elsewhere, which the controller waits for instead."""
+        for servers managed elsewhere, which the controller waits for instead.
+
+        Multi-agent runs (``areal_core/agents.py``): ``agents`` routes each prompt group, when it
+        is admitted, to the trainable policy (``urls``, as without agents) or the frozen one
+        (``frozen_urls``: servers holding ``frozen_model_path`` at ``frozen_version``, which never
+        get weights; ``restart_frozen(i, path, version)`` restarts one). ``agent_prompt(agent,
+        prompt)`` gives the prompt ids in that agent's style."""
         if not prompts:
             raise ValueError("the controller needs at least one prompt")
         self.urls = urls
@@ -148,6 +166,33 @@ class RolloutController:
         self._ready = threading.Event()
         self._tasks: set[asyncio.Task] = set()
         self._partials: dict = {}  # traj id -> (output length held when asked, partial output)
+        # multi-agent runs
+        self.agents = agents
+        self._agent_prompt = agent_prompt
+        self.frozen_urls = list(frozen_urls)
+        self.frozen_model_path, self.frozen_version = frozen_model_path, frozen_version
+        self.restart_frozen = restart_frozen
+        if agents is not None and agents.top_k < len(agents.ids) and not self.frozen_urls:
+            raise ValueError("agents routed to the frozen policy need frozen_urls")
+        # frozen groups in flight, at most as many as the gate lets trainable ones be
+        self._frozen_limit = max(1, (settings.eta + 1) * settings.batch_size // settings.n_samples)
+        self.frozen_in_flight = 0
+        self.frozen_generated = 0  # frozen answers rewarded (recorded, never trained)
+        self.frozen_tokens = 0  # their policy tokens (generated_tokens counts them too)
+        self._pools: dict[str, RolloutPool] = {}
+
+    @property
+    def pool(self) -> RolloutPool:
+        """The servers of the policy the current task generates with (without agents: the only pool)."""
+        return self._pools[_ROUTE.get()]
+
+    @pool.setter
+    def pool(self, value: RolloutPool) -> None:
+        self._pools[TRAINABLE] = value
+
+    @property
+    def trainable_pool(self) -> RolloutPool:
+        return self._pools[TRAINABLE]
 
     # lifecycle (called from the trainer's thread) -------------------------
     def start(self) -> "RolloutController":
@@ -180,8 +225,13 @@ class RolloutController:
 
         Returns at once: the future resolves when the update is done (or raises its
         error), so the trainer can start its next step meanwhile. The caller stages the
-        next version only after this future resolved."""
+        next version only after this future resolved.
+
+        With agents, every ``every_steps``-th version (trainer step) first re-selects the agents
+        routed to the trainable policy; groups admitted from then on follow the new table."""
         assert self._loop is not None, "controller not started"
+        if self.agents is not None and self.agents.maybe_select(version):
+            log.info("step %d: agents on the trainable policy: %s", version, self.agents.selections[-1]["trainable"])
         return asyncio.run_coroutine_threadsafe(self._update_weights(version), self._loop)
 
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
@@ -210,6 +260,8 @@ class RolloutController:
         self._sampler = make_sampler(self._prompts, self.s.shuffle, self.s.seed, self.s.curriculum,
                                      state.get("sampler") or {"n_drawn": self.n_groups})
         self._tally = {gid: list(t) for gid, t in state.get("tally", {}).items()}
+        if self.agents is not None and state.get("agents"):  # (a state saved without agents has none)
+            self.agents.restore(state["agents"])
         for g in state["groups"]:
             self.buffer.admit(g["group_id"], g["first_seq_no"], g["admit_version"], g["size"])
             for row in g["trajectories"]:
@@ -229,6 +281,11 @@ class RolloutController:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
         self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s, make_client=self.make_client)
+        if self.frozen_urls:  # never given to the transport: no weights ever reach them
+            self._pools[FROZEN] = RolloutPool(self.frozen_urls, timeout_s=self.request_timeout_s,
+                                              make_client=self.make_client)
+        self._frozen_sem = asyncio.Semaphore(self._frozen_limit)
+        self._frozen_lock = asyncio.Lock()
         self._gate = asyncio.Condition()
         self._servers_lock = asyncio.Lock()  # weight updates and server recovery, one at a time
         groups: dict[str, list[Trajectory]] = {}
@@ -238,13 +295,13 @@ class RolloutController:
             self._spawn(trajs, fresh=False)
         self._restored = []
         self._main = self._loop.create_task(self._admit_loop())
-        self._connected = self._loop.create_task(self.transport.connect(self.pool.clients))
+        self._connected = self._loop.create_task(self.transport.connect(self.trainable_pool.clients))
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
 
-    def _spawn(self, trajs: list[Trajectory], fresh: bool) -> None:
-        t = self._loop.create_task(self._run_group(trajs, fresh))
+    def _spawn(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
+        t = self._loop.create_task(self._run_group(trajs, fresh, route))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
@@ -252,22 +309,44 @@ class RolloutController:
         n, B, eta = self.s.n_samples, self.s.batch_size, self.s.eta
         try:
             while True:
-                async with self._gate:
-                    # the last of the group's n requests must pass the gate
-                    await self._gate.wait_for(
-                        lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta)
-                    )
+                # with agents: the next group is the next agent's (round robin), on the policy its
+                # route names now; a frozen group waits for a frozen slot instead of the gate
+                agent = self.agents.agent_for(self.n_groups) if self.agents is not None else ""
+                route = self.agents.route(agent) if agent else TRAINABLE
+                if route == FROZEN:
+                    await self._frozen_sem.acquire()
+                else:
+                    async with self._gate:
+                        # the last of the group's n requests must pass the gate
+                        await self._gate.wait_for(
+                            lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta)
+                        )
+                if agent and self.agents.route(agent) != route:  # re-selected while waiting
+                    if route == FROZEN:
+                        self._frozen_sem.release()
+                    continue
                 with self._lock:  # the sampler's pass rates change in reward callbacks
                     epoch, prompt = self._sampler.next()
                     gid = group_id(epoch, prompt.id)
-                    self._tally[gid] = [prompt.id, 0, 0]
+                    if route == TRAINABLE:  # the curriculum follows the trained policy's results
+                        self._tally[gid] = [prompt.id, 0, 0]
+                self.n_groups += 1
+                ids = self._agent_prompt(agent, prompt) if agent and self._agent_prompt else list(prompt.input_ids)
+                if route == FROZEN:  # not gated, not buffered, never trained: recorded per agent
+                    self.frozen_in_flight += 1
+                    trajs = [Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=-1,
+                                        admit_version=self.frozen_version, prompt_ids=list(ids),
+                                        reference=prompt.reference, task=prompt.task, agent_id=agent,
+                                        route=FROZEN) for k in range(n)]
+                    self._spawn(trajs, fresh=True, route=FROZEN)
+                    continue
                 first = self.n_submitted
                 self.n_submitted += n
-                self.n_groups += 1
                 self.buffer.admit(gid, first, self.version, n)
                 trajs = [Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=first + k,
-                                    admit_version=self.version, prompt_ids=list(prompt.input_ids),
-                                    reference=prompt.reference, task=prompt.task) for k in range(n)]
+                                    admit_version=self.version, prompt_ids=list(ids),
+                                    reference=prompt.reference, task=prompt.task, agent_id=agent,
+                                    route=TRAINABLE if agent else "") for k in range(n)]
                 for traj in trajs:
                     self._live[traj.traj_id] = traj
                 self._spawn(trajs, fresh=True)
@@ -277,10 +356,13 @@ class RolloutController:
             log.exception("rollout admission failed")
             self.buffer.fail(e)
 
-    async def _run_group(self, trajs: list[Trajectory], fresh: bool) -> None:
+    async def _run_group(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
         """Roll out a fresh group through the episode (the built-in one: every answer in one batched
         request, graded together); a restored group's unfinished answers are finished and graded as
-        they are. The buffer hands out whole groups, so nothing waits for answers one by one."""
+        they are. The buffer hands out whole groups, so nothing waits for answers one by one.
+        ``route``: the policy whose servers generate it (this task's and its turns'); a frozen
+        group's verdicts are recorded for its agent, never put in the buffer."""
+        _ROUTE.set(route)
         try:
             if fresh:
                 results = await self.episode.run(trajs, _EpisodeContext(self))
@@ -293,22 +375,33 @@ class RolloutController:
             log.error("rollout of group %s failed: %r", trajs[0].group_id, e)
             self.buffer.fail(e)
             return
+        finally:
+            if route == FROZEN:
+                self.frozen_in_flight -= 1
+                self._frozen_sem.release()
         for t, r in zip(trajs, results, strict=True):
-            self._rewarded(t, r)
+            if route == FROZEN:
+                self._recorded(t, r)
+            else:
+                self._rewarded(t, r)
 
-    async def _generate_turn(self, trajs: Sequence[Trajectory], max_new: int | None) -> None:
-        """One policy turn of each of ``trajs``: fresh ones in one batched request first."""
+    async def _generate_turn(self, trajs: Sequence[Trajectory], max_new: int | None,
+                             stop_token_ids: Sequence[int] = ()) -> None:
+        """One policy turn of each of ``trajs``: fresh ones in one batched request first; the turn
+        also ends at any of ``stop_token_ids`` (besides EOS)."""
         if all(not t.output_ids for t in trajs):
-            await self._first_call(list(trajs), max_new)
-        await asyncio.gather(*(self._continue(t, len(t.output_ids) if t.output_mask else 0, max_new)
+            await self._first_call(list(trajs), max_new, stop_token_ids)
+        await asyncio.gather(*(self._continue(t, len(t.output_ids) if t.output_mask else 0, max_new, stop_token_ids)
                                for t in trajs))
 
-    async def _first_call(self, trajs: list[Trajectory], max_new: int | None = None) -> None:
+    async def _first_call(self, trajs: list[Trajectory], max_new: int | None = None,
+                          stop_token_ids: Sequence[int] = ()) -> None:
         """All of a new group's answers in one request; what it does not finish, ``_continue`` does."""
         max_new = int(max_new or self.s.sampling["max_new_tokens"])
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   [Sampling(**{**self.s.sampling, "max_new_tokens": max_new})]
+                                                   [Sampling(**{**self.s.sampling, "max_new_tokens": max_new,
+                                                                "stop_token_ids": tuple(stop_token_ids)})]
                                                    * len(trajs),
                                                    rids=[t.traj_id for t in trajs])
         except RolloutServerError as e:
@@ -334,9 +427,11 @@ class RolloutController:
         if gen.finish_reason != "abort":  # aborted: keep what it made and go on
             traj.finish_reason = gen.finish_reason
 
-    async def _continue(self, traj: Trajectory, turn_start: int = 0, max_new: int | None = None) -> None:
+    async def _continue(self, traj: Trajectory, turn_start: int = 0, max_new: int | None = None,
+                        stop_token_ids: Sequence[int] = ()) -> None:
         """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies);
-        the turn that began at output position ``turn_start`` gets ``max_new`` tokens (default the config's)."""
+        the turn that began at output position ``turn_start`` gets ``max_new`` tokens (default the config's)
+        and ends at EOS or any of ``stop_token_ids``."""
         max_new = int(max_new or self.s.sampling["max_new_tokens"])
         resubmits = 0
         while not traj.finished:
@@ -346,7 +441,8 @@ class RolloutController:
                 break
             try:
                 resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
-                                                Sampling(**{**self.s.sampling, "max_new_tokens": remaining}),
+                                                Sampling(**{**self.s.sampling, "max_new_tokens": remaining,
+                                                            "stop_token_ids": tuple(stop_token_ids)}),
                                                 rid=traj.traj_id)
             except RolloutServerError as e:
                 if not e.server_down or resubmits >= MAX_RESUBMITS:
@@ -382,12 +478,37 @@ class RolloutController:
 
     def _rewarded(self, traj: Trajectory, result: RewardResult) -> None:
         with self._lock:
-            traj.correct = bool(result.correct)  # for code: every test passed
-            traj.reward = self._reward(result)
-            traj.reward_info = {**traj.reward_info, **result.as_dict()}  # an episode's notes (turns) stay
+            self._verdict(traj, result)
             self._live.pop(traj.traj_id, None)
             self._count(traj)
+            if self.agents is not None and traj.agent_id:
+                self.agents.record(traj.agent_id, traj.reward, traj.correct, TRAINABLE)
             self.buffer.put(traj)
+
+    def _recorded(self, traj: Trajectory, result: RewardResult) -> None:
+        """A frozen-policy answer's verdict: its agent's record, never the buffer or the curriculum."""
+        with self._lock:
+            self._verdict(traj, result)
+            self.frozen_generated += 1
+            self.frozen_tokens += len(traj.policy_token_versions())
+            self.agents.record(traj.agent_id, traj.reward, traj.correct, FROZEN)
+
+    def _verdict(self, traj: Trajectory, result: RewardResult) -> None:
+        traj.correct = bool(result.correct)  # for code: every test passed
+        traj.reward = self._reward(result)
+        traj.reward_info = {**traj.reward_info, **result.as_dict()}  # an episode's notes (turns) stay
+        versions = traj.policy_token_versions()
+        traj.policy_version = min(versions) if versions else None  # the oldest that sampled a token
+
+    def agent_metrics(self) -> dict:
+        """Per-agent columns for a metrics row (``AgentRouter.step_metrics``) and the frozen side's
+        counts; empty without agents."""
+        if self.agents is None:
+            return {}
+        with self._lock:
+            frozen = {"frozen_answers": self.frozen_generated, "frozen_tokens": self.frozen_tokens,
+                      "frozen_in_flight_groups": self.frozen_in_flight}
+        return {**self.agents.step_metrics(), **frozen}
 
     def _reward(self, result: RewardResult) -> float:
         """reward_correct or reward_wrong; with partial credit (code under ``reward.code_reward:
@@ -425,12 +546,12 @@ class RolloutController:
                 if self.transport.staged_version != version:
                     raise RuntimeError(f"update to version {version}, but the transport holds "
                                        f"version {self.transport.staged_version}")
-                await self.transport.push(self.pool.clients)
+                await self.transport.push(self.trainable_pool.clients)  # the frozen servers: never
             except RolloutServerError as e:
                 if not e.server_down:
                     raise
                 log.warning("weight update of %s failed (%s); recovering the server", e.url, e)
-                await self._bring_back(self.pool.urls.index(e.url))
+                await self._bring_back(self.trainable_pool.urls.index(e.url))
         async with self._gate:
             self.version = version
             self._gate.notify_all()
@@ -443,6 +564,9 @@ class RolloutController:
 
     async def _recover(self, url: str) -> None:
         """The server at ``url`` failed a request: make sure it is up and at the current weights."""
+        if _ROUTE.get() == FROZEN:
+            await self._recover_frozen(url)
+            return
         i = self.pool.urls.index(url)
         async with self._servers_lock:
             if await self.pool.clients[i].health():
@@ -453,7 +577,7 @@ class RolloutController:
 
     async def _bring_back(self, i: int) -> None:
         """Restart server ``i`` from the last checkpoint and give it the transport's staged weights."""
-        client = self.pool.clients[i]
+        client = self.trainable_pool.clients[i]
         if self.restart_server is not None:
             path = await asyncio.to_thread(self._restart_source)
             await asyncio.to_thread(self.restart_server, i, path, self.model_version)
@@ -464,14 +588,31 @@ class RolloutController:
             await asyncio.sleep(0.2)
         staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
         if staged is not None and (await client.info()).weight_version != staged:
-            await self.transport.resend(self.pool.clients, i)
+            await self.transport.resend(self.trainable_pool.clients, i)
+
+    async def _recover_frozen(self, url: str) -> None:
+        """A frozen server failed a request: make sure it is up, restarting it from the frozen
+        checkpoint; it never gets weights from the transport."""
+        pool = self._pools[FROZEN]
+        i = pool.urls.index(url)
+        client = pool.clients[i]
+        async with self._frozen_lock:  # (the trainable servers' updates go on meanwhile)
+            if await client.health() and (await client.info()).weight_version == self.frozen_version:
+                return
+            if self.restart_frozen is not None:
+                await asyncio.to_thread(self.restart_frozen, i, self.frozen_model_path, self.frozen_version)
+            deadline = time.monotonic() + self.request_timeout_s
+            while not await client.health():
+                if time.monotonic() > deadline:
+                    raise RolloutServerError(url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
+                await asyncio.sleep(0.2)
 
     # resume ------------------------------------------------------------------
     async def _refresh_partials(self) -> None:
         with self._lock:
             asked_at = {tid: len(t.output_ids) for tid, t in self._live.items() if not t.finished}
         fresh = {}
-        for client in self.pool.clients:
+        for client in self.trainable_pool.clients:  # (frozen answers are not part of a snapshot)
             try:
                 fresh.update(await client.partial_outputs())
             except RolloutServerError as e:  # a dead server: its answers restart from what we hold
@@ -500,12 +641,18 @@ class RolloutController:
             # the sampler has seen every finished group; the tallies hold the others' answers so far
             sampler = self._sampler.state()
             tally = {gid: list(t) for gid, t in self._tally.items()}
+            # the agents' records hold every answer rewarded so far (those in the buffer too); frozen
+            # groups in flight are left out (evaluation only: a resumed run does not redo them)
+            agents = self.agents.state() if self.agents is not None else None
         for g in groups:
             g["trajectories"] = g.pop("done") + live.pop(g["group_id"], [])
         if live:
             raise RuntimeError(f"snapshot: answers of groups {sorted(live)[:5]} are not in the buffer")
-        return {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,
-                "sampler": sampler, "tally": tally, "groups": groups}
+        state = {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,
+                 "sampler": sampler, "tally": tally, "groups": groups}
+        if agents is not None:
+            state["agents"] = agents
+        return state
 
     async def _shutdown(self) -> None:
         # every task of this loop: admission, generation, and a partial-output read still running
@@ -513,7 +660,8 @@ class RolloutController:
         for t in others:
             t.cancel()
         await asyncio.gather(*others, return_exceptions=True)
-        await self.pool.aclose()
+        for pool in self._pools.values():
+            await pool.aclose()
         self._loop.call_soon(self._loop.stop)
 
 
@@ -527,8 +675,9 @@ class _EpisodeContext:
     def version(self) -> int:
         return self._c.version
 
-    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None) -> None:
-        await self._c._generate_turn(trajs, max_new_tokens)
+    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
+                       stop_token_ids: Sequence[int] = ()) -> None:
+        await self._c._generate_turn(trajs, max_new_tokens, stop_token_ids)
 
     async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
         return await self._c._grade(trajs, texts)

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, model_validator
 
+from areal_core.agents import MultiAgentConfig
 from areal_core.configbase import Section
 from areal_core.data.config import DataConfig
 from areal_core.episodes.config import EpisodeConfig, SingleTurnConfig
@@ -41,6 +42,7 @@ class ExperimentConfig(Section):
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
     episode: EpisodeConfig = SingleTurnConfig()  # what one rollout of a prompt group is (areal_core/episodes)
+    multi_agent: MultiAgentConfig | None = None  # several agents, reward-gated routing (areal_core/agents.py)
 
     @model_validator(mode="after")
     def _cross_checks(self):
@@ -75,6 +77,15 @@ class ExperimentConfig(Section):
         if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
             raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
                              f"data.dataset: synthetic (got {self.data.dataset!r})")
+        ma = self.multi_agent
+        if ma is not None and ma.needs_frozen_server:
+            if r.backend.kind != "embedded":
+                raise ValueError(f"multi_agent: agents routed to the frozen policy run on an embedded server of "
+                                 f"their own, so rollout.backend.kind must be embedded (got {r.backend.kind!r}); "
+                                 f"or set multi_agent.top_k to the number of agents ({len(ma.agents)})")
+            if self.storage.keep_last is not None:
+                raise ValueError("multi_agent: the frozen policy is checkpoint v0, which storage.keep_last would "
+                                 "prune; leave storage.keep_last unset")
         cur = self.data.curriculum
         if cur is not None and self.data.dataset == "synthetic" and cur.by != "k":
             raise ValueError(f"data.curriculum.by: the synthetic task's records have one meta field, 'k' (the chain "

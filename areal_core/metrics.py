@@ -17,7 +17,11 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
 
 
 LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version",
-                  "min_token_version", "max_token_version", "n_tokens", "reward"]
+                  "min_token_version", "max_token_version", "n_tokens", "reward",
+                  # the agent (multi-agent runs; "" otherwise), the behaviour version (the oldest policy
+                  # token's) and the version the trainer used as the proximal policy (None: the naive
+                  # objective has none). A ledger saved before these columns existed reads them as missing.
+                  "agent_id", "policy_version", "prox_version"]
 
 
 def _policy_versions(t) -> list[int]:
@@ -27,13 +31,15 @@ def _policy_versions(t) -> list[int]:
     return [v for v, m in zip(t.output_versions, t.output_mask) if m]
 
 
-def ledger_rows(batch, step: int, version: int) -> list[dict]:
+def ledger_rows(batch, step: int, version: int, prox_version: int | None = None) -> list[dict]:
+    """One row per trajectory of ``batch``, trained at ``step`` by the policy at ``version``."""
     rows = []
     for t in batch:
         versions = _policy_versions(t)
         rows.append({"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
                      "admit_version": t.admit_version, "min_token_version": min(versions),
-                     "max_token_version": max(versions), "n_tokens": len(t.output_ids), "reward": t.reward})
+                     "max_token_version": max(versions), "n_tokens": len(t.output_ids), "reward": t.reward,
+                     "agent_id": t.agent_id, "policy_version": min(versions), "prox_version": prox_version})
     return rows
 
 
@@ -69,7 +75,7 @@ class RunLog:
         """Replace the rows with those of a saved state (see ``to_parquet_bytes``) and flush."""
         m, led = pd.read_parquet(io.BytesIO(metrics)), pd.read_parquet(io.BytesIO(ledger))
         self.metrics = [{k: _plain(v) for k, v in r.items()} for r in m.to_dict("records")]
-        self.ledger = [{k: _plain(v) for k, v in r.items()} for r in led.to_dict("records")]
+        self.ledger = [_with_new_columns({k: _plain(v) for k, v in r.items()}) for r in led.to_dict("records")]
         self.flush()
 
     def flush(self, min_interval_s: float = 0.0) -> None:
@@ -82,6 +88,15 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(pd.DataFrame(self.metrics), self.run_dir / "metrics.parquet")
         write_parquet_atomic(self.ledger_frame(), self.run_dir / "ledger.parquet")
+
+
+def _with_new_columns(row: dict) -> dict:
+    """A ledger row saved before the multi-agent columns: no agent, the behaviour version its
+    oldest token's, the proximal version unknown (None)."""
+    row.setdefault("agent_id", "")
+    row.setdefault("policy_version", row.get("min_token_version"))
+    row.setdefault("prox_version", None)
+    return row
 
 
 def _plain(v):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from areal_core.agents import FROZEN, AgentRouter, agent_prompter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
@@ -63,7 +65,8 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
     r = cfg.rollout
     if cfg.trainer.eta == 0 and r.weight_update == "drain":
         return cores
-    busy = r.torch_threads * r.n_servers if r.backend.kind == "embedded" else 0
+    frozen = 1 if cfg.multi_agent is not None and cfg.multi_agent.needs_frozen_server else 0  # its own server
+    busy = r.torch_threads * (r.n_servers + frozen) if r.backend.kind == "embedded" else 0
     return max(1, cores - busy)
 
 
@@ -80,6 +83,40 @@ def check_trajectory_budget(cfg: ExperimentConfig, prompts: list) -> None:
             f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) is too small for record "
             f"{longest.id!r}: its prompt of {len(longest.input_ids)} tokens + rollout.sampling.max_new_tokens "
             f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers")
+
+
+def check_agent_budget(cfg: ExperimentConfig, prompts: list, prompter) -> None:
+    """``check_trajectory_budget`` for every agent's prompts (its prefix makes them longer)."""
+    if cfg.multi_agent is None or not prompts:
+        return
+    longest = max(prompts, key=lambda p: len(p.input_ids))
+    for a in cfg.multi_agent.agents:
+        check_trajectory_budget(cfg, [dataclasses.replace(longest, input_ids=prompter(a.id, longest))])
+
+
+def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str):
+    """The frozen policy's server (multi-agent runs that route agents to it): one embedded server
+    holding ``model_path`` (checkpoint v0) with a seed of its own; nothing without one."""
+    if cfg.multi_agent is None or not cfg.multi_agent.needs_frozen_server:
+        return contextlib.nullcontext([]), None
+    from areal_core.rollout.launcher import EmbeddedBackend, server_seed
+
+    (run_dir / "frozen").mkdir(parents=True, exist_ok=True)
+    frozen = EmbeddedBackend(1, engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),
+                             log_dir=run_dir / "frozen")
+    return frozen.launch(model_path, 0), frozen
+
+
+def _weight_versions(urls: list[str], make_client) -> list[int]:
+    """The weight version each server reports."""
+    async def ask():
+        clients = [make_client(u) for u in urls]
+        try:
+            return [(await c.info()).weight_version for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+    return asyncio.run(ask())
 
 
 def _percentiles(xs: list[int]) -> dict:
@@ -182,6 +219,10 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
+    ma = cfg.multi_agent  # several agents: each group is one agent's, routed by reward (areal_core/agents.py)
+    agents = AgentRouter.from_config(ma) if ma is not None else None
+    prompter = agent_prompter(ma.agents, train_records, tokenizer) if ma is not None else None
+    check_agent_budget(cfg, train_prompts, prompter)
     decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
 
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
@@ -210,14 +251,25 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     # the servers compute as the trainer's model does
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir)
+    frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "")
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     with RewardService(cfg.reward) as rewards, \
-            backend.launch(store.local_copy(version), version) as urls:
+            backend.launch(store.local_copy(version), version) as urls, frozen_launch as frozen_urls:
+
+        def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
+            ask = agent_prompter(ma.agents, eval_records, tokenizer)
+            return {a.id: evaluate_prompts(urls, [dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts],
+                                           decode, rewards, make_client=backend.client,
+                                           temperature=cfg.eval.temperature, max_new_tokens=max_new)["accuracy"]
+                    for a in ma.agents}
+
         if before is None:
             phase(f"held-out accuracy before RL, on {len(eval_prompts)} problems")
             before = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
                                       temperature=cfg.eval.temperature,
                                       max_new_tokens=max_new)
+            if ma is not None and ma.eval_per_agent:
+                before["per_agent"] = per_agent_accuracy()
         log.info("held-out accuracy before RL: %.3f", before["accuracy"])
 
         buffer = ReplayBuffer()
@@ -233,7 +285,10 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                                        model_path=store.local_copy(version),
                                        restart_server=backend.restart if backend.restartable else None,
                                        make_client=backend.client, episode=make_episode(cfg.episode),
-                                       encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+                                       encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+                                       agents=agents, agent_prompt=prompter, frozen_urls=frozen_urls,
+                                       frozen_model_path=store.local_copy(0) if frozen_urls else "",
+                                       restart_frozen=frozen_backend.restart if frozen_backend else None)
         if saved is not None:
             controller.restore(saved.state["controller"])
         first_step = version + 1
@@ -259,7 +314,13 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     checkpointing = checkpoints.due(step, final=step == steps)
                     if checkpointing:
                         controller.refresh_partials()  # for the resume state, read while we train
+                    if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
+                        raise RuntimeError("a frozen-policy trajectory reached the trainer")
                     stats = trainer.step(batch, version)
+                    # the proximal policy of this step is the weights it started from (none for naive PPO)
+                    prox_version = version if stats.get("prox_logp_path") != "none" else None
+                    for t in batch:
+                        t.prox_version = prox_version
                     version += 1
                     t1 = time.perf_counter()
                     if syncing is not None:
@@ -277,8 +338,12 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                         # multi-turn episodes: answers' turns, and text the environment added (not trained)
                         "turns_mean": sum(t.reward_info.get("turns", 1) for t in batch) / len(batch),
                         "environment_tokens": sum(len(t.output_mask) - sum(t.output_mask) for t in batch),
+                        # multi-agent runs: per agent R(a), rewards since the last row, route; trained here
+                        **controller.agent_metrics(),
+                        **({f"agent_{a}_trained": sum(t.agent_id == a for t in batch) for a in agents.ids}
+                           if agents is not None else {}),
                     }
-                    runlog.log_step(row, ledger_rows(batch, step, version - 1), flush=False)
+                    runlog.log_step(row, ledger_rows(batch, step, version - 1, prox_version), flush=False)
                     t_ckpt_wait = 0.0
                     if checkpointing:  # weights, optimizer and every untrained answer, as of this step
                         t_ckpt_wait = checkpoints.write(step, model, run_state.encode(
@@ -317,6 +382,15 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         after = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
                                      temperature=cfg.eval.temperature,
                                  max_new_tokens=max_new)
+        multi_agent = None
+        if agents is not None:
+            multi_agent = {**agents.summary(), "frozen_answers": controller.frozen_generated,
+                           # what the frozen server reports now: its version never moved
+                           "frozen_server_versions": _weight_versions(frozen_urls, backend.client)}
+            if ma.eval_per_agent:
+                phase(f"held-out accuracy after RL with each agent's prefix, on {len(eval_prompts)} problems")
+                multi_agent["per_agent_eval"] = {a: {"before": before.get("per_agent", {}).get(a), "after": acc}
+                                                 for a, acc in per_agent_accuracy().items()}
 
     # throughput of this process's steps (after its own warm-up), so a resumed run is not
     # credited with the time before the stop
@@ -364,5 +438,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         "checkpoint_writes": checkpoints.written,
         "checkpoint_bytes_per_step": sum(w["bytes"] for w in checkpoints.written) / max(1, steps - first_step + 1),
     }
+    if multi_agent is not None:
+        summary["multi_agent"] = multi_agent
     write_json_atomic(str(run_dir / "summary.json"), summary)
     return summary

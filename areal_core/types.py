@@ -30,6 +30,12 @@ class Trajectory:
     reward: float | None = None
     correct: bool | None = None
     reward_info: dict = field(default_factory=dict)
+    # multi-agent runs (areal_core/agents.py); the defaults are what a run without agents (or a
+    # state saved before these fields) has
+    agent_id: str = ""  # the agent whose prompting style made the prompt ("" without agents)
+    route: str = ""  # the policy it was routed to at admission: "trainable" | "frozen" ("": trainable, no agents)
+    policy_version: int | None = None  # behaviour version: the oldest version that sampled one of its policy tokens
+    prox_version: int | None = None  # the version the trainer used as the proximal policy (set when trained)
 
     @property
     def finished(self) -> bool:
@@ -39,6 +45,12 @@ class Trajectory:
     @property
     def n_output_tokens(self) -> int:
         return len(self.output_ids)
+
+    def policy_token_versions(self) -> list[int]:
+        """The versions of the tokens the policy sampled (a multi-turn answer's environment text excluded)."""
+        if not self.output_mask:
+            return list(self.output_versions)
+        return [v for v, m in zip(self.output_versions, self.output_mask) if m]
 
     def to_row(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

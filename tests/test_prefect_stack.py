@@ -11,9 +11,9 @@ import psutil
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentUpdate
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from infra.stack import Stack, free_port
+from tests.prefect_api import prefect_api
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
@@ -69,7 +69,7 @@ def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
     try:
         state = stack.up(log=print)
         assert state["ui_url"].startswith("http://127.0.0.1:")
-        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+        with prefect_api(state["api_url"]):
             deps = asyncio.run(_deployments())
             assert EXPECTED_DEPLOYMENTS <= set(deps)
             campaign = deps["campaign"][1]

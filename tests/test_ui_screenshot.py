@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from infra.stack import Stack, free_port
+from tests.prefect_api import prefect_api
 
 BROWSER = "chromium-headless-shell"
 
@@ -62,7 +62,7 @@ def test_flow_runs_page_screenshot(tmp_path):
     shot = tmp_path / "flow_runs.png"
     try:
         state = stack.up(deploy=False, worker=False, log=print)
-        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+        with prefect_api(state["api_url"]):
             from flows.prepare_data import prepare_data
 
             prepare_data("synthetic", str(tmp_path / "data"), synthetic={"n_train": 20, "n_eval": 5})
@@ -136,7 +136,7 @@ def test_train_result_and_deployments_pages_screenshot(tmp_path):
     try:
         state = stack.up(worker=False, log=print)  # deployed; the triggered evaluations just wait
         run_dir = tmp_path / "uirun"
-        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+        with prefect_api(state["api_url"]):
             from flows.train import train
 
             summary = train(config_path=str(Path(__file__).parent / "data/campaign_tiny.yaml"),
@@ -153,7 +153,7 @@ def test_train_result_and_deployments_pages_screenshot(tmp_path):
         rows = dom.split('<tr class="p-table-row')[1:]
         subdued = {name for name in EXPECTED for row in rows if f'title="{name}"' in row and "--subdued" in row}
         assert subdued == {"campaign"}, subdued  # the paused one is drawn greyed out, the others not
-        with temporary_settings({PREFECT_API_URL: state["api_url"]}):
+        with prefect_api(state["api_url"]):
             deployments = asyncio.run(_deployments())
         assert set(deployments) == EXPECTED and deployments["campaign"].paused
         for name, shot in (("campaign", "campaign"), ("evaluate", "evaluate")):  # a deployment's page: its description

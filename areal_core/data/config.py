@@ -17,8 +17,12 @@ class SyntheticTask(Section):
     max_chain: int = Field(12, ge=1)
     alpha: float = Field(1.0, ge=0)
     seed: int = 0
-    # explicit: a3=3,b5=8,c7=15|15 (each step writes the digit it adds); compact: a3b8c15|15
-    format: Literal["explicit", "compact"] = "explicit"
+    # explicit: a3=3,b5=8,c7=15|15 (each step writes the digit it adds); compact: a3b8c15|15;
+    # tool (for episode kind tool): chains of tool_min_chain steps or more as a Python call that sums
+    # the prompt's digits, the sandbox's output and the answer,
+    # <py>sum(map(int,'a3b5c7d2'[1::2]))</py><out>17</out>|17; shorter ones explicit
+    format: Literal["explicit", "compact", "tool"] = "explicit"
+    tool_min_chain: int | None = Field(None, ge=1)  # format tool only (None elsewhere)
 
     @model_validator(mode="after")
     def _chain_order(self):
@@ -26,6 +30,9 @@ class SyntheticTask(Section):
             raise ValueError(f"max_chain ({self.max_chain}) must be >= min_chain ({self.min_chain})")
         if self.max_chain > 26:
             raise ValueError(f"max_chain ({self.max_chain}) must be <= 26 (one letter label per step)")
+        if (self.format == "tool") != (self.tool_min_chain is not None):
+            raise ValueError("format: tool needs tool_min_chain (the shortest chain written as a tool call), "
+                             "and only format: tool takes it")
         return self
 
 

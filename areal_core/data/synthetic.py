@@ -5,9 +5,13 @@ default ``explicit`` format: each step writes its label, the digit it adds and
 the new running total, then "|" and the final answer, e.g. ``a3=3,b5=8,c7=15|15``.
 The ``compact`` format writes only the running totals, ``a3b8c15|15``; it is
 harder for a small model (each step must look the digit up in the prompt
-without writing it down). The tokenizer's EOS follows the answer. The chain length k is drawn from
-[min_chain, max_chain] with P(k) proportional to 1/k**alpha, which gives a
-heavy-tailed distribution of response lengths.
+without writing it down). The ``tool`` format (for the tool-use episode,
+``episode: {kind: tool}``) writes chains of ``tool_min_chain`` steps or more as
+a Python call that sums the prompt's digits, the sandbox's output and the answer,
+``<py>sum(map(int,'a3b5c7d2e9f1'[1::2]))</py><out>27</out>|27`` (the ``<out>`` part
+is what the environment adds), and shorter ones as ``explicit``. The tokenizer's EOS follows the
+answer. The chain length k is drawn from [min_chain, max_chain] with P(k) proportional
+to 1/k**alpha, which gives a heavy-tailed distribution of response lengths.
 
 Held-out split: a fixed share of the prompt space (chosen by a seeded hash of
 the prompt) is reserved for evaluation. Train draws reject reserved prompts,
@@ -47,13 +51,30 @@ def make_prompt(digits: list[int]) -> str:
     return "".join(f"{LABELS[i]}{d}" for i, d in enumerate(digits)) + "="
 
 
-FORMATS = ("explicit", "compact")
+FORMATS = ("explicit", "compact", "tool")
+# The tool format's transcript: a Python call between TOOL_OPEN and TOOL_CLOSE, then the sandbox's
+# output as TOOL_RESULT (environment text: areal_core.episodes.tool appends it), then "|" and the answer
+TOOL_OPEN, TOOL_CLOSE, TOOL_RESULT = "<py>", "</py>", "<out>{output}</out>"
 
 
-def make_solution(digits: list[int], fmt: str = "explicit") -> str:
-    """The correct response: the chain of running totals, then '|' and the total."""
+def make_tool_call(digits: list[int]) -> str:
+    """The call of a tool transcript, between the tags: Python that sums the digits of the prompt,
+    which it quotes whole (copying text is what a small model does well; adding is not)."""
+    return f"{TOOL_OPEN}sum(map(int,'{make_prompt(digits)[:-1]}'[1::2])){TOOL_CLOSE}"
+
+
+def make_solution(digits: list[int], fmt: str = "explicit", tool_min_chain: int | None = None) -> str:
+    """The correct response: the chain of running totals, then '|' and the total. ``tool``: a chain
+    of ``tool_min_chain`` steps or more is a Python call, its output and '|' and the total instead."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown chain format {fmt!r}; expected one of {FORMATS}")
+    if fmt == "tool":
+        if tool_min_chain is None:
+            raise ValueError("the tool format needs tool_min_chain (the shortest chain that uses the tool)")
+        if len(digits) >= tool_min_chain:
+            total = sum(digits)
+            return f"{make_tool_call(digits)}{TOOL_RESULT.format(output=repr(total))}|{total}"
+        fmt = "explicit"
     total = 0
     parts = []
     for i, d in enumerate(digits):
@@ -69,8 +90,8 @@ def prompt_digits(prompt: str) -> list[int]:
     return [int(prompt[i + 1]) for i in range(0, len(prompt) - 1, 2)]
 
 
-def solve_chain(prompt: str, fmt: str = "explicit") -> str:
-    return make_solution(prompt_digits(prompt), fmt)
+def solve_chain(prompt: str, fmt: str = "explicit", tool_min_chain: int | None = None) -> str:
+    return make_solution(prompt_digits(prompt), fmt, tool_min_chain)
 
 
 def parse_chain_answer(response: str) -> str | None:
@@ -161,7 +182,7 @@ class ChainTask:
         for i in range(n):  # one draw at a time: a bigger split extends a smaller one
             k = self.sample_lengths(1, rng)[0]
             digits = self._draw(rng, k, want_eval)
-            solution = make_solution(digits, self.cfg.format)
+            solution = make_solution(digits, self.cfg.format, self.cfg.tool_min_chain)
             out.append(
                 Record(
                     id=f"chain-{split}-{i:06d}",

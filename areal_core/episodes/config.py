@@ -25,6 +25,25 @@ class RetryConfig(Section):
     max_new_tokens_per_turn: int | None = Field(None, ge=1)  # None: rollout.sampling.max_new_tokens
 
 
+class ToolConfig(Section):
+    """The policy may call Python between ``open_tag`` and ``close_tag``; the call runs in the sandbox
+    (at most ``timeout_s`` seconds, output cut to ``max_output_chars``) and its output comes back as
+    ``result_template`` (environment text, never trained), up to ``max_calls`` calls per answer; the
+    whole answer is graded once (areal_core/episodes/tool.py). The defaults match the chain task's
+    ``format: tool`` demonstrations."""
+    kind: Literal["tool"] = "tool"
+    max_calls: int = Field(1, ge=0)
+    timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    max_output_chars: int = Field(64, ge=1)
+    max_new_tokens_per_turn: int | None = Field(None, ge=1)  # None: rollout.sampling.max_new_tokens
+    open_tag: str = Field("<py>", min_length=1)
+    close_tag: str = Field("</py>", min_length=1)
+    result_template: str = Field("<out>{output}</out>", pattern=r"\{output\}")
+    stop_token_ids: list[int] | None = None  # None: the last token of close_tag
+    memory_mb: int = Field(512, ge=64)  # address space of a call's process
+    max_parallel: int = Field(2, ge=1)  # sandbox runs at a time
+
+
 class ImportedConfig(Section):
     """``path: "package.module:factory"``: ``factory(**options)`` returns an episode."""
     kind: Literal["import"] = "import"
@@ -32,7 +51,26 @@ class ImportedConfig(Section):
     options: dict[str, Any] = {}
 
 
-EpisodeConfig = Annotated[Union[SingleTurnConfig, RetryConfig, ImportedConfig], Field(discriminator="kind")]
+class OpenAIAgentConfig(Section):
+    """An agent written against the ``openai`` client, trained as it is: ``path: "module:function"``
+    is called as ``function(client, prompt, **options)`` for each answer (``openai.OpenAI(**client)``
+    reaches a local OpenAI-compatible endpoint; every model call is one policy turn, what the agent
+    adds between calls is environment text) and returns the answer that is graded
+    (areal_core/episodes/openai_agent.py)."""
+    kind: Literal["openai_agent"] = "openai_agent"
+    path: str = Field(pattern=r"^[\w.]+:\w+$")
+    options: dict[str, Any] = {}
+    max_calls: int = Field(8, ge=1)  # model calls per answer; more are refused (400)
+    max_new_tokens_per_call: int | None = Field(None, ge=1)  # caps a call's max_tokens (neither: rollout's)
+    chat_template: str | None = None  # Jinja text for /v1/chat/completions (None: the tokenizer's, else plain)
+    tokenizer: str | None = None  # a Hugging Face tokenizer (folder or name) whose chat template renders chats
+    timeout_s: float = Field(600.0, gt=0.0)  # per answer
+    on_agent_error: Literal["raise", "wrong"] = "raise"  # an agent that raises: fail the run, or grade it wrong
+    max_concurrent: int = Field(64, ge=1)  # threads for sync agents
+
+
+EpisodeConfig = Annotated[Union[SingleTurnConfig, RetryConfig, ToolConfig, OpenAIAgentConfig, ImportedConfig],
+                          Field(discriminator="kind")]
 
 
 def make_episode(cfg):
@@ -43,6 +81,14 @@ def make_episode(cfg):
         return SingleTurn()
     if cfg.kind == "retry":
         return RetryWithFeedback(cfg.max_turns, cfg.discount, cfg.feedback, cfg.max_new_tokens_per_turn)
+    if cfg.kind == "tool":
+        from areal_core.episodes.tool import ToolUse
+
+        return ToolUse(**cfg.model_dump(exclude={"kind"}))
+    if cfg.kind == "openai_agent":
+        from areal_core.episodes.openai_agent import OpenAIAgent
+
+        return OpenAIAgent(**cfg.model_dump(exclude={"kind"}))
     module, name = cfg.path.split(":")
     try:
         factory = getattr(importlib.import_module(module), name)

@@ -1,0 +1,457 @@
+"""Tool use: the policy may call Python, in the sandbox, and read its output before it answers.
+
+A turn ends where the policy closes a call (``<py>3+5+7</py>``): the code between the tags runs in
+the sandbox that grades code (:mod:`areal_core.reward.sandbox`; never in this process), and its
+output comes back as the next message, ``<out>15</out>``: environment text, ``output_mask`` 0 (context
+for the policy, never trained). The policy then goes on: another call, or its answer. At most
+``max_calls`` calls run per answer (a turn after the last one is generated without the stop, so a
+call written then is plain text); each runs for at most ``timeout_s`` seconds and its output is cut
+to ``max_output_chars``. The whole answer (the policy's turns and the outputs between them) is
+graded once, as a single-turn answer is: for the chain task's ``format: tool`` the reference is the
+transcript itself, so an answer is right when its call is the right one and it copies the output.
+
+A call runs like a REPL line: its output is what it prints, then the ``repr`` of the value of a final
+expression (``3+5+7`` gives ``15``); an exception gives its last traceback line
+(``ZeroDivisionError: division by zero``). The calls of one step of a group share one sandbox run,
+each in a forked process of its own that can write no file (its output reaches the runner only
+through its own pipe) and is killed at its time limit; a run that fails as a whole (a call killed
+the runner, say) is done again with one sandbox run per call, so no call can spoil another's output.
+
+Evaluation: the run's own held-out accuracy (before and after RL) is single-turn, with no tools; the
+accuracy *with* tools, greedy, on the same held-out problems and checkpoints, is
+``python -m areal_core.episodes.tool heldout RUN_DIR`` (:func:`evaluate_heldout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from areal_core.data.synthetic import TOOL_CLOSE, TOOL_OPEN, TOOL_RESULT
+from areal_core.episodes.base import EpisodeContext, append_environment
+from areal_core.reward.result import RewardResult
+from areal_core.reward.sandbox import SandboxLimits, run_python_file
+from areal_core.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+MAX_REOPEN = 8  # a turn stopped by a stop token that closes no call goes on, at most this often
+
+# The trusted runner, run in the sandbox as ``python -I runner.py TIMEOUT_S CAP_BYTES`` with the calls
+# in calls.json (a JSON list of strings: data, never code of this process). Each call runs in a forked
+# child: its own process group, fds 1 and 2 on a pipe only the runner reads, no file writes
+# (RLIMIT_FSIZE 0: it cannot reach the runner's stdout file), a CPU limit, killed at TIMEOUT_S or once
+# it printed more than CAP_BYTES. The runner is not dumpable, so a child can neither trace it nor open
+# its fds through /proc. It prints one JSON line, the results, after every child is dead.
+RUNNER = r'''
+import ast, ctypes, json, os, resource, select, sys, time
+
+
+def call(code):
+    ns = {"__name__": "__main__"}
+    try:
+        tree = ast.parse(code, "<py>", "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, "<py>", "exec"), ns)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<py>", "eval"), ns)
+            if value is not None:
+                print(repr(value))
+    except BaseException as e:
+        print(f"{type(e).__name__}: {e}")
+
+
+def child(code, w, timeout):
+    try:
+        os.setpgid(0, 0)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.closerange(3, 1 << 16)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        cpu = int(timeout) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        call(code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
+
+
+def one(code, timeout, cap):
+    sys.stdout.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        child(code, w, timeout)
+    os.close(w)
+    out, timed_out, deadline = b"", False, time.monotonic() + timeout
+    while len(out) <= cap:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([r], [], [], left)[0]:
+            timed_out = True
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, 9)
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+    return {"output": out[:cap + 1].decode(errors="replace"), "timed_out": timed_out}
+
+
+def main():
+    timeout, cap = float(sys.argv[1]), int(sys.argv[2])
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except Exception:
+        pass
+    with open("calls.json") as f:
+        calls = json.load(f)
+    results = [one(code, timeout, cap) for code in calls]
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    sys.stdout.flush()
+
+
+main()
+'''
+
+
+@dataclass(frozen=True)
+class CallResult:
+    output: str  # what the call printed (and its final value), cut to max_output_chars
+    timed_out: bool = False
+    truncated: bool = False
+    failed: bool = False  # the sandbox could not run it (the output says why)
+
+
+class PythonTool:
+    """Runs Python calls in the sandbox (:mod:`areal_core.reward.sandbox`): a batch per sandbox run,
+    each call in a process of its own (see the module docstring). ``run`` blocks; it is thread-safe."""
+
+    def __init__(self, timeout_s: float = 2.0, max_output_chars: int = 64, memory_mb: int = 512,
+                 mode: str | None = None):
+        if timeout_s <= 0 or max_output_chars < 1:
+            raise ValueError("timeout_s must be > 0 and max_output_chars >= 1")
+        self.timeout_s, self.max_output_chars, self.memory_mb, self.mode = timeout_s, max_output_chars, memory_mb, mode
+        self.n_sandbox_runs = 0
+        self._lock = threading.Lock()
+
+    def _limits(self, n: int) -> SandboxLimits:
+        wall = n * (self.timeout_s + 0.5) + 5.0
+        return SandboxLimits(wall_s=wall, cpu_s=math.ceil(wall), memory_mb=self.memory_mb, max_processes=32,
+                             file_size_mb=max(1, math.ceil(n * 4 * (self.max_output_chars + 64) / 2**20)))
+
+    def _batch(self, codes: list[str]) -> list[CallResult] | None:
+        """One sandbox run for ``codes``; None when it did not report a result for each."""
+        with self._lock:
+            self.n_sandbox_runs += 1
+        cap = 4 * self.max_output_chars + 4  # bytes: a character is at most 4 of them
+        run = run_python_file("runner.py", {"runner.py": RUNNER, "calls.json": json.dumps(codes)},
+                              limits=self._limits(len(codes)), mode=self.mode,
+                              args=(repr(float(self.timeout_s)), str(cap)))
+        lines = run.stdout.strip().splitlines()
+        try:
+            raw = json.loads(lines[-1]) if run.ok and lines else None
+        except json.JSONDecodeError:
+            raw = None
+        if (not isinstance(raw, list) or len(raw) != len(codes)
+                or not all(isinstance(r, dict) and isinstance(r.get("output"), str) for r in raw)):
+            log.debug("tool batch of %d calls failed (%s); running them one by one", len(codes), run.reason())
+            return None
+        return [self._result(r["output"], bool(r.get("timed_out"))) for r in raw]
+
+    def _result(self, output: str, timed_out: bool) -> CallResult:
+        output = output.rstrip()
+        truncated = len(output) > self.max_output_chars
+        if truncated:
+            output = output[: self.max_output_chars] + "..."
+        if timed_out:
+            output = (output + "\n" if output else "") + f"TimeoutError: the call ran past {self.timeout_s:g}s"
+        return CallResult(output, timed_out=timed_out, truncated=truncated)
+
+    def run(self, codes: Sequence[str]) -> list[CallResult]:
+        """Each call's result, in order."""
+        codes = list(codes)
+        if not codes:
+            return []
+        results = self._batch(codes)
+        if results is not None:
+            return results
+        out = []
+        for code in codes:  # alone, so a call that broke the shared run spoils only its own output
+            one = self._batch([code]) if len(codes) > 1 else None
+            out.append(one[0] if one else CallResult("Error: the call did not run in the sandbox", failed=True))
+        return out
+
+
+_EXECUTORS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _executor(n: int) -> ThreadPoolExecutor:
+    """Sandbox runs wait in a pool of their own (``max_parallel`` at a time), off the event loop."""
+    if n not in _EXECUTORS:
+        _EXECUTORS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="tool-sandbox")
+    return _EXECUTORS[n]
+
+
+class ToolUse:
+    """The tool-use episode (see the module docstring); ``tool``: a :class:`PythonTool`-like object
+    with ``run(codes) -> list[CallResult]`` (tests pass their own)."""
+
+    def __init__(self, max_calls: int = 1, timeout_s: float = 2.0, max_output_chars: int = 64,
+                 max_new_tokens_per_turn: int | None = None, open_tag: str = TOOL_OPEN, close_tag: str = TOOL_CLOSE,
+                 result_template: str = TOOL_RESULT, stop_token_ids: Sequence[int] | None = None,
+                 memory_mb: int = 512, max_parallel: int = 2, tool=None):
+        if max_calls < 0:
+            raise ValueError(f"max_calls must be >= 0, got {max_calls}")
+        if not open_tag or not close_tag:
+            raise ValueError("open_tag and close_tag must not be empty")
+        if "{output}" not in result_template:
+            raise ValueError(f"result_template must hold {{output}}, got {result_template!r}")
+        self.max_calls, self.max_new = max_calls, max_new_tokens_per_turn
+        self.open_tag, self.close_tag, self.result_template = open_tag, close_tag, result_template
+        self.stop_token_ids = None if stop_token_ids is None else tuple(stop_token_ids)
+        self.max_parallel = max_parallel
+        self.tool = tool if tool is not None else PythonTool(timeout_s, max_output_chars, memory_mb)
+
+    def stops(self, ctx: EpisodeContext) -> tuple[int, ...]:
+        """The tokens a turn stops at: the last token of the closing tag, unless given."""
+        if self.stop_token_ids is not None:
+            return self.stop_token_ids
+        ids = ctx.encode(self.close_tag)
+        return (ids[-1],) if ids else ()
+
+    def call_of(self, turn: str) -> str | None:
+        """The code of the call a turn ends with (``<py>code</py>``), or None."""
+        if not turn.endswith(self.close_tag):
+            return None
+        body = turn[: len(turn) - len(self.close_tag)]
+        start = body.rfind(self.open_tag)
+        return None if start < 0 else body[start + len(self.open_tag):]
+
+    async def _turn(self, trajs: list[Trajectory], ctx: EpisodeContext, stops: tuple[int, ...]) -> list[int]:
+        """One policy turn of each of ``trajs`` (ending at EOS, its budget, or a closed call); returns
+        where each turn began."""
+        starts = [len(t.output_ids) for t in trajs]
+        if not trajs:
+            return starts
+        await ctx.generate(trajs, self.max_new, stops)
+        if stops:
+            await asyncio.gather(*(self._go_on(t, s, ctx, stops) for t, s in zip(trajs, starts)))
+        return starts
+
+    async def _go_on(self, t: Trajectory, start: int, ctx: EpisodeContext, stops: tuple[int, ...]) -> None:
+        """A turn that stopped at a stop token without closing a call (the ``>`` of ``<py>``) goes on."""
+        for _ in range(MAX_REOPEN):
+            if not (t.finish_reason == "stop" and t.output_ids and t.output_ids[-1] in stops) \
+                    or ctx.decode(t.output_ids[start:]).endswith(self.close_tag):
+                return
+            left = None if self.max_new is None else self.max_new - (len(t.output_ids) - start)
+            if left is not None and left <= 0:
+                t.finish_reason = "length"
+                return
+            if not t.output_mask:  # so that the controller counts this turn's budget from here
+                t.output_mask = [1] * len(t.output_ids)
+            t.finish_reason = ""
+            await ctx.generate([t], left, stops)
+
+    async def run(self, group: list[Trajectory], ctx: EpisodeContext) -> list[RewardResult]:
+        stops = self.stops(ctx) if self.max_calls > 0 else ()
+        calls = [0] * len(group)
+        active = list(range(len(group)))
+        starts = await self._turn(group, ctx, stops)
+        turn_start = dict(zip(active, starts))
+        loop = asyncio.get_running_loop()
+        while True:
+            pending, codes = [], []
+            for i in active:
+                t = group[i]
+                if calls[i] < self.max_calls and t.finish_reason == "stop" and t.output_ids \
+                        and t.output_ids[-1] in stops:
+                    code = self.call_of(ctx.decode(t.output_ids[turn_start[i]:]))
+                    if code is not None:
+                        pending.append(i)
+                        codes.append(code)
+            if not pending:
+                break
+            results = await loop.run_in_executor(_executor(self.max_parallel), self.tool.run, codes)
+            for i, r in zip(pending, results):
+                append_environment(group[i], ctx.encode(self.result_template.format(output=r.output)), ctx.version)
+                calls[i] += 1
+                info = group[i].reward_info
+                info["tool_timeouts"] = info.get("tool_timeouts", 0) + int(r.timed_out)
+                info["tool_failures"] = info.get("tool_failures", 0) + int(r.failed)
+            more = [i for i in pending if calls[i] < self.max_calls]
+            last = [i for i in pending if calls[i] >= self.max_calls]  # no stop: a call now is plain text
+            s1, s2 = await asyncio.gather(self._turn([group[i] for i in more], ctx, stops),
+                                          self._turn([group[i] for i in last], ctx, ()))
+            turn_start = {**dict(zip(more, s1)), **dict(zip(last, s2))}
+            active = more + last
+        for t, n in zip(group, calls):
+            t.reward_info = {**t.reward_info, "turns": n + 1, "tool_calls": n}
+        return await ctx.grade(group, [ctx.decode(t.output_ids) for t in group])
+
+
+# --- evaluation with tools -------------------------------------------------------------------------
+
+class PoolContext:
+    """An :class:`EpisodeContext` on rollout servers (a ``RolloutPool``) and the reward service, for
+    evaluation: no training, no weight updates (so no aborted requests to continue)."""
+
+    version = 0
+
+    def __init__(self, pool, rewards, tokenizer, temperature: float = 0.0, max_new_tokens: int = 96,
+                 tests: dict[str, list[dict] | None] | None = None):
+        self.pool, self.rewards, self.tokenizer = pool, rewards, tokenizer
+        self.temperature, self.max_new_tokens, self.tests = temperature, max_new_tokens, tests or {}
+        self._n = 0
+
+    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
+                       stop_token_ids: Sequence[int] = ()) -> None:
+        from areal_core.rollout.backend import Sampling
+
+        async def one(t: Trajectory) -> None:
+            budget = int(max_new_tokens or self.max_new_tokens)
+            start = len(t.output_ids) if t.output_mask else 0
+            while not t.finished:
+                left = budget - (len(t.output_ids) - start)
+                if left <= 0:
+                    t.finish_reason = "length"
+                    break
+                self._n += 1
+                g = await self.pool.generate(t.prompt_ids + t.output_ids,
+                                             Sampling(max_new_tokens=left, temperature=self.temperature,
+                                                      stop_token_ids=tuple(stop_token_ids)),
+                                             rid=f"{t.traj_id}-r{self._n}")
+                t.output_ids += g.output_ids
+                t.output_logprobs += g.logprobs
+                t.output_versions += g.versions
+                if t.output_mask:
+                    t.output_mask += [1] * len(g.output_ids)
+                if g.finish_reason != "abort":
+                    t.finish_reason = g.finish_reason
+
+        await asyncio.gather(*(one(t) for t in trajs))
+
+    async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
+        return await asyncio.to_thread(self.rewards.grade_many, trajs[0].task, list(texts),
+                                       [t.reference for t in trajs], [self.tests.get(t.group_id) for t in trajs])
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        from areal_core.data.prompting import decode_response
+
+        return decode_response(self.tokenizer, list(ids))
+
+
+def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_problems: int | None = None,
+                     episode=None, concurrency: int = 64) -> dict:
+    """Held-out accuracy of a run's checkpoints *with* its episode (greedy unless the run's
+    ``eval.temperature`` says otherwise, the run's ``eval.n_problems`` problems): one answer per
+    problem, rolled out by ``episode`` (default: the run's ``episode``), graded as in training.
+    ``versions``: default the first and the latest checkpoint. Returns
+    ``{"v<N>": {"accuracy", "n", "by_k", "tool_calls_mean", "wall_s"}, ...}``."""
+    import time
+
+    from areal_core.datasets import load_records, to_prompts
+    from areal_core.episodes.config import make_episode
+    from areal_core.eval.harness import load_tokenizer
+    from areal_core.experiment import ExperimentConfig
+    from areal_core.reward.service import RewardService
+    from areal_core.rollout.client import RolloutPool
+    from areal_core.rollout.launcher import start_server
+    from areal_core.storage import CheckpointStore
+    from areal_core.storage.fsutil import read_json
+
+    cfg = ExperimentConfig.model_validate(read_json(f"{run_dir}/config.json"))
+    episode = episode if episode is not None else make_episode(cfg.episode)
+    records = load_records(cfg.data)[1][: n_problems or cfg.eval.n_problems]
+    store = CheckpointStore.from_config(cfg.storage, run_dir)
+    if versions is None:
+        latest = store.latest()
+        if latest is None:
+            raise ValueError(f"{run_dir}: no checkpoint")
+        versions = sorted({0, latest})
+    max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
+    out: dict = {}
+    with RewardService(cfg.reward) as rewards:
+        for v in versions:
+            t0 = time.perf_counter()
+            folder = store.local_copy(v)
+            tokenizer = load_tokenizer(folder)
+            prompts = to_prompts(records, tokenizer)
+            with start_server(folder, max_running=512) as server:
+                async def main(url=server.url, tokenizer=tokenizer, prompts=prompts):
+                    pool = RolloutPool([url])
+                    ctx = PoolContext(pool, rewards, tokenizer, cfg.eval.temperature, max_new,
+                                      {f"eval-{p.id}": p.tests for p in prompts})
+                    gate = asyncio.Semaphore(concurrency)
+
+                    async def one(p):
+                        t = Trajectory(traj_id=f"eval-{p.id}-s0", group_id=f"eval-{p.id}", seq_no=0, admit_version=v,
+                                       prompt_ids=list(p.input_ids), reference=p.reference, task=p.task)
+                        async with gate:
+                            r = (await episode.run([t], ctx))[0]
+                        return t, r
+                    try:
+                        return await asyncio.gather(*(one(p) for p in prompts))
+                    finally:
+                        await pool.aclose()
+
+                done = asyncio.run(main())
+            by_k: dict[str, list[int]] = {}
+            for rec, (_, r) in zip(records, done):
+                by_k.setdefault(str(rec.meta.get("k", "?")), []).append(int(bool(r.correct)))
+            out[f"v{v}"] = {
+                "accuracy": sum(bool(r.correct) for _, r in done) / len(done),
+                "n": len(done),
+                "by_k": {k: round(sum(x) / len(x), 3) for k, x in sorted(by_k.items(), key=lambda kv: _num(kv[0]))},
+                "tool_calls_mean": sum(t.reward_info.get("tool_calls", 0) for t, _ in done) / len(done),
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+    return out
+
+
+def _num(k: str) -> float:
+    try:
+        return float(k)
+    except ValueError:
+        return math.inf
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m areal_core.episodes.tool",
+                                description="Held-out accuracy of a run's checkpoints with its tool-use episode.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("heldout", help="greedy held-out accuracy with tools, per checkpoint version")
+    h.add_argument("run_dir")
+    h.add_argument("--version", type=int, action="append", help="checkpoint version (repeat; default: first, latest)")
+    h.add_argument("--n-problems", type=int, default=None)
+    h.add_argument("--out", default=None, help="also write the result here (JSON)")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    result = evaluate_heldout(a.run_dir, a.version, n_problems=a.n_problems)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

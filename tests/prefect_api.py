@@ -1,0 +1,22 @@
+"""In-process Prefect clients pointed at a test's own server, and what they queued sent before it stops."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+
+@contextlib.contextmanager
+def prefect_api(url: str):
+    """Talk to the Prefect API at ``url`` inside the block. On leaving it, the flow logs and events that
+    background workers still hold are sent while that server is up: left queued, they would be retried
+    against a stopped server when pytest exits, which then never ends ("Still processing items")."""
+    with temporary_settings({PREFECT_API_URL: url}):
+        try:
+            yield
+        finally:
+            APILogWorker.drain_all(timeout=30)
+            EventsWorker.drain_all(timeout=30)
