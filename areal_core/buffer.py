@@ -32,10 +32,16 @@ class _Group:
     admit_version: int
     size: int
     done: list[Trajectory] = field(default_factory=list)
+    grading: set[str] = field(default_factory=set)  # answers sent to the grader, not yet put
 
     @property
     def ready(self) -> bool:
         return len(self.done) == self.size
+
+    @property
+    def generated(self) -> bool:
+        """Every answer generated: rewarded, or with the grader."""
+        return len(self.done) + len(self.grading) == self.size
 
 
 class ReplayBuffer:
@@ -45,6 +51,7 @@ class ReplayBuffer:
         self._error: BaseException | None = None
         self._closed = False
         self.handed_out = 0  # trajectories
+        self.last_reward_wait_s = 0.0  # of the last take: its wait for grades alone
 
     # producer side -------------------------------------------------------
     def admit(self, group_id: str, first_seq_no: int, admit_version: int, size: int) -> None:
@@ -62,7 +69,19 @@ class ReplayBuffer:
             if any(t.traj_id == traj.traj_id for t in g.done):
                 raise ValueError(f"trajectory {traj.traj_id} put twice")
             g.done.append(traj)
+            g.grading.discard(traj.traj_id)
             if g.ready:
+                self._cond.notify_all()
+
+    def grading(self, group_id: str, traj_ids: list[str]) -> None:
+        """``traj_ids`` of ``group_id`` are final and with the grader (for ``reward_wait_s``); a group
+        the buffer does not hold (never admitted to it, or already trained) is ignored."""
+        with self._cond:
+            g = self._groups.get(group_id)
+            if g is None:
+                return
+            g.grading.update(traj_ids)
+            if g.generated:
                 self._cond.notify_all()
 
     def fail(self, error: BaseException) -> None:
@@ -77,8 +96,8 @@ class ReplayBuffer:
             self._cond.notify_all()
 
     # consumer side -------------------------------------------------------
-    def _pick(self, n_traj: int, version: int, eta: int) -> list[_Group] | None:
-        """Whole groups for the batch at ``version``, or None to wait.
+    def _pick(self, n_traj: int, version: int, eta: int, ready=lambda g: g.ready) -> list[_Group] | None:
+        """Whole groups for the batch at ``version``, or None to wait (``ready``: which groups count as ready).
 
         A group admitted at version a must be trained by version a + eta (its deadline).
         Due groups (deadline == version) go first; the rest of the batch is the oldest ready
@@ -93,13 +112,13 @@ class ReplayBuffer:
                 "were requests admitted without the staleness gate?"
             )
         due = [g for g in groups if g.admit_version <= version - eta]
-        if any(not g.ready for g in due):
+        if any(not ready(g) for g in due):
             return None
         picked, count = list(due), sum(g.size for g in due)
         for g in groups:
             if count >= n_traj:
                 break
-            if g.ready and g not in picked:
+            if ready(g) and g not in picked:
                 if count + g.size > n_traj:
                     continue
                 picked.append(g)
@@ -110,8 +129,14 @@ class ReplayBuffer:
         return picked if _deadlines_fit(left, version, eta, n_traj, first_batch=version + 1) else None
 
     def take(self, n_traj: int, version: int, eta: int, timeout: float | None = None) -> list[Trajectory]:
-        """Block until n_traj trajectories can be trained at ``version``; return them, oldest first."""
+        """Block until n_traj trajectories can be trained at ``version``; return them, oldest first.
+
+        ``last_reward_wait_s`` is then how long of the wait was for grades only: from the first moment
+        the batch could have been picked had every answer with the grader been rewarded (see
+        ``grading``) to the release. Groups whose answers are never marked (multi-turn episodes)
+        count as generated only once rewarded, so for them it reads 0."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        generated_at = None
         with self._cond:
             while True:
                 if self._error is not None:
@@ -119,12 +144,15 @@ class ReplayBuffer:
                 picked = self._pick(n_traj, version, eta)
                 if picked is not None:
                     break
+                if generated_at is None and self._pick(n_traj, version, eta, lambda g: g.generated) is not None:
+                    generated_at = time.monotonic()
                 if self._closed:
                     raise BufferClosed("rollout stopped before a full batch was ready")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"no batch of {n_traj} ready within {timeout} s")
                 self._cond.wait(remaining if remaining is not None else 1.0)
+            self.last_reward_wait_s = 0.0 if generated_at is None else time.monotonic() - generated_at
             picked.sort(key=lambda g: g.first_seq_no)
             out: list[Trajectory] = []
             for g in picked:

@@ -91,6 +91,7 @@ class ControllerSettings:
     shuffle: bool = True
     seed: int = 0
     curriculum: dict | None = None  # {"ema": .., "floor": ..}: BucketCurriculum over Prompt.bucket
+    kv_budget_tokens: int | None = None  # a client-side KV limit per server (servers that do not enforce one)
 
 
 def _log_refresh_error(fut: Future) -> None:
@@ -140,6 +141,8 @@ class RolloutController:
         self.decode = decode
         self.encode = encode
         self.episode = episode or SingleTurn()
+        # a single-turn answer's grade is its last: the buffer can tell how long the trainer waits on grades
+        self.measures_reward_wait = type(self.episode) is SingleTurn
         self.rewards = rewards
         self.buffer = buffer
         self.s = settings
@@ -280,7 +283,8 @@ class RolloutController:
     def _thread_main(self) -> None:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s, make_client=self.make_client)
+        self.pool = RolloutPool(self.urls, timeout_s=self.request_timeout_s, make_client=self.make_client,
+                                kv_budget_tokens=self.s.kv_budget_tokens)
         if self.frozen_urls:  # never given to the transport: no weights ever reach them
             self._pools[FROZEN] = RolloutPool(self.frozen_urls, timeout_s=self.request_timeout_s,
                                               make_client=self.make_client)
@@ -368,7 +372,7 @@ class RolloutController:
                 results = await self.episode.run(trajs, _EpisodeContext(self))
             else:
                 await asyncio.gather(*(self._continue(t) for t in trajs))
-                results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs])
+                results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs], final=True)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -458,8 +462,11 @@ class RolloutController:
             self._append(traj, resp)
         self.n_generated += 1
 
-    def _grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> asyncio.Future:
-        """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks."""
+    def _grade(self, trajs: Sequence[Trajectory], texts: Sequence[str], final: bool = False) -> asyncio.Future:
+        """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks.
+        ``final`` (or a single-turn run): these are the answers' last grades, which the buffer notes."""
+        if final or self.measures_reward_wait:
+            self.buffer.grading(trajs[0].group_id, [t.traj_id for t in trajs])
         tests = self._tests.get(prompt_of(trajs[0].group_id))  # one group, one prompt (and one list of tests)
         items = [(t.task, x, t.reference, tests) for t, x in zip(trajs, texts, strict=True)]
         fut = self._loop.create_future()

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -278,6 +279,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             sampling=cfg.rollout.sampling.model_dump(), reward_correct=cfg.trainer.reward_correct,
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
+            kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
         )
         transport = make_transport(cfg.rollout.transport(), str(run_dir))
         controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, transport,
@@ -332,6 +334,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     mix = controller.curriculum_mix
                     row = {
                         "step": step, "version": version, **stats, "wait_time_s": t_wait,
+                        # of that wait, the part for grades alone (single-turn episodes only: NaN otherwise)
+                        "reward_wait_s": buffer.last_reward_wait_s if controller.measures_reward_wait else math.nan,
                         "generated_tokens": controller.generated_tokens - gen_before,
                         **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
                         **{f"mix_{b}": p for b, p in mix.items()},
@@ -403,6 +407,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     ledger = check_ledger(frame, steps, B)
     trained_lengths = frame["n_tokens"].astype(int).tolist()
     m = runlog.metrics
+    # the trainer's wait for grades alone, over this process's steps (NaN: multi-turn, not measured)
+    reward_wait = sum(r["reward_wait_s"] for r in m if r["step"] >= first_step and "reward_wait_s" in r)
     summary = {
         "name": cfg.name,
         "accuracy_before": before["accuracy"],
@@ -429,6 +435,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         "grading_tasks": rewards.n_tasks,
         "grading_timeouts": rewards.n_timed_out,
         "rl_time_s": rl_end - rl_start,
+        "reward_wait_s": reward_wait,
+        "reward_wait_share": reward_wait / max(rl_end - rl_start, 1e-9),  # of the RL time
         "wall_time_s": time.perf_counter() - t_start,
         "answer_length_before": _percentiles(before["lengths"]),
         "answer_length_after": _percentiles(after["lengths"]),

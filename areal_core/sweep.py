@@ -14,8 +14,9 @@ def _slug(v) -> str:
 
 
 def sweep_points(eta: list[int] | None = None, objective: list[str] | None = None,
-                 grid: dict[str, list] | None = None) -> list[tuple[str, dict]]:
-    """``[(label, overrides)]``, one per grid point; label like ``eta0-decoupled`` (+ ``key=value``)."""
+                 grid: dict[str, list] | None = None, allow_empty: bool = False) -> list[tuple[str, dict]]:
+    """``[(label, overrides)]``, one per grid point; label like ``eta0-decoupled`` (+ ``key=value``).
+    No axis at all: an error, or with ``allow_empty`` the one point ``("", {})`` (the config as it is)."""
     axes: dict[str, list] = {}
     if eta:
         axes["trainer.eta"] = list(eta)
@@ -28,6 +29,8 @@ def sweep_points(eta: list[int] | None = None, objective: list[str] | None = Non
             raise ValueError(f"sweep key {k}: expected a non-empty list of values, got {vals!r}")
         axes[k] = vals
     if not axes:
+        if allow_empty:
+            return [("", {})]
         raise ValueError("empty sweep: give eta, objective or grid values")
     points = []
     for combo in itertools.product(*axes.values()):
@@ -44,6 +47,17 @@ def sweep_points(eta: list[int] | None = None, objective: list[str] | None = Non
     return points
 
 
+def plan_points(eta: list[int] | None, objective: list[str] | None, grid: dict[str, list] | None,
+                n_configs: int = 1) -> list[tuple[str, dict]]:
+    """The sweep's points with its defaults: eta or objective not given (None) sweeps eta 0,4 or both
+    objectives for one config, and keeps each config's own for several (with no axis at all: one run
+    per config as it is)."""
+    several = n_configs > 1
+    return sweep_points(eta if eta is not None else ([] if several else [0, 4]),
+                        objective if objective is not None else ([] if several else ["decoupled", "naive"]),
+                        grid, allow_empty=several)
+
+
 def validate_points(config_path: str, points: list[tuple[str, dict]], base: dict | None = None) -> str:
     """Load the config for every point (ConfigError on the first bad one); return the config's name."""
     from areal_core.experiment import load_config  # imports torch (model configs): only when needed
@@ -52,6 +66,14 @@ def validate_points(config_path: str, points: list[tuple[str, dict]], base: dict
     for _, ov in points:
         name = load_config(config_path, {**(base or {}), **ov}).name
     return name
+
+
+def validate_configs(config_paths: list[str], points: list[tuple[str, dict]], base: dict | None = None) -> list[str]:
+    """``validate_points`` for each config; their names, which must differ (they label the runs)."""
+    names = [validate_points(p, points, base) for p in config_paths]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the configs' names label the runs, so they must differ: {names}")
+    return names
 
 
 def freeze_config(config_path: str, dest: str, base: dict | None = None) -> str:

@@ -132,6 +132,8 @@ def print_run_summary(s: dict, run_dir: Path) -> None:
           f"max staleness seen {s['max_staleness_observed']}")
     print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
           f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
+    if s.get("reward_wait_s") == s.get("reward_wait_s"):  # NaN: a multi-turn episode, not measured
+        print(f"  trainer waiting on grades alone: {s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)")
     print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
     if s.get("resumed_from_step") is not None:
         print(f"  resumed from step {s['resumed_from_step']}")
@@ -239,17 +241,20 @@ def cmd_eval(args) -> int:
 
 def cmd_sweep(args) -> int:
     from areal_core.experiment import ConfigError
-    from areal_core.sweep import sweep_points, validate_points
+    from areal_core.sweep import plan_points, validate_configs
 
-    base, eta, objective, grid = _overrides(args.set), _csv(args.eta, int), _csv(args.objective), _grid(args.grid)
-    try:
-        validate_points(args.config, sweep_points(eta, objective, grid), base)
+    base, grid = _overrides(args.set), _grid(args.grid)
+    eta = _csv(args.eta, int) if args.eta is not None else None
+    objective = _csv(args.objective) if args.objective is not None else None
+    try:  # every point of every config checked here: a bad one is a usage error, not a failed flow run
+        validate_configs(args.config, plan_points(eta, objective, grid, len(args.config)), base)
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
     from flows.sweep import sweep
 
-    out = sweep(config_path=args.config, eta=eta, objective=objective, grid=grid or None, max_steps=args.max_steps,
-                out_dir=args.out, overrides=base, evaluate_every=args.evaluate_every)
+    out = sweep(config_path=args.config[0] if len(args.config) == 1 else args.config, eta=eta,
+                objective=objective, grid=grid or None, max_steps=args.max_steps, out_dir=args.out,
+                overrides=base, evaluate_every=args.evaluate_every)
     print(out["report"])  # the last line: the report's path
     return 0
 
@@ -360,9 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("sweep", help="a grid of training runs, then one comparison report (a Prefect flow)")
-    s.add_argument("config", help="the base YAML config every run of the grid starts from")
-    s.add_argument("--eta", default="0,4", help="comma-separated max staleness values (default 0,4)")
-    s.add_argument("--objective", default="decoupled,naive", help="comma-separated objectives")
+    s.add_argument("config", nargs="+",
+                   help="the base YAML config every run of the grid starts from; several: the grid runs on "
+                        "each (without --eta/--objective/--grid, one run per config as it is), one report")
+    s.add_argument("--eta", help="comma-separated max staleness values (default 0,4; several configs: their own)")
+    s.add_argument("--objective", help="comma-separated objectives (default decoupled,naive; several configs: "
+                                       "their own)")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="another config key to sweep over (repeatable)")
     s.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps for every run")

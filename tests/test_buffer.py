@@ -135,3 +135,40 @@ def test_snapshot_lists_untrained_groups_with_their_rewarded_answers():
     assert [g["admit_version"] for g in snap] == [1, 1] and snap[0]["done"] == []
     assert [Trajectory.from_row(r).traj_id for r in snap[1]["done"]] == ["g2-s0"]
     assert g1  # admitted, nothing rewarded yet
+
+
+def test_reward_wait_is_the_part_of_the_wait_spent_on_grades():
+    """A batch waiting for answers that are still being generated, then graded: ``last_reward_wait_s``
+    counts from the moment every answer it needs was with the grader, not from the start of the wait."""
+    import time
+
+    buf = ReplayBuffer()
+    g0, g1 = _admit_group(buf, "g0", 0, 0, 2), _admit_group(buf, "g1", 2, 0, 2)
+    for t in g0:
+        buf.put(t)
+    stamps = {}
+
+    def producer():
+        time.sleep(0.3)  # g1 generating: not the grader's time
+        buf.grading("g1", [t.traj_id for t in g1])
+        stamps["graded"] = time.monotonic()
+        time.sleep(0.4)  # g1 with the grader
+        stamps["put"] = time.monotonic()
+        for t in g1:
+            buf.put(t)
+
+    th = threading.Thread(target=producer)
+    th.start()
+    out = buf.take(4, version=0, eta=5, timeout=5)
+    released = time.monotonic()
+    th.join()
+    assert len(out) == 4
+    assert stamps["put"] - stamps["graded"] <= buf.last_reward_wait_s <= released - stamps["graded"] + 0.05
+    # ready at once: nothing waited on
+    g2 = _admit_group(buf, "g2", 4, 0, 2)
+    buf.grading("g2", [g2[0].traj_id])  # one answer with the grader, then both rewarded
+    for t in g2:
+        buf.put(t)
+    buf.take(2, version=0, eta=5, timeout=1)
+    assert buf.last_reward_wait_s == 0.0
+    buf.grading("gone", ["gone-s0"])  # a group not in the buffer (trained, or never admitted): ignored

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 from prefect.testing.utilities import prefect_test_harness
@@ -126,6 +127,26 @@ def test_sweep_command_prints_report_last(harness, tmp_path, capsys):
     assert list(table["run"]) == ["eta0-naive"]
     assert list(table["objective"]) == ["naive"] and (table["steps"] == 1).all()
     assert (table["eta"] == 0).all() and (table["max_staleness_observed"] == 0).all()
+
+
+@pytest.mark.slow
+def test_sweep_compares_several_configs(harness, tmp_path, capsys):
+    """Several configs: one run per config as it is (its own eta and objective), labelled by its name,
+    each from its own frozen copy, one report over them."""
+    from flows.cli import main
+
+    cfg = yaml.safe_load(Path(CONFIG).read_text())
+    cfg["name"], cfg["trainer"]["objective"] = "tiny_naive", "naive"
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "sweep"
+    assert main(["sweep", CONFIG, str(other), "--max-steps", "1", "--out", str(out), "--evaluate-every", "0"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out / "report.md")
+    table = pd.read_csv(out / "report.csv")
+    assert list(table["run"]) == ["tiny", "tiny_naive"] and list(table["objective"]) == ["decoupled", "naive"]
+    assert (out / "config-tiny.yaml").exists() and (out / "config-tiny_naive.yaml").exists()
+    assert main(["sweep", CONFIG, CONFIG, "--max-steps", "1"]) == 2  # same name twice: labels would clash
+    assert "names label the runs" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from areal_core.rollout.backend import Generation
+from areal_core.rollout.client import RolloutPool
 from areal_core.rollout.config import EngineConfig, KVBudget, RolloutConfig
 from areal_core.rollout.engine import RequestError, RolloutEngine
 from areal_core.rollout.server import create_app, parse_args
@@ -289,8 +291,67 @@ def test_kv_budget_config_forms():
 def test_kv_budget_is_checked_against_the_backend_and_the_answer_length():
     with pytest.raises(ValidationError, match="cannot hold one request: at least 1 prompt token"):
         RolloutConfig(kv_budget={"tokens": 128}, sampling={"max_new_tokens": 128})
-    with pytest.raises(ValidationError, match="rollout.backend kind 'external' does not use it"):
-        RolloutConfig(kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"]})
+    # external servers: a limit the client keeps, in positions (bytes need the server's model)
+    with pytest.raises(ValidationError, match="give \\{tokens: N\\}"):
+        RolloutConfig(kv_budget={"bytes": 10**9}, backend={"kind": "external", "urls": ["http://x"]})
+    ext = RolloutConfig(kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"]})
+    assert ext.client_kv_budget_tokens() == 1000
+    assert RolloutConfig(kv_budget={"tokens": 1000}).client_kv_budget_tokens() is None  # the engine's own
+
+
+class _SlowServer:
+    """A stand-in client for the pool test: answers after a random delay and keeps its own sum of the
+    KV positions (prompt + max_new_tokens) of the requests it is serving, checked against the budget."""
+
+    def __init__(self, url, timeout_s, budget, rng, log):
+        self.url, self.budget, self.rng, self.log = url, budget, rng, log
+        self.holding = 0
+
+    async def _serve(self, size: int, n: int):
+        self.holding += size
+        assert self.holding <= self.budget, f"{self.url} holds {self.holding} > {self.budget}"
+        self.log.append((self.url, size))
+        try:
+            await asyncio.sleep(self.rng.uniform(0.0, 0.01))
+        finally:
+            self.holding -= size
+        return [Generation([1], [0.0], [0], "length") for _ in range(n)]
+
+    async def generate(self, ids, sampling, rid=None):
+        return (await self._serve(len(ids) + sampling["max_new_tokens"], 1))[0]
+
+    async def generate_batch(self, ids, sampling, rids=None):
+        return await self._serve(sum(len(x) + sampling["max_new_tokens"] for x in ids), len(ids))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
+    """RolloutPool(kv_budget_tokens): each server's requests in flight never hold more than the budget
+    (the fake servers check their own sums), batches too big together go one by one, every request is
+    answered, and one larger than the whole budget is refused with its size."""
+    rng, log, budget = random.Random(seed), [], 400
+    pool = RolloutPool([f"http://s{i}" for i in range(2)], make_client=lambda u, t: _SlowServer(u, t, budget, rng, log),
+                       kv_budget_tokens=budget)
+
+    async def burst():
+        jobs = []
+        for k in range(60):
+            n = rng.choice([1, 1, 4])
+            prompts = [[0] * rng.randint(1, 60) for _ in range(n)]
+            samp = {"max_new_tokens": rng.randint(1, 100)}
+            jobs.append(pool.generate(prompts[0], samp) if n == 1 else pool.generate_batch(prompts, samp))
+        return await asyncio.gather(*jobs)
+
+    out = asyncio.run(burst())
+    assert len(out) == 60 and sum(pool.sent) == sum(1 if isinstance(o, Generation) else len(o) for o in out)
+    assert 0 < pool.kv_peak <= budget and pool.kv_reserved == [0, 0]
+    assert {u for u, _ in log} == {"http://s0", "http://s1"}
+    with pytest.raises(ValueError, match="needing 401 KV positions .*kv_budget of 400 tokens"):
+        asyncio.run(pool.generate([0] * 301, {"max_new_tokens": 100}))
+    # the control: the same burst without the limit overfills the servers
+    pool = RolloutPool([f"http://s{i}" for i in range(2)], make_client=lambda u, t: _SlowServer(u, t, budget, rng, log))
+    with pytest.raises(AssertionError, match="holds"):
+        asyncio.run(burst())
 
 
 def test_kv_budget_reaches_the_server_through_the_engine_config():

@@ -12,7 +12,7 @@ from areal_core.data.prepare import prepare
 from areal_core.data.records import RecordError, read_records
 from areal_core.report import (CSV_COLUMNS, PLOTS, ReportError, eval_dir_for_checkpoint, eval_dir_for_run,
                                write_report)
-from areal_core.sweep import sweep_points
+from areal_core.sweep import plan_points, sweep_points
 from tasks.events import should_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -119,6 +119,11 @@ def test_sweep_points_and_evaluate_marks():
     assert pts[3][1] == {"trainer.eta": 4, "trainer.objective": "naive", "trainer.optim.lr": 1e-4}
     with pytest.raises(ValueError, match="empty sweep"):
         sweep_points([], [], None)
+    # the defaults: one config sweeps eta 0,4 x both objectives; several configs run as they are
+    assert [p[0] for p in plan_points(None, None, None)] == ["eta0-decoupled", "eta0-naive", "eta4-decoupled", "eta4-naive"]
+    assert plan_points(None, None, None, n_configs=3) == [("", {})]
+    assert plan_points(None, None, {"seed": [0, 1]}, n_configs=2) == [("seed0", {"seed": 0}), ("seed1", {"seed": 1})]
+    assert plan_points([4], None, None, n_configs=2) == [("eta4", {"trainer.eta": 4})]
     assert [v for v in range(11) if should_evaluate(v, 10, 4)] == [4, 8, 10]
     assert [v for v in range(4) if should_evaluate(v, 3, None)] == [0, 1, 2, 3]
     assert not any(should_evaluate(v, 3, 0) for v in range(4))

@@ -305,37 +305,77 @@ async def run_all(coros) -> list:
 
 
 class RolloutPool:
-    """``make_client(url, timeout_s)``: the backend's client (default: the embedded engine's)."""
+    """``make_client(url, timeout_s)``: the backend's client (default: the embedded engine's).
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None):
+    ``kv_budget_tokens``: a client-side KV-cache limit per server, for servers that do not enforce
+    ``rollout.kv_budget`` themselves (external ones). A request reserves prompt (with what it
+    generated so far) + max_new_tokens positions on the server it goes to until it returns; requests
+    are admitted first come, first served (a later one never overtakes a waiting one), each to the
+    least busy server it fits on, and one larger than the whole budget is a ``ValueError`` naming
+    its size. Only this pool's requests are counted."""
+
+    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None,
+                 kv_budget_tokens: int | None = None):
         if not urls:
             raise ValueError("RolloutPool needs at least one server URL")
+        if kv_budget_tokens is not None and kv_budget_tokens <= 0:
+            raise ValueError(f"kv_budget_tokens must be positive, got {kv_budget_tokens}")
         self.clients = [(make_client or RolloutClient)(u, timeout_s) for u in urls]
         self.in_flight = [0] * len(self.clients)  # generate requests awaiting an answer, per server
         self.sent = [0] * len(self.clients)
         self._next = 0
+        self.kv_budget_tokens = kv_budget_tokens
+        self.kv_reserved = [0] * len(self.clients)  # KV positions reserved per server
+        self.kv_peak = 0  # the most reserved on one server at once
+        self._kv_queue: asyncio.Lock | None = None  # the head of the line (asyncio.Lock wakes in FIFO order)
+        self._kv_freed: asyncio.Condition | None = None
 
     @property
     def urls(self) -> list[str]:
         return [c.url for c in self.clients]
 
     @contextlib.asynccontextmanager
-    async def _least_busy(self, n: int):
-        """The client of the server with the fewest requests in flight, counting ``n`` more on it."""
-        i = self._pick()
+    async def _least_busy(self, n: int, kv_tokens: int = 0):
+        """The client of the server with the fewest requests in flight, counting ``n`` more on it
+        (and, with a budget, reserving ``kv_tokens`` KV positions there)."""
+        i = self._pick() if self.kv_budget_tokens is None else await self._reserve(kv_tokens)
         self.in_flight[i] += n
         self.sent[i] += n
         try:
             yield self.clients[i]
         finally:
             self.in_flight[i] -= n
+            if self.kv_budget_tokens is not None:
+                self.kv_reserved[i] -= kv_tokens
+                async with self._kv_freed:
+                    self._kv_freed.notify_all()
 
-    def _pick(self) -> int:
+    def _pick(self, fits=lambda j: True) -> int:
         n = len(self.clients)
-        order = [(self._next + k) % n for k in range(n)]  # ties rotate over the servers
+        order = [j for j in ((self._next + k) % n for k in range(n)) if fits(j)]  # ties rotate over the servers
         i = min(order, key=lambda j: self.in_flight[j])
         self._next = (i + 1) % n
         return i
+
+    async def _reserve(self, need: int) -> int:
+        """Wait in line until ``need`` KV positions fit on some server; reserve them there."""
+        budget = self.kv_budget_tokens
+        if need > budget:
+            raise ValueError(f"a request needing {need} KV positions (prompt + max_new_tokens) exceeds the whole "
+                             f"rollout.kv_budget of {budget} tokens per server")
+        if self._kv_queue is None:  # made on the loop that uses them
+            self._kv_queue, self._kv_freed = asyncio.Lock(), asyncio.Condition()
+
+        def fits(j: int) -> bool:
+            return self.kv_reserved[j] + need <= budget
+
+        async with self._kv_queue:
+            async with self._kv_freed:
+                await self._kv_freed.wait_for(lambda: any(fits(j) for j in range(len(self.clients))))
+            i = self._pick(fits)
+            self.kv_reserved[i] += need
+            self.kv_peak = max(self.kv_peak, self.kv_reserved[i])
+            return i
 
     async def generate(
         self,
@@ -343,7 +383,8 @@ class RolloutPool:
         sampling: dict | Sampling | SamplingParams | None = None,
         rid: str | None = None,
     ) -> Generation:
-        async with self._least_busy(1) as client:
+        need = len(input_ids) + _sampling_params(sampling).max_new_tokens if self.kv_budget_tokens else 0
+        async with self._least_busy(1, need) as client:
             return await client.generate(input_ids, sampling, rid=rid)
 
     async def generate_batch(
@@ -352,8 +393,16 @@ class RolloutPool:
         sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
         rids: Sequence[str] | None = None,
     ) -> list[Generation]:
-        """One batched request to one server (the least busy), responses in order."""
-        async with self._least_busy(len(input_ids)) as client:
+        """One batched request to one server (the least busy it fits on), responses in order."""
+        need = 0
+        if self.kv_budget_tokens:
+            per = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(input_ids)
+            sizes = [len(ids) + _sampling_params(x).max_new_tokens for ids, x in zip(input_ids, per, strict=True)]
+            need = sum(sizes)
+            if need > self.kv_budget_tokens and len(input_ids) > 1:  # too big together: one request each
+                return list(await asyncio.gather(*(self.generate(ids, x, rid=rids[k] if rids else None)
+                                                   for k, (ids, x) in enumerate(zip(input_ids, per)))))
+        async with self._least_busy(len(input_ids), need) as client:
             return await client.generate_batch(input_ids, sampling, rids=rids)
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:

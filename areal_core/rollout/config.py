@@ -144,8 +144,9 @@ class RolloutConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     torch_threads: int = Field(1, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
-    # KV cache the running requests of one embedded server may reserve: {tokens: N} or {bytes: N};
-    # a request waits (FIFO) until its prompt + max_new_tokens fit; None: no limit but max_running
+    # KV cache the running requests of one server may reserve: {tokens: N} or {bytes: N} (embedded
+    # servers enforce it; for others the rollout client keeps it, tokens only); a request waits (FIFO)
+    # until its prompt + max_new_tokens fit; None: no limit but max_running
     kv_budget: KVBudget | None = None
 
     @model_validator(mode="before")
@@ -178,15 +179,22 @@ class RolloutConfig(Section):
         kv = self.kv_budget
         if kv is None:
             return self
-        if self.backend.kind != "embedded":
-            raise ValueError(f"rollout.kv_budget is enforced by the embedded engine; rollout.backend kind "
-                             f"{self.backend.kind!r} does not use it (limit the KV cache in that server's own "
-                             f"settings), so remove it")
+        if self.backend.kind != "embedded" and kv.tokens is None:
+            raise ValueError(f"rollout.kv_budget for rollout.backend kind {self.backend.kind!r} is a limit the client "
+                             f"keeps per server, in KV positions: give {{tokens: N}} (bytes need the server's KV "
+                             f"bytes per token, which only the embedded engine knows)")
         need = self.sampling.max_new_tokens + 1
         if kv.tokens is not None and kv.tokens < need:
             raise ValueError(f"rollout.kv_budget.tokens ({kv.tokens}) cannot hold one request: at least 1 prompt "
                              f"token + rollout.sampling.max_new_tokens ({self.sampling.max_new_tokens}) = {need}")
         return self
+
+    def client_kv_budget_tokens(self) -> int | None:
+        """The KV budget the rollout client keeps per server: external backends' (the embedded
+        engine enforces its own)."""
+        if self.kv_budget is None or self.backend.kind == "embedded":
+            return None
+        return self.kv_budget.tokens
 
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
         """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
