@@ -41,15 +41,18 @@ import ast
 import builtins
 import functools
 import json
+import logging
 import math
 import os
 import re
 import symtable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from areal_core.reward import code_rpc
-from areal_core.reward.sandbox import SandboxLimits, run_python_file, run_with_checker, sandbox_python
+from areal_core.reward.sandbox import (SandboxLimits, SandboxRun, guarantees, run_python_file, run_with_checker,
+                                      sandbox_python)
 
+log = logging.getLogger(__name__)
 PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_CLASSES + "\n"
 TEST_TYPES = ("stdin", "functional", "assert")
 DEFAULT_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10)
@@ -182,6 +185,12 @@ def _grade_functional(program: str, tests: list[dict], limits: SandboxLimits) ->
     job = {"fn_name": tests[0]["fn_name"], "cases": [t["input"] for t in tests]}
     files = {"solution.py": PREAMBLE + program, "runner.py": _RPC_SOURCE}
     run = run_python_file("runner.py", files, json.dumps(job), limits, args=("functional",))
+    return _functional_verdict(run, tests)
+
+
+def _functional_verdict(run: SandboxRun, tests: list[dict]) -> CodeResult:
+    """The verdict on a functional run's result lines (``run.stdout``), compared here with the
+    expected outputs, which never enter the sandbox."""
     results, bad = _parse_results(run.stdout, len(tests))
     if bad:
         return CodeResult(False, f"invalid results from the program's process: {bad}", len(tests), 0)
@@ -201,6 +210,64 @@ def _grade_functional(program: str, tests: list[dict], limits: SandboxLimits) ->
         reason = run.reason() if not run.ok else "the program's process stopped before the last test"
         return CodeResult(False, reason, len(tests), n_ok, details)
     return CodeResult(True, "ok", len(tests), n_ok, details)
+
+
+BATCH_MAX = 32  # programs per batched sandbox run
+
+
+def grade_functional_many(programs: list[str], tests: list[list[dict]],
+                          limits: SandboxLimits | None = None) -> list[CodeResult]:
+    """``grade_code`` for several programs with functional tests (a group's answers), with the same
+    verdicts, in one sandbox run per ``BATCH_MAX`` programs where the sandbox runs under a user id of
+    its own (``code_rpc.functional_batch_main``: one program at a time, each in a fresh child, every
+    process it left killed before the next; results compared here, as always). Where it cannot (no
+    own user id), or when a batched run fails as a whole (a program killed the runner, say), each of
+    its programs gets a sandbox run of its own. Each program has ``limits.wall_s``; the batch's
+    programs share the run's process limit and private /tmp, one after another."""
+    limits = limits or DEFAULT_LIMITS
+    if len(programs) != len(tests):
+        raise ValueError(f"{len(programs)} programs but {len(tests)} test lists")
+    for t in tests:
+        if _check_tests(t) != "functional":
+            raise ValueError("grade_functional_many takes functional tests only")
+    if len(programs) < 2 or not guarantees()["own_user"]:
+        return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
+    out: list[CodeResult] = []
+    for k in range(0, len(programs), BATCH_MAX):
+        out += _functional_batch(programs[k:k + BATCH_MAX], tests[k:k + BATCH_MAX], limits)
+    return out
+
+
+def _functional_batch(programs: list[str], tests: list[list[dict]], limits: SandboxLimits) -> list[CodeResult]:
+    jobs = [{"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}
+            for p, t in zip(programs, tests)]
+    cap = limits.file_size_mb * 2**20 // (len(jobs) + 1)  # every result text fits the run's output limit
+    run = run_python_file("runner.py", {"runner.py": _RPC_SOURCE},
+                          json.dumps({"jobs": jobs, "wall_s": limits.wall_s, "max_bytes": cap}),
+                          replace(limits, wall_s=limits.wall_s * len(jobs) + 5), args=("functional_batch",))
+    per = _batch_results(run.stdout, len(jobs))
+    if per is None:  # the run failed as a whole: one sandbox run per program
+        log.info("batched grading of %d programs failed (%s); grading them one by one", len(jobs), run.reason())
+        return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
+    return [_functional_verdict(SandboxRun(mode=run.mode, exit_code=r["exit_code"], signal=r["signal"],
+                                           timed_out=r["timed_out"], wall_s=0.0, stdout=r["out"], stderr=""), t)
+            for r, t in zip(per, tests)]
+
+
+def _batch_results(stdout: str, n: int) -> list[dict] | None:
+    """The batch runner's last line, checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per program."""
+    lines = stdout.strip().splitlines()
+    try:
+        per = json.loads(lines[-1]) if lines else None
+    except (ValueError, RecursionError):
+        return None
+    keys = {"out", "timed_out", "exit_code", "signal"}
+    if type(per) is not list or len(per) != n or any(type(r) is not dict or set(r) != keys for r in per):
+        return None
+    ok = all(isinstance(r["out"], str) and isinstance(r["timed_out"], bool)
+             and (r["exit_code"] is None or type(r["exit_code"]) is int)
+             and (r["signal"] is None or type(r["signal"]) is int) for r in per)
+    return per if ok else None
 
 
 def _global_names(code: str) -> tuple[set[str], set[str]]:

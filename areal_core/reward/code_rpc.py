@@ -287,18 +287,17 @@ def _load_program(path):
 # sends is only ever a claim about what its functions return).
 
 
-def functional_main():
-    job = json.loads(sys.stdin.read())
-    chan = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # the program's prints go to stderr, not into the results
-
+def _functional(job, src, chan):
+    """Load the program ``src`` and write one JSON line per case of ``job`` on ``chan`` (see the module
+    docstring, role ``functional``); never returns."""
     def report(**fields):
         chan.write(json.dumps(fields) + "\n")
         chan.flush()
 
     name = job["fn_name"]
     try:
-        ns = _load_program("solution.py")
+        ns = {"__name__": "solution", "__builtins__": builtins}
+        exec(compile(src, "solution.py", "exec"), ns)
         if "Solution" in ns:
             target = getattr(ns["Solution"](), name)
         elif name in ns:
@@ -319,6 +318,97 @@ def functional_main():
         chan.write(line + "\n")
         chan.flush()
     os._exit(0)  # no atexit handlers or lingering threads of the program's
+
+
+def functional_main():
+    job = json.loads(sys.stdin.read())
+    chan = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the program's prints go to stderr, not into the results
+    with open("solution.py") as f:
+        src = f.read()
+    _functional(job, src, chan)
+
+
+SANDBOX_UID_FLOOR = 2_000_000  # sandbox.py's user ids for sandbox runs start here
+
+
+def functional_batch_main():
+    """Several programs' functional tests in one sandbox run (``code.grade_functional_many``).
+
+    Trusted until it forks. It reads ``{"jobs": [{"source", "fn_name", "cases"}], "wall_s", "max_bytes"}``
+    on stdin and makes itself undumpable, so no process of the sandbox's user can trace it or open its
+    fds or memory through /proc (its children inherit that). Then it runs the programs one at a time,
+    each in a forked child with its own process group and a fresh folder, fds 0-2 on /dev/null, its
+    result lines (the ``functional`` role's) on a pipe only this runner reads. A child is killed at
+    ``wall_s`` or once it wrote more than ``max_bytes``. After each program the runner kills every
+    process it may signal (``kill(-1)``): under the sandbox's own user id that is everything the
+    program started, so nothing of one program is alive when the next one starts. Last, it writes one
+    JSON line on a private copy of fd 1: per program, its result text, whether it timed out, and its
+    exit code or signal. It refuses to run under a user id that is not a sandbox's own."""
+    import ctypes
+    import select
+    import signal
+    import tempfile
+    import time
+
+    if os.getuid() < SANDBOX_UID_FLOOR:
+        sys.exit("functional_batch needs a sandbox user id of its own (kill(-1) would reach the host's processes)")
+    spec = json.loads(sys.stdin.read())
+    out = os.fdopen(os.dup(1), "w")
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    exec(IMPORTS, {})  # every program imports these (the preamble): loaded once, each child starts with them
+    wall, cap = float(spec["wall_s"]), int(spec["max_bytes"])
+    results = []
+    for job in spec["jobs"]:
+        r, w = os.pipe()
+        for _ in range(100):  # the last program's processes may not all be reaped yet (process limit)
+            try:
+                pid = os.fork()
+                break
+            except BlockingIOError:
+                time.sleep(0.01)
+        else:
+            pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                os.chdir(tempfile.mkdtemp(prefix="job-", dir="."))
+                keep = sorted({0, 1, 2, w})
+                for lo, hi in zip(keep, keep[1:] + [1 << 16]):
+                    os.closerange(lo + 1, hi)
+                _functional(job, job["source"], os.fdopen(w, "w"))
+            finally:
+                os._exit(0)
+        os.close(w)
+        data, timed_out, deadline = b"", False, time.monotonic() + wall
+        while len(data) <= cap:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                timed_out = True
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _, status = os.waitpid(pid, 0)
+        try:
+            os.kill(-1, signal.SIGKILL)  # whatever the program left behind (never this process)
+        except OSError:
+            pass
+        results.append({"out": data[:cap].decode(errors="replace"), "timed_out": timed_out,
+                        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None})
+    out.write(json.dumps(results) + "\n")
+    out.flush()
 
 
 def candidate_main():
@@ -575,5 +665,7 @@ if __name__ == "__main__":
         candidate_main()
     elif role == "functional":
         functional_main()
+    elif role == "functional_batch":
+        functional_batch_main()
     else:
         sys.exit(f"unknown role {role!r}")

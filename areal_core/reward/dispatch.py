@@ -96,7 +96,32 @@ def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s:
     """
     if code_reward not in CODE_REWARDS:
         raise ValueError(f"code_reward must be one of {CODE_REWARDS}, got {code_reward!r}")
-    return _grade_in_order(items, timeout_s, grade if code_reward == "all_pass" else grade_partial)
+    grader = grade if code_reward == "all_pass" else grade_partial
+    batched = _grade_functional_together(items, code_reward)  # index -> result
+    rest = [i for i in range(len(items)) if i not in batched]
+    for i, r in zip(rest, _grade_in_order([items[i] for i in rest], timeout_s, grader)):
+        batched[i] = r
+    return [batched[i] for i in range(len(items))]
+
+
+def _grade_functional_together(items: list[tuple], code_reward: str) -> dict[int, RewardResult]:
+    """The code answers with functional tests among ``items``, graded in batched sandbox runs
+    (``code.grade_functional_many``: the verdicts grading them one by one gives, at a fraction of
+    the start-up cost); by index. Each program is bounded by the sandbox's wall time, not
+    ``timeout_s``. Partial credit's extra runs (after a failing test) go one by one."""
+    picked = [i for i, (task, _, _, tests) in enumerate(items)
+              if task == "code" and tests and tests[0].get("testtype") == "functional"]
+    if len(picked) < 2:
+        return {}
+    from areal_core.reward.code import extract_code, grade_functional_many
+
+    programs = [extract_code(items[i][1]) for i in picked]
+    verdicts = grade_functional_many(programs, [items[i][3] for i in picked])
+    out = {}
+    for i, program, v in zip(picked, programs, verdicts):
+        score = _passed_share(program, items[i][3], v) if code_reward == "fraction" else None
+        out[i] = RewardResult(correct=v.passed, parsed=program[:2000], reason=v.reason, score=score)
+    return out
 
 
 def _grade_in_order(items: list[tuple], timeout_s: float, grader) -> list[RewardResult]:
