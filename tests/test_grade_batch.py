@@ -146,7 +146,7 @@ def test_grade_batch_batches_functional_code_and_keeps_the_order():
 
 def test_the_batch_runner_refuses_a_user_id_not_its_own(tmp_path):
     src = tmp_path / "runner.py"
-    src.write_text(code_mod._RPC_SOURCE)
+    src.write_text(code_mod.RUNNER_SOURCE)
     p = subprocess.run([sys.executable, "-I", str(src), "functional_batch"], input='{"jobs": []}',
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "user id of its own" in p.stderr

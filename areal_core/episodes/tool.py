@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from areal_core.data.synthetic import TOOL_CLOSE, TOOL_OPEN, TOOL_RESULT
 from areal_core.episodes.base import EpisodeContext, append_environment
+from areal_core.reward.code import RUNNER_SOURCE
 from areal_core.reward.result import RewardResult
 from areal_core.reward.sandbox import SandboxLimits, run_python_file
 from areal_core.types import Trajectory
@@ -43,91 +44,6 @@ from areal_core.types import Trajectory
 log = logging.getLogger(__name__)
 
 MAX_REOPEN = 8  # a turn stopped by a stop token that closes no call goes on, at most this often
-
-# The trusted runner, run in the sandbox as ``python -I runner.py TIMEOUT_S CAP_BYTES`` with the calls
-# in calls.json (a JSON list of strings: data, never code of this process). Each call runs in a forked
-# child: its own process group, fds 1 and 2 on a pipe only the runner reads, no file writes
-# (RLIMIT_FSIZE 0: it cannot reach the runner's stdout file), a CPU limit, killed at TIMEOUT_S or once
-# it printed more than CAP_BYTES. The runner is not dumpable, so a child can neither trace it nor open
-# its fds through /proc. It prints one JSON line, the results, after every child is dead.
-RUNNER = r'''
-import ast, ctypes, json, os, resource, select, sys, time
-
-
-def call(code):
-    ns = {"__name__": "__main__"}
-    try:
-        tree = ast.parse(code, "<py>", "exec")
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, "<py>", "exec"), ns)
-        if last is not None:
-            value = eval(compile(ast.Expression(last.value), "<py>", "eval"), ns)
-            if value is not None:
-                print(repr(value))
-    except BaseException as e:
-        print(f"{type(e).__name__}: {e}")
-
-
-def child(code, w, timeout):
-    try:
-        os.setpgid(0, 0)
-        os.dup2(w, 1)
-        os.dup2(w, 2)
-        os.closerange(3, 1 << 16)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-        cpu = int(timeout) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        call(code)
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(0)
-
-
-def one(code, timeout, cap):
-    sys.stdout.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        child(code, w, timeout)
-    os.close(w)
-    out, timed_out, deadline = b"", False, time.monotonic() + timeout
-    while len(out) <= cap:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([r], [], [], left)[0]:
-            timed_out = True
-            break
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        out += chunk
-    os.close(r)
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, 9)
-        except OSError:
-            pass
-    os.waitpid(pid, 0)
-    return {"output": out[:cap + 1].decode(errors="replace"), "timed_out": timed_out}
-
-
-def main():
-    timeout, cap = float(sys.argv[1]), int(sys.argv[2])
-    try:
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    except Exception:
-        pass
-    with open("calls.json") as f:
-        calls = json.load(f)
-    results = [one(code, timeout, cap) for code in calls]
-    sys.stdout.write("\n" + json.dumps(results) + "\n")
-    sys.stdout.flush()
-
-
-main()
-'''
-
 
 @dataclass(frozen=True)
 class CallResult:
@@ -159,19 +75,19 @@ class PythonTool:
         with self._lock:
             self.n_sandbox_runs += 1
         cap = 4 * self.max_output_chars + 4  # bytes: a character is at most 4 of them
-        run = run_python_file("runner.py", {"runner.py": RUNNER, "calls.json": json.dumps(codes)},
-                              limits=self._limits(len(codes)), mode=self.mode,
-                              args=(repr(float(self.timeout_s)), str(cap)))
+        run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
+                              json.dumps({"calls": codes, "wall_s": self.timeout_s, "max_bytes": cap}),
+                              limits=self._limits(len(codes)), mode=self.mode, args=("repl_calls",))
         lines = run.stdout.strip().splitlines()
         try:
             raw = json.loads(lines[-1]) if run.ok and lines else None
         except json.JSONDecodeError:
             raw = None
         if (not isinstance(raw, list) or len(raw) != len(codes)
-                or not all(isinstance(r, dict) and isinstance(r.get("output"), str) for r in raw)):
+                or not all(isinstance(r, dict) and isinstance(r.get("out"), str) for r in raw)):
             log.debug("tool batch of %d calls failed (%s); running them one by one", len(codes), run.reason())
             return None
-        return [self._result(r["output"], bool(r.get("timed_out"))) for r in raw]
+        return [self._result(r["out"], bool(r.get("timed_out"))) for r in raw]
 
     def _result(self, output: str, timed_out: bool) -> CallResult:
         output = output.rstrip()

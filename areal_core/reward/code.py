@@ -57,8 +57,9 @@ PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_
 TEST_TYPES = ("stdin", "functional", "assert")
 DEFAULT_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# code_rpc.py's text: the trusted runner copied into sandbox runs (the grader's roles, the tool episode's calls)
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_rpc.py")) as _f:
-    _RPC_SOURCE = _f.read()
+    RUNNER_SOURCE = _f.read()
 
 
 @dataclass
@@ -183,7 +184,7 @@ def _parse_results(stdout: str, n: int) -> tuple[list[dict], str | None]:
 
 def _grade_functional(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
     job = {"fn_name": tests[0]["fn_name"], "cases": [t["input"] for t in tests]}
-    files = {"solution.py": PREAMBLE + program, "runner.py": _RPC_SOURCE}
+    files = {"solution.py": PREAMBLE + program, "runner.py": RUNNER_SOURCE}
     run = run_python_file("runner.py", files, json.dumps(job), limits, args=("functional",))
     return _functional_verdict(run, tests)
 
@@ -242,7 +243,7 @@ def _functional_batch(programs: list[str], tests: list[list[dict]], limits: Sand
     jobs = [{"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}
             for p, t in zip(programs, tests)]
     cap = limits.file_size_mb * 2**20 // (len(jobs) + 1)  # every result text fits the run's output limit
-    run = run_python_file("runner.py", {"runner.py": _RPC_SOURCE},
+    run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
                           json.dumps({"jobs": jobs, "wall_s": limits.wall_s, "max_bytes": cap}),
                           replace(limits, wall_s=limits.wall_s * len(jobs) + 5), args=("functional_batch",))
     per = _batch_results(run.stdout, len(jobs))
@@ -332,8 +333,8 @@ def _grade_assert(program: str, tests: list[dict], limits: SandboxLimits) -> Cod
            "byvalue": sorted({*code_rpc.NODE_CLASS_NAMES, *classes}),
            "max_message": limits.file_size_mb * 2**20}
     run = run_with_checker([sandbox_python(), "-I", "runner.py", "candidate"],
-                           {"solution.py": PREAMBLE + program, "runner.py": _RPC_SOURCE},
-                           {"checker.py": _RPC_SOURCE, "job.json": json.dumps(job)}, "checker.py", ("checker",), limits)
+                           {"solution.py": PREAMBLE + program, "runner.py": RUNNER_SOURCE},
+                           {"checker.py": RUNNER_SOURCE, "job.json": json.dumps(job)}, "checker.py", ("checker",), limits)
     chk = run.checker
     lines = chk.stdout.splitlines()
     if chk.timed_out or chk.exit_code != 0 or len(lines) != 1:

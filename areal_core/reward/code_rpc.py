@@ -332,39 +332,30 @@ def functional_main():
 SANDBOX_UID_FLOOR = 2_000_000  # sandbox.py's user ids for sandbox runs start here
 
 
-def functional_batch_main():
-    """Several programs' functional tests in one sandbox run (``code.grade_functional_many``).
-
-    Trusted until it forks. It reads ``{"jobs": [{"source", "fn_name", "cases"}], "wall_s", "max_bytes"}``
-    on stdin and makes itself undumpable, so no process of the sandbox's user can trace it or open its
-    fds or memory through /proc (its children inherit that). Then it runs the programs one at a time,
-    each in a forked child with its own process group and a fresh folder, fds 0-2 on /dev/null, its
-    result lines (the ``functional`` role's) on a pipe only this runner reads. A child is killed at
-    ``wall_s`` or once it wrote more than ``max_bytes``. After each program the runner kills every
-    process it may signal (``kill(-1)``): under the sandbox's own user id that is everything the
-    program started, so nothing of one program is alive when the next one starts. Last, it writes one
-    JSON line on a private copy of fd 1: per program, its result text, whether it timed out, and its
-    exit code or signal. It refuses to run under a user id that is not a sandbox's own."""
+def _one_at_a_time(jobs, child, wall, cap, kill_rest=False):
+    """Run ``child(job, w)`` for each of ``jobs`` in a forked process of its own, one after another
+    (trusted code, in the sandbox). The runner makes itself undumpable first: no process of the
+    sandbox's user can then trace it or open its fds or memory through /proc, and its children
+    inherit that. Each child gets its own process group and keeps fds 0-2 and ``w``, the write end of
+    a pipe only the runner reads; it is killed at ``wall`` seconds or once it wrote more than ``cap``
+    bytes. ``kill_rest``: then kill every process the runner may signal (``kill(-1)``; only under a
+    sandbox's own user id, where that is everything the child started). Per job:
+    ``{"out", "timed_out", "exit_code", "signal"}``."""
     import ctypes
     import select
     import signal
-    import tempfile
     import time
 
-    if os.getuid() < SANDBOX_UID_FLOOR:
-        sys.exit("functional_batch needs a sandbox user id of its own (kill(-1) would reach the host's processes)")
-    spec = json.loads(sys.stdin.read())
-    out = os.fdopen(os.dup(1), "w")
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    exec(IMPORTS, {})  # every program imports these (the preamble): loaded once, each child starts with them
-    wall, cap = float(spec["wall_s"]), int(spec["max_bytes"])
+    if kill_rest and os.getuid() < SANDBOX_UID_FLOOR:
+        sys.exit("kill(-1) needs a sandbox user id of its own (it would reach the host's processes)")
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except (OSError, AttributeError):
+        pass
     results = []
-    for job in spec["jobs"]:
+    for job in jobs:
         r, w = os.pipe()
-        for _ in range(100):  # the last program's processes may not all be reaped yet (process limit)
+        for _ in range(100):  # the last child's processes may not all be reaped yet (process limit)
             try:
                 pid = os.fork()
                 break
@@ -375,11 +366,10 @@ def functional_batch_main():
         if pid == 0:
             try:
                 os.setpgid(0, 0)
-                os.chdir(tempfile.mkdtemp(prefix="job-", dir="."))
                 keep = sorted({0, 1, 2, w})
                 for lo, hi in zip(keep, keep[1:] + [1 << 16]):
                     os.closerange(lo + 1, hi)
-                _functional(job, job["source"], os.fdopen(w, "w"))
+                child(job, w)
             finally:
                 os._exit(0)
         os.close(w)
@@ -400,13 +390,89 @@ def functional_batch_main():
             except OSError:
                 pass
         _, status = os.waitpid(pid, 0)
-        try:
-            os.kill(-1, signal.SIGKILL)  # whatever the program left behind (never this process)
-        except OSError:
-            pass
+        if kill_rest:
+            try:
+                os.kill(-1, signal.SIGKILL)  # whatever the child left behind (never this process)
+            except OSError:
+                pass
         results.append({"out": data[:cap].decode(errors="replace"), "timed_out": timed_out,
                         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None})
+    return results
+
+
+def _private_stdout():
+    """A private copy of fd 1 for the runner's report; fds 0-2 then point at /dev/null."""
+    out = os.fdopen(os.dup(1), "w")
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    return out
+
+
+def functional_batch_main():
+    """Several programs' functional tests in one sandbox run (``code.grade_functional_many``):
+    ``{"jobs": [{"source", "fn_name", "cases"}], "wall_s", "max_bytes"}`` on stdin; each program in a
+    child of its own, in a fresh folder, its result lines (the ``functional`` role's) on its pipe,
+    and every process it started killed before the next one (``_one_at_a_time`` with ``kill_rest``).
+    The preamble's imports are loaded once, before the first fork. Writes one JSON line, a result per
+    program, on a private copy of fd 1."""
+    import tempfile
+
+    spec = json.loads(sys.stdin.read())
+    if os.getuid() < SANDBOX_UID_FLOOR:  # (checked again before any kill(-1))
+        sys.exit("functional_batch needs a sandbox user id of its own (kill(-1) would reach the host's processes)")
+    out = _private_stdout()
+    exec(IMPORTS, {})  # every program imports these (the preamble): loaded once, each child starts with them
+
+    def child(job, w):
+        os.chdir(tempfile.mkdtemp(prefix="job-", dir="."))
+        _functional(job, job["source"], os.fdopen(w, "w"))
+
+    results = _one_at_a_time(spec["jobs"], child, float(spec["wall_s"]), int(spec["max_bytes"]), kill_rest=True)
+    out.write(json.dumps(results) + "\n")
+    out.flush()
+
+
+def _repl(code):
+    """Run ``code`` as a REPL line: what it prints, then the ``repr`` of a final expression's value; an
+    exception prints its last traceback line."""
+    import ast
+
+    ns = {"__name__": "__main__"}
+    try:
+        tree = ast.parse(code, "<py>", "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, "<py>", "exec"), ns)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<py>", "eval"), ns)
+            if value is not None:
+                print(repr(value))
+    except BaseException as e:  # noqa: BLE001 - the call's failure is its output
+        print(f"{type(e).__name__}: {e}")
+
+
+def repl_calls_main():
+    """The tool episode's calls (``episodes/tool.py``): ``{"calls": [code], "wall_s", "max_bytes"}`` on
+    stdin; each call in a child of its own (``_one_at_a_time``) whose fds 1 and 2 are its pipe, with no
+    file writes and a CPU limit; writes one JSON line, a result per call, on a private copy of fd 1."""
+    import resource
+
+    spec = json.loads(sys.stdin.read())
+    out = _private_stdout()
+    wall = float(spec["wall_s"])
+
+    def child(code, w):
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no files: output reaches the runner only by the pipe
+        cpu = int(wall) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        _repl(code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    results = _one_at_a_time(spec["calls"], child, wall, int(spec["max_bytes"]))
     out.write(json.dumps(results) + "\n")
     out.flush()
 
@@ -667,5 +733,7 @@ if __name__ == "__main__":
         functional_main()
     elif role == "functional_batch":
         functional_batch_main()
+    elif role == "repl_calls":
+        repl_calls_main()
     else:
         sys.exit(f"unknown role {role!r}")
