@@ -213,7 +213,7 @@ def _functional_verdict(run: SandboxRun, tests: list[dict]) -> CodeResult:
     return CodeResult(True, "ok", len(tests), n_ok, details)
 
 
-BATCH_MAX = 32  # programs per batched sandbox run
+BATCH_MAX = 128  # programs per batched sandbox run (a launch costs ~0.1 s under load, a program ~5 ms)
 
 
 def grade_functional_many(programs: list[str], tests: list[list[dict]],
