@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from areal_core.data.prompting import encode_prompt
 from areal_core.data.synthetic import grade_chain
 from areal_core.eval.benchmarks import get_benchmark, load_benchmark
 from areal_core.eval.harness import _bench_summary, evaluate_checkpoint
@@ -74,6 +75,28 @@ def test_real_run_on_a_tiny_checkpoint(tmp_path):
         key = f"pass@{k}"
         assert bench[key] == pytest.approx(sum(subsets_reference(o, k) for o in outcomes) / len(outcomes))
     assert bench["mean_length"] == pytest.approx(df["n_tokens"].mean())
+
+
+@pytest.mark.slow
+def test_answers_fit_the_model_context_and_prompts_that_fill_it_are_graded_wrong(tmp_path):
+    """A 96-position model on HumanEval (prompts of hundreds of characters) and on chain sums asked for 1024 new
+    tokens: the HumanEval answers are not generated (graded wrong, named), the chain answers are cut to the
+    room their prompt leaves, and the evaluation completes."""
+    tok = build_char_tokenizer()
+    arch = SMALL.model_copy(update={"max_position_embeddings": 96})
+    url = CheckpointStore(f"file://{tmp_path}/ckpt").publish(0, build_tiny(arch, tok, seed=0), tok)
+    summary = evaluate_checkpoint(url, ["humaneval", "synthetic"], out_dir=str(tmp_path / "eval"), limit=3,
+                                  temperature=1.0, top_p=1.0, max_new_tokens=1024, progress=False)
+    he = pd.read_parquet(tmp_path / "eval" / "humaneval" / "results.parquet")
+    assert len(he) == 3 and not he["correct"].any() and (he["finish_reason"] == "context").all()
+    assert he["reason"].str.contains("leaves no room in the model's context \\(96 positions\\)").all()
+    assert summary["benchmarks"]["humaneval"]["no_room_share"] == 1.0
+    syn = pd.read_parquet(tmp_path / "eval" / "synthetic" / "results.parquet")
+    bench = get_benchmark("synthetic")
+    prompts = {r.id: len(encode_prompt(tok, r, bench.instruction)) for r in load_benchmark("synthetic", 3)}
+    assert (syn["finish_reason"] != "context").all()
+    assert all(row.n_tokens <= 96 - prompts[row.problem_id] for row in syn.itertuples())
+    assert (syn["finish_reason"] == "length").any()  # the room, not the 1024 asked for, ended some answers
 
 
 def test_unknown_benchmark_fails_before_starting_anything(tmp_path):

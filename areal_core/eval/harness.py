@@ -115,6 +115,18 @@ def _checkpoint_folder(url: str) -> str | None:
         return None  # a folder named like a version, but not one: load it as it is
 
 
+def model_context(folder: str) -> int | None:
+    """The model's positions (``max_position_embeddings`` of its config.json); None if it does not say."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            n = json.load(f).get("max_position_embeddings")
+    except OSError:
+        return None
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
 def load_tokenizer(folder_or_url: str):
     import transformers
 
@@ -152,9 +164,9 @@ class _Grades:
         return self.results  # type: ignore[return-value]
 
 
-async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int]], sampling: dict, progress: bool,
+async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]], sampling: dict, progress: bool,
                     desc: str, on_done) -> None:
-    """Generate every job (rid, input_ids, seed); ``on_done(index, response)`` as each finishes."""
+    """Generate every job (rid, input_ids, seed, max_new_tokens); ``on_done(index, response)`` as each finishes."""
     from tqdm import tqdm
 
     from areal_core.rollout.client import RolloutPool
@@ -162,8 +174,8 @@ async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int]], sam
     pool = RolloutPool(urls, timeout_s=3600.0)
     bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
 
-    async def one(i: int, rid: str, ids: list[int], seed: int) -> None:
-        resp = await pool.generate(ids, {**sampling, "sampling_seed": seed}, rid=rid)
+    async def one(i: int, rid: str, ids: list[int], seed: int, max_new: int) -> None:
+        resp = await pool.generate(ids, {**sampling, "sampling_seed": seed, "max_new_tokens": max_new}, rid=rid)
         on_done(i, resp)
         bar.update(1)
 
@@ -194,6 +206,7 @@ def _bench_summary(bench: Benchmark, df: pd.DataFrame, samples: int) -> dict:
         f"pass@{samples}": sum(pk) / len(pk),
         "mean_length": float(df["n_tokens"].mean()),
         "truncated_share": float((df["finish_reason"] == "length").mean()),
+        "no_room_share": float((df["finish_reason"] == "context").mean()),  # prompts that fill the context
     }
     if bench.task == "math":
         out[f"maj@{samples}"] = sum(maj) / len(maj)
@@ -201,13 +214,24 @@ def _bench_summary(bench: Benchmark, df: pd.DataFrame, samples: int) -> dict:
 
 
 def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, rewards, *, samples: int,
-                    sampling: dict, progress: bool) -> pd.DataFrame:
-    jobs, meta = [], []
+                    sampling: dict, progress: bool, context: int | None = None) -> pd.DataFrame:
+    """``context``: the model's positions. An answer gets at most what is left of it after its prompt; a
+    prompt that leaves no room is not generated and graded wrong (``finish_reason`` ``context``)."""
+    jobs, meta, skipped = [], [], []
     for pi, rec in enumerate(records):
         ids = encode_prompt(tokenizer, rec, bench.instruction)
+        room = sampling["max_new_tokens"] if context is None else min(sampling["max_new_tokens"], context - len(ids))
         for s in range(samples):
-            jobs.append((f"eval-{bench.name}-{pi}-{s}", ids, 1_000_003 * s + pi))
+            if room < 1:
+                skipped.append({"problem_id": rec.id, "sample": s, "response": "", "parsed": None, "correct": False,
+                                "reason": f"the prompt ({len(ids)} tokens) leaves no room in the model's context "
+                                          f"({context} positions)", "n_tokens": 0, "finish_reason": "context"})
+                continue
+            jobs.append((f"eval-{bench.name}-{pi}-{s}", ids, 1_000_003 * s + pi, room))
             meta.append((rec, s))
+    if skipped:
+        log.warning("%s: %d of %d answers not generated: their prompts fill the model's context (%d positions)",
+                    bench.name, len(skipped), len(skipped) + len(jobs), context)
     responses: list = [None] * len(jobs)
     grades = _Grades(len(jobs))
 
@@ -225,7 +249,7 @@ def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, re
             "problem_id": rec.id, "sample": s, "response": text, "parsed": res.parsed, "correct": bool(res.correct),
             "reason": res.reason, "n_tokens": len(resp.output_ids), "finish_reason": resp.finish_reason,
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows + skipped)
 
 
 def evaluate_checkpoint(
@@ -270,6 +294,7 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     folder = model_folder(model)
     tokenizer = load_tokenizer(folder)
+    context = model_context(folder)
     out = Path(out_dir)  # made once the model loads: a failed start leaves no empty folder
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {
@@ -289,7 +314,7 @@ def evaluate_checkpoint(
             given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
             sampling = {**sampling, **{k: v for k, v in given.items() if v is not None}}  # what the caller set
             df = _evaluate_bench(bench, problems[bench.name], [server.url], tokenizer, rewards, samples=samples,
-                                 sampling=sampling, progress=progress)
+                                 sampling=sampling, progress=progress, context=context)
             (out / bench.name).mkdir(exist_ok=True)
             write_parquet_atomic(df, out / bench.name / "results.parquet")
             summary["benchmarks"][bench.name] = {**_bench_summary(bench, df, samples),
