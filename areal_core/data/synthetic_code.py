@@ -5,8 +5,9 @@ its value at zero and at each unit point, then a question mark:
 
     f(0,0)=5,f(1,0)=8,f(0,1)=3?
 
-(No whitespace in prompts: the tiny model's character tokenizer, saved with a checkpoint and
-loaded back by ``transformers.AutoTokenizer``, loses spaces and newlines when it encodes.)
+(No whitespace in prompts. Before session 15 a saved character tokenizer loaded back through
+``transformers.AutoTokenizer`` dropped spaces and newlines when it encoded; ``models.tokenizer.
+load_tokenizer`` now loads it as saved, and the prompts stay as they were.)
 
 The reference answer reads each coefficient off the examples as a difference, and Python
 does the arithmetic:

@@ -68,9 +68,9 @@ class ChatRenderer:
     def __init__(self, chat_template: str | None = None, tokenizer: str | None = None):
         self.template, self.tok, self._jinja = chat_template, None, None
         if tokenizer:
-            from transformers import AutoTokenizer
+            from areal_core.models.tokenizer import load_tokenizer
 
-            self.tok = AutoTokenizer.from_pretrained(tokenizer)
+            self.tok = load_tokenizer(tokenizer)
             if not (chat_template or self.tok.chat_template):
                 raise ValueError(f"episode.tokenizer {tokenizer!r} has no chat template: give episode.chat_template")
         elif chat_template:

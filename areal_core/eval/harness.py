@@ -128,12 +128,10 @@ def model_context(folder: str) -> int | None:
 
 
 def load_tokenizer(folder_or_url: str):
-    import transformers
-
+    from areal_core.models.tokenizer import load_tokenizer as load_saved
     from areal_core.storage.localize import localize
 
-    tok = transformers.AutoTokenizer.from_pretrained(localize(folder_or_url), local_files_only=True)
-    return tok
+    return load_saved(localize(folder_or_url), local_files_only=True)
 
 
 class _Grades:

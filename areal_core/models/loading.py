@@ -9,6 +9,7 @@ import transformers
 
 from areal_core.data.records import Record
 from areal_core.models.config import ModelConfig
+from areal_core.models.tokenizer import load_tokenizer
 from areal_core.storage.localize import localize
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def load_hf_folder(url_or_path: str, dtype: torch.dtype | str = torch.float32, c
     fetched from a model hub: a name that is not a folder is an error.
     """
     folder = localize(url_or_path, cache_dir=cache_dir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_tokenizer(folder, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(dtype), local_files_only=True)
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:

@@ -3,12 +3,16 @@
 Built with the ``tokenizers`` library (WordLevel model over single characters,
 a pre-tokenizer that isolates every character, a decoder that fuses tokens
 back without separators) and wrapped as a transformers fast tokenizer, so it
-saves with ``save_pretrained`` and loads back with plain
-``transformers.AutoTokenizer.from_pretrained(folder)``.
+saves with ``save_pretrained``. Load a saved one with :func:`load_tokenizer`, not
+``transformers.AutoTokenizer``: next to the tiny model's config.json (a Qwen2 architecture)
+AutoTokenizer builds a Qwen2Tokenizer, whose byte-level pre-tokenizer replaces this one's and
+drops every space and newline when it encodes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -51,3 +55,17 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         padding_side="left",
     )
+
+
+def load_tokenizer(folder: str, **kwargs):
+    """The tokenizer saved in ``folder`` (a local folder), as it was saved: the character tokenizer (a
+    WordLevel ``tokenizer.json``) as the fast tokenizer it is, anything else through
+    ``transformers.AutoTokenizer`` (see the module docstring for why not always the latter)."""
+    from transformers import AutoTokenizer
+
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            if json.load(f).get("model", {}).get("type") == "WordLevel":
+                return PreTrainedTokenizerFast.from_pretrained(folder, **kwargs)
+    return AutoTokenizer.from_pretrained(folder, **kwargs)

@@ -236,8 +236,9 @@ def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed
 def _load(folder: Path):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    return model, tokenizer
+    from areal_core.models.tokenizer import load_tokenizer
+
+    return model, load_tokenizer(str(folder))
 
 
 def cached_warm_start(
