@@ -48,7 +48,8 @@ class RunCheckpoints:
         while self._pending and self._pending[0].done():
             result = self._pending.pop(0).result()
             self.written.append({"version": result.version, "format": result.format, "bytes": result.bytes_written,
-                                 "weight_bytes": result.weight_bytes, "write_s": round(result.write_s, 4)})
+                                 "weight_bytes": result.weight_bytes, "write_s": round(result.write_s, 4),
+                                 "done_at": result.done_at})
             self.on_written(result)
 
     def __enter__(self) -> "RunCheckpoints":

@@ -54,6 +54,7 @@ class WriteResult:
     weight_bytes: int  # of which the weights (model.safetensors or model.delta)
     write_s: float  # staging + publishing + pruning, on the writer thread
     pruned: list[int] = field(default_factory=list)
+    done_at: float = 0.0  # time.monotonic() when it finished
 
 
 class CheckpointWriter:
@@ -186,7 +187,7 @@ class CheckpointWriter:
             self._base, self._since_full = (version, tensors), 0
         pruned = self.store.prune(self.keep_last) if self.keep_last else []
         result = WriteResult(version, url, meta["format"], meta.get("base_version"), total, weight_bytes,
-                             time.perf_counter() - t0, pruned)
+                             time.perf_counter() - t0, pruned, time.monotonic())
         log.info("checkpoint v%d written (%s, %d bytes, %.2f s)", version, result.format, total, result.write_s)
         if self.on_published is not None:
             self.on_published(result)
