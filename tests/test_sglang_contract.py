@@ -342,6 +342,25 @@ def test_backend_configured_urls(standin):
         assert isinstance(backend.client(urls[0], 30.0), SGLangClient)
 
 
+def _listen_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports below the kernel's ephemeral range (32768 and up), so an
+    outgoing connection of another process cannot take one between this check and the server's bind."""
+    import random
+    import socket
+
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, 32000 - n)
+        try:
+            for p in range(first, first + n):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports in 20000-32000")
+
+
 def test_backend_starts_restarts_and_stops_servers(tmp_path):
     """The launcher's argv run by a fake ``sglang.launch_server`` that serves the stand-in."""
     pkg = tmp_path / "sglang"
@@ -349,7 +368,7 @@ def test_backend_starts_restarts_and_stops_servers(tmp_path):
     (pkg / "__init__.py").write_text('"""A fake sglang package for this test only: not SGLang."""\n')
     (pkg / "launch_server.py").write_text("from sglang_standin import main\n\nmain()\n")
     tests_dir = str(Path(__file__).parent)
-    port = free_port()
+    port = _listen_ports(2)
     cfg = SGLangConfig(num_servers=2, port=port, port_stride=1, startup_timeout_s=120,
                        env={"PYTHONPATH": f"{tmp_path}:{tests_dir}"})
     backend = SGLangBackend(cfg, log_dir=str(tmp_path))
