@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from areal_core.data.synthetic import TOOL_CLOSE, TOOL_OPEN, TOOL_RESULT
 from areal_core.episodes.base import EpisodeContext, append_environment
-from areal_core.reward.code import RUNNER_SOURCE
+from areal_core.reward.code import RUNNER_SOURCE, runner_results
 from areal_core.reward.result import RewardResult
 from areal_core.reward.sandbox import SandboxLimits, run_python_file
 from areal_core.types import Trajectory
@@ -78,16 +78,11 @@ class PythonTool:
         run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
                               json.dumps({"calls": codes, "wall_s": self.timeout_s, "max_bytes": cap}),
                               limits=self._limits(len(codes)), mode=self.mode, args=("repl_calls",))
-        lines = run.stdout.strip().splitlines()
-        try:
-            raw = json.loads(lines[-1]) if run.ok and lines else None
-        except json.JSONDecodeError:
-            raw = None
-        if (not isinstance(raw, list) or len(raw) != len(codes)
-                or not all(isinstance(r, dict) and isinstance(r.get("out"), str) for r in raw)):
+        raw = runner_results(run.stdout, len(codes)) if run.ok else None
+        if raw is None:
             log.debug("tool batch of %d calls failed (%s); running them one by one", len(codes), run.reason())
             return None
-        return [self._result(r["out"], bool(r.get("timed_out"))) for r in raw]
+        return [self._result(r["out"], r["timed_out"]) for r in raw]
 
     def _result(self, output: str, timed_out: bool) -> CallResult:
         output = output.rstrip()

@@ -246,7 +246,7 @@ def _functional_batch(programs: list[str], tests: list[list[dict]], limits: Sand
     run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
                           json.dumps({"jobs": jobs, "wall_s": limits.wall_s, "max_bytes": cap}),
                           replace(limits, wall_s=limits.wall_s * len(jobs) + 5), args=("functional_batch",))
-    per = _batch_results(run.stdout, len(jobs))
+    per = runner_results(run.stdout, len(jobs))
     if per is None:  # the run failed as a whole: one sandbox run per program
         log.info("batched grading of %d programs failed (%s); grading them one by one", len(jobs), run.reason())
         return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
@@ -255,8 +255,9 @@ def _functional_batch(programs: list[str], tests: list[list[dict]], limits: Sand
             for r, t in zip(per, tests)]
 
 
-def _batch_results(stdout: str, n: int) -> list[dict] | None:
-    """The batch runner's last line, checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per program."""
+def runner_results(stdout: str, n: int) -> list[dict] | None:
+    """The last line of a one-at-a-time runner (``code_rpc._one_at_a_time``: the functional batch, the tool
+    episode's calls), checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per job; None otherwise."""
     lines = stdout.strip().splitlines()
     try:
         per = json.loads(lines[-1]) if lines else None

@@ -273,13 +273,17 @@ def _builtin_class_name(e):
     return type(e).__name__
 
 
-def _load_program(path):
-    """Execute the program (``solution.py``) as module ``solution``; its namespace."""
+def _exec_program(src, path="solution.py"):
+    """Execute the program's source as module ``solution``; its namespace."""
     ns = {"__name__": "solution", "__builtins__": builtins}
-    with open(path) as f:
-        src = f.read()
     exec(compile(src, path, "exec"), ns)
     return ns
+
+
+def _load_program(path):
+    """Execute the program file (``solution.py``) as module ``solution``; its namespace."""
+    with open(path) as f:
+        return _exec_program(f.read(), path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -296,8 +300,7 @@ def _functional(job, src, chan):
 
     name = job["fn_name"]
     try:
-        ns = {"__name__": "solution", "__builtins__": builtins}
-        exec(compile(src, "solution.py", "exec"), ns)
+        ns = _exec_program(src)
         if "Solution" in ns:
             target = getattr(ns["Solution"](), name)
         elif name in ns:
