@@ -479,8 +479,17 @@ class RolloutController:
             else:
                 fut.set_result(list(results))
 
-        self.rewards.submit_batch(items, on_done=lambda results, error: self._loop.call_soon_threadsafe(
-            settle, results, error))
+        loop = self._loop
+
+        def deliver(results, error) -> None:  # on a Dask client thread
+            try:
+                loop.call_soon_threadsafe(settle, results, error)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
+                # the controller stopped while this group was being graded: nobody waits for it
+
+        self.rewards.submit_batch(items, on_done=deliver)
         return fut
 
     def _rewarded(self, traj: Trajectory, result: RewardResult) -> None:

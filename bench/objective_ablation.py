@@ -28,6 +28,7 @@ ETAS = (8, 32)
 CAP = 5
 SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
 QUICK_STEPS = 40
+TIGHT_CLIP, TIGHT_CLIP_TAG = 0.05, "05"
 SETTINGS = {
     **{f"eta{eta}-{objective}": (f"trainer.eta={eta}", f"trainer.objective={objective}")
        for eta in ETAS for objective in ("decoupled", "naive")},
@@ -43,7 +44,13 @@ SETTINGS = {
                                             f"trainer.behav_weight_cap={CAP}", "trainer.ppo_minibatches=4")
        for eta in ETAS},
     "sync-mb4": SYNC + ("trainer.ppo_minibatches=4",),
+    # naive PPO with a tight trust region (session 16): at the default eps 0.2 the clip around the
+    # behaviour policy rarely binds on this model (0.6-0.9 % of tokens at eta 8); at 0.05 it does. With one
+    # PPO minibatch, eps cannot change sync or decoupled runs (their ratio pi / pi_prox is exactly 1 at
+    # the only update), so "sync" and "eta8-decoupled" are their baselines
+    f"eta8-naive-clip{TIGHT_CLIP_TAG}": ("trainer.eta=8", "trainer.objective=naive", f"trainer.eps_clip={TIGHT_CLIP}"),
 }
+TIGHT = ("sync", "eta8-decoupled", f"eta8-naive-clip{TIGHT_CLIP_TAG}")
 
 
 def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False) -> dict | None:
@@ -63,6 +70,34 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
         return None
     say(f"{run_dir.name}: reusing {run_dir} (same config)")
     return run_row(run_dir.name, seed, sets, run_dir)
+
+
+def run_settings(names=TIGHT, seeds=SEEDS_FULL) -> dict:
+    """Only the settings ``names`` (default: the tight-clip comparison) on ``seeds``, runs reused
+    as ``run`` reuses them; prints each setting's mean and the naive - decoupled and
+    decoupled - sync differences where the three are there. ``python -c "from
+    bench.objective_ablation import run_settings; run_settings()"``"""
+    root = runs_root("objective_ablation")
+    rows = []
+    for name in names:
+        for seed in seeds:
+            label = f"{name}-seed{seed}"
+            row = _finished_run(root / label, seed, SETTINGS[name])
+            rows.append({"setting": name, **(row or train(label, seed, SETTINGS[name], root))})
+    means, table = {}, []
+    for name in names:
+        mine = [r for r in rows if r["setting"] == name]
+        means[name], s = mean_std([r["after"] for r in mine])
+        table.append((name, " ".join(f"{r['after']:.3f}" for r in mine), f"{means[name]:.3f} ± {s:.3f}",
+                      f"{statistics.fmean(r['gain'] for r in mine):+.3f}", max(r["max_staleness"] for r in mine)))
+    print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
+                       table, title="objective ablation, selected settings"))
+    naive = [n for n in names if "naive" in n]
+    if "sync" in means and "eta8-decoupled" in means:
+        print(f"eta 8: decoupled - sync {means['eta8-decoupled'] - means['sync']:+.3f}")
+        for n in naive:
+            print(f"eta 8: {n} - decoupled {means[n] - means['eta8-decoupled']:+.3f}")
+    return {"seeds": list(seeds), "rows": rows, "means": means}
 
 
 def run(quick: bool) -> dict:

@@ -98,6 +98,52 @@ def test_controller_sends_each_groups_tests_and_shapes_the_reward():
     assert b[0].reward_info["score"] == 0.5
 
 
+class _Late:
+    """A reward service whose grades arrive later, from another thread, when told to."""
+
+    def __init__(self):
+        self.pending = []
+
+    def submit_batch(self, items, on_done):
+        self.pending.append((items, on_done))
+
+
+def test_a_grade_that_arrives_after_the_controller_stopped_is_dropped():
+    import asyncio
+    import threading
+
+    prompts = [Prompt(id="p-a", task="code", input_ids=[1], reference="", tests=DOUBLES)]
+    late = _Late()
+    ctl = _controller(prompts, late)
+    ctl._loop = asyncio.new_event_loop()
+    ctl.buffer.admit(group_id(0, "p-a"), 0, 0, 2)
+    fut = ctl._grade(list(_group(prompts[0], 0)), [PROGRAM] * 2)
+    ctl._loop.close()  # what stop() leaves behind
+    ctl._loop = None
+    (items, on_done), = late.pending
+    errors = []
+
+    def deliver():  # the Dask client's thread
+        try:
+            on_done([RewardResult(correct=True)] * len(items), None)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    t = threading.Thread(target=deliver)
+    t.start()
+    t.join()
+    assert errors == [] and not fut.done()  # dropped: nobody waits for it
+    # while the loop runs, the same delivery settles the future (the control)
+    ctl._loop = asyncio.new_event_loop()
+    try:
+        fut = ctl._grade(list(_group(prompts[0], 0)), [PROGRAM] * 2)
+        (items, on_done), = late.pending[1:]
+        threading.Thread(target=on_done, args=([RewardResult(correct=True)] * 2, None)).start()
+        assert [r.correct for r in ctl._loop.run_until_complete(asyncio.wait_for(fut, 5))] == [True, True]
+    finally:
+        ctl._loop.close()
+
+
 @pytest.mark.parametrize("code_reward,score", [("all_pass", None), ("fraction", 0.5)])
 def test_grade_batch_runs_the_tests_in_the_sandbox(code_reward, score):
     passing, half = grade_batch([("code", PROGRAM, "", DOUBLES), ("code", PROGRAM, "", HALF)], 30.0, code_reward)

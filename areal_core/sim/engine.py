@@ -187,6 +187,7 @@ class SimResult:
         mode, eta, weight_update, n_rollout_gpus, n_trainer_gpus, rollout_tp: the setting.
         wall_time_s: time at which the last step's training ended.
         step_end_s: end time of every training step.
+        step_train_s: how long each step's training took (its trainer time).
         trained_tokens: prompt + answer tokens trained over the run.
         effective_throughput: trained tokens/s over the steps after `warmup_steps`.
         effective_answer_throughput: the same counting answer tokens only (what the
@@ -210,6 +211,7 @@ class SimResult:
     rollout_tp: int
     wall_time_s: float
     step_end_s: np.ndarray
+    step_train_s: np.ndarray
     trained_tokens: int
     effective_throughput: float
     effective_answer_throughput: float
@@ -424,6 +426,7 @@ class _Run:
             rollout_tp=setup.tp,
             wall_time_s=float(wall),
             step_end_s=ends,
+            step_train_s=np.array([b - a for a, b in self.train_intervals]),
             trained_tokens=int(tokens.sum()),
             effective_throughput=float(effective),
             effective_answer_throughput=float(answers[w:].sum() / (ends[-1] - t0)),

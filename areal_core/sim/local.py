@@ -17,6 +17,9 @@ and then the trainer take turns on all the trainer's cores; the server decodes o
 own thread count whatever the number of devices it is given, as it does in the run.
 Not simulated: grading (a Dask worker process), the controller, the HTTP calls and the
 trainer's work around `Trainer.step` (staging weights, metrics); they share the cores.
+Where the calibration file holds an in-situ fit (`areal_core.sim.in_situ`, from runs of
+the whole system in another setting), a second prediction scales the component costs by
+what those runs measured the system to add; `--components-only` leaves it out.
 """
 
 from __future__ import annotations
@@ -142,27 +145,42 @@ def predict(facts: RunFacts, cost: CostModel, seeds: int = 3) -> dict:
             "staleness_mean": float(np.mean([r.staleness_mean for r in results]))}
 
 
-def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3) -> list[dict]:
+def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ: dict | None = None) -> list[dict]:
+    """One row per run: the prediction from the components' costs alone and, given an
+    in-situ calibration (`areal_core.sim.in_situ`), the one with the system's overheads."""
+    from areal_core.sim.in_situ import in_situ_cost
+
     rows = []
     for run_dir in run_dirs:
         facts = read_run(run_dir)
         p = predict(facts, cost, seeds)
-        rows.append({"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
-                     "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
-                     "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
-                     "measured": facts.measured_tokens_per_s, **p,
-                     "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1})
+        row = {"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
+               "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
+               "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
+               "measured": facts.measured_tokens_per_s, **p,
+               "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1}
+        if in_situ:
+            q = predict(facts, in_situ_cost(cost, in_situ, facts.mode), seeds)
+            row.update({f"in_situ_{k}": v for k, v in q.items()},
+                       in_situ_rel_error=q["simulated"] / facts.measured_tokens_per_s - 1)
+        rows.append(row)
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = ["| run | mode | steps | batch | answer mean | measured tok/s | simulated tok/s | error |",
-             "|---|---|---|---|---|---|---|---|"]
+    in_situ = all("in_situ_simulated" in r for r in rows)
+    head = "| run | mode | steps | batch | answer mean | measured tok/s | components alone, tok/s | error |"
+    lines = [head + (" with in-situ overheads, tok/s | error |" if in_situ else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if in_situ else "")]
     for r in rows:
         mode = r["mode"] + (f", eta {r['eta']}" if r["mode"] == "async" else "")
-        lines.append(f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
-                     f"| {r['measured']:,.0f} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} "
-                     f"| {r['rel_error']:+.1%} |")
+        line = (f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
+                f"| {r['measured']:,.0f} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} "
+                f"| {r['rel_error']:+.1%} |")
+        if in_situ:
+            line += (f" {r['in_situ_simulated']:,.0f} ± {r['in_situ_simulated_std']:,.0f} "
+                     f"| {r['in_situ_rel_error']:+.1%} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -174,12 +192,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="JSON written by areal_core.sim.measure")
     ap.add_argument("--seeds", type=int, default=3, help="simulations per run (answer-length draws)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--components-only", action="store_true",
+                    help="leave out the in-situ overheads even where the calibration file has them")
     args = ap.parse_args(argv)
-    cost, _ = load_calibration(args.calibration)
-    rows = validate_runs(args.runs, cost, args.seeds)
+    cost, data = load_calibration(args.calibration)
+    in_situ = None if args.components_only else data.get("in_situ")
+    rows = validate_runs(args.runs, cost, args.seeds, in_situ)
     print(format_rows(rows))
+    if in_situ:
+        used = ", ".join(r["run_dir"] for r in in_situ["runs"])
+        print(f"in-situ overheads fitted on: {used}")
+        overlap = {str(Path(r["run_dir"]).resolve()) for r in in_situ["runs"]} & {
+            str(Path(r).resolve()) for r in args.runs}
+        if overlap:
+            print(f"WARNING: these runs are their own calibration: {', '.join(sorted(overlap))}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        from areal_core.storage.fsutil import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(rows, indent=1) + "\n")
     return 0
 
 

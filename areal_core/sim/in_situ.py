@@ -1,0 +1,270 @@
+"""What the whole system adds to its components' costs on a machine whose processes share
+the cores, measured in situ from short runs in calibration settings.
+
+    .venv/bin/python -m areal_core.sim.in_situ measure [--config C] [--set K=V ...] [--steps N]
+    .venv/bin/python -m areal_core.sim.in_situ fit RUN_DIR [RUN_DIR ...]
+
+On a GPU cluster every rollout server and the trainer own their devices, and the
+component costs `areal_core.sim.measure` takes alone are what they cost in a run. On a
+2-core CPU they are not: the trainer shares the cores with the rollout server, the Dask
+worker and scheduler and the controller's threads, and a synchronous step waits for
+HTTP calls and the grading of its last groups. From runs of the whole system (made by
+`measure`, in a setting that is none of the validation rows) this module takes, per mode:
+
+* training: the training step's time in the run (`step_time_s - wait_time_s -
+  publish_time_s`) against its cost measured alone, each step costed with its own batch
+  from the ledger, fitted over every step after warm-up as `in_run = train_slowdown x
+  alone + train_fixed_s`;
+* `step_overhead_s`: the trainer's time per step outside the training step (staging and
+  publishing the weights, metrics): the mean `publish_time_s`;
+* generation (synchronous runs): a step's generation phase (`wait_time_s`: weights
+  loaded, answers generated over HTTP, graded) against the same phase simulated with the
+  component costs and the run's answer lengths, fitted over the runs as `in_run =
+  generation_slowdown x simulated + generation_fixed_s` (one synchronous run, or a fit
+  whose fixed part would be negative: the slope through the origin alone). An asynchronous run never waits on generation, so it cannot measure this; it
+  takes the synchronous slowdown, and not the fixed part, which is latency (HTTP round
+  trips, the last group's grading, confirming the weights) that a synchronous step waits
+  out and an asynchronous one overlaps.
+
+Two calibration settings of different batch sizes (the default) give both parts of each
+fit their leverage.
+
+`in_situ_cost(cost, fit, mode)` scales the component cost model by them; the simulator
+itself is unchanged. `fit` writes them into the calibration file under "in_situ", with
+the runs they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from areal_core.sim.cost import CostModel
+
+DEFAULT_CONFIG = "configs/quickstart.yaml"
+# The calibration settings: the quickstart's model and task with 4 and 24 prompts of 8 answers a
+# step (the quickstart has 16) and another seed, so that no validation row (docs/PLANNING.md) is
+# its own calibration; a small held-out evaluation (it runs outside the measured time)
+DEFAULT_BATCHES = (32, 192)
+DEFAULT_SETS = ("seed=1", "eval.n_problems=64")
+DEFAULT_STEPS = 60
+SYNC_SETS = ("trainer.eta=0", "rollout.weight_update=drain")
+FIT_KEYS = ("train_slowdown", "train_fixed_s", "step_overhead_s", "generation_slowdown", "generation_fixed_s")
+
+
+def _step_batches(run_dir: Path, facts) -> dict[int, tuple[float, float, float]]:
+    """Step -> (tokens the trainer computes, sum of squared sequence lengths, answer tokens),
+    each group's prompt computed once, as `SimConfig.train_shared_prompt` costs it."""
+    import pandas as pd
+
+    from areal_core.experiment import parse_config
+    from areal_core.sim.local import _prompt_lengths
+
+    cfg = parse_config(json.loads((run_dir / "config.json").read_text()), source=str(run_dir / "config.json"))
+    prompt_len = _prompt_lengths(cfg)
+    ledger = pd.read_parquet(run_dir / "ledger.parquet")
+    parts = ledger["trajectory_id"].str.extract(r"^(e\d+-p(.+))-s\d+$")
+    ledger = ledger.assign(group=parts[0], prompt=parts[1].map(prompt_len))
+    if ledger["prompt"].isna().any():
+        raise ValueError(f"{run_dir}/ledger.parquet: trajectory ids whose prompt is not in the run's data set")
+    out = {}
+    for step, rows in ledger.groupby("step"):
+        seq = rows["prompt"].to_numpy(float) + rows["n_tokens"].to_numpy(float)
+        prompts_once = rows.drop_duplicates("group")["prompt"].sum()
+        out[int(step)] = (float(rows["n_tokens"].sum() + prompts_once), float((seq**2).sum()),
+                          float(rows["n_tokens"].sum()))
+    return out
+
+
+def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
+    """The in-situ ratios of one finished run (see the module docstring)."""
+    import pandas as pd
+
+    from areal_core.sim.engine import resolve, simulate
+    from areal_core.sim.local import read_run, sim_config
+
+    run = Path(run_dir)
+    facts = read_run(run)
+    metrics = pd.read_parquet(run / "metrics.parquet").sort_values("step")
+    batches = _step_batches(run, facts)
+    setup = resolve(sim_config(facts, cost))
+    after = metrics[metrics["step"] > facts.warmup_steps]
+    if after.empty:
+        raise ValueError(f"{run}: no step after the {facts.warmup_steps} warm-up steps")
+    in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"]).to_numpy()
+    alone = np.array([cost.train_s(batches[s][0], batches[s][1], setup.n_trainer_gpus) for s in after["step"]])
+    out = {"run_dir": str(run), "name": facts.name, "mode": facts.mode, "steps_used": int(len(after)),
+           "batch": facts.prompts_per_step * facts.answers_per_prompt,
+           "train_points": [[float(a), float(b)] for a, b in zip(alone, in_run)],
+           "train_slowdown": float(in_run.sum() / alone.sum()),
+           "step_overhead_s": float(after["publish_time_s"].mean()),
+           "train_s_in_run": float(in_run.mean()), "train_s_alone": float(alone.mean()),
+           "measured_tokens_per_s": facts.measured_tokens_per_s}
+    if facts.mode == "sync":
+        simulated = []
+        for seed in range(seeds):
+            r = simulate(sim_config(facts, cost, seed))
+            steps = np.diff(np.concatenate([[0.0], r.step_end_s]))
+            simulated.append(float((steps - r.step_train_s)[facts.warmup_steps:].mean()))
+        out["generation_s_in_run"] = float(after["wait_time_s"].mean())
+        out["generation_s_simulated"] = float(np.mean(simulated))
+        out["generation_slowdown"] = out["generation_s_in_run"] / out["generation_s_simulated"]
+    return out
+
+
+def _line(x, y, intercept_min: float | None = None) -> tuple[float, float]:
+    """Least-squares slope and intercept of y on x. Through the origin when x has no spread,
+    or when the intercept would fall below `intercept_min` (a time that cannot be negative)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.size >= 2 and np.ptp(x) > 1e-9 * max(abs(x).max(), 1e-12):
+        slope, intercept = np.polyfit(x, y, 1)
+        if intercept_min is None or intercept >= intercept_min:
+            return float(slope), float(intercept)
+    return float((x * y).sum() / (x * x).sum()), 0.0
+
+
+def fit(run_dirs: list[str], cost: CostModel, seeds: int = 3) -> dict:
+    """Per mode, the fits of the module docstring over the given runs; needs at least one
+    synchronous run (the only kind that measures generation)."""
+    runs = [measure_run(d, cost, seeds) for d in run_dirs]
+    by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("sync", "async")}
+    if not by_mode["sync"]:
+        raise ValueError("in-situ fit: no synchronous run among " + ", ".join(run_dirs) +
+                         " (eta 0 and weight_update drain): the generation fit needs one")
+    sync = by_mode["sync"]
+    g, a = _line([r["generation_s_simulated"] for r in sync], [r["generation_s_in_run"] for r in sync],
+                 intercept_min=0.0)
+    modes = {}
+    for mode, rs in by_mode.items():
+        if not rs:
+            continue
+        points = np.array([p for r in rs for p in r["train_points"]])
+        k, c = _line(points[:, 0], points[:, 1])
+        modes[mode] = {"train_slowdown": k, "train_fixed_s": c,
+                       "step_overhead_s": float(np.mean([r["step_overhead_s"] for r in rs])),
+                       "generation_slowdown": g, "generation_fixed_s": a if mode == "sync" else 0.0}
+    return {"modes": modes, "runs": runs}
+
+
+def in_situ_cost(cost: CostModel, in_situ: dict | None, mode: str) -> CostModel:
+    """`cost` with the in-situ fit of `mode` applied (unchanged without a fit at all)."""
+    if not in_situ or not in_situ.get("modes"):
+        return cost
+    if mode not in in_situ["modes"]:
+        raise ValueError(f"in-situ calibration has no {mode!r} runs (has: {sorted(in_situ['modes'])})")
+    f = in_situ["modes"][mode]
+    missing = [k for k in FIT_KEYS if k not in f]
+    if missing:
+        raise ValueError(f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)")
+    g, k = f["generation_slowdown"], f["train_slowdown"]
+    if g <= 0 or k <= 0 or f["step_overhead_s"] < 0 or f["generation_fixed_s"] < 0:
+        raise ValueError(f"in-situ calibration for {mode!r}: slowdowns must be > 0 and the step overhead and "
+                         f"fixed generation time >= 0, got {f}")
+    fixed = cost.train_step_overhead_s * k + f["train_fixed_s"] + f["step_overhead_s"]
+    if fixed < 0:
+        raise ValueError(f"in-situ calibration for {mode!r}: a training step's fixed time comes out at "
+                         f"{fixed * 1e3:.1f} ms (< 0): the calibration runs do not constrain it; measure again")
+    generation = {name: getattr(cost, name) * g for name in (
+        "decode_overhead_s", "decode_weight_read_s", "decode_kv_read_s_per_token", "decode_flop_s_per_seq",
+        "decode_flop_s_per_ctx_token", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_sq")}
+    # a synchronous step's fixed wait sits where it falls, between the training and the next generation
+    return cost.with_(**generation,
+                      train_device_s_per_token=cost.train_device_s_per_token * k,
+                      train_device_s_per_token_sq=cost.train_device_s_per_token_sq * k,
+                      train_step_overhead_s=fixed,
+                      weight_update_s=cost.weight_update_s + f["generation_fixed_s"])
+
+
+def write_fit(calibration: str | Path, result: dict) -> None:
+    """Add (or replace) the "in_situ" section of a calibration file, atomically."""
+    from areal_core.storage.fsutil import write_text_atomic
+
+    path = Path(calibration)
+    data = json.loads(path.read_text())
+    data["in_situ"] = result
+    write_text_atomic(str(path), json.dumps(data, indent=1) + "\n")
+
+
+def _areal_flow() -> str:
+    """The `areal-flow` command of this environment."""
+    here = Path(sys.executable).with_name("areal-flow")
+    found = str(here) if here.is_file() else shutil.which("areal-flow")
+    if not found:
+        raise RuntimeError("areal-flow is not installed in this environment (make setup)")
+    return found
+
+
+def run_calibration(config: str, sets: list[str], batches: list[int], steps: int, out_dir: Path) -> list[str]:
+    """The calibration runs, per batch size synchronous then asynchronous, each `areal-flow
+    train` in its own process as a user runs it. Returns their folders."""
+    dirs = []
+    for batch in batches:
+        for mode, extra in (("sync", SYNC_SETS), ("async", ())):
+            run_dir = out_dir / f"b{batch}" / mode
+            cmd = [_areal_flow(), "train", config, "--no-prefect", "--no-progress",
+                   "--max-steps", str(steps), "--run-dir", str(run_dir)]
+            for s in (*sets, f"trainer.batch_size={batch}", *extra):
+                cmd += ["--set", s]
+            print("+", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            dirs.append(str(run_dir))
+    return dirs
+
+
+def format_fit(result: dict) -> str:
+    lines = ["| run | mode | answers a step | training step in run / alone (mean) | ratio | publish per step "
+             "| generation in run / simulated (mean) | ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        gen = (f"{r['generation_s_in_run']:.3f} s / {r['generation_s_simulated']:.3f} s | {r['generation_slowdown']:.2f}"
+               if "generation_slowdown" in r else "- | -")
+        lines.append(f"| {r['run_dir']} | {r['mode']} | {r['batch']} | {r['train_s_in_run']:.3f} s / "
+                     f"{r['train_s_alone']:.3f} s | {r['train_slowdown']:.2f} | {r['step_overhead_s'] * 1e3:.1f} ms | {gen} |")
+    for mode, v in result["modes"].items():
+        lines.append(f"\n{mode}: training {v['train_slowdown']:.2f} x alone {v['train_fixed_s'] * 1e3:+.1f} ms, "
+                     f"+{v['step_overhead_s'] * 1e3:.1f} ms per step outside it; generation "
+                     f"{v['generation_slowdown']:.2f} x simulated + {v['generation_fixed_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from areal_core.sim.local import DEFAULT_CALIBRATION
+    from areal_core.sim.measure import load_calibration
+
+    ap = argparse.ArgumentParser(prog="python -m areal_core.sim.in_situ", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="make the calibration runs (sync, then async) and fit")
+    m.add_argument("--config", default=DEFAULT_CONFIG)
+    m.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help=f"config overrides of the calibration setting (default: {' '.join(DEFAULT_SETS)})")
+    m.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
+                   help="answers per step of each calibration setting, comma-separated")
+    m.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    m.add_argument("--out-dir", default="runs/sim-calibration")
+    f = sub.add_parser("fit", help="fit from finished run folders (at least one synchronous)")
+    f.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    for p in (m, f):
+        p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="the file areal_core.sim.measure wrote")
+    args = ap.parse_args(argv)
+    cost, _ = load_calibration(args.calibration)
+    if args.cmd == "measure":
+        sets = list(DEFAULT_SETS) if args.set is None else args.set
+        batches = [int(b) for b in args.batches.split(",")]
+        runs = run_calibration(args.config, sets, batches, args.steps, Path(args.out_dir))
+        meta = {"config": args.config, "sets": sets, "batches": batches, "steps": args.steps}
+    else:
+        runs, meta = args.runs, {}
+    result = {**fit(runs, cost), **meta}
+    write_fit(args.calibration, result)
+    print(format_fit(result))
+    print(f"written to {args.calibration} (section in_situ)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
