@@ -79,8 +79,8 @@ def run_settings(names=TIGHT, seeds=SEEDS_FULL) -> dict:
     bench.objective_ablation import run_settings; run_settings()"``"""
     root = runs_root("objective_ablation")
     rows = []
-    for name in names:
-        for seed in seeds:
+    for seed in seeds:  # seed by seed, so that a stopped run leaves whole comparisons
+        for name in names:
             label = f"{name}-seed{seed}"
             row = _finished_run(root / label, seed, SETTINGS[name])
             rows.append({"setting": name, **(row or train(label, seed, SETTINGS[name], root))})
