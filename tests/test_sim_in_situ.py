@@ -2,6 +2,7 @@
 system measures, and how the cost model is scaled by it."""
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -105,7 +106,7 @@ def write_run(folder, mode, train_factor, publish_s, wait_s, train_fixed=0.0, le
 
 
 def test_measure_run_costs_each_step_with_its_own_batch(tmp_path, monkeypatch):
-    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     expected = write_run(tmp_path / "async", "async", train_factor=1.3, publish_s=0.007, wait_s=0.01)
     r = measure_run(tmp_path / "async", COST)
     assert r["mode"] == "async" and r["steps_used"] == STEPS - WARMUP
@@ -155,3 +156,26 @@ def test_measure_run_costs_each_step_with_its_own_batch(tmp_path, monkeypatch):
     write_fit(calib, both)
     data = json.loads(calib.read_text())
     assert data["points"] == [1, 2] and data["in_situ"]["modes"]["async"]["step_overhead_s"] == pytest.approx(0.007)
+
+
+def test_prompts_of_a_saved_character_tokenizer_are_counted_as_the_run_encoded_them(tmp_path):
+    """A model folder (the TRL-peer runs') with the character tokenizer: its prompts' spaces count."""
+    from areal_core.experiment import parse_config
+    from areal_core.models import build_char_tokenizer
+    from areal_core.sim.local import _prompt_lengths
+
+    from areal_core.models.config import TinyArch
+    from areal_core.models.tiny import build_tiny
+
+    tokenizer = build_char_tokenizer()  # saved beside a Qwen2 config.json, as bench/trl_peer.py saves it
+    build_tiny(TinyArch(), tokenizer, 0).save_pretrained(str(tmp_path / "model"))
+    tokenizer.save_pretrained(str(tmp_path / "model"))
+    records = tmp_path / "arith.jsonl"
+    records.write_text("".join(json.dumps({"id": f"a-{i}", "task": "math", "prompt": f"Compute {i}-1+2 =",
+                                           "answer": str(i + 1)}) + "\n" for i in range(8)))
+    data = {"dataset": str(records), "eval_dataset": str(records)}
+    tiny = _prompt_lengths(parse_config({"name": "t", "model": {"name": "tiny"}, "data": data}, source="test"))
+    saved = _prompt_lengths(parse_config({"name": "t", "model": {"name": str(tmp_path / "model")}, "data": data},
+                                         source="test"))
+    assert saved == tiny
+    assert min(tiny.values()) >= len("Compute 0-1+2 =")  # every character, spaces too, is a token

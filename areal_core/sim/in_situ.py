@@ -58,9 +58,9 @@ SYNC_SETS = ("trainer.eta=0", "rollout.weight_update=drain")
 FIT_KEYS = ("train_slowdown", "train_fixed_s", "step_overhead_s", "generation_slowdown", "generation_fixed_s")
 
 
-def _step_batches(run_dir: Path, facts) -> dict[int, tuple[float, float, float]]:
-    """Step -> (tokens the trainer computes, sum of squared sequence lengths, answer tokens),
-    each group's prompt computed once, as `SimConfig.train_shared_prompt` costs it."""
+def _step_batches(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Step -> (tokens the trainer computes, sum of squared sequence lengths), each group's
+    prompt computed once, as `SimConfig.train_shared_prompt` costs it."""
     import pandas as pd
 
     from areal_core.experiment import parse_config
@@ -77,8 +77,7 @@ def _step_batches(run_dir: Path, facts) -> dict[int, tuple[float, float, float]]
     for step, rows in ledger.groupby("step"):
         seq = rows["prompt"].to_numpy(float) + rows["n_tokens"].to_numpy(float)
         prompts_once = rows.drop_duplicates("group")["prompt"].sum()
-        out[int(step)] = (float(rows["n_tokens"].sum() + prompts_once), float((seq**2).sum()),
-                          float(rows["n_tokens"].sum()))
+        out[int(step)] = (float(rows["n_tokens"].sum() + prompts_once), float((seq**2).sum()))
     return out
 
 
@@ -92,7 +91,7 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
     run = Path(run_dir)
     facts = read_run(run)
     metrics = pd.read_parquet(run / "metrics.parquet").sort_values("step")
-    batches = _step_batches(run, facts)
+    batches = _step_batches(run)
     setup = resolve(sim_config(facts, cost))
     after = metrics[metrics["step"] > facts.warmup_steps]
     if after.empty:

@@ -25,6 +25,7 @@ what those runs measured the system to add; `--components-only` leaves it out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -74,19 +75,26 @@ class RunFacts:
 
 
 def _prompt_lengths(cfg) -> dict[str, int]:
-    """Prompt id -> token count, as the run encoded its prompts."""
+    """Prompt id -> token count, as the run encoded its prompts (cached: the in-situ fit
+    reads several runs of one data set)."""
+    return _prompt_lengths_of(cfg.model.name, cfg.data.model_dump_json())
+
+
+@functools.lru_cache(maxsize=4)
+def _prompt_lengths_of(model_name: str, data_json: str) -> dict[str, int]:
     from areal_core.data.prompting import encode_prompt
+    from areal_core.data.config import DataConfig
     from areal_core.datasets import load_records
 
-    if cfg.model.name == "tiny":
+    if model_name == "tiny":
         from areal_core.models import build_char_tokenizer
 
         tokenizer = build_char_tokenizer()
-    else:
-        from transformers import AutoTokenizer
+    else:  # a saved character tokenizer loads as saved (AutoTokenizer would drop its spaces)
+        from areal_core.models.tokenizer import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.name)
-    train, _ = load_records(cfg.data)
+        tokenizer = load_tokenizer(model_name)
+    train, _ = load_records(DataConfig.model_validate_json(data_json))
     return {r.id: len(encode_prompt(tokenizer, r)) for r in train}
 
 
