@@ -72,6 +72,21 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
     return run_row(run_dir.name, seed, sets, run_dir)
 
 
+def _table(rows: list[dict], names, seeds, title: str) -> dict[str, tuple[float, float]]:
+    """Print one line per setting of ``names`` (its runs' accuracy after RL, mean ± std, mean gain,
+    max staleness); returns setting -> (mean, std) of the accuracy after RL."""
+    stats, table = {}, []
+    for name in names:
+        mine = [r for r in rows if r["setting"] == name]
+        after = [r["after"] for r in mine]
+        stats[name] = m, s = mean_std(after)
+        table.append((name, " ".join(f"{a:.3f}" for a in after), f"{m:.3f} ± {s:.3f}",
+                      f"{statistics.fmean(r['gain'] for r in mine):+.3f}", max(r["max_staleness"] for r in mine)))
+    print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
+                       table, title=title))
+    return stats
+
+
 def run_settings(names=TIGHT, seeds=SEEDS_FULL) -> dict:
     """Only the settings ``names`` (default: the tight-clip comparison) on ``seeds``, runs reused
     as ``run`` reuses them; prints each setting's mean and the naive - decoupled and
@@ -84,14 +99,7 @@ def run_settings(names=TIGHT, seeds=SEEDS_FULL) -> dict:
             label = f"{name}-seed{seed}"
             row = _finished_run(root / label, seed, SETTINGS[name])
             rows.append({"setting": name, **(row or train(label, seed, SETTINGS[name], root))})
-    means, table = {}, []
-    for name in names:
-        mine = [r for r in rows if r["setting"] == name]
-        means[name], s = mean_std([r["after"] for r in mine])
-        table.append((name, " ".join(f"{r['after']:.3f}" for r in mine), f"{means[name]:.3f} ± {s:.3f}",
-                      f"{statistics.fmean(r['gain'] for r in mine):+.3f}", max(r["max_staleness"] for r in mine)))
-    print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
-                       table, title="objective ablation, selected settings"))
+    means = {name: m for name, (m, _) in _table(rows, names, seeds, "objective ablation, selected settings").items()}
     naive = [n for n in names if "naive" in n]
     if "sync" in means and "eta8-decoupled" in means:
         print(f"eta 8: decoupled - sync {means['eta8-decoupled'] - means['sync']:+.3f}")
@@ -112,17 +120,9 @@ def run(quick: bool) -> dict:
             if row is None and name == "sync" and not quick:
                 row = _finished_run(runs_root("quickstart_seeds") / label, seed, sets, wait=True)
             rows.append({"setting": name, **(row or train(label, seed, sets + extra, root))})
-    table, summary = [], {}
-    for name in SETTINGS:
-        mine = [r for r in rows if r["setting"] == name]
-        after = [r["after"] for r in mine]
-        m, s = mean_std(after)
+    summary = {}
+    for name, (m, s) in _table(rows, SETTINGS, seeds, "objective ablation (held-out accuracy after 300 RL steps)").items():
         summary[f"{name}_after_mean"], summary[f"{name}_after_std"] = m, s
-        table.append((name, " ".join(f"{a:.3f}" for a in after), f"{m:.3f} ± {s:.3f}",
-                      f"{statistics.fmean(r['gain'] for r in mine):+.3f}",
-                      max(r["max_staleness"] for r in mine)))
-    print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
-                       table, title="objective ablation (held-out accuracy after 300 RL steps)"))
     for eta in ETAS:
         d, n, sy = (summary[f"eta{eta}-decoupled_after_mean"], summary[f"eta{eta}-naive_after_mean"],
                     summary["sync_after_mean"])
