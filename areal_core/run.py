@@ -256,6 +256,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     with RewardService(cfg.reward) as rewards, \
             backend.launch(store.local_copy(version), version) as urls, frozen_launch as frozen_urls:
+        rewards.warm_up({r.task for r in (*train_records, *eval_records)})
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)

@@ -99,3 +99,36 @@ def test_hung_helper_is_killed_at_the_hard_limit(monkeypatch):
     assert time.monotonic() - t0 < 5
     assert helper.proc.poll() is not None  # killed
     assert pool.verify("\\frac{1}{2}", "0.5", limit_s=60) == (True, "ok")  # a fresh helper answers
+
+
+def test_warm_leaves_a_started_helper_that_grading_then_uses():
+    from areal_core.reward import math as mathmod
+
+    pool = mathmod._HelperPool(1)
+    pool.warm()
+    helper = pool._idle.get_nowait()
+    assert helper.proc.poll() is None  # started, alive, math-verify imported (it answered)
+    pool._idle.put(helper)
+    assert pool.verify("\\frac{1}{2}", "0.5") == (True, "ok")
+    assert pool._idle.get_nowait() is helper  # the warmed helper answered: no second start
+    helper.kill()
+
+
+def test_reward_workers_start_their_helper_when_the_data_holds_math():
+    from areal_core.reward.config import RewardConfig
+    from areal_core.reward.service import RewardService
+
+    def _idle_helpers() -> int:  # runs in the worker (a nested function travels by value)
+        from areal_core.reward import math as mathmod
+
+        return 0 if mathmod._pool is None else mathmod._pool._idle.qsize()
+
+    with RewardService(RewardConfig(n_workers=1)) as rewards:
+        rewards.warm_up({"chain", "code"})
+        time.sleep(1.0)
+        assert list(rewards.client.run(_idle_helpers).values()) == [0]  # no math: nothing started
+        rewards.warm_up({"chain", "math"})
+        deadline = time.monotonic() + 60
+        while list(rewards.client.run(_idle_helpers).values()) != [1]:
+            assert time.monotonic() < deadline, "the worker's math helper never started"
+            time.sleep(0.2)

@@ -304,6 +304,7 @@ def evaluate_checkpoint(
     }
     with start_server(folder, log_path=str(out / "rollout_server.log"), max_running=512) as server, \
             RewardService(RewardConfig(scheduler_address=scheduler_address)) as rewards:
+        rewards.warm_up({bench.task for bench in chosen})
         for bench in chosen:
             tb = time.perf_counter()
             sampling = own[bench.name][1] if bench.name in own else {

@@ -163,6 +163,11 @@ class _HelperPool:
             self._idle.put(helper)
             return verdict
 
+    def warm(self) -> None:
+        """Have one helper started, with math-verify imported, waiting in the pool."""
+        if self.verify("0", "0") != (True, "ok"):
+            raise RuntimeError("the math-verify helper process did not confirm 0 = 0")
+
 
 _pool: _HelperPool | None = None
 _pool_lock = threading.Lock()
@@ -174,6 +179,14 @@ def _helper_pool() -> _HelperPool:
         if _pool is None:
             _pool = _HelperPool(HELPER_PROCESSES)
         return _pool
+
+
+def warm_helper() -> None:
+    """Start this process's first helper in the background (a Python process importing
+    math-verify: a second or more), so that the first answer needing one does not wait for
+    it; returns at once. The reward service runs it on its workers when the run's data holds
+    math (`RewardService.warm_up`)."""
+    threading.Thread(target=_helper_pool().warm, name="math-verify helper start", daemon=True).start()
 
 
 def equivalent(answer: str, reference: str) -> tuple[bool, str]:

@@ -89,6 +89,16 @@ class RewardService:
 
         return self.client.run(os.getpid)
 
+    def warm_up(self, tasks: set[str]) -> None:
+        """Get the connected workers ready for answers of ``tasks`` (in the background):
+        a worker checks math answers in a helper process that takes a second or more to start
+        (areal_core.reward.math), which the first math answer would otherwise wait for, in a
+        run's first steps. Workers that join later start theirs on first use."""
+        from areal_core.reward.math import warm_helper
+
+        if "math" in tasks:
+            self.client.run(warm_helper)
+
     def submit(
         self,
         task: str,
