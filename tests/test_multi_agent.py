@@ -268,7 +268,7 @@ def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_g
     # frozen answers were recorded for their agents and counted, never buffered (the gate counts trainable only)
     assert c.frozen_generated > 0 and agents.summary()["agents"]["mid"]["frozen"]["n"] > 0
     assert agents.summary()["agents"]["mid"]["trainable"]["n"] == 0
-    assert c.n_submitted == sum(g["size"] for g in snap["groups"]) + len(trained)
+    assert snap["n_submitted"] == sum(g["size"] for g in snap["groups"]) + len(trained)
     assert all(t["route"] == TRAINABLE for g in snap["groups"] for t in g["trajectories"])
     assert metrics["agent_good_trainable"] == 1 and metrics["agent_bad_trainable"] == 0
     assert metrics["agent_good_R"] == 5.0 and metrics["agent_bad_R"] == -5.0

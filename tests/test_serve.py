@@ -85,10 +85,10 @@ def test_flow_publishes_urls_while_up(model_dir, tmp_path):
         name = urls_variable("e2e")
         seen, result = [], {}
         t = threading.Thread(target=lambda: result.update(rollout_servers(
-            model_dir, CONFIG, hold_s=4.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
+            model_dir, CONFIG, hold_s=8.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
         t.start()
         deadline = time.monotonic() + 120
-        while t.is_alive() and time.monotonic() < deadline:
+        while t.is_alive() and time.monotonic() < deadline:  # (8 s up: a loaded server answers slowly)
             value = Variable.get(name)
             if value:
                 seen = value
