@@ -7,8 +7,8 @@
 ``make bench-trl`` ahead of time.
 
 LEARNING holds the learning measurements over seeds (each a series of full training
-runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain others (where the
-cores go); `all` leaves both out.
+runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain or check others (where
+the cores go; the simulator against measured runs); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
@@ -32,4 +32,4 @@ LEARNING = (
     "rl_vs_sft",
 )
 
-DIAGNOSTICS = ("core_split",)
+DIAGNOSTICS = ("core_split", "sim_validation")

@@ -417,6 +417,20 @@ def test_a_run_maps_onto_cores():
     assert predict(run_facts(), cost, seeds=1)["simulated"] > 0
 
 
+def test_repetitions_of_a_setting_are_one_row():
+    from areal_core.sim.local import format_rows, group_repetitions
+
+    a, b = run_facts(run_dir="rep0"), run_facts(run_dir="rep1", answer_lengths=(5,), measured_tokens_per_s=2000.0)
+    other = run_facts(run_dir="rep0-sync", eta=0, weight_update="drain")
+    assert group_repetitions([a, other, b]) == [[a, b], [other]]
+    row = {"run": "quickstart", "mode": "async", "eta": 4, "steps": 12, "batch": "16 x 8", "answer_len_mean": 20.0,
+           "measured": 1500.0, "measured_runs": [1000.0, 2000.0], "measured_std": 707.1, "simulated": 1800.0,
+           "simulated_std": 10.0, "rel_error": 0.2, "rel_error_range": [-0.1, 0.8]}
+    line = format_rows([row]).splitlines()[-1]
+    assert "| 1,500 ± 707 (2) |" in line and "| +20.0% (-10%..+80%) |" in line
+    assert "(" not in format_rows([{**row, "measured_runs": [1500.0]}]).splitlines()[-1].split("|")[-2]
+
+
 def test_ratios_become_whole_servers():
     from areal_core.sim.request import parse_ratio, rollout_counts
 

@@ -9,7 +9,9 @@ ledger.parquet (the answer length of every trained trajectory, and through the
 trajectory ids the prompts, whose mean length is taken). The simulator replays the
 setting with the calibrated cost model and the run's own answer lengths (drawn with
 replacement) and predicts the same figure: answer tokens trained per second after the
-run's warm-up steps.
+run's warm-up steps. Runs of one setting (repetitions: they differ only in their folder)
+make one row: the measured mean with its spread, predicted from their answer lengths
+pooled (`bench/sim_validation.py` makes the validation runs, repeated).
 
 Devices are cores. Asynchronous: the rollout server holds its `rollout.torch_threads`
 cores, the trainer the rest (its thread count). Synchronous (eta 0, drain): one server
@@ -29,7 +31,7 @@ import functools
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -153,41 +155,75 @@ def predict(facts: RunFacts, cost: CostModel, seeds: int = 3) -> dict:
             "staleness_mean": float(np.mean([r.staleness_mean for r in results]))}
 
 
+def _setting_key(f: RunFacts) -> tuple:
+    """What makes two runs repetitions of one setting: everything but the folder, the
+    answers drawn and the figure measured."""
+    return (f.name, f.mode, f.eta, f.weight_update, f.prompts_per_step, f.answers_per_prompt, f.steps,
+            f.warmup_steps, f.max_new_tokens, f.prompt_tokens, f.n_servers, f.rollout_threads,
+            f.trainer_threads, f.max_running)
+
+
+def group_repetitions(facts: list[RunFacts]) -> list[list[RunFacts]]:
+    """Runs of one setting together (repetitions), in the order first seen."""
+    groups: dict[tuple, list[RunFacts]] = {}
+    for f in facts:
+        groups.setdefault(_setting_key(f), []).append(f)
+    return list(groups.values())
+
+
 def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ: dict | None = None) -> list[dict]:
-    """One row per run: the prediction from the components' costs alone and, given an
-    in-situ calibration (`areal_core.sim.in_situ`), the one with the system's overheads."""
+    """One row per setting: repetitions of a setting (runs that differ only in their folder)
+    are one row, measured as their mean (with the spread), predicted from their answer
+    lengths pooled. The prediction from the components' costs alone and, given an in-situ
+    calibration (`areal_core.sim.in_situ`), the one with the system's overheads; each
+    error is against the mean, and against each repetition (`*_rel_error_range`)."""
     from areal_core.sim.in_situ import in_situ_cost
 
     rows = []
-    for run_dir in run_dirs:
-        facts = read_run(run_dir)
+    for group in group_repetitions([read_run(d) for d in run_dirs]):
+        measured = np.array([f.measured_tokens_per_s for f in group])
+        facts = replace(group[0], run_dir=", ".join(f.run_dir for f in group),
+                        answer_lengths=tuple(x for f in group for x in f.answer_lengths),
+                        measured_tokens_per_s=float(measured.mean()))
         p = predict(facts, cost, seeds)
         row = {"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
                "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
                "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
-               "measured": facts.measured_tokens_per_s, **p,
-               "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1}
+               "measured": facts.measured_tokens_per_s, "measured_runs": measured.tolist(),
+               "measured_std": float(measured.std(ddof=1)) if len(measured) > 1 else 0.0, **p,
+               "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1,
+               "rel_error_range": [float(p["simulated"] / measured.max() - 1), float(p["simulated"] / measured.min() - 1)]}
         if in_situ:
             q = predict(facts, in_situ_cost(cost, in_situ, facts.mode), seeds)
             row.update({f"in_situ_{k}": v for k, v in q.items()},
-                       in_situ_rel_error=q["simulated"] / facts.measured_tokens_per_s - 1)
+                       in_situ_rel_error=q["simulated"] / facts.measured_tokens_per_s - 1,
+                       in_situ_rel_error_range=[float(q["simulated"] / measured.max() - 1),
+                                                float(q["simulated"] / measured.min() - 1)])
         rows.append(row)
     return rows
 
 
+def _error(r: dict, prefix: str) -> str:
+    lo, hi = r[prefix + "rel_error_range"]
+    return f"{r[prefix + 'rel_error']:+.1%}" + (f" ({lo:+.0%}..{hi:+.0%})" if len(r["measured_runs"]) > 1 else "")
+
+
 def format_rows(rows: list[dict]) -> str:
+    """The validation table; with repetitions, the measured column is mean ± sd (n) and each
+    error is against the mean, with its range over the repetitions in brackets."""
     in_situ = all("in_situ_simulated" in r for r in rows)
     head = "| run | mode | steps | batch | answer mean | measured tok/s | components alone, tok/s | error |"
     lines = [head + (" with in-situ overheads, tok/s | error |" if in_situ else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|---|" if in_situ else "")]
     for r in rows:
         mode = r["mode"] + (f", eta {r['eta']}" if r["mode"] == "async" else "")
+        n = len(r["measured_runs"])
+        measured = f"{r['measured']:,.0f}" + (f" ± {r['measured_std']:,.0f} ({n})" if n > 1 else "")
         line = (f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
-                f"| {r['measured']:,.0f} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} "
-                f"| {r['rel_error']:+.1%} |")
+                f"| {measured} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} | {_error(r, '')} |")
         if in_situ:
             line += (f" {r['in_situ_simulated']:,.0f} ± {r['in_situ_simulated_std']:,.0f} "
-                     f"| {r['in_situ_rel_error']:+.1%} |")
+                     f"| {_error(r, 'in_situ_')} |")
         lines.append(line)
     return "\n".join(lines)
 
