@@ -18,7 +18,6 @@ The runs stay in runs/sim-validation/<time>/. A diagnostic, not part of `bench a
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from bench.common import REPO_ROOT
 REPS_FULL, REPS_QUICK = 3, 1
 QUICKSTART = (("qs-async", "configs/quickstart.yaml"), ("qs-sync", "configs/quickstart_sync.yaml"))
 QS_STEPS_FULL, QS_STEPS_QUICK = 100, 12
+TRL_STEPS_QUICK = 10  # of which bench/trl_peer.py's WARMUP (2) are not measured
 IDLE_BUSY_SHARE, IDLE_SECONDS, IDLE_TIMEOUT_S = 0.10, 3, 600
 
 
@@ -59,21 +59,17 @@ def make_runs(root: Path, reps: int, qs_steps: int, trl_steps: int, parts=("quic
     """The validation runs, repetition by repetition; returns their folders. Every run starts
     its own Dask cluster, as `areal-flow train` does (bench/trl_peer.py shares one between
     its runs: on this machine that measured 10-20% slower, see docs/PLANNING.md)."""
-    from areal_core.sim.in_situ import _areal_flow
+    from areal_core.sim.in_situ import train_run
     from bench.trl_peer import SETTINGS, prepare_inputs, run_areal
 
-    inputs = prepare_inputs(root / "trl")
+    inputs = prepare_inputs(root / "trl") if "trl-peer" in parts else None
     dirs: list[str] = []
     for rep in range(reps):
         for name, config in QUICKSTART if "quickstart" in parts else ():
-            run_dir = root / f"rep{rep}" / name
             waited = wait_idle()
             print(f"[rep {rep}] {name} (waited {waited:.0f} s for an idle machine)", flush=True)
-            subprocess.run([_areal_flow(), "train", str(REPO_ROOT / config), "--no-prefect", "--no-progress",
-                            "--max-steps", str(qs_steps), "--run-dir", str(run_dir)], check=True,
-                           stdout=subprocess.DEVNULL)
-            dirs.append(str(run_dir))
-        for P, G, T in SETTINGS if "trl-peer" in parts else ():
+            dirs.append(train_run(REPO_ROOT / config, root / f"rep{rep}" / name, qs_steps, quiet=True))
+        for P, G, T in SETTINGS if inputs else ():
             for mode in ("sync", "async"):
                 run_dir = root / f"rep{rep}" / f"P{P}xG{G}_T{T}" / mode
                 waited = wait_idle()
@@ -86,10 +82,10 @@ def make_runs(root: Path, reps: int, qs_steps: int, trl_steps: int, parts=("quic
 def run(quick: bool, root: Path | None = None) -> dict:
     from areal_core.sim.local import DEFAULT_CALIBRATION, format_rows, validate_runs
     from areal_core.sim.measure import load_calibration
-    from bench.trl_peer import STEPS_FULL, STEPS_QUICK
+    from bench.trl_peer import STEPS_FULL
 
     reps = REPS_QUICK if quick else REPS_FULL
-    qs_steps, trl_steps = (QS_STEPS_QUICK, STEPS_QUICK + 4) if quick else (QS_STEPS_FULL, STEPS_FULL)
+    qs_steps, trl_steps = (QS_STEPS_QUICK, TRL_STEPS_QUICK) if quick else (QS_STEPS_FULL, STEPS_FULL)
     root = root or REPO_ROOT / "runs" / "sim-validation" / time.strftime("%Y%m%dT%H%M%S")
     dirs = make_runs(root, reps, qs_steps, trl_steps)
     cost, data = load_calibration(REPO_ROOT / DEFAULT_CALIBRATION)

@@ -199,21 +199,24 @@ def _areal_flow() -> str:
     return found
 
 
+def train_run(config: str, run_dir: Path, steps: int, sets=(), quiet: bool = False) -> str:
+    """One `areal-flow train` run in its own process, as a user runs it (`quiet`: its
+    output discarded); returns its folder."""
+    cmd = [_areal_flow(), "train", str(config), "--no-prefect", "--no-progress",
+           "--max-steps", str(steps), "--run-dir", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    if not quiet:
+        print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    return str(run_dir)
+
+
 def run_calibration(config: str, sets: list[str], batches: list[int], steps: int, out_dir: Path) -> list[str]:
-    """The calibration runs, per batch size synchronous then asynchronous, each `areal-flow
-    train` in its own process as a user runs it. Returns their folders."""
-    dirs = []
-    for batch in batches:
-        for mode, extra in (("sync", SYNC_SETS), ("async", ())):
-            run_dir = out_dir / f"b{batch}" / mode
-            cmd = [_areal_flow(), "train", config, "--no-prefect", "--no-progress",
-                   "--max-steps", str(steps), "--run-dir", str(run_dir)]
-            for s in (*sets, f"trainer.batch_size={batch}", *extra):
-                cmd += ["--set", s]
-            print("+", " ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
-            dirs.append(str(run_dir))
-    return dirs
+    """The calibration runs, per batch size synchronous then asynchronous (`train_run`).
+    Returns their folders."""
+    return [train_run(config, out_dir / f"b{batch}" / mode, steps, (*sets, f"trainer.batch_size={batch}", *extra))
+            for batch in batches for mode, extra in (("sync", SYNC_SETS), ("async", ()))]
 
 
 def format_fit(result: dict) -> str:

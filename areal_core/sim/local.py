@@ -185,20 +185,21 @@ def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ:
         facts = replace(group[0], run_dir=", ".join(f.run_dir for f in group),
                         answer_lengths=tuple(x for f in group for x in f.answer_lengths),
                         measured_tokens_per_s=float(measured.mean()))
+
+        def errors(simulated: float) -> dict:  # against the mean, and the range against each repetition
+            return {"rel_error": simulated / facts.measured_tokens_per_s - 1,
+                    "rel_error_range": [float(simulated / measured.max() - 1), float(simulated / measured.min() - 1)]}
+
         p = predict(facts, cost, seeds)
         row = {"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
                "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
                "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
                "measured": facts.measured_tokens_per_s, "measured_runs": measured.tolist(),
                "measured_std": float(measured.std(ddof=1)) if len(measured) > 1 else 0.0, **p,
-               "rel_error": p["simulated"] / facts.measured_tokens_per_s - 1,
-               "rel_error_range": [float(p["simulated"] / measured.max() - 1), float(p["simulated"] / measured.min() - 1)]}
+               **errors(p["simulated"])}
         if in_situ:
             q = predict(facts, in_situ_cost(cost, in_situ, facts.mode), seeds)
-            row.update({f"in_situ_{k}": v for k, v in q.items()},
-                       in_situ_rel_error=q["simulated"] / facts.measured_tokens_per_s - 1,
-                       in_situ_rel_error_range=[float(q["simulated"] / measured.max() - 1),
-                                                float(q["simulated"] / measured.min() - 1)])
+            row.update({f"in_situ_{k}": v for k, v in {**q, **errors(q["simulated"])}.items()})
         rows.append(row)
     return rows
 
