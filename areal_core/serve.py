@@ -36,8 +36,9 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
                   on_up: Callable[[list[str]], None] = lambda urls: None,
                   on_check: Callable[[list[bool]], None] = lambda ok: None,
                   should_stop: Callable[[], bool] = lambda: False) -> dict:
-    """Serve ``model_path`` (an HF folder or checkpoint version folder) until ``hold_s`` (None: until
-    ``should_stop``) ; returns the URLs, how long they were up and the restarts made."""
+    """Serve ``model_path`` (an HF folder or checkpoint version folder) for ``hold_s`` seconds after
+    the servers are up (None: until ``should_stop``); returns the URLs, how long they were up and the
+    restarts made."""
     if not Path(model_path, "config.json").is_file():
         raise FileNotFoundError(f"{model_path}: not a model folder (no config.json); give a checkpoint version "
                                 "folder (RUN/checkpoints/vN) or an HF model folder")
@@ -45,8 +46,8 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir)
     restarts = 0
-    start = time.monotonic()
     with backend.launch(model_path, version) as urls:
+        start = time.monotonic()  # hold_s counts from when the servers are up, not from the launch
         log.info("%d %s rollout server(s) up: %s", len(urls), backend.name, ", ".join(urls))
         on_up(list(urls))
         while not should_stop() and (hold_s is None or time.monotonic() - start < hold_s):

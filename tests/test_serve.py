@@ -39,6 +39,7 @@ async def _generate(url: str) -> list[int]:
     return out.output_ids
 
 
+@pytest.mark.slow
 def test_pool_serves_restarts_a_dead_server_and_stops(model_dir, tmp_path):
     cfg = load_config(CONFIG, {"rollout.n_servers": 2})
     up, checks, stop, result = [], [], threading.Event(), {}
@@ -74,25 +75,60 @@ def test_not_a_model_folder_is_a_clear_error(tmp_path):
         serve_rollout(load_config(CONFIG), str(tmp_path), log_dir=tmp_path, hold_s=0)
 
 
+def test_hold_counts_from_when_the_servers_are_up(model_dir, tmp_path, monkeypatch):
+    """A slow launch (a loaded machine, a big model) does not eat the hold: the pool stays up hold_s
+    after on_up, and is health-checked in that time."""
+    import contextlib
+
+    import areal_core.serve as serve
+
+    class SlowBackend:
+        name, restartable = "slow", False
+
+        @contextlib.contextmanager
+        def launch(self, model_path, version):
+            time.sleep(1.5)
+            yield ["http://127.0.0.1:1"]
+
+        def client(self, url, timeout_s):
+            class Client:
+                async def health(self):
+                    return True
+
+                async def aclose(self):
+                    pass
+            return Client()
+
+    monkeypatch.setattr(serve, "make_backend", lambda *a, **k: SlowBackend())
+    up_at, checks = [], []
+    result = serve_rollout(load_config(CONFIG), model_dir, log_dir=tmp_path, hold_s=1.0, check_every_s=0.2,
+                           on_up=lambda urls: up_at.append(time.monotonic()), on_check=checks.append)
+    assert time.monotonic() - up_at[0] >= 1.0 and result["up_s"] >= 1.0
+    assert len(checks) >= 3 and all(ok == [True] for ok in checks)
+
+
 @pytest.mark.slow
-def test_flow_publishes_urls_while_up(model_dir, tmp_path):
+def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
     from prefect.variables import Variable
 
+    import flows.serve
     from flows.serve import rollout_servers, urls_variable
 
+    seen_event = threading.Event()  # the pool stays up until the test has read the Variable (or 120 s)
+    real = flows.serve.serve_rollout
+    monkeypatch.setattr(flows.serve, "serve_rollout", lambda *a, **k: real(*a, **k, should_stop=seen_event.is_set))
     with prefect_test_harness(server_startup_timeout=120):
         name = urls_variable("e2e")
         seen, result = [], {}
         t = threading.Thread(target=lambda: result.update(rollout_servers(
-            model_dir, CONFIG, hold_s=8.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
+            model_dir, CONFIG, hold_s=120.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
         t.start()
-        deadline = time.monotonic() + 120
-        while t.is_alive() and time.monotonic() < deadline:  # (8 s up: a loaded server answers slowly)
-            value = Variable.get(name)
-            if value:
-                seen = value
+        deadline = time.monotonic() + 180
+        while t.is_alive() and not seen and time.monotonic() < deadline:
+            seen = Variable.get(name) or []
             time.sleep(0.3)
-        t.join(30)
+        seen_event.set()
+        t.join(60)
         assert seen and seen == result["urls"] and all(u.startswith("http://127.0.0.1:") for u in seen)
         assert Variable.get(name) is None  # removed once the servers stopped
