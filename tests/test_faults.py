@@ -99,21 +99,25 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
                 events["worker_pids"] = set(pids.values())
                 for pid in pids.values():
                     os.kill(pid, signal.SIGKILL)
-            elif step == 5:  # freeze S3 for S3_OUTAGE_S: the background write of checkpoint 6 falls into it
+            elif step == 5:  # freeze S3 from here to S3_OUTAGE_S after step 6, whose checkpoint write starts
                 kill_armed.clear()  # (the server restart is over by then: a restart reads its checkpoint from S3)
                 deadline = time.monotonic() + 60  # (checkpoint 3's write finishes first, or 6 would queue behind it)
                 while 3 not in CheckpointStore(url).versions():
                     assert time.monotonic() < deadline, "checkpoint 3 was never published"
                     time.sleep(0.05)
-                s3.pause()  # (the resume is timed from here: a write still running now must not wait forever)
-                events["s3_paused_at"] = time.monotonic()
+                s3.pause()
+                events["backstop"] = threading.Timer(120.0, s3.resume)  # (the run never hangs on the test)
+                events["backstop"].start()
+            elif step == 6:  # checkpoint 6's background write began before this call: S3 comes back later
+                events["s3_resumed_at"] = time.monotonic() + S3_OUTAGE_S
                 threading.Timer(S3_OUTAGE_S, s3.resume).start()
             elif step == 7:
                 events["worker_pids_after"] = set(made["rewards"].worker_pids().values())
-            seen_versions.append(CheckpointStore(url).versions() if step >= 6 else [])
+            seen_versions.append(CheckpointStore(url).versions() if step >= 7 else [])  # (S3 is down in step 6's hook)
 
         summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False,
                                             cache_dir=str(tmp_path / "cache"), on_step=faults)
+        events["backstop"].cancel()
         s3.resume()
 
         # the run completed, every trajectory exactly once
@@ -133,7 +137,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
         # S3: the background write of checkpoint 6 waited out the outage while training went on;
         # only complete versions, all intact
         writes = {w["version"]: w for w in summary["checkpoint_writes"]}
-        resumed_at = events["s3_paused_at"] + S3_OUTAGE_S
+        resumed_at = events["s3_resumed_at"]
         started_at = writes[6]["done_at"] - writes[6]["write_s"]
         assert started_at < resumed_at, "checkpoint 6's write began after the outage: the test did not exercise it"
         assert writes[6]["done_at"] >= resumed_at - 0.1  # it could not finish while S3 was down

@@ -10,6 +10,7 @@ seconds per mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import shutil
@@ -108,17 +109,36 @@ class _Listener:
         self.sock.close()
 
 
-def _sandbox_processes() -> list[int]:
-    """PIDs of processes started inside any sandbox (their environment holds the run marker)."""
+@contextlib.contextmanager
+def _recorded_markers():
+    """The run markers of the sandboxes started in this block (other tests, in other pytest-xdist
+    workers, start sandboxes of their own at the same time: only ours are looked for)."""
+    from areal_core.reward import sandbox
+
+    markers, real = [], sandbox.scrubbed_env
+
+    def recording(marker: str) -> dict[str, str]:
+        markers.append(marker)
+        return real(marker)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sandbox, "scrubbed_env", recording)
+        yield markers
+
+
+def _sandbox_processes(markers: list[str]) -> list[int]:
+    """PIDs of processes still alive from the sandboxes with these markers (their environment holds one)."""
+    wanted = [f"AREAL_SANDBOX_RUN={m}".encode() for m in set(markers)]
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if b"AREAL_SANDBOX_RUN=" in f.read():
-                        found.append(int(pid))
+                    env = f.read()
             except OSError:
                 continue
+            if any(w in env for w in wanted):
+                found.append(int(pid))
     return found
 
 
@@ -146,10 +166,11 @@ def hostile(request):
         return name, result, time.monotonic() - t0
 
     try:
-        with ThreadPoolExecutor(6) as pool:
+        with _recorded_markers() as markers, ThreadPoolExecutor(6) as pool:
             results = {name: (res, dt) for name, res, dt in pool.map(run, names)}
+        assert len(markers) >= len(names)  # every program ran in a sandbox with its own marker
         time.sleep(0.2)
-        leftovers = _sandbox_processes()
+        leftovers = _sandbox_processes(markers)
         yield {"mode": mode, "results": results, "outside": outside, "listener": listener, "decoy": decoy,
                "leftovers": leftovers, "guarantees": guarantees(mode), "ran": names}
     finally:
@@ -441,10 +462,11 @@ def forgery(request):
         return job, grade_code(control if name == "control" else FORGERS[name], tests, FORGERY_LIMITS)
 
     try:
-        with ThreadPoolExecutor(4) as pool:
+        with _recorded_markers() as markers, ThreadPoolExecutor(4) as pool:
             results = dict(pool.map(run, jobs))
+        assert len(markers) >= len(jobs)
         time.sleep(0.2)
-        yield {"mode": mode, "results": results, "own_user": own_user, "leftovers": _sandbox_processes()}
+        yield {"mode": mode, "results": results, "own_user": own_user, "leftovers": _sandbox_processes(markers)}
     finally:
         if old_mode is None:
             os.environ.pop("AREAL_SANDBOX_MODE", None)
