@@ -9,3 +9,11 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding slow (end-to-end) tests run first, in collection order otherwise: with
+    pytest-xdist's --dist worksteal (make test) the long tests then start early, and the short ones
+    at the end balance the two workers (no worker is left alone with a long test at the end)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort: file order kept within each part

@@ -3,11 +3,13 @@ trainer; wrong answers got feedback (environment tokens, never trained) and anot
 exactly-once ledger still holds."""
 
 import pandas as pd
+import pytest
 
 from areal_core.experiment import load_config
 from areal_core.run import run_experiment
 
 
+@pytest.mark.slow
 def test_retry_episode_runs_end_to_end(tmp_path):
     cfg = load_config("tests/data/e2e.yaml", {"episode": {"kind": "retry", "max_turns": 2, "discount": 0.5},
                                               "trainer.max_steps": 3, "rollout.sampling.max_new_tokens": 24})

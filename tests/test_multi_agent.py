@@ -313,6 +313,7 @@ class _Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch):
     from areal_core.run import run_experiment
     from areal_core.trainer.trainer import Trainer

@@ -325,6 +325,7 @@ def test_the_config_and_the_example_chain_agent():
     assert group[0].output_mask == [1] * 9 + [0] + [1] * 2  # the "|" between the calls is the agent's
 
 
+@pytest.mark.slow
 def test_a_short_real_run_through_the_controller(tmp_path):
     """The tiny model on the chain task with the example agent: embedded server, Dask grading, the
     trainer; every answer took two calls, with the agent's "|" masked, and the ledger holds."""

@@ -220,6 +220,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     assert controller.n_groups > 1  # the stream went on after the restored position
 
 
+@pytest.mark.slow
 def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     """refresh_partials() reads the servers' partial outputs in the background; the next
     snapshot() includes them, and each is a prefix of the answer the request goes on to give."""

@@ -111,6 +111,7 @@ def test_sampling_seed_per_prompt_in_a_batch(server):
     assert batch[2].output_ids == two.output_ids != one.output_ids
 
 
+@pytest.mark.slow
 def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
     """Two servers of one run (EmbeddedServers, run seed 5) answer the same request differently at
     temperature 1; server k answers as an engine seeded server_seed(5, k) does (reproducible)."""
@@ -286,6 +287,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_server_exits_when_its_parent_dies(models, tmp_path):
     code = (
         "import time; from areal_core.rollout.launcher import start_server; "

@@ -218,6 +218,7 @@ def test_config_and_the_chain_task_tool_format():
                                                                               "tool", 6))
 
 
+@pytest.mark.slow
 def test_tool_episode_runs_end_to_end(tmp_path):
     from areal_core.experiment import load_config
     from areal_core.run import run_experiment

@@ -52,6 +52,7 @@ async def _push(transport, urls: list[str], model, version: int) -> None:
             await c.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tensor", "distributed", "disk"])
 def test_every_server_gets_the_staged_weights_bit_for_bit(two_servers, kind, tmp_path):
     servers, _ = two_servers
