@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir runs/quickstart
 
 # two pytest-xdist workers that steal tests from each other's queue: most tests wait on servers, Prefect
-# and subprocesses, so two workers fit 2 cores (one process: 24.5 min here; two: 14.7 min)
+# and subprocesses, so two workers fit 2 cores (one process: 24.5 min here; two: 15-17 min)
 TEST_WORKERS ?= 2
 test: $(STAMP) ui-browser
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
