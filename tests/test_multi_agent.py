@@ -343,7 +343,7 @@ def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch):
     ma = s["multi_agent"]
     assert ma["frozen_server_versions"] == [0] and s["final_version"] == 4  # the frozen server never moved
     # the selection of step 2 came back with the resume state, the one of step 4 followed
-    assert ma["frozen_answers"] > 0 and [sel["step"] for sel in ma["selections"]] == [2, 4]
+    assert [sel["step"] for sel in ma["selections"]] == [2, 4]
     assert seen and all(t.route == TRAINABLE for t in seen)  # selective updates, at the trainer's input
     ledger = pd.read_parquet(run / "ledger.parquet")
     assert len(ledger) == 4 * 16 and set(ledger["agent_id"]) <= {"x", "plain", "q"}
@@ -351,6 +351,9 @@ def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch):
     assert set(ledger["trajectory_id"]) <= {t.traj_id for t in seen}
     m = pd.read_parquet(run / "metrics.parquet")
     assert list(m["step"]) == [1, 2, 3, 4]
+    # frozen answers were graded and recorded: counted per process, so in the crashed run (steps 1-2) or the
+    # resumed one (on a loaded machine the frozen server's first answers can come after a 2-step run's end)
+    assert max(m.loc[m["step"] <= 2, "frozen_answers"].max(), ma["frozen_answers"]) > 0
     for a in ("x", "plain", "q"):
         assert {f"agent_{a}_R", f"agent_{a}_n", f"agent_{a}_trainable", f"agent_{a}_trained"} <= set(m.columns)
     assert (m[[f"agent_{a}_trainable" for a in ("x", "plain", "q")]].sum(axis=1) == 1).all()  # top_k 1
