@@ -69,6 +69,7 @@ from areal_core.rollout.weight_receiver import check_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
 from areal_core.storage.localize import localize
+from areal_core.trainer.lora import AdapterMerger
 
 __all__ = ["EngineStopped", "RequestError", "RolloutEngine", "WEIGHT_UPDATE_MODES", "kv_reserve"]
 
@@ -148,6 +149,7 @@ class RolloutEngine:
         self._paused = False
         self._closed = False
         self.last_update_stall_s: float | None = None  # the engine loop's time in the last update
+        self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first
         self._thread: threading.Thread | None = None
         if start:
             self.start()
@@ -265,8 +267,12 @@ class RolloutEngine:
 
     def update_weights_from_tensors(self, named: dict[str, torch.Tensor], version: int, label: str) -> Future:
         """Load weights given in memory (checked here, in the caller's thread) as ``version``;
-        ``label`` says where they came from. The future resolves once they are live."""
-        staged = check_weights(self.kv.model, named, label)
+        ``label`` says where they came from. The future resolves once they are live.
+
+        LoRA adapters (``<module>.lora_A`` and the pre-scaled ``.lora_B``) are merged here, into the
+        base values of those weights captured at the first adapter update (``lora.AdapterMerger``):
+        the engine then decodes over plain merged weights, as fast as without adapters."""
+        staged = self._adapters.stage(self.kv.model, check_weights(self.kv.model, named, label), label)
         return self._command("update", (staged, int(version), label))
 
     def update_weights(self, model_path: str, version: int) -> Future:
@@ -276,7 +282,7 @@ class RolloutEngine:
         ``FileNotFoundError`` / ``ValueError`` for a bad one); the returned
         future resolves once the engine decodes with the new weights.
         """
-        staged = read_weights(self.kv.model, localize(model_path))
+        staged = self._adapters.stage(self.kv.model, read_weights(self.kv.model, localize(model_path)), model_path)
         return self._command("update", (staged, int(version), model_path))
 
     def _command(self, kind: str, arg: object = None) -> Future:

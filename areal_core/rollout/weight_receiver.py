@@ -1,7 +1,7 @@
 """The server side of the weight transports: weights that arrive in memory, checked before use.
 
-* :func:`check_weights`: named tensors against the model (names, shapes, dtypes), so a bad update
-  leaves the running weights intact;
+* :func:`check_weights`: named tensors against the model (names, shapes, dtypes), or LoRA adapters
+  against its weights, so a bad update leaves the running weights intact;
 * :class:`SharedMemoryReader`: the ``tensor`` transport: views of a shared-memory segment that the
   trainer on the same host filled (``weight_transport.TensorTransport`` writes it);
 * :class:`DistributedReceiver`: the ``distributed`` transport: process groups joined through
@@ -18,13 +18,21 @@ import torch
 import torch.distributed as dist
 
 from areal_core.rollout.weight_layout import TensorSpec, make_process_group, views_of
+from areal_core.trainer.lora import check_adapters, is_adapter_name
 
 
 def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """``named`` checked against ``model``'s parameters: every parameter present (a tied LM head
     may be left out: it is the embedding), no unknown name, the same shapes and dtypes (the trainer
     sends what the server runs: a silent conversion would hide a precision mismatch between the
-    two). Returns the tensors, ready for ``kv_forward.apply_weights``."""
+    two). Returns the tensors, ready for ``kv_forward.apply_weights``.
+
+    An update of LoRA adapters (every name ``<module>.lora_A`` / ``.lora_B``, float32, shapes that
+    fit the module's weight) is checked by ``lora.check_adapters`` and returned as it is: the engine
+    merges it into the base weights (``lora.AdapterMerger``)."""
+    if any(is_adapter_name(n) for n in named):
+        check_adapters(model, named, source)
+        return dict(named)
     params = dict(model.named_parameters())  # tied parameters appear once
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(params)
     staged = {}

@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import os
 import shutil
+import time
 import uuid
 from abc import ABC, abstractmethod
 from multiprocessing import shared_memory
@@ -27,20 +28,30 @@ import torch.distributed as dist
 from areal_core.rollout.client import RolloutClient, run_all
 from areal_core.rollout.launcher import free_port
 from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
+from areal_core.trainer import lora
 
 
 class TransportUnsupported(RuntimeError):
     """A rollout server cannot receive weights by the configured transport."""
 
 
-def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's parameters by name, a tied one once (what the servers' models expect)."""
+def named_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, torch.Tensor]:
+    """What ``model`` sends to the servers, by name. A full model: its parameters, a tied one once
+    (what the servers' models expect). A LoRA model: with ``adapters`` (servers running our engine,
+    which merges them) only ``lora_A`` and the pre-scaled ``lora_B`` of each adapted module
+    (``lora.wire_adapters``); without (servers that load whole named weights: SGLang, vLLM through
+    disk) the full weights with the adapters merged (``lora.merged_weights``)."""
+    if lora.is_lora(model):
+        return lora.wire_adapters(model) if adapters else lora.merged_weights(model)
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
 class WeightTransport(ABC):
     kind: str
     staged_version: int | None = None
+    adapters: bool = True  # a LoRA model sends adapters (False: merged full weights; see named_weights)
+    staged_bytes: int = 0  # bytes of the staged version's tensors: what each server receives
+    last_push_s: float | None = None  # wall time of the last push that returned
 
     async def connect(self, clients: list[RolloutClient]) -> None:
         offers = await asyncio.gather(*(c.weight_transports() for c in clients))
@@ -51,13 +62,20 @@ class WeightTransport(ABC):
                     f"(it offers: {', '.join(offered)}); set rollout.weight_transport to one of those")
 
     def stage(self, model: torch.nn.Module, version: int) -> None:
-        self._stage(named_weights(model) if self.kind != "disk" else model, version)
+        if self.kind == "disk":
+            self._stage(model, version)  # (sets staged_bytes: the folder's size)
+        else:
+            named = named_weights(model, self.adapters)
+            self._stage(named, version)
+            self.staged_bytes = sum(t.nbytes for t in named.values())
         self.staged_version = version
 
     async def push(self, clients: list[RolloutClient]) -> None:
         if self.staged_version is None:
             raise RuntimeError(f"{self.kind} transport: push() before anything was staged")
+        t0 = time.perf_counter()
         await self._push(clients, self.staged_version)
+        self.last_push_s = time.perf_counter() - t0
 
     async def resend(self, clients: list[RolloutClient], i: int) -> None:
         await self.push([clients[i]])
@@ -74,9 +92,11 @@ class WeightTransport(ABC):
 
 class DiskTransport(WeightTransport):
     """A Hugging Face folder per version under ``folder`` (the last two kept), loaded by each server
-    through ``/update_weights_from_disk``: for servers that can only load from a path or URL."""
+    through ``/update_weights_from_disk``: for servers that can only load from a path or URL. A LoRA
+    model is saved merged (whole named weights: what such servers load)."""
 
     kind = "disk"
+    adapters = False
 
     def __init__(self, folder: str, keep: int = 2):
         self.folder, self.keep = folder, keep
@@ -85,7 +105,13 @@ class DiskTransport(WeightTransport):
     def _stage(self, model: torch.nn.Module, version: int) -> None:
         dest = os.path.join(self.folder, f"v{version}")
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-        model.save_pretrained(tmp)
+        if lora.is_lora(model):
+            merged = lora.merged_weights(model)
+            with lora.without_adapters(model):  # the base's layout, the merged values
+                model.save_pretrained(tmp, state_dict=merged)
+        else:
+            model.save_pretrained(tmp)
+        self.staged_bytes = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(tmp) for n in ns)
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)  # a server never sees a half-written folder
         self._staged.append((version, dest))
@@ -192,12 +218,19 @@ class DistributedTransport(WeightTransport):
         self._store = None
 
 
-def make_transport(cfg, work_dir: str) -> WeightTransport:
-    """The transport a ``rollout.weight_transport`` config section names."""
+ADAPTER_BACKENDS = ("embedded", "external")  # rollout backends running our engine, which merges adapters
+
+
+def make_transport(cfg, work_dir: str, adapters: bool = True) -> WeightTransport:
+    """The transport a ``rollout.weight_transport`` config section names. ``adapters``: whether
+    the servers take LoRA adapters (``ADAPTER_BACKENDS``); else a LoRA model sends merged weights."""
     if cfg.kind == "disk":
         return DiskTransport(os.path.join(work_dir, "weights"))
     if cfg.kind == "tensor":
-        return TensorTransport()
-    if cfg.kind == "distributed":
-        return DistributedTransport(cfg.backend, cfg.master_address, cfg.master_port)
-    raise ValueError(f"unknown weight transport {cfg.kind!r}")
+        t = TensorTransport()
+    elif cfg.kind == "distributed":
+        t = DistributedTransport(cfg.backend, cfg.master_address, cfg.master_port)
+    else:
+        raise ValueError(f"unknown weight transport {cfg.kind!r}")
+    t.adapters = adapters
+    return t

@@ -42,6 +42,25 @@ class MegatronTrainerBackend(Section):
         return self
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (areal_core/trainer/lora.py): only they train and travel to the servers;
+    every base weight stays frozen at checkpoint v0."""
+    rank: int = Field(16, gt=0)  # r: lora_A is [r, in_features], lora_B [out_features, r]
+    alpha: float = Field(32.0, gt=0)  # the adapters' output is scaled by alpha / rank
+    # the nn.Linear modules (by their last name part) of every decoder layer that get adapters
+    targets: list[LoraTarget] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_targets(self):
+        if len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"trainer.lora.targets: each target once, got {self.targets}")
+        return self
+
+
 class TrainerConfig(Section):
     # {kind: torch} (shorthand `backend: torch`) or {kind: megatron, tensor_parallel_size, processes}
     backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = \
@@ -69,6 +88,8 @@ class TrainerConfig(Section):
     # None: all cores when generation is idle while the trainer works (eta 0 + rollout.weight_update
     # drain), else the cores the rollout servers leave (measured best: docs/PERFORMANCE.md)
     torch_threads: int | None = Field(None, gt=0)
+    # low-rank adapters {rank, alpha, targets}: only they train and travel; None = full fine-tuning
+    lora: LoraConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

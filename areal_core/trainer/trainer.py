@@ -12,6 +12,9 @@ float32 masters, and after each optimizer step the masters are rounded back into
 So updates smaller than half a bfloat16 step accumulate in the masters instead of being
 lost, and what is published (checkpoints, weight pushes) stays in the model's dtype.
 
+LoRA (``trainer.lora``, ``trainer/lora.py``): the model's base parameters are frozen and the
+optimizer steps on its float32 adapters only (their own masters).
+
 Device: the model's. On a GPU a float32 model computes its forward and backward under bfloat16
 autocast (the weights, and so the masters, stay float32).
 """
@@ -53,7 +56,11 @@ class Trainer:
         self.temperature = temperature
         self.device = next(model.parameters()).device
         self.autocast = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32
-        named = list(model.named_parameters())  # a tied parameter once
+        # the trainable parameters, a tied one once: all of them, or only the adapters of a LoRA
+        # model (trainer/lora.py), whose base is frozen; so the optimizer state is theirs alone
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameter")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         # float32 parameters are their own masters; others get a float32 copy
