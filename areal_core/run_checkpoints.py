@@ -4,6 +4,10 @@ The training thread decides (``due``), takes a consistent copy of the weights an
 state (``write``: the copy is cheap; the write runs on the writer's thread while training goes
 on, and ``write`` blocks only while the previous write is still running), and hears about
 finished writes at its next call (``poll``), so callbacks run on the training thread.
+
+A LoRA run (``trainer.lora``) checkpoints only its adapters (``storage/adapters.py``): v0 is the
+base, every later version adapters against it; :func:`restore_weights` puts a version back into
+the trainer's model either way.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
+from safetensors.torch import load as load_safetensors
 
+from areal_core.rollout.model_io import apply_weights, read_weights
 from areal_core.storage import CheckpointStore
+from areal_core.storage.adapters import ADAPTER_FILE
 from areal_core.storage.config import StorageConfig, checkpoint_due
-from areal_core.storage.snapshot import snapshot_model
+from areal_core.storage.snapshot import cpu_copy, snapshot_files, snapshot_model
+from areal_core.trainer import lora
 from areal_core.storage.writer import CheckpointWriter, WriteResult
 
 
@@ -36,9 +44,14 @@ class RunCheckpoints:
     def write(self, step: int, model: torch.nn.Module, resume_files: dict[str, bytes], final: bool = False) -> float:
         """Queue checkpoint ``step`` (version = step; the final one full, whatever the format);
         returns how long it waited for the previous one."""
-        tensors, files = snapshot_model(model, self.tokenizer)
+        if lora.is_lora(model):  # the adapters alone (the base is v0's)
+            tensors = {n: cpu_copy(t) for n, t in lora.adapter_tensors(model).items()}
+            files, config = snapshot_files(model, self.tokenizer), lora.adapter_config(model)
+        else:
+            (tensors, files), config = snapshot_model(model, self.tokenizer), None
         files.update(resume_files)
-        self._pending.append(self.writer.submit(step, tensors, files, meta={"step": step}, full=final))
+        self._pending.append(self.writer.submit(step, tensors, files, meta={"step": step}, full=final,
+                                                adapter_config=config))
         self.last_step, self.last_time = step, time.monotonic()
         self.poll()
         return self.writer.last_wait_s
@@ -61,3 +74,17 @@ class RunCheckpoints:
         self.writer.__exit__(exc_type, exc, tb)
         if exc is None:
             self.poll()
+
+
+@torch.no_grad()
+def restore_weights(store: CheckpointStore, model: torch.nn.Module, version: int) -> None:
+    """Load checkpoint ``version`` into ``model``: its full weights; for a LoRA model the base from
+    v0 and, after v0, the adapters the version holds (v0's are the fresh ones ``apply_lora`` made)."""
+    if not lora.is_lora(model):
+        apply_weights(model, read_weights(model, store.local_copy(version)))
+        return
+    with lora.without_adapters(model):
+        apply_weights(model, read_weights(model, store.local_copy(lora.BASE_VERSION)))
+    if version != lora.BASE_VERSION:
+        saved = load_safetensors(store.read_file(version, ADAPTER_FILE))
+        lora.load_adapters(model, saved, f"{store.version_url(version)}/{ADAPTER_FILE}")

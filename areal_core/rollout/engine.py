@@ -149,7 +149,7 @@ class RolloutEngine:
         self._paused = False
         self._closed = False
         self.last_update_stall_s: float | None = None  # the engine loop's time in the last update
-        self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first
+        self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first one
         self._thread: threading.Thread | None = None
         if start:
             self.start()

@@ -15,7 +15,9 @@ deletes the manifest FIRST, so a reader never sees a manifest without its files.
 
 A delta version (``writer.py``; meta ``format: delta``, ``base_version: B``) holds
 ``model.delta`` instead of ``model.safetensors``; ``local_copy`` rebuilds the full
-folder from it and v<B>, and ``prune`` keeps v<B> while the delta is kept.
+folder from it and v<B>, and ``prune`` keeps v<B> while the delta is kept. A LoRA version
+(meta ``format: lora``, ``base_version: 0``; ``adapters.py``) holds ``adapter.safetensors`` and
+``adapter_config.json``; ``local_copy`` merges them into v0 the same way, and ``prune`` keeps v0.
 
 S3 endpoint and credentials come from the environment (see ``fsutil``).
 """
@@ -43,6 +45,7 @@ from areal_core.storage.fsutil import (
     put_file_atomic,
     retry,
 )
+from areal_core.storage import adapters
 from areal_core.storage.delta import materialise
 from areal_core.storage.localize import localize
 from areal_core.storage.manifest import (
@@ -224,18 +227,21 @@ class CheckpointStore:
         (made once; a cached copy whose manifest differs is made again). A delta
         version (meta ``format: delta``) is materialised once into a full folder
         (base + delta, bit for bit) under cache_dir (local stores without one:
-        ``<store>/.full``), so readers need not know about deltas."""
+        ``<store>/.full``), so readers need not know about deltas; so is a LoRA
+        version (meta ``format: lora``: base v0 with its adapters merged, ``adapters.py``)."""
         manifest = self.read_manifest(version)
         raw = self._raw_local_copy(version, manifest)
-        if manifest["meta"].get("format") != "delta":
+        kind = manifest["meta"].get("format")
+        if kind not in ("delta", adapters.FORMAT):
             return raw
         base = manifest["meta"].get("base_version")
         base_meta = self.read_manifest(check_version(base))["meta"]
-        if base_meta.get("format") == "delta":
-            raise ManifestError(f"{self.version_url(version)}: its base v{base} is itself a delta")
+        if base_meta.get("format") in ("delta", adapters.FORMAT):
+            raise ManifestError(f"{self.version_url(version)}: its base v{base} is itself a {base_meta['format']} version")
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
         dest = os.path.join(self._full_dir(), f"{self._url_key(version)}-full-{digest}")
-        return materialise(raw, self.local_copy(base), dest)
+        build = materialise if kind == "delta" else adapters.materialise
+        return build(raw, self.local_copy(base), dest)
 
     def _url_key(self, version: int) -> str:
         return hashlib.sha256(self.version_url(version).encode()).hexdigest()[:16]

@@ -139,13 +139,19 @@ def materialise(raw_folder: str, base_folder: str, dest: str) -> str:
     with open(os.path.join(raw_folder, DELTA), "rb") as f:
         data = f.read()
     tensors = decode(data, load_file(base_weights), f"{raw_folder}/{DELTA}")
+    return build_folder(raw_folder, dest, tensors, skip=(DELTA,))
+
+
+def build_folder(raw_folder: str, dest: str, tensors: dict[str, torch.Tensor], skip: tuple[str, ...]) -> str:
+    """``dest``: the files of ``raw_folder`` but ``skip`` and the manifest, and ``tensors`` as its
+    ``model.safetensors``. Built in a temporary folder renamed into place (whole or absent)."""
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(dest), prefix=".partial-")
     try:
         for dirpath, _, names in os.walk(raw_folder):
             for name in names:
                 rel = os.path.relpath(os.path.join(dirpath, name), raw_folder)
-                if rel in (DELTA, MANIFEST):
+                if rel in skip or rel == MANIFEST:
                     continue
                 os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
                 shutil.copyfile(os.path.join(dirpath, name), os.path.join(tmp, rel))

@@ -14,7 +14,9 @@ checkpoint in progress is never visible and a writer killed mid-write leaves the
 previous checkpoint the latest. With ``format="delta"`` the weights of every
 checkpoint but each ``full_every``-th are a delta (``delta.py``) to the last full
 one the writer wrote; the first checkpoint of a writer, and one submitted with
-``full=True``, is always full.
+``full=True``, is always full. A LoRA run submits its adapters with their ``adapter_config``
+instead of full weights: the version is then in the LoRA format (``adapters.py``), whatever
+``format`` says.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_core.storage import delta
+from areal_core.storage import adapters, delta
 from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
 from areal_core.storage.manifest import check_meta, check_version, path_problem
 from areal_core.storage.snapshot import WEIGHTS, write_weights
@@ -48,10 +50,10 @@ class CheckpointWriteError(CheckpointError):
 class WriteResult:
     version: int
     url: str
-    format: str  # "full" or "delta"
+    format: str  # "full", "delta" or "lora"
     base_version: int | None  # the full version a delta is made against
     bytes_written: int  # every file of the version, manifest excluded
-    weight_bytes: int  # of which the weights (model.safetensors or model.delta)
+    weight_bytes: int  # of which the weights (model.safetensors, model.delta or adapter.safetensors)
     write_s: float  # staging + publishing + pruning, on the writer thread
     pruned: list[int] = field(default_factory=list)
     done_at: float = 0.0  # time.monotonic() when it finished
@@ -85,7 +87,7 @@ class CheckpointWriter:
 
     # -- the caller's side ---------------------------------------------------
     def submit(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes],
-               meta: dict | None = None, full: bool = False) -> Future:
+               meta: dict | None = None, full: bool = False, adapter_config: dict | None = None) -> Future:
         """Queue checkpoint ``version``; returns a Future of its WriteResult.
 
         ``tensors``: CPU tensors the writer now owns (the caller must not mutate them),
@@ -93,14 +95,16 @@ class CheckpointWriter:
         ({relative path: bytes}: config, tokenizer, resume state). ``full``: write
         full weights even in delta format (e.g. the final checkpoint). Blocks while
         the previous write runs (``last_wait_s``); raises CheckpointWriteError if
-        the previous write failed (this version is then not queued)."""
+        the previous write failed (this version is then not queued). ``adapter_config``: ``tensors``
+        are a LoRA model's adapters (``lora.adapter_tensors``) and this their config; the version is
+        written in the LoRA format against ``adapter_config["base_version"]``."""
         check_version(version)
         check_meta(meta)
         for key in RESERVED_META:
             if key in (meta or {}):
                 raise ValueError(f"meta key {key!r} is set by the writer")
         for name in files:
-            if path_problem(name) or name in (WEIGHTS, delta.DELTA):
+            if path_problem(name) or name in (WEIGHTS, delta.DELTA, adapters.ADAPTER_FILE, adapters.ADAPTER_CONFIG):
                 raise ValueError(f"file {name!r}: {path_problem(name) or 'the weights file name'}")
         for name, t in tensors.items():
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
@@ -110,7 +114,7 @@ class CheckpointWriter:
         self._wait()
         self.last_wait_s = time.perf_counter() - t0
         self.total_wait_s += self.last_wait_s
-        self._pending = pool.submit(self._write, version, tensors, dict(files), dict(meta or {}), full)
+        self._pending = pool.submit(self._write, version, tensors, dict(files), dict(meta or {}), full, adapter_config)
         return self._pending
 
     def flush(self) -> WriteResult | None:
@@ -155,9 +159,9 @@ class CheckpointWriter:
 
     # -- the writer thread ---------------------------------------------------
     def _write(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes],
-               meta: dict, full: bool) -> WriteResult:
+               meta: dict, full: bool, adapter_config: dict | None = None) -> WriteResult:
         t0 = time.perf_counter()
-        as_delta = (self.format == "delta" and not full and self._base is not None
+        as_delta = (self.format == "delta" and not full and self._base is not None and adapter_config is None
                     and self._since_full < self.full_every - 1)
         stage = tempfile.mkdtemp(dir=self._staging_root, prefix=f"v{version}-")
         try:
@@ -166,7 +170,10 @@ class CheckpointWriter:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
                     f.write(data)
-            if as_delta:
+            if adapter_config is not None:
+                weights = adapters.write_adapters(tensors, adapter_config, stage)
+                meta.update(format=adapters.FORMAT, base_version=adapter_config["base_version"])
+            elif as_delta:
                 base_version, base = self._base
                 weights = os.path.join(stage, delta.DELTA)
                 with open(weights, "wb") as f:
@@ -183,7 +190,7 @@ class CheckpointWriter:
             shutil.rmtree(stage, ignore_errors=True)
         if as_delta:
             self._since_full += 1
-        else:
+        elif adapter_config is None:
             self._base, self._since_full = (version, tensors), 0
         pruned = self.store.prune(self.keep_last) if self.keep_last else []
         result = WriteResult(version, url, meta["format"], meta.get("base_version"), total, weight_bytes,
