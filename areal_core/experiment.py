@@ -74,6 +74,12 @@ class ExperimentConfig(Section):
         if t.optim.continue_warm_start and (self.model.name != "tiny" or self.model.warm_start.steps == 0):
             raise ValueError("trainer.optim.continue_warm_start needs the tiny model with a warm start "
                              "(model.name: tiny, model.warm_start.steps > 0)")
+        if t.lora is not None and t.backend.kind != "torch":
+            raise ValueError(f"trainer.lora: LoRA trains on the torch trainer only; trainer.backend.kind is "
+                             f"{t.backend.kind!r} (set it to torch, or remove trainer.lora for full fine-tuning)")
+        if t.lora is not None and t.optim.continue_warm_start:
+            raise ValueError("trainer.optim.continue_warm_start continues the full model's AdamW moments; with "
+                             "trainer.lora only the adapters train (remove one of the two)")
         if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
             raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
                              f"data.dataset: synthetic (got {self.data.dataset!r})")

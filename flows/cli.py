@@ -1,4 +1,4 @@
-"""The `areal-flow` command, all of it: train, eval, sweep, campaign, stack.
+"""The `areal-flow` command, all of it: train, eval, export, sweep, campaign, stack.
 
 `train` runs as a Prefect flow (reported to the server at PREFECT_API_URL when set, see
 `areal-flow stack up`, else to Prefect's ephemeral server); `train --no-prefect` runs the same
@@ -239,6 +239,16 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from areal_core.export import ExportError, export_checkpoint
+
+    try:
+        print(export_checkpoint(args.source, args.out))
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def cmd_sweep(args) -> int:
     from areal_core.experiment import ConfigError
     from areal_core.sweep import plan_points, validate_configs
@@ -363,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade each problem's own reference solution; prints JSON with 'accuracy' last")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=cmd_eval)
+
+    x = sub.add_parser("export", help="write a checkpoint as a plain HF model folder (full weights; LoRA merged)")
+    x.add_argument("source", metavar="SOURCE",
+                   help="a checkpoint version (RUN/checkpoints/vN, folder or URL) or a run folder (its latest)")
+    x.add_argument("--out", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
+    x.set_defaults(func=cmd_export)
 
     s = sub.add_parser("sweep", help="a grid of training runs, then one comparison report (a Prefect flow)")
     s.add_argument("config", nargs="+",
