@@ -7,6 +7,7 @@ line, key and what was expected.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +94,12 @@ class ExperimentConfig(Section):
                 raise ValueError("multi_agent: the frozen policy is checkpoint v0, which storage.keep_last would "
                                  "prune; leave storage.keep_last unset")
         cur = self.data.curriculum
-        if cur is not None and self.data.dataset == "synthetic" and cur.by != "k":
-            raise ValueError(f"data.curriculum.by: the synthetic task's records have one meta field, 'k' (the chain "
-                             f"length); got {cur.by!r}")
+        if cur is not None and self.data.dataset == "synthetic":
+            field = "op" if self.data.synthetic.kind == "arith" else "k"
+            if cur.by != field:
+                what = {"op": "the kind of question", "k": "the chain length or argument count"}[field]
+                raise ValueError(f"data.curriculum.by: the {self.data.synthetic.kind} task's records are grouped by "
+                                 f"{field!r} ({what}); got {cur.by!r}")
         return self
 
 
@@ -246,5 +250,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if "=" not in p:
             raise ConfigError(f"--set expects KEY=VALUE (e.g. trainer.eta=4), got {p!r}")
         k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        value = yaml.safe_load(v)
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value):  # YAML 1.1 reads 1e-5 as text
+            value = float(value)
+        out[k] = value
     return out
+
+
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

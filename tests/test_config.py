@@ -118,8 +118,10 @@ def test_warm_start_length_alpha_needs_the_synthetic_task(tmp_path):
 def test_curriculum_settings_are_checked(tmp_path):
     cfg = load_config(_write(tmp_path, "data:\n  curriculum: {by: k}\n"))
     assert (cfg.data.curriculum.by, cfg.data.curriculum.ema, cfg.data.curriculum.floor) == ("k", 0.2, 0.02)
-    with pytest.raises(ConfigError, match="synthetic task's records have one meta field, 'k'"):
+    with pytest.raises(ConfigError, match="chain task's records are grouped by 'k'"):
         load_config(_write(tmp_path, "data:\n  curriculum: {by: level}\n"))
+    with pytest.raises(ConfigError, match="arith task's records are grouped by 'op'"):
+        load_config(_write(tmp_path, "data:\n  synthetic: {kind: arith}\n  curriculum: {by: k}\n"))
     with pytest.raises(ConfigError, match=r"data.curriculum.floor: .*less than or equal to 0.25"):
         load_config(_write(tmp_path, "data:\n  curriculum: {by: k, floor: 0.5}\n"))
     with pytest.raises(ConfigError, match=r"data.curriculum.by"):
@@ -189,3 +191,13 @@ def test_log_every_is_gone(tmp_path):
     p = _write(tmp_path, "name: x\nlog_every: 10\n")
     with pytest.raises(ConfigError, match=rf"{p}:2: log_every: unknown key; expected one of: .*trainer"):
         load_config(p)
+
+
+def test_set_values_in_scientific_notation_are_numbers(tmp_path):
+    """YAML 1.1 reads ``1e-5`` as text; ``--set trainer.optim.lr=1e-5`` must still mean the number."""
+    from areal_core.experiment import parse_overrides
+
+    got = parse_overrides(["trainer.optim.lr=1e-5", "a=2E3", "b=-1.5e-2", "c=x1e5", "d=3"])
+    assert got == {"trainer.optim.lr": 1e-5, "a": 2000.0, "b": -0.015, "c": "x1e5", "d": 3}
+    cfg = load_config(_write(tmp_path, "name: x\n"), parse_overrides(["trainer.optim.lr=1e-5"]))
+    assert cfg.trainer.optim.lr == 1e-5

@@ -51,13 +51,30 @@ class SyntheticCodeTask(Section):
     seed: int = 0
 
 
+class SyntheticArithTask(Section):
+    """Arithmetic questions in plain English for a small pretrained chat model
+    (areal_core.data.synthetic_arith): two-digit sums and differences, times tables and one-step
+    word problems, each ending in the same instruction; graded by the math grader."""
+
+    kind: Literal["arith"]
+    n_train: int = Field(20000, gt=0)
+    n_eval: int = Field(400, gt=0)
+    # the kinds drawn (uniformly): add, sub (two-digit numbers), mul (a x b), word (one-step stories)
+    ops: list[Literal["add", "sub", "mul", "word"]] = Field(["add", "sub", "mul", "word"], min_length=1)
+    max_factor: int = Field(12, ge=2)  # mul: a in [2, max_factor]
+    max_multiplicand: int = Field(19, ge=2)  # mul: b in [2, max_multiplicand]
+    max_word: int = Field(30, ge=2)  # word: both numbers in [2, max_word]
+    seed: int = 0
+
+
 def _synthetic_kind(value) -> str:
     return value.get("kind", "chain") if isinstance(value, dict) else getattr(value, "kind", "chain")
 
 
-# data.synthetic: the chain task (kind: chain, the default when no kind is given) or the code task (kind: code)
-SyntheticConfig = Annotated[Annotated[SyntheticTask, Tag("chain")] | Annotated[SyntheticCodeTask, Tag("code")],
-                            Discriminator(_synthetic_kind)]
+# data.synthetic: the chain task (kind: chain, the default when no kind is given), the code task
+# (kind: code) or the arithmetic task (kind: arith)
+SyntheticConfig = Annotated[Annotated[SyntheticTask, Tag("chain")] | Annotated[SyntheticCodeTask, Tag("code")]
+                            | Annotated[SyntheticArithTask, Tag("arith")], Discriminator(_synthetic_kind)]
 
 
 class Curriculum(Section):

@@ -26,7 +26,7 @@ from collections import Counter
 
 from pydantic import ValidationError
 
-from areal_core.data.config import DataConfig, SyntheticCodeTask, SyntheticTask
+from areal_core.data.config import DataConfig, SyntheticArithTask, SyntheticCodeTask, SyntheticTask
 from areal_core.data.records import Record, RecordError, describe_validation_error, write_records
 from areal_core.data.tasks import synthetic_task
 from areal_core.storage.fsutil import join, write_json_atomic
@@ -69,12 +69,12 @@ def held_out_overlaps(source: str, records: list[Record]) -> tuple[list[Record],
 
 
 def split_records(source: str, path: str | None = None,
-                  synthetic: SyntheticTask | SyntheticCodeTask | dict | None = None,
+                  synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None,
                   ) -> tuple[dict[str, list[Record]], list[dict]]:
     """``({split name: records}, overlaps left out)`` for a source, fully validated, nothing written."""
     left_out: list[dict] = []
     if source == "synthetic":
-        cfg = synthetic if isinstance(synthetic, (SyntheticTask, SyntheticCodeTask)) \
+        cfg = synthetic if isinstance(synthetic, (SyntheticTask, SyntheticCodeTask, SyntheticArithTask)) \
             else DataConfig(synthetic=synthetic or {}).synthetic
         task = synthetic_task(cfg)
         splits = {"train": task.train_records(), "eval": task.eval_records()}
@@ -104,7 +104,7 @@ def _provenance(source: str, path: str | None) -> dict:
 
 
 def prepare(source: str, out_url: str, *, path: str | None = None,
-            synthetic: SyntheticTask | SyntheticCodeTask | dict | None = None, fmt: str = "parquet") -> dict:
+            synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None, fmt: str = "parquet") -> dict:
     """Validate a source and write its records under ``out_url``; return ``{split: url}`` and counts."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
