@@ -1,7 +1,9 @@
-"""``device: auto | cpu | cuda`` for the embedded engine and the torch trainer."""
+"""``device: auto | cpu | cuda`` and ``dtype: auto | float32 | bfloat16`` for the embedded engine and
+the torch trainer."""
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -20,3 +22,35 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
     return torch.device(name)
+
+
+@functools.cache
+def cpu_bf16_units() -> str | None:
+    """The CPU's bfloat16 matrix units as named in /proc/cpuinfo (``amx_bf16``, ``avx512_bf16``),
+    or None where it has neither (e.g. an AVX2-only CPU) or the flags cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    found = [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
+    return "+".join(found) or None
+
+
+def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """``(dtype, why)`` for ``model.dtype``. ``auto``: bfloat16 on a GPU that supports it and on a CPU
+    with bfloat16 matrix units (AMX or AVX-512 BF16), where bf16 matrix work is several times faster
+    than float32; float32 elsewhere (on an AVX2-only CPU bf16 is emulated and slower). The trainer keeps
+    float32 master weights and optimizer state either way (trainer/trainer.py)."""
+    if name in ("float32", "bfloat16"):
+        return getattr(torch, name), "set in the config (model.dtype)"
+    if name != "auto":
+        raise ValueError(f"model.dtype must be auto, float32 or bfloat16, got {name!r}")
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, f"auto: {torch.cuda.get_device_name(device)} supports bfloat16"
+        return torch.float32, f"auto: {torch.cuda.get_device_name(device)} lacks bfloat16"
+    units = cpu_bf16_units()
+    if units:
+        return torch.bfloat16, f"auto: this CPU has bfloat16 matrix units ({units})"
+    return torch.float32, "auto: this CPU has no bfloat16 matrix units (no AMX or AVX-512 BF16)"

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_core.experiment import ExperimentConfig
+from areal_core.models.loading import model_dtype
 from areal_core.rollout.backends import make_backend
+from areal_core.rollout.weight_layout import dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
     if not Path(model_path, "config.json").is_file():
         raise FileNotFoundError(f"{model_path}: not a model folder (no config.json); give a checkpoint version "
                                 "folder (RUN/checkpoints/vN) or an HF model folder")
-    dtype = "float32" if cfg.model.name == "tiny" else cfg.model.dtype  # the tiny model always runs in float32
+    dtype = dtype_name(model_dtype(cfg.model)[0])
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir)
     restarts = 0

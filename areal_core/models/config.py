@@ -47,6 +47,9 @@ class ModelConfig(Section):
     name: str = "tiny"
     tiny: TinyArch = TinyArch()
     warm_start: WarmStart = WarmStart()
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # what the engine and the trainer compute in (the trainer's master weights and optimizer state stay
+    # float32): auto = bfloat16 on a GPU or a CPU with bf16 matrix units (AMX, AVX-512 BF16), else float32
+    # (the choice is logged at start); the tiny model always runs in float32
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # where the embedded engine and the torch trainer compute: auto = CUDA when torch sees a GPU
     device: Literal["auto", "cpu", "cuda"] = "auto"

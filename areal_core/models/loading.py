@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from areal_core.data.records import Record
+from areal_core.device import resolve_device, resolve_dtype
 from areal_core.models.config import ModelConfig
 from areal_core.models.tokenizer import load_tokenizer
 from areal_core.storage.localize import localize
@@ -17,6 +18,14 @@ log = logging.getLogger(__name__)
 
 def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def model_dtype(model_cfg: ModelConfig) -> tuple[torch.dtype, str]:
+    """``(dtype, why)`` the policy computes in: the tiny model always in float32, others by
+    ``model.dtype`` (``auto``: bfloat16 where the device has bf16 matrix units; ``device.resolve_dtype``)."""
+    if model_cfg.name == "tiny":
+        return torch.float32, "the tiny model runs in float32"
+    return resolve_dtype(model_cfg.dtype, resolve_device(model_cfg.device))
 
 
 def load_hf_folder(url_or_path: str, dtype: torch.dtype | str = torch.float32, cache_dir: str | None = None):
@@ -60,7 +69,7 @@ def load_base_model(
         from areal_core.models.tokenizer import build_char_tokenizer
         from areal_core.models.warmstart import cached_warm_start
 
-        if model_cfg.dtype != "float32":
+        if model_cfg.dtype == "bfloat16":
             log.warning("tiny model runs in float32 (config asks for %s)", model_cfg.dtype)
         if model_cfg.warm_start.steps == 0:
             tokenizer = build_char_tokenizer()
@@ -82,8 +91,8 @@ def load_base_model(
     if name == "smollm2-135m":
         from areal_core.models.smollm2 import load_smollm2
 
-        return load_smollm2(_dtype(model_cfg.dtype))
-    return load_hf_folder(name, _dtype(model_cfg.dtype), cache_dir=cache_dir)
+        return load_smollm2(model_dtype(model_cfg)[0])
+    return load_hf_folder(name, model_dtype(model_cfg)[0], cache_dir=cache_dir)
 
 
 def warm_start_inputs(model_cfg: ModelConfig, train_records: list[Record] | None):
