@@ -292,17 +292,32 @@ class RolloutController:
         self._frozen_lock = asyncio.Lock()
         self._gate = asyncio.Condition()
         self._servers_lock = asyncio.Lock()  # weight updates and server recovery, one at a time
+        self._connected = self._loop.create_task(self._connect())
+        self._main = self._loop.create_task(self._generate_once_connected())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _connect(self) -> None:
+        """Connect the transport; weights staged before ``start()`` (a LoRA run's adapters: its servers
+        start from the base, checkpoint v0) reach every server before anything is generated."""
+        await self.transport.connect(self.trainable_pool.clients)
+        if self.transport.staged_version is not None:
+            async with self._servers_lock:
+                await self.transport.push(self.trainable_pool.clients)
+
+    async def _generate_once_connected(self) -> None:
+        try:
+            await self._connected
+        except Exception:  # noqa: BLE001 - not lost: start() raises it (and stops the controller)
+            return
         groups: dict[str, list[Trajectory]] = {}
         for traj in self._restored:  # the unrewarded answers of each group go on together
             groups.setdefault(traj.group_id, []).append(traj)
         for trajs in groups.values():
             self._spawn(trajs, fresh=False)
         self._restored = []
-        self._main = self._loop.create_task(self._admit_loop())
-        self._connected = self._loop.create_task(self.transport.connect(self.trainable_pool.clients))
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
+        await self._admit_loop()
 
     def _spawn(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
         t = self._loop.create_task(self._run_group(trajs, fresh, route))

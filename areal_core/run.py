@@ -44,13 +44,13 @@ from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.reward.service import RewardService
-from areal_core.rollout.kv_forward import apply_weights, read_weights
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
-from areal_core.rollout.weight_transport import make_transport
-from areal_core.run_checkpoints import RunCheckpoints
+from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
+from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.storage import CheckpointStore, write_json_atomic
 from areal_core.storage import run_state
+from areal_core.trainer import lora
 from areal_core.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                                        cache_dir=cache_dir, progress=progress, info=model_info)
     if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
         model.to(resolve_device(cfg.model.device))
+    lora_cfg = cfg.trainer.lora  # only adapters train and travel; the base stays checkpoint v0 (trainer/lora.py)
+    if lora_cfg is not None:
+        lora.apply_lora(model, lora_cfg.rank, lora_cfg.alpha, lora_cfg.targets, seed=cfg.seed)
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
@@ -235,14 +238,14 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
             trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
         publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
-        store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
-            0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
+        with lora.without_adapters(model):  # v0: the base model, also for a LoRA run
+            store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
+                0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
         if on_checkpoint:
             on_checkpoint(0, store.version_url(0))
     else:
         version, before = saved.version, saved.state["before"]
-        with torch.no_grad():
-            apply_weights(model, read_weights(model, store.local_copy(version)))
+        restore_weights(store, model, version)  # (LoRA: the base from v0, the adapters from the version)
         trainer.load_state_dict(saved.trainer)
         runlog.restore(saved.metrics, saved.ledger)
         if version >= steps:
@@ -254,8 +257,10 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir)
     frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "")
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
+    # LoRA: servers start (and restart) from the base, v0; start() pushes the adapters staged below
+    serve_from = 0 if lora_cfg is not None else version
     with RewardService(cfg.reward) as rewards, \
-            backend.launch(store.local_copy(version), version) as urls, frozen_launch as frozen_urls:
+            backend.launch(store.local_copy(serve_from), serve_from) as urls, frozen_launch as frozen_urls:
         rewards.warm_up({r.task for r in (*train_records, *eval_records)})
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
@@ -282,10 +287,11 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
         )
-        transport = make_transport(cfg.rollout.transport(), str(run_dir))
+        transport = make_transport(cfg.rollout.transport(), str(run_dir),
+                                   adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)
         controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, transport,
                                        version=version, request_timeout_s=cfg.rollout.request_timeout_s,
-                                       model_path=store.local_copy(version),
+                                       model_path=store.local_copy(serve_from),
                                        restart_server=backend.restart if backend.restartable else None,
                                        make_client=backend.client, episode=make_episode(cfg.episode),
                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
@@ -294,12 +300,16 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                                        restart_frozen=frozen_backend.restart if frozen_backend else None)
         if saved is not None:
             controller.restore(saved.state["controller"])
+        if lora_cfg is not None:
+            controller.restart_from(lambda: store.local_copy(0), 0)  # restarts: the base, then the adapters
+            transport.stage(model, version)
         first_step = version + 1
 
         def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
             if on_checkpoint:
                 on_checkpoint(result.version, result.url)
-            controller.restart_from(lambda: store.local_copy(result.version), result.version)
+            if lora_cfg is None:
+                controller.restart_from(lambda: store.local_copy(result.version), result.version)
 
         checkpoints = RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written)
         rl_start = time.perf_counter()
@@ -358,6 +368,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                         checkpoints.poll()
                     now = time.perf_counter()
                     row.update({"weight_sync_wait_s": t_sync, "weight_stage_s": t2 - t1 - t_sync,
+                                # bytes each server receives for this version; the previous version's push time
+                                "weight_update_bytes": transport.staged_bytes,
+                                "weight_push_s": math.nan if transport.last_push_s is None else transport.last_push_s,
                                 "checkpoint": checkpointing, "checkpoint_wait_s": t_ckpt_wait,
                                 "publish_time_s": now - t1, "step_time_s": now - t0,
                                 "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
