@@ -46,11 +46,11 @@ import math
 import os
 import re
 import symtable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from areal_core.reward import code_rpc
-from areal_core.reward.sandbox import (SandboxLimits, SandboxRun, guarantees, run_python_file, run_with_checker,
-                                      sandbox_python)
+from areal_core.reward.sandbox import (SandboxLimits, SandboxRun, guarantees, run_each, run_python_file,
+                                      run_with_checker, sandbox_python)
 
 log = logging.getLogger(__name__)
 PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_CLASSES + "\n"
@@ -219,12 +219,11 @@ BATCH_MAX = 128  # programs per batched sandbox run (a launch costs ~0.1 s under
 def grade_functional_many(programs: list[str], tests: list[list[dict]],
                           limits: SandboxLimits | None = None) -> list[CodeResult]:
     """``grade_code`` for several programs with functional tests (a group's answers), with the same
-    verdicts, in one sandbox run per ``BATCH_MAX`` programs where the sandbox runs under a user id of
-    its own (``code_rpc.functional_batch_main``: one program at a time, each in a fresh child, every
-    process it left killed before the next; results compared here, as always). Where it cannot (no
-    own user id), or when a batched run fails as a whole (a program killed the runner, say), each of
-    its programs gets a sandbox run of its own. Each program has ``limits.wall_s``; the batch's
-    programs share the run's process limit and private /tmp, one after another."""
+    verdicts, in one sandbox run per ``BATCH_MAX`` programs where the sandbox has user ids of its
+    own (``sandbox.run_each``: each program in a process and under a user id of its own, forked from
+    a zygote that never holds another program's source or results, its results on a pipe of its
+    own; compared here, as always). Where it cannot (no own user id), or when a batched run fails as
+    a whole, each of its programs gets a sandbox run of its own. Each program has ``limits``."""
     limits = limits or DEFAULT_LIMITS
     if len(programs) != len(tests):
         raise ValueError(f"{len(programs)} programs but {len(tests)} test lists")
@@ -240,24 +239,17 @@ def grade_functional_many(programs: list[str], tests: list[list[dict]],
 
 
 def _functional_batch(programs: list[str], tests: list[list[dict]], limits: SandboxLimits) -> list[CodeResult]:
-    jobs = [{"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}
+    jobs = [json.dumps({"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}).encode()
             for p, t in zip(programs, tests)]
-    cap = limits.file_size_mb * 2**20 // (len(jobs) + 1)  # every result text fits the run's output limit
-    run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
-                          json.dumps({"jobs": jobs, "wall_s": limits.wall_s, "max_bytes": cap}),
-                          replace(limits, wall_s=limits.wall_s * len(jobs) + 5), args=("functional_batch",))
-    per = runner_results(run.stdout, len(jobs))
-    if per is None:  # the run failed as a whole: one sandbox run per program
-        log.info("batched grading of %d programs failed (%s); grading them one by one", len(jobs), run.reason())
+    runs = run_each(RUNNER_SOURCE, "batch_prepare", "batch_functional", jobs, limits)
+    if runs is None:  # the run failed as a whole: one sandbox run per program
+        log.info("batched grading of %d programs failed; grading them one by one", len(jobs))
         return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
-    return [_functional_verdict(SandboxRun(mode=run.mode, exit_code=r["exit_code"], signal=r["signal"],
-                                           timed_out=r["timed_out"], wall_s=0.0, stdout=r["out"], stderr=""), t)
-            for r, t in zip(per, tests)]
+    return [_functional_verdict(run, t) for run, t in zip(runs, tests)]
 
 
 def runner_results(stdout: str, n: int) -> list[dict] | None:
-    """The last line of a one-at-a-time runner (``code_rpc._one_at_a_time``: the functional batch, the tool
-    episode's calls), checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per job; None otherwise."""
+    """The last line of a one-at-a-time runner (``code_rpc._one_at_a_time``: the tool episode's calls), checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per job; None otherwise."""
     lines = stdout.strip().splitlines()
     try:
         per = json.loads(lines[-1]) if lines else None

@@ -8,7 +8,9 @@ the sandbox, ``sandbox.run_with_checker``):
 (the arguments only) on stdin *before* the program runs, loads ``solution.py``, calls the
 function once per case and writes one JSON line per case on a private copy of
 fd 1 (the program's own prints go to stderr). The host compares those values
-with the expected outputs, which never enter the sandbox.
+with the expected outputs, which never enter the sandbox. A group's programs
+are run the same way by :func:`batch_functional`, each in a process of its own
+forked from a zygote that loaded this module (``sandbox.run_each``).
 
 ``candidate`` (the program's process, untrusted): loads ``solution.py``, says
 ``ready`` on fd 4 and then answers requests read on fd 3: fetch a global name,
@@ -332,25 +334,21 @@ def functional_main():
     _functional(job, src, chan)
 
 
-SANDBOX_UID_FLOOR = 2_000_000  # sandbox.py's user ids for sandbox runs start here
-
-
-def _one_at_a_time(jobs, child, wall, cap, kill_rest=False):
+def _one_at_a_time(jobs, child, wall, cap):
     """Run ``child(job, w)`` for each of ``jobs`` in a forked process of its own, one after another
-    (trusted code, in the sandbox). The runner makes itself undumpable first: no process of the
+    (trusted code, in the sandbox; the tool episode's calls, which are not graded: they share the
+    runner's user id and memory). The runner makes itself undumpable first: no process of the
     sandbox's user can then trace it or open its fds or memory through /proc, and its children
     inherit that. Each child gets its own process group and keeps fds 0-2 and ``w``, the write end of
     a pipe only the runner reads; it is killed at ``wall`` seconds or once it wrote more than ``cap``
-    bytes. ``kill_rest``: then kill every process the runner may signal (``kill(-1)``; only under a
-    sandbox's own user id, where that is everything the child started). Per job:
-    ``{"out", "timed_out", "exit_code", "signal"}``."""
+    bytes. Per job: ``{"out", "timed_out", "exit_code", "signal"}``. (Graded programs run one per
+    process of a user id of their own instead, from a zygote that never holds another program's
+    data: ``batch_functional``.)"""
     import ctypes
     import select
     import signal
     import time
 
-    if kill_rest and os.getuid() < SANDBOX_UID_FLOOR:
-        sys.exit("kill(-1) needs a sandbox user id of its own (it would reach the host's processes)")
     try:
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     except (OSError, AttributeError):
@@ -393,11 +391,6 @@ def _one_at_a_time(jobs, child, wall, cap, kill_rest=False):
             except OSError:
                 pass
         _, status = os.waitpid(pid, 0)
-        if kill_rest:
-            try:
-                os.kill(-1, signal.SIGKILL)  # whatever the child left behind (never this process)
-            except OSError:
-                pass
         results.append({"out": data[:cap].decode(errors="replace"), "timed_out": timed_out,
                         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None})
@@ -413,28 +406,18 @@ def _private_stdout():
     return out
 
 
-def functional_batch_main():
-    """Several programs' functional tests in one sandbox run (``code.grade_functional_many``):
-    ``{"jobs": [{"source", "fn_name", "cases"}], "wall_s", "max_bytes"}`` on stdin; each program in a
-    child of its own, in a fresh folder, its result lines (the ``functional`` role's) on its pipe,
-    and every process it started killed before the next one (``_one_at_a_time`` with ``kill_rest``).
-    The preamble's imports are loaded once, before the first fork. Writes one JSON line, a result per
-    program, on a private copy of fd 1."""
-    import tempfile
+def batch_prepare():
+    """The zygote of a batched run (``sandbox.run_each``), once: load what every program's preamble imports,
+    so that each program's process, forked from it, starts with them."""
+    exec(IMPORTS, {})
 
-    spec = json.loads(sys.stdin.read())
-    if os.getuid() < SANDBOX_UID_FLOOR:  # (checked again before any kill(-1))
-        sys.exit("functional_batch needs a sandbox user id of its own (kill(-1) would reach the host's processes)")
-    out = _private_stdout()
-    exec(IMPORTS, {})  # every program imports these (the preamble): loaded once, each child starts with them
 
-    def child(job, w):
-        os.chdir(tempfile.mkdtemp(prefix="job-", dir="."))
-        _functional(job, job["source"], os.fdopen(w, "w"))
-
-    results = _one_at_a_time(spec["jobs"], child, float(spec["wall_s"]), int(spec["max_bytes"]), kill_rest=True)
-    out.write(json.dumps(results) + "\n")
-    out.flush()
+def batch_functional(job, fd):
+    """One program of a batched run, in its own process (under a user id of its own, in the sandbox):
+    ``job`` is ``{"source", "fn_name", "cases"}`` (JSON bytes); the result lines (the ``functional``
+    role's) go to ``fd``. Never returns."""
+    job = json.loads(job)
+    _functional(job, job["source"], os.fdopen(fd, "w"))
 
 
 def _repl(code):
@@ -734,8 +717,6 @@ if __name__ == "__main__":
         candidate_main()
     elif role == "functional":
         functional_main()
-    elif role == "functional_batch":
-        functional_batch_main()
     elif role == "repl_calls":
         repl_calls_main()
     else:

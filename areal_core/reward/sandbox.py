@@ -5,45 +5,58 @@ Two modes; :func:`sandbox_mode` picks the strongest one that works here, and
 where it cannot work is an error, never a silent downgrade).
 
 ``namespaces`` (root and util-linux ``unshare``): fresh PID, mount, network,
-IPC and UTS namespaces; tmpfs over /tmp, /var/tmp and /dev/shm; a user id of
-its own; every process killed when the run ends.
+IPC and UTS namespaces; a fresh root holding only the interpreter and its
+standard library, read-only, and a size-limited private ``/tmp``
+(``sandbox_rootfs``); a user id of its own; every process killed when the run
+ends.
 
-``rlimits`` (the fallback, e.g. CI without root): resource limits, scrubbed
-environment, fresh work folder, its own session; a user id of its own only when
-we are root. No network or filesystem isolation. :data:`GUARANTEES` says
-exactly what each mode guarantees; docs/EVALUATION.md explains it.
+``rlimits`` (the fallback, e.g. a container without ``CAP_SYS_ADMIN``):
+resource limits, scrubbed environment, fresh work folder, its own session; a
+user id of its own and an empty network namespace only where we are root and
+the kernel lets us make one. The host's files stay readable (as far as their
+permissions let the sandbox's user read them). :data:`GUARANTEES` says exactly
+what each mode guarantees; docs/EVALUATION.md explains it, and
+:func:`require_strong` refuses to grade in training where a guarantee is
+missing, unless the config says so.
 
 :func:`run_with_checker` runs a program beside a trusted checker process that
 talks to it over two pipes: the checker gets a work folder and (when we are
 root) a user id of its own, so the program can neither read the checker's
 files nor signal, trace or read the checker (``code.py`` uses it for assert
-tests, with ``code_rpc.py``).
+tests, with ``code_rpc.py``). :func:`run_each` runs several programs one
+after another in one sandbox run, each in a process and under a user id of its
+own forked from a clean zygote (``sandbox_batch``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from areal_core.reward import sandbox_rootfs
+
+log = logging.getLogger(__name__)
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 MODES = ("namespaces", "rlimits")
-UNSHARE_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
-_UID_BASE, _UID_SPAN = 2_000_000, 1_000_000  # sandbox user ids: unused by any real account
+UNSHARE_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+_UID_BASE, _UID_SPAN = 2_000_000, 1 << 30  # sandbox user ids: unused by any real account, never reused in practice
 
 # What each mode guarantees (True) or does not (False). Tests assert these.
 GUARANTEES = {
     "namespaces": {
         "limits": True,  # CPU, wall time, memory, processes, file size, output size
         "scrubbed_env": True,
-        "no_network": True,
-        "writes_confined": True,  # only the work dir and private /tmp, /var/tmp, /dev/shm
+        "no_network": True,  # an empty network namespace
+        "host_files_hidden": True,  # a fresh root: the interpreter and its standard library, read-only
+        "writes_confined": True,  # only the run's private /tmp
         "disk_bounded": True,  # tmpfs of limits.disk_mb
         "own_user": True,  # cannot signal or read other processes; per-run process limit
         "all_processes_killed": True,
@@ -51,12 +64,25 @@ GUARANTEES = {
     "rlimits": {
         "limits": True,
         "scrubbed_env": True,
-        "no_network": False,
+        "no_network": None,  # filled in below: True where we can make a network namespace (root)
+        "host_files_hidden": False,  # whatever the sandbox's user may read on the host, it reads
         "writes_confined": False,  # world-writable host folders (/tmp) stay writable
         "disk_bounded": False,  # only the size of each file is bounded
         "own_user": None,  # filled in below: True when running as root
         "all_processes_killed": None,  # by user id as root; by environment marker otherwise
     },
+}
+# what is at stake where a guarantee is missing (the refusal to grade in training says it)
+MISSING = {
+    "limits": "resource limits",
+    "scrubbed_env": "a scrubbed environment",
+    "no_network": "no network (programs can connect to the scheduler, workers, rollout servers on this host)",
+    "host_files_hidden": "hidden host files (programs can read the checkout, the data sets' expected outputs, "
+                         "the run folder)",
+    "writes_confined": "confined writes (programs can write world-writable host folders)",
+    "disk_bounded": "bounded disk use",
+    "own_user": "a user id of its own (programs can signal and read the grader's processes)",
+    "all_processes_killed": "killing every process a program started",
 }
 
 
@@ -71,7 +97,42 @@ def guarantees(mode: str | None = None) -> dict:
         g["own_user"] = _is_root()
         # without an own user id, a process that clears its environment escapes the sweep
         g["all_processes_killed"] = _is_root()
+        g["no_network"] = _probe_netns() is None
     return g
+
+
+def missing_guarantees(mode: str | None = None) -> list[str]:
+    """The guarantees ``mode`` (default: this host's) does not give."""
+    return [k for k, v in guarantees(mode).items() if not v]
+
+
+class WeakSandboxError(RuntimeError):
+    """Training would grade code in a sandbox that lacks a guarantee, and the config does not allow it."""
+
+
+_warned: set[str] = set()
+
+
+def require_strong(allow_weak: bool) -> str:
+    """For training (``reward.allow_weak_sandbox``): this host's mode, if it gives every guarantee;
+    else, with ``allow_weak``, the mode with a warning that names what is missing, and without it
+    :class:`WeakSandboxError`. (A policy under RL learns to use whatever the sandbox lets it reach.)"""
+    mode = sandbox_mode()
+    missing = missing_guarantees(mode)
+    if not missing:
+        return mode
+    what = "; ".join(MISSING[k] for k in missing)
+    why = {"rlimits": f" (namespaces mode: {_probe_namespaces() or 'available, but not chosen'})"}.get(mode, "")
+    if not allow_weak:
+        raise WeakSandboxError(
+            f"the code sandbox runs in mode {mode!r}{why}, which does not guarantee: {what}. Training refuses to "
+            "grade code there; run the reward workers as root with util-linux `unshare` (namespaces mode), or set "
+            "reward.allow_weak_sandbox: true to grade anyway")
+    if mode not in _warned:
+        _warned.add(mode)
+        log.warning("grading code in a weak sandbox (reward.allow_weak_sandbox: true): mode %r%s does not "
+                    "guarantee: %s", mode, why, what)
+    return mode
 
 
 @dataclass(frozen=True)
@@ -138,7 +199,28 @@ def _probe_namespaces() -> str | None:
         return "`unshare` probe timed out"
     if r.returncode != 0:
         return f"`unshare` failed: {r.stderr.decode(errors='replace').strip()[:200]}"
+    try:
+        _root_layout()
+    except OSError as e:
+        return f"cannot lay out the sandbox's root: {e}"
     return None
+
+
+@functools.cache
+def _probe_netns() -> str | None:
+    """None if the launcher can make a network namespace of its own here (rlimits mode), else why not."""
+    if not _is_root():
+        return "not running as root"
+    r = subprocess.run([sys.executable, "-I", "-S", "-c",
+                        f"import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare({sandbox_rootfs.CLONE_NEWNET}))"],
+                       capture_output=True, timeout=20)
+    return None if r.returncode == 0 else "unshare(CLONE_NEWNET) refused (no CAP_SYS_ADMIN?)"
+
+
+@functools.cache
+def _root_layout() -> dict:
+    """What the namespaces mode's root holds (``sandbox_rootfs.layout`` of :func:`sandbox_python`)."""
+    return sandbox_rootfs.layout(sandbox_python())
 
 
 @functools.cache
@@ -214,38 +296,57 @@ def _write_files(folder: str, files: dict[str, str | bytes]) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
 
 
-def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, SandboxRun | None]:
+def _start(limits: SandboxLimits | None, mode: str | None) -> tuple[SandboxLimits, str, str, dict]:
+    """``(limits, mode, marker, spec)``: what every run's spec holds."""
     limits = limits or SandboxLimits()
     mode = mode or sandbox_mode()
     if mode not in MODES:
         raise ValueError(f"unknown sandbox mode {mode!r}")
+    marker = secrets.token_hex(8)
+    spec = {"mode": mode, "env": scrubbed_env(marker), "marker": marker, "limits": asdict(limits),
+            "netns": mode == "rlimits" and bool(guarantees(mode)["no_network"]),
+            "root": _root_layout() if mode == "namespaces" else None}
+    return limits, mode, marker, spec
+
+
+def _new_uid(taken=()) -> int:
+    while (uid := _UID_BASE + secrets.randbelow(_UID_SPAN)) in taken:
+        pass
+    return uid
+
+
+def _launch_in(folder: str, spec: dict, limits: SandboxLimits, marker: str) -> dict:
+    """Write ``spec`` into ``folder`` and run the launcher on it (with the sandboxed interpreter: after it
+    dropped into the sandbox, whatever it imports must be the interpreter's there); its status."""
+    if spec["mode"] == "namespaces":
+        os.mkdir(os.path.join(folder, "root"), 0o700)  # where the launcher mounts the sandbox's root
+    with open(os.path.join(folder, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    cmd = [sandbox_python(), "-I", "-S", LAUNCHER, folder]
+    if spec["mode"] == "namespaces":
+        cmd = ["unshare", *UNSHARE_FLAGS, *cmd]
+    return _launch(cmd, limits, marker)
+
+
+def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, SandboxRun | None]:
     if not os.path.isabs(argv[0]):
         raise ValueError(f"argv[0] must be an absolute path, got {argv[0]!r}")
-    marker = secrets.token_hex(8)
-    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if _is_root() else None
+    limits, mode, marker, spec = _start(limits, mode)
+    uid = _new_uid() if _is_root() else None
+    spec.update(argv=argv, uid=uid, checker=None)
     folder = tempfile.mkdtemp(prefix="areal-sandbox-")
     try:
         os.chmod(folder, 0o711)  # the sandbox user may pass through to work/, read nothing else
         _write_files(os.path.join(folder, "files"), files)
         with open(os.path.join(folder, "stdin"), "wb") as f:
             f.write(stdin.encode())
-        spec = {"mode": mode, "argv": argv, "env": scrubbed_env(marker), "uid": uid, "marker": marker,
-                "limits": asdict(limits), "checker": None}
         if checker is not None:
-            checker_uid = None
-            while _is_root() and checker_uid in (None, uid):
-                checker_uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
             # 0700 (the launcher's user only) until the launcher copies them into the checker's own work folder
             os.mkdir(os.path.join(folder, "checker"), 0o700)
             _write_files(os.path.join(folder, "checker", "files"), checker[2])
-            spec["checker"] = {"script": checker[0], "args": list(checker[1]), "uid": checker_uid}
-        with open(os.path.join(folder, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        # a checker runs in the launcher's interpreter after dropping to its own user id: one that user can run
-        cmd = [sys.executable if checker is None else sandbox_python(), "-I", "-S", LAUNCHER, folder]
-        if mode == "namespaces":
-            cmd = ["unshare", *UNSHARE_FLAGS, *cmd]
-        status = _launch(cmd, limits, marker)
+            spec["checker"] = {"script": checker[0], "args": list(checker[1]),
+                               "uid": _new_uid({uid}) if _is_root() else None}
+        status = _launch_in(folder, spec, limits, marker)
 
         def result(where: str, st: dict) -> SandboxRun:
             return SandboxRun(
@@ -265,6 +366,45 @@ def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, Sandbox
         return program, result(os.path.join(folder, "checker"), status.get("checker") or _KILLED)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_each(runner: str, prepare: str, entry: str, jobs: list[bytes], limits: SandboxLimits | None = None,
+             mode: str | None = None) -> list[SandboxRun] | None:
+    """Run ``jobs`` one after another in one sandbox run, none able to reach another (``sandbox_batch``).
+
+    ``runner`` is the source of a Python module (stdlib only); its ``prepare()`` runs once, in a
+    zygote that never holds any job's input or output; each job runs in a process forked from it,
+    under a user id of its own, with a private ``/tmp`` (``namespaces``) or work folder
+    (``rlimits``), that calls ``entry(job, 3)`` and writes its output on fd 3. Each job gets
+    ``limits`` (``wall_s`` each; the output of all jobs together is capped at ``file_size_mb``).
+    Per job a :class:`SandboxRun` whose ``stdout`` is what it wrote on fd 3 (``stderr`` is empty:
+    fds 0-2 are /dev/null); None when the run failed as a whole. Needs user ids of its own
+    (``guarantees()["own_user"]``)."""
+    limits, mode, marker, spec = _start(limits, mode)
+    if not guarantees(mode)["own_user"]:
+        raise ValueError(f"run_each needs user ids of its own for its jobs (root); mode {mode!r} has none here")
+    uids: set[int] = set()
+    for _ in jobs:
+        uids.add(_new_uid(uids))
+    spec["batch"] = {"prepare": prepare, "entry": entry, "uids": sorted(uids),
+                     "max_bytes": limits.file_size_mb * 2**20 // (len(jobs) + 1)}
+    folder = tempfile.mkdtemp(prefix="areal-sandbox-")
+    try:
+        os.chmod(folder, 0o711)
+        _write_files(os.path.join(folder, "files"), {"runner.py": runner})
+        os.mkdir(os.path.join(folder, "jobs"), 0o700)  # root only: each job's process reads its own before it drops
+        for k, job in enumerate(jobs):
+            with open(os.path.join(folder, "jobs", str(k)), "wb") as f:
+                f.write(job)
+        status = _launch_in(folder, spec, replace(limits, wall_s=(limits.wall_s + 1) * len(jobs) + 5), marker)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if status.get("batch") is None:
+        log.warning("a batched sandbox run of %d jobs failed as a whole: %s", len(jobs),
+                    status.get("batch_error") or status)
+        return None
+    return [SandboxRun(mode=mode, exit_code=r["exit_code"], signal=r["signal"], timed_out=r["timed_out"],
+                       wall_s=r["wall_s"], stdout=r["out"], stderr="") for r in status["batch"]]
 
 
 _KILLED = {"exit_code": None, "signal": 9}

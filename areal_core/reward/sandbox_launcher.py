@@ -1,111 +1,69 @@
 """The trusted half of the sandbox: runs one untrusted command and watches it.
 
-Started by :mod:`areal_core.reward.sandbox` as ``python -I -S sandbox_launcher.py DIR``
-(stdlib only, so it starts fast). ``DIR`` holds ``spec.json``, ``stdin`` and
-``files/``; this script writes the command's output to ``DIR/stdout`` and
-``DIR/stderr`` and prints one JSON status line on its own stdout.
+Started by :mod:`areal_core.reward.sandbox` as ``python -I -S sandbox_launcher.py DIR`` with the
+sandboxed interpreter (stdlib only, so it starts fast; its helpers ``sandbox_proc``,
+``sandbox_rootfs`` and ``sandbox_batch`` sit beside it). ``DIR`` holds ``spec.json``, ``stdin``
+and ``files/``; this script writes the command's output to ``DIR/stdout`` and ``DIR/stderr`` and
+prints one JSON status line on its own stdout.
 
-In ``namespaces`` mode it runs as root, as PID 1 of fresh PID, mount, network,
-IPC and UTS namespaces (made by ``unshare``): it mounts size-limited tmpfs
-over /tmp, /var/tmp and /dev/shm, puts the files in /tmp/work, and when it
-exits the kernel kills every process left in the PID namespace. In
-``rlimits`` mode it runs on the host and kills what is left by user id (when
-it could give the command a user id of its own) or by a marker in the
-environment.
+In ``namespaces`` mode it runs as root, as PID 1 of fresh PID, mount, network, IPC and UTS
+namespaces (made by ``unshare``): it opens what it needs of ``DIR``, then moves into a fresh root
+that holds only the interpreter and its standard library, read-only, a ``/proc`` that shows each
+user only its own processes, and a size-limited ``/tmp`` (``sandbox_rootfs``); the files go to
+``/tmp/work``. When it exits the kernel kills every process left in the PID namespace. In
+``rlimits`` mode it runs on the host (in a network namespace of its own where it can make one) and
+kills what is left by user id (when it could give the command a user id of its own) or by a marker
+in the environment.
 
-Either way the command runs in a child that gets its own session, a user id of
-its own when we are root, no new privileges, the resource limits, a scrubbed
-environment and the work folder as its current directory. The launcher kills
-it at the wall-time limit.
+Either way the command runs in a child that gets its own session, a user id of its own when we
+are root, no new privileges, the resource limits, a scrubbed environment and the work folder as its
+current directory. The launcher kills it at the wall-time limit.
 
 With a ``checker`` in the spec (``DIR/checker/`` holds its files; it writes
-``DIR/checker/stdout`` and ``stderr``), a trusted Python script runs beside
-the command under the same limits, in a work folder of its own and, when we
-are root, under a second user id of its own, so the command can neither read
-its files nor signal, trace or read it. The checker is a fork of this
-launcher that drops into the sandbox (user id, limits, fds, work folder)
-and then runs the script in the already started interpreter: no second
-interpreter start-up, and, having changed user id without an exec, it is not
-even dumpable. Two pipes join them: the checker writes
-requests on its fd 3 that the command reads on its fd 3, and the command
-answers on its fd 4, read by the checker on its fd 4. The run ends when the
-checker ends (the command is then killed) or at the wall-time limit.
+``DIR/checker/stdout`` and ``stderr``), a trusted Python script runs beside the command under the
+same limits, in a work folder of its own and, when we are root, under a second user id of its own,
+so the command can neither read its files nor signal, trace or read it. The checker is a fork of
+this launcher that drops into the sandbox (user id, limits, fds, work folder) and then runs the
+script in the already started interpreter: no second interpreter start-up, and, having changed user
+id without an exec, it is not even dumpable. Two pipes join them: the checker writes requests on its
+fd 3 that the command reads on its fd 3, and the command answers on its fd 4, read by the checker on
+its fd 4. The run ends when the checker ends (the command is then killed) or at the wall-time limit.
+
+With a ``batch`` in the spec, several programs run one after another, each in a process and under
+a user id of its own, none able to reach another (``sandbox_batch``).
 """
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
+import importlib
 import json
 import os
-import resource
 import signal
 import sys
 import time
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
-MS_NOSUID, MS_NODEV = 2, 4
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
+def _helper(name: str):
+    """Import the helper module ``name`` beside this file (-I leaves the script's folder out of the path): last
+    on the path, and only meanwhile, so that no file beside it (math.py, code.py) can stand in for a standard
+    module."""
+    sys.path.append(_HERE)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(_HERE)
 
 
-def _mount_tmpfs(libc, target: str, size_mb: int, mode: str) -> None:
-    opts = f"size={size_mb}m,mode={mode}".encode()
-    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
-
-
-def _set_limits(lim: dict, nproc: int) -> None:
-    mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (lim["memory_mb"] * mb, lim["memory_mb"] * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_size_mb"] * mb, lim["file_size_mb"] * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-
-
-def _tasks_of_uid(uid: int) -> int:
-    """Threads (tasks) owned by ``uid``: what RLIMIT_NPROC counts."""
-    n = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{pid}/task"))
-            except OSError:
-                continue
-    return n
-
-
-def _enter(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
-    """In a forked child: drop into the sandbox, ``fds`` as fds 0, 1, 2, ..., every other fd closed."""
-    os.setsid()
-    # move every fd out of the way first, so that no target number clobbers a source
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
-    for i, fd in enumerate(high):
-        os.dup2(fd, i)  # inheritable
-    os.closerange(len(fds), 65536)
-    uid = spec["uid"]
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    libc = _libc()
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    _set_limits(spec["limits"], nproc)
-    os.chdir(work)
+proc = _helper("sandbox_proc")
+rootfs = _helper("sandbox_rootfs")
 
 
 def _exec_child(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
     """In the forked child: become the sandboxed command (never returns)."""
     try:
-        _enter(spec, work, fds, nproc)
+        proc.enter(spec["uid"], spec["limits"], work, fds, nproc)
         os.execve(spec["argv"][0], spec["argv"], spec["env"])
     except BaseException as e:  # noqa: BLE001 - report any setup failure on the command's stderr
         os.write(2, f"sandbox setup failed: {e!r}\n".encode())
@@ -118,7 +76,7 @@ def _run_checker(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> Non
     user id, the limits and the fds are those of the sandbox."""
     code = 126
     try:
-        _enter(spec, work, fds, nproc)
+        proc.enter(spec["uid"], spec["limits"], work, fds, nproc)
         code = 1
         script = spec["script"]
         with open(script) as f:
@@ -185,49 +143,46 @@ def _read_files(src: str) -> dict[str, bytes]:
     return files
 
 
-def _make_work(work: str, files: dict[str, bytes], uid: int | None) -> None:
-    os.makedirs(work, exist_ok=True)
-    for name, data in files.items():
-        with open(os.path.join(work, name), "wb") as f:
-            f.write(data)
-    if uid is not None:
-        os.chown(work, uid, uid)
-        os.chmod(work, 0o700)
-
-
-def _kill_session(pid: int) -> None:
-    """SIGKILL the child's session (a session leader cannot leave its group), and the child itself in case it has
-    not reached its ``setsid`` yet."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _tasks_of_uid(uid: int) -> int:
+    """Threads (tasks) owned by ``uid``: what RLIMIT_NPROC counts."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+    return n
 
 
 def main(folder: str) -> int:
     with open(os.path.join(folder, "spec.json")) as f:
         spec = json.load(f)
     lim, mode, chk = spec["limits"], spec["mode"], spec.get("checker")
+    if mode != "namespaces":
+        proc.libc().prctl(proc.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if spec["netns"]:  # a network namespace of the run's own, with nothing in it
+            rootfs.unshare(proc.libc(), rootfs.CLONE_NEWNET)
+    if spec.get("batch"):
+        out = _helper("sandbox_batch").main(folder, spec)
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+        return 0
     fds = _open_io(folder, os.path.join(folder, "stdin"))
     files = _read_files(os.path.join(folder, "files"))
     if chk:
         chk_folder = os.path.join(folder, "checker")
         chk_fds = _open_io(chk_folder, os.devnull)
         chk_files = _read_files(os.path.join(chk_folder, "files"))
-    libc = _libc()
     if mode == "namespaces":
-        _mount_tmpfs(libc, "/tmp", lim["disk_mb"], "1777")
-        for d in ("/var/tmp", "/dev/shm"):
-            if os.path.isdir(d):
-                _mount_tmpfs(libc, d, 1, "1777")
+        rootfs.enter_root(spec["root"], os.path.join(folder, "root"), lim["disk_mb"])
         work, chk_work = "/tmp/work", "/tmp/check"
     else:
         work, chk_work = os.path.join(folder, "work"), os.path.join(folder, "check")
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    _make_work(work, files, spec["uid"])
+    proc.make_work(work, files, spec["uid"])
     if chk:
-        _make_work(chk_work, chk_files, chk["uid"])
+        proc.make_work(chk_work, chk_files, chk["uid"])
     if spec["uid"] is not None:
         nproc = lim["max_processes"]
     else:  # same user id as the host process: the limit counts the user's other tasks too
@@ -266,21 +221,16 @@ def main(folder: str) -> int:
     wall = time.monotonic() - t0
     for pid in (child, checker):
         if pid is not None and pid not in statuses:
-            _kill_session(pid)
+            proc.kill_session(pid)
             _, statuses[pid] = os.waitpid(pid, 0)
         if pid is not None:
-            _kill_session(pid)  # whatever is left in its session
+            proc.kill_session(pid)  # whatever is left in its session
     leftovers = _sweep(spec) if mode != "namespaces" else 0
-    out = {**_decode(statuses[child]), "timed_out": timed_out, "wall_s": wall, "leftovers_killed": leftovers,
-           "checker": _decode(statuses[checker]) if chk else None}
+    out = {**proc.decode(statuses[child]), "timed_out": timed_out, "wall_s": wall, "leftovers_killed": leftovers,
+           "checker": proc.decode(statuses[checker]) if chk else None}
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0  # as PID 1 (namespaces mode), exiting kills whatever is left in the namespace
-
-
-def _decode(status: int) -> dict:
-    return {"exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
 
 
 if __name__ == "__main__":
