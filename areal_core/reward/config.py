@@ -20,3 +20,9 @@ class RewardConfig(Section):
     # test passes, else reward_wrong) or fraction (reward_wrong + share of tests passed x (reward_correct
     # - reward_wrong); each failing test costs one more sandbox run). Accuracy and evaluation are all-pass.
     code_reward: Literal["all_pass", "fraction"] = "all_pass"
+    # grade code in training even where the sandbox lacks a guarantee (sandbox.guarantees: no network, hidden
+    # host files, confined writes, bounded disk, own user id, every process killed; e.g. the rlimits mode in a
+    # container without CAP_SYS_ADMIN). False: training refuses to grade code there (sandbox.WeakSandboxError,
+    # naming what is missing); True: it grades, and logs a warning naming it. A policy under RL learns to use
+    # whatever the sandbox lets a program reach (the expected outputs in the checkout, the scheduler's port).
+    allow_weak_sandbox: bool = False

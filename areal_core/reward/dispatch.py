@@ -83,10 +83,15 @@ def grade_within(timeout_s: float, task: str, response: str, reference: str,
 
 
 def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float,
-                code_reward: str = "all_pass") -> list[RewardResult]:
+                code_reward: str = "all_pass", allow_weak_sandbox: bool | None = None) -> list[RewardResult]:
     """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group),
     each within ``timeout_s`` seconds of its start; ``code_reward: fraction`` grades with
     :func:`grade_partial` (a score for the share of tests passed), ``all_pass`` with :func:`grade`.
+
+    ``allow_weak_sandbox`` (training: ``reward.allow_weak_sandbox``): where code is graded in a
+    sandbox that lacks a guarantee (``sandbox.require_strong``), False raises
+    ``sandbox.WeakSandboxError`` and True grades with a warning; None (evaluation, benchmarks)
+    does not ask.
 
     The items are graded one after another in one daemon thread (starting a thread per
     answer cost more than grading a short one). An item still being graded after
@@ -97,6 +102,10 @@ def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s:
     if code_reward not in CODE_REWARDS:
         raise ValueError(f"code_reward must be one of {CODE_REWARDS}, got {code_reward!r}")
     grader = grade if code_reward == "all_pass" else grade_partial
+    if allow_weak_sandbox is not None and any(item[0] == "code" for item in items):
+        from areal_core.reward.sandbox import require_strong
+
+        require_strong(allow_weak_sandbox)
     batched = _grade_functional_together(items, code_reward)  # index -> result
     rest = [i for i in range(len(items)) if i not in batched]
     for i, r in zip(rest, _grade_in_order([items[i] for i in rest], timeout_s, grader)):

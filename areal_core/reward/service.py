@@ -93,11 +93,22 @@ class RewardService:
         """Get the connected workers ready for answers of ``tasks`` (in the background):
         a worker checks math answers in a helper process that takes a second or more to start
         (areal_core.reward.math), which the first math answer would otherwise wait for, in a
-        run's first steps. Workers that join later start theirs on first use."""
+        run's first steps. Workers that join later start theirs on first use.
+
+        With code among ``tasks``, a warning names the workers whose sandbox lacks a guarantee:
+        training (``submit_batch``) refuses to grade code there unless ``reward.allow_weak_sandbox``
+        (``sandbox.require_strong``, checked where each batch is graded)."""
         from areal_core.reward.math import warm_helper
+        from areal_core.reward.sandbox import missing_guarantees
 
         if "math" in tasks:
             self.client.run(warm_helper)
+        if "code" in tasks:
+            weak = {w: m for w, m in self.client.run(missing_guarantees).items() if m}
+            if weak:
+                log.warning("the code sandbox of worker(s) %s lacks: %s; training grades code there only with "
+                            "reward.allow_weak_sandbox: true (docs/EVALUATION.md)", sorted(weak),
+                            sorted({g for m in weak.values() for g in m}))
 
     def submit(
         self,
@@ -120,7 +131,9 @@ class RewardService:
         error)`` gets this batch's results in order, from a Dask thread.
 
         This is the training path: code answers get ``reward.code_reward``'s credit
-        (``RewardResult.score`` under ``fraction``); ``submit`` and ``grade_many`` give verdicts only."""
+        (``RewardResult.score`` under ``fraction``); ``submit`` and ``grade_many`` give verdicts only.
+        Code is graded only in a sandbox that gives every guarantee, unless
+        ``reward.allow_weak_sandbox``: otherwise ``on_done`` gets ``sandbox.WeakSandboxError``."""
         with self._coalesce_lock:
             self._pending.append((list(items), on_done))
             ready = self._take_pending()
@@ -150,7 +163,8 @@ class RewardService:
                 start += len(items)
 
         self.n_tasks += 1
-        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward), done)
+        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward, self.cfg.allow_weak_sandbox),
+                     done)
 
     def _submit(self, fn, args: tuple, on_done):
         from distributed.scheduler import KilledWorker
