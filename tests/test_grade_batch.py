@@ -1,17 +1,19 @@
 """Batched grading of functional tests (``code.grade_functional_many``): the verdicts of grading each
 program alone, in one sandbox run per group, with no way for one program of a batch to change
-another's verdict (every forgery of the hostile suite and attacks on the programs after it)."""
+another's verdict (every forgery of the hostile suite and attacks on the programs before and after
+it; tests/test_sandbox_isolation.py runs the attacks on isolation itself, in every mode)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import json
 
 import pytest
 
 from areal_core.reward import code as code_mod
 from areal_core.reward.code import grade_code, grade_functional_many
 from areal_core.reward.dispatch import grade_batch
+from areal_core.reward import sandbox
 from areal_core.reward.sandbox import SandboxLimits, guarantees
 from tests.test_sandbox_hostile import FORGERS, FORGERY_LIMITS, PROGRAMS, STYLES
 
@@ -42,18 +44,33 @@ def _key(r):
     return r.passed, r.n_passed, r.n_tests
 
 
+@contextlib.contextmanager
+def _counted():
+    """Sandbox runs started meanwhile: batched (``run_each``) and single (``run_python_file``)."""
+    runs = {"batched": 0, "single": 0}
+    real_each, real_single = code_mod.run_each, code_mod.run_python_file
+
+    def each(*a, **k):
+        runs["batched"] += 1
+        return real_each(*a, **k)
+
+    def single(*a, **k):
+        runs["single"] += 1
+        return real_single(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(code_mod, "run_each", each)
+        mp.setattr(code_mod, "run_python_file", single)
+        yield runs
+
+
 def test_batched_verdicts_equal_one_by_one():
     names = list(MIXED)
     programs = [MIXED[n] for n in names]
     alone = [grade_code(p, TESTS, LIMITS) for p in programs]
-    runs = []
-    real = code_mod.run_python_file
-    code_mod.run_python_file = lambda *a, **k: runs.append(a[0]) or real(*a, **k)
-    try:
+    with _counted() as runs:
         together = grade_functional_many(programs, [TESTS] * len(programs), LIMITS)
-    finally:
-        code_mod.run_python_file = real
-    assert len(runs) == 1  # one sandbox run for all of them
+    assert runs == {"batched": 1, "single": 0}  # one sandbox run for all of them
     assert {n: _key(r) for n, r in zip(names, together)} == {n: _key(r) for n, r in zip(names, alone)}
     assert [r.passed for r in together] == [n in ("right", "class_solution", "prints_and_answers", "float_close")
                                             for n in names]
@@ -62,7 +79,7 @@ def test_batched_verdicts_equal_one_by_one():
     assert by_name["raises"].reason == alone[names.index("raises")].reason
 
 
-# attacks on the programs that come after in the same batch
+# attacks on the programs that come before and after in the same batch
 CROSS = {
     # a daemon outliving its program, killing every process it can see but the runner, for a while
     "daemon_kills_later": (
@@ -90,35 +107,38 @@ CROSS = {
         "        try:\n            open(os.path.join(d, name), 'w').write(evil)\n        except OSError:\n            pass\n"
         "def square(x):\n    return 0\n"
     ),
-    # the runner is its parent: kill it (the batch then fails as a whole and is graded one by one)
+    # the zygote is its parent: kill it, or stop it (it is root's: neither reaches it)
     "kill_the_runner": "import os\ntry:\n    os.kill(os.getppid(), 9)\nexcept OSError:\n    pass\ndef square(x):\n    return 0\n",
-    # stop the runner instead (it then runs into the batch's wall time)
     "stop_the_runner": "import os\ntry:\n    os.kill(os.getppid(), 19)\nexcept OSError:\n    pass\ndef square(x):\n    return 0\n",
 }
 
 
 def _hostile_batch(names):
-    """Each attacker followed by a correct program, all in one ``grade_functional_many`` call."""
+    """Each attacker between two correct programs (it runs after one and before one), all in one
+    ``grade_functional_many`` call; the sandbox runs it took."""
     tests, control = STYLES["functional"]
     sources = {**FORGERS, **CROSS, **PROGRAMS}
-    programs, labels = [], []
+    programs, labels = [control], ["control"]
     for n in names:
         programs += [sources[n], control]
         labels += [n, "control"]
-    return labels, grade_functional_many(programs, [tests] * len(programs), FORGERY_LIMITS)
+    with _counted() as runs:
+        results = grade_functional_many(programs, [tests] * len(programs), FORGERY_LIMITS)
+    return labels, results, runs
 
 
 @pytest.mark.parametrize("group", [
     sorted(FORGERS),
     ["daemon_kills_later", "daemon_fakes_later", "plant_modules"],
-    ["kill_the_runner", "stop_the_runner"],  # the batch fails as a whole: its programs are graded one by one
-    # resource attacks: what one program does to the processes, memory and disk the batch shares
+    ["kill_the_runner", "stop_the_runner"],
+    # resource attacks: what one program does to the processes, memory and disk of the run
     ["fork_bomb", "thread_bomb", "memory_bomb", "disk_fill_many_files", "one_huge_file", "huge_output",
      "huge_stderr", "infinite_loop", "sleep_past_limit", "kill_parent"],
 ], ids=["forgeries", "cross_program", "runner_attacks", "resources"])
 @pytest.mark.slow
 def test_no_program_changes_another_programs_verdict(group):
-    labels, results = _hostile_batch(group)
+    labels, results, runs = _hostile_batch(group)
+    assert runs == {"batched": 1, "single": 0}  # nothing broke the batch: it was not graded again one by one
     for label, r in zip(labels, results):
         if label == "control":
             assert r.passed and r.n_passed == r.n_tests, (label, r)
@@ -126,28 +146,37 @@ def test_no_program_changes_another_programs_verdict(group):
             assert not r.passed and r.n_passed == 0, (label, r)
 
 
+def test_a_batch_that_fails_as_a_whole_is_graded_one_by_one(monkeypatch):
+    programs = [MIXED["right"], MIXED["wrong"], MIXED["class_solution"]]
+    alone = [_key(grade_code(p, TESTS, LIMITS)) for p in programs]
+    monkeypatch.setattr(code_mod, "run_each", lambda *a, **k: None)  # what run_each says for a failed run
+    assert [_key(r) for r in grade_functional_many(programs, [TESTS] * 3, LIMITS)] == alone
+
+
+def test_each_program_of_a_batch_runs_under_a_user_id_of_its_own():
+    job = {"source": code_mod.PREAMBLE + "import os\ndef f(x, y):\n    return os.getuid()\n", "fn_name": "f",
+           "cases": ["1\n2"]}
+    runs = sandbox.run_each(code_mod.RUNNER_SOURCE, "batch_prepare", "batch_functional", [json.dumps(job).encode()] * 4,
+                            LIMITS)
+    uids = [json.loads(r.stdout)["value"] for r in runs]
+    assert len(set(uids)) == 4 and min(uids) >= 2_000_000
+
+
+def test_run_each_refuses_without_user_ids_of_its_own(monkeypatch):
+    monkeypatch.setattr(sandbox, "guarantees", lambda mode=None: {"own_user": False})
+    with pytest.raises(ValueError, match="user ids of its own"):
+        sandbox.run_each(code_mod.RUNNER_SOURCE, "batch_prepare", "batch_functional", [b"{}"], LIMITS)
+
+
 def test_grade_batch_batches_functional_code_and_keeps_the_order():
     items = [("chain", "a1=1|1", "a1=1|1", None)]
     items += [("code", f"```python\n{MIXED[n]}```", "", TESTS) for n in ("right", "wrong", "first_test_only")]
     items += [("chain", "a1=2|2", "a1=1|1", None)]
-    runs = []
-    real = code_mod.run_python_file
-    code_mod.run_python_file = lambda *a, **k: runs.append(a[0]) or real(*a, **k)
-    try:
+    with _counted() as runs:
         out = grade_batch(items, timeout_s=30)
         partial = grade_batch(items, timeout_s=30, code_reward="fraction")
-    finally:
-        code_mod.run_python_file = real
     assert [r.correct for r in out] == [True, True, False, False, False]
     assert [r.score for r in partial[1:4]] == [1.0, 0.0, pytest.approx(1 / 3)]
     # one batched run each time, plus partial credit's re-runs after a failing test, one by one (wrong: from
     # tests 1 and 2; first_test_only: from test 2)
-    assert len(runs) == 2 + 3
-
-
-def test_the_batch_runner_refuses_a_user_id_not_its_own(tmp_path):
-    src = tmp_path / "runner.py"
-    src.write_text(code_mod.RUNNER_SOURCE)
-    p = subprocess.run([sys.executable, "-I", str(src), "functional_batch"], input='{"jobs": []}',
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode != 0 and "user id of its own" in p.stderr
+    assert runs == {"batched": 2, "single": 3}

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from areal_core.reward import grade_code
+from areal_core.reward import grade_code, sandbox
 from areal_core.reward.sandbox import SandboxLimits, guarantees, sandbox_mode
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8,
@@ -81,11 +81,11 @@ def _modes() -> list[str]:
 
 
 class _Listener:
-    """A TCP server on 127.0.0.1 recording whether anything connected."""
+    """A TCP server on ``host`` (all addresses: 0.0.0.0) recording whether anything connected."""
 
-    def __init__(self):
+    def __init__(self, host: str = "127.0.0.1"):
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
@@ -267,8 +267,10 @@ def test_sandbox_mode_is_stated():
     assert g["limits"] and g["scrubbed_env"]
     if mode == "namespaces":
         assert all(g.values())
-    else:
-        assert g["no_network"] is False and g["own_user"] == (os.geteuid() == 0)
+    else:  # rlimits: the host's files stay readable and its world-writable folders writable
+        assert not g["host_files_hidden"] and not g["writes_confined"] and not g["disk_bounded"]
+        assert g["own_user"] == (os.geteuid() == 0)
+        assert g["no_network"] == (sandbox._probe_netns() is None)
 
 
 def test_forcing_an_unavailable_mode_is_an_error(monkeypatch):
