@@ -278,3 +278,15 @@ def test_export_of_a_full_checkpoint_loads_with_plain_transformers(tmp_path):
                                                                      "model.safetensors"]
     loaded = AutoModelForCausalLM.from_pretrained(out)
     assert all(torch.equal(p, base.state_dict()[n]) for n, p in loaded.named_parameters())
+
+
+def test_cli_export_prints_the_folder_and_refuses_in_one_line(tmp_path, capsys):
+    from flows.cli import main
+
+    store = CheckpointStore(str(tmp_path / "run/checkpoints"))
+    store.publish(0, llama(10), meta={"step": 0})
+    assert main(["export", str(tmp_path / "run/checkpoints/v0"), "--out", str(tmp_path / "m")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "not an empty folder" in err
