@@ -3,6 +3,7 @@ export agree bit for bit), what the servers accept, and what travels."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 
@@ -290,3 +291,50 @@ def test_cli_export_prints_the_folder_and_refuses_in_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and "not an empty folder" in err
+
+
+@pytest.mark.slow
+def test_transports_bring_a_server_the_merged_weights(tmp_path):
+    """Adapters by the tensor and the distributed transports, and merged full weights by the
+    distributed one (what SGLang's endpoint takes): the server ends with the trainer's merged weights
+    bit for bit, version after version."""
+    from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.launcher import EmbeddedServers
+    from areal_core.rollout.weight_transport import DistributedTransport
+
+    base = llama(11)
+    base.save_pretrained(tmp_path / "v0")
+    model = adapted(copy.deepcopy(base))
+    name = "model.layers.1.self_attn.o_proj.weight"
+
+    async def push(transport, url, version):
+        c = RolloutClient(url)
+        try:
+            await transport.connect([c])
+            transport.stage(model, version)
+            await transport.push([c])
+            assert (await c.model_info()).weight_version == version
+            return torch.tensor(await c.weights_by_name(name, truncate_size=1 << 20))
+        finally:
+            await c.aclose()
+
+    with EmbeddedServers(str(tmp_path / "v0"), 1, log_paths=[str(tmp_path / "s.log")]) as servers:
+        url, version = servers.urls[0], 0
+        for make in (TensorTransport, DistributedTransport, lambda: _full(DistributedTransport())):
+            t = make()
+            try:
+                for _ in range(2):
+                    version += 1
+                    with torch.no_grad():  # the trainer moves on
+                        for m in lora.lora_modules(model).values():
+                            m.lora_B.add_(0.05)
+                    got = asyncio.run(push(t, url, version))
+                    assert torch.equal(got, lora.merged_weights(model)[name].flatten()), (type(t).__name__, t.adapters)
+                    assert (t.staged_bytes < 0.5 * sum(p.nbytes for p in base.parameters())) == t.adapters
+            finally:
+                t.close()
+
+
+def _full(t):
+    t.adapters = False  # a LoRA model then sends merged full weights
+    return t
