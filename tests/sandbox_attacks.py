@@ -305,25 +305,29 @@ class Attack:
     # "reaches" (a probe reports what it read), "connects" (a listener is reached), "may pass" (it races the
     # sandbox's clean-up: not asserted)
     weak: str = "passes"
-    # it writes into, stops or kills whatever processes and files it can reach: run it only in a sandbox with a
-    # user id of its own (never unsandboxed, never as the grader's own user: it would hit the grader's and the
-    # machine's other processes and open files)
-    harms_reachable: bool = False
+    # what it does to other processes it reaches: "" nothing; "reads" reads their memory and pipes (a pipe read
+    # takes the data away): run only under a user id of its own, or alone in a PID namespace; "harms" writes into,
+    # stops or kills them and their open files: run only in a sandbox with a user id of its own (never
+    # unsandboxed, never as the grader's own user: it would hit the grader's and the machine's other processes)
+    touches_others: str = ""
+    # a forger that only reads: the tests show it passes where its target is within reach, running it outside the
+    # sandbox (alone in a PID namespace); an attack that forks, writes or kills never runs outside the sandbox
+    live: bool = False
 
 
 ATTACKS = {
-    "sibling_frames": Attack("sibling's verdict", SIBLING_FRAMES),
-    "sibling_gc": Attack("sibling's verdict", SIBLING_GC),
-    "sibling_memory": Attack("sibling's verdict", SIBLING_MEMORY),
-    "sibling_channel": Attack("sibling's verdict", SIBLING_CHANNEL),
-    "sibling_inherited_fds": Attack("sibling's verdict", SIBLING_INHERITED_FDS),
-    "sibling_files": Attack("sibling's verdict", SIBLING_FILES, needs=("writes_confined",)),
-    "host_files_forge": Attack("host files", HOST_FILES_FORGE, needs=("host_files_hidden",)),
+    "sibling_frames": Attack("sibling's verdict", SIBLING_FRAMES, live=True),
+    "sibling_gc": Attack("sibling's verdict", SIBLING_GC, live=True),
+    "sibling_memory": Attack("sibling's verdict", SIBLING_MEMORY, touches_others="reads", live=True),
+    "sibling_channel": Attack("sibling's verdict", SIBLING_CHANNEL, touches_others="reads", live=True),
+    "sibling_inherited_fds": Attack("sibling's verdict", SIBLING_INHERITED_FDS, live=True),
+    "sibling_files": Attack("sibling's verdict", SIBLING_FILES, needs=("writes_confined",), live=True),
+    "host_files_forge": Attack("host files", HOST_FILES_FORGE, needs=("host_files_hidden",), live=True),
     "host_files_probe": Attack("host files", HOST_FILES_PROBE, needs=("host_files_hidden",), weak="reaches"),
     "network": Attack("network", NETWORK, needs=("no_network",), weak="connects"),
-    "fork_bomb": Attack("fork bomb", FORK_BOMB, harms_reachable=True),
+    "fork_bomb": Attack("fork bomb", FORK_BOMB),
     "linger_tamper": Attack("linger and tamper", LINGER_TAMPER, needs=("writes_confined",), weak="may pass",
-                            harms_reachable=True),
+                            touches_others="harms"),
 }
 
 

@@ -86,9 +86,9 @@ def matrix(request):
     os.chmod(os.path.join(run_dir, "secret.txt"), 0o644)
     listeners = [_Listener(host="0.0.0.0") for _ in STANDS_FOR]
     targets = _targets([x.port for x in listeners])
-    # an attack that harms what it reaches runs only where the sandbox has user ids of its own (else it would
-    # reach the grader's and this machine's other processes)
-    names = [n for n, a in ATTACKS.items() if guarantees(mode)["own_user"] or not a.harms_reachable]
+    # an attack that touches the processes it reaches runs only where the sandbox has user ids of its own (else
+    # it would reach the grader's and this machine's other processes)
+    names = [n for n, a in ATTACKS.items() if guarantees(mode)["own_user"] or not a.touches_others]
     programs = {n: fill(n, REPO, run_dir, targets) for n in names}
     launches = []
     real_launch = sandbox._launch
@@ -145,7 +145,8 @@ def test_every_control_passes(matrix, path):
 
 def test_the_batch_is_one_sandbox_run(matrix):
     """No attack broke the batched run (it would be graded again one by one: the batched path untested)."""
-    assert matrix["g"]["own_user"]
+    if not matrix["g"]["own_user"]:
+        pytest.skip("no batching without user ids of its own: every program had a run of its own")
     assert matrix["batch_launches"] == 1
 
 
@@ -153,7 +154,7 @@ def test_the_batch_is_one_sandbox_run(matrix):
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_attack(matrix, name, path):
     if name not in matrix["results"][path]:
-        assert ATTACKS[name].harms_reachable and not matrix["g"]["own_user"]
+        assert ATTACKS[name].touches_others and not matrix["g"]["own_user"]
         pytest.skip("it would reach the grader's own processes (no user id of its own in this mode)")
     attack, result = ATTACKS[name], matrix["results"][path][name]
     if all(matrix["g"][k] for k in attack.needs):
@@ -212,8 +213,7 @@ needs_alone = pytest.mark.skipif(sandbox._probe_namespaces() is not None,
 
 
 @needs_alone
-@pytest.mark.parametrize("name", [n for n, a in ATTACKS.items() if a.weak in ("passes", "may pass")
-                                  and not a.harms_reachable])
+@pytest.mark.parametrize("name", [n for n, a in ATTACKS.items() if a.live])
 def test_each_forger_passes_where_its_target_is_within_reach(name, tmp_path):
     (tmp_path / "attack.py").write_text(fill(name, REPO, str(tmp_path), []))
     out = subprocess.run([*ALONE, sys.executable, "-c", LIVE, "attack.py"], cwd=tmp_path, capture_output=True,
