@@ -48,6 +48,7 @@ from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
 from areal_core.run_checkpoints import RunCheckpoints, restore_weights
+from areal_core.run_folder import check_run_folder
 from areal_core.storage import CheckpointStore, write_json_atomic
 from areal_core.storage import run_state
 from areal_core.trainer import lora
@@ -56,6 +57,14 @@ from areal_core.trainer.trainer import Trainer
 log = logging.getLogger(__name__)
 
 METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
+
+
+class RunStopped(Exception):
+    """The run was asked to stop (``stop``, e.g. Ctrl-C) and did: ``step`` was trained and checkpointed."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
 
 
 def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
@@ -154,7 +163,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                    progress: bool = True, cache_dir: str | None = None,
                    on_step: Callable[[dict], None] | None = None,
                    on_checkpoint: Callable[[int, str], None] | None = None,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, stop=None) -> dict:
     """Run one experiment; return its summary (also written to ``run_dir/summary.json``).
 
     ``on_step(row)`` is called after every training step with that step's metrics row;
@@ -164,10 +173,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     ``resume``: continue from the latest checkpoint of this run's store (model, optimizer,
     data position, buffer, partial answers, metrics and ledger); a store with no version
     yet starts afresh, so a retry can always pass ``resume=True``.
+
+    ``stop``: anything with ``is_set()`` (areal_core.interrupt.CtrlC, a threading.Event); once set,
+    the step under way is the last: it is checkpointed, servers and Dask are stopped, and
+    :class:`RunStopped` is raised (``resume=True`` continues from that step).
     """
     with contextlib.ExitStack() as stack:
         return _run_experiment(cfg, Path(run_dir), stack, max_steps=max_steps, progress=progress,
-                               cache_dir=cache_dir, on_step=on_step, on_checkpoint=on_checkpoint, resume=resume)
+                               cache_dir=cache_dir, on_step=on_step, on_checkpoint=on_checkpoint, resume=resume,
+                               stop=stop)
 
 
 def _writes_to_terminal(handler: logging.Handler) -> bool:
@@ -188,12 +202,13 @@ def logs_above_the_bar(enabled: bool):
 
 
 def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
-                    cache_dir, on_step, on_checkpoint, resume) -> dict:
+                    cache_dir, on_step, on_checkpoint, resume, stop) -> dict:
     def phase(text: str) -> None:  # what the run is doing before (and after) its progress bar
         if progress:
             tqdm.write(f"[{cfg.name}] {text}")
 
     t_start = time.perf_counter()
+    check_run_folder(cfg, run_dir, resume)  # a refused run writes nothing, config.json included
     _quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -319,12 +334,14 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             try:
                 controller.start()
                 syncing = None  # the push of the last version, running while the trainer works
+                stopping = False
                 for step in range(first_step, steps + 1):
                     t0 = time.perf_counter()
                     gen_before = controller.generated_tokens
                     batch = buffer.take(B, version, eta)  # waits only for what the staleness bound needs
                     t_wait = time.perf_counter() - t0
-                    checkpointing = checkpoints.due(step, final=step == steps)
+                    stopping = stop is not None and stop.is_set()  # this step is the last, checkpointed
+                    checkpointing = checkpoints.due(step, final=step == steps) or stopping
                     if checkpointing:
                         controller.refresh_partials()  # for the resume state, read while we train
                     if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
@@ -388,6 +405,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                         "acc_on_mix": f"{stats['accuracy']:.2f}", "mix": describe_mix(mix, cfg.data.curriculum.by, 2)}
                     bar.set_postfix(reward=f"{stats['reward']:.2f}", **acc, stale=stats["staleness_max"],
                                     len=int(stats["answer_len_mean"]))
+                    if stopping:
+                        break
                 runlog.flush()
                 if syncing is not None:
                     syncing.result()  # the servers hold the final weights before the evaluation
@@ -395,6 +414,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                 bar.close()
                 controller.stop()
                 transport.close()
+        if stopping:  # the checkpoint is written; leaving this block stops the servers, then Dask
+            raise RunStopped(step)
         rl_end = time.perf_counter()
         phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
         after = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,

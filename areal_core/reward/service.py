@@ -22,6 +22,8 @@ tasks a step); when idle, a batch leaves at once.
 
 The scheduler and workers run in their own processes (``SubprocessCluster``): in-process,
 the scheduler held the trainer's GIL for a fifth of the time (docs/PERFORMANCE.md, session 9).
+Each starts in a session of its own, so a terminal's Ctrl-C reaches the run alone, which then
+stops them (areal_core/interrupt.py); they exit by themselves if the run dies (parent_watch).
 """
 
 from __future__ import annotations
@@ -42,6 +44,28 @@ PARENT_WATCH = "areal_core.reward.parent_watch"
 GRADER_MODULES = ("areal_core.data.synthetic", "areal_core.reward.math", "areal_core.reward.code")
 
 
+class _OwnSessions:
+    """``asyncio`` as ``distributed.deploy.subprocess`` sees it: its subprocesses (the scheduler and
+    each worker's nanny) start in sessions of their own."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    async def create_subprocess_exec(self, *args, **kwargs):
+        return await self._real.create_subprocess_exec(*args, start_new_session=True, **kwargs)
+
+
+def _subprocess_cluster(**kwargs):
+    from distributed.deploy import subprocess as dask_subprocess
+
+    if not isinstance(dask_subprocess.asyncio, _OwnSessions):
+        dask_subprocess.asyncio = _OwnSessions(dask_subprocess.asyncio)
+    return dask_subprocess.SubprocessCluster(**kwargs)
+
+
 class RewardService:
     def __init__(self, cfg: RewardConfig):
         from distributed import Client
@@ -59,12 +83,10 @@ class RewardService:
         if cfg.scheduler_address:
             self.client = Client(cfg.scheduler_address, timeout="30s")
         else:
-            from distributed.deploy.subprocess import SubprocessCluster
-
             # the scheduler and nanny processes read their log level from the environment
             # (dask config `logging.distributed`): warnings and errors only, as here
             os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-            self._cluster = SubprocessCluster(
+            self._cluster = _subprocess_cluster(
                 host="127.0.0.1", n_workers=cfg.n_workers, threads_per_worker=cfg.threads_per_worker,
                 dashboard_address=None, silence_logs=logging.ERROR,
                 # scheduler and nannies exit when this process dies (even by SIGKILL); graders are imported

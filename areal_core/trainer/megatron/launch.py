@@ -36,7 +36,8 @@ def local_ranks(processes: int, tp_size: int, log_dir: str | Path) -> Iterator[l
             with open(Path(log_dir) / f"megatron_rank{rank}.log", "ab") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "areal_core.trainer.megatron.follower", "--tensor-parallel-size",
-                     str(tp_size)], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+                     str(tp_size)], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))  # Ctrl-C reaches rank 0 alone, which releases them
         os.environ.update({**base, "RANK": "0", "LOCAL_RANK": "0"})
         yield procs
         for p in procs:  # released by MegatronTrainer.close(): they exit on their own
