@@ -319,7 +319,8 @@ def render_markdown(title: str, table: pd.DataFrame, evals: pd.DataFrame, runs: 
 
 
 def write_report(run_urls: list[str], out_dir: str, title: str = "areal-flow report") -> dict:
-    """Write report.md, report.csv and the PNG plots to ``out_dir``; return their URLs and the tables."""
+    """Write report.md, report.csv and the PNG plots to ``out_dir``; return their URLs, the plots' bytes
+    (``png``) and the tables."""
     if not run_urls:
         raise ReportError("no runs to report on")
     runs = [load_run(str(u)) for u in run_urls]
@@ -329,10 +330,11 @@ def write_report(run_urls: list[str], out_dir: str, title: str = "areal-flow rep
             r.label = f"{i}:{r.label}"
     table, evals = run_table(runs), eval_table(runs)
     out_dir = str(out_dir)
-    plots = {}
+    plots, pngs = {}, {}
     for name in PLOTS:
         url = join(out_dir, f"{name}.png")
-        write_bytes_atomic(url, _png(_PLOTTERS[name](runs)))
+        pngs[name] = _png(_PLOTTERS[name](runs))
+        write_bytes_atomic(url, pngs[name])
         plots[name] = url
     csv_url, md_url = join(out_dir, "report.csv"), join(out_dir, "report.md")
     write_text_atomic(csv_url, table.to_csv(index=False))
@@ -340,5 +342,5 @@ def write_report(run_urls: list[str], out_dir: str, title: str = "areal-flow rep
         write_text_atomic(join(out_dir, "evals.csv"), evals.to_csv(index=False))
     markdown = render_markdown(title, table, evals, runs)
     write_text_atomic(md_url, markdown)  # last: report.md present means the report is whole
-    return {"report": md_url, "csv": csv_url, "plots": plots, "markdown": markdown,
+    return {"report": md_url, "csv": csv_url, "plots": plots, "png": pngs, "markdown": markdown,
             "table": table.to_dict(orient="records"), "evals": evals.to_dict(orient="records")}

@@ -15,9 +15,10 @@ from flows.provision import provision
 from flows.report import report
 from flows.sweep import sweep
 from flows.train import train
+from tasks.flow_runs import campaign_run_name
 
 
-@flow(name="campaign", log_prints=True)
+@flow(name="campaign", log_prints=True, flow_run_name=campaign_run_name)
 def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None = None,
              eta: list[int] | None = None, objective: list[str] | None = None, grid: dict[str, list] | None = None,
              max_steps: int | None = None, overrides: dict | None = None,
@@ -25,14 +26,30 @@ def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None =
              eval_path: str | None = None, benches: list[str] | None = None, eval_limit: int | None = None,
              evaluate_every: int | None = 0, s3_credentials_block: str | None = None,
              cache_dir: str | None = None) -> dict:
-    """One training run, or a sweep when ``eta``/``objective``/``grid`` is given.
+    """provision -> prepare data -> one training run (or a sweep) -> evaluate each final checkpoint -> report.
 
-    Data: ``data_source`` (a dataset name, read by areal_core.data.sources) becomes the
-    training records and ``eval_source`` the held-out ones; with neither, a synthetic
-    config's chain task is written out as records and trained from. The final checkpoint
-    of every run is evaluated on ``benches`` (default: the run's own held-out split and sampling,
-    bench ``heldout``); ``evaluate_every`` marks
-    intermediate checkpoints for the event-triggered evaluate deployment.
+    Args:
+        config_path: The YAML config to train (e.g. configs/quickstart.yaml).
+        out_dir: The campaign's folder (data, runs, evaluations, report). None:
+            runs/campaign-<name>-<date>-<time>.
+        eta: Staleness bounds to sweep, e.g. [0, 4]: a sweep instead of one run.
+        objective: Objectives to sweep, e.g. ["decoupled", "naive"]: a sweep instead of one run.
+        grid: Other config keys to sweep, dotted, as JSON, e.g. {"trainer.optim.lr": [1e-4, 3e-5]}.
+        max_steps: RL steps of every run. None: the config's trainer.max_steps.
+        overrides: Config keys to change, dotted, as JSON, e.g. {"trainer.eta": 0, "seed": 1}.
+        data_source: A dataset name (areal_core.data.sources, e.g. math_train) to train on.
+            None: the config's data (a synthetic config's chain task is written out as records).
+        data_path: Where data_source's file is, if not where the source expects it.
+        eval_source: A dataset name for the held-out problems (e.g. math500).
+        eval_path: Where eval_source's file is.
+        benches: Benchmarks for the final checkpoints, e.g. ["humaneval"]. None: heldout, the
+            run's own held-out split sampled as the run did.
+        eval_limit: Score only the first N problems of each benchmark. None: all.
+        evaluate_every: Intermediate checkpoints the evaluate deployment scores: k = every k-th
+            version and the last; 0 = none (the default: the campaign scores the final ones itself).
+        s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// storage.
+            None: the worker's environment.
+        cache_dir: Where warm starts are cached. None: ~/.cache/areal-flow.
     """
     from areal_core.experiment import load_config  # torch: imported when the flow runs, not when deployed
 

@@ -1,18 +1,23 @@
-"""Prefect flow: evaluate one checkpoint on benchmarks; per-problem parquet, a summary, a table artifact.
+"""Prefect flow: evaluate one checkpoint on benchmarks; per-problem parquet, a summary, and an artifact
+with the rounded scores and a pass@k plot.
 
 The evaluate deployment runs this on every ``areal.checkpoint.published`` event marked
 ``areal.evaluate: "true"`` (see prefect.yaml), with the event's checkpoint URL, run folder and
 eval folder: a run's checkpoint is scored on that run's own held-out split and settings
-(bench ``heldout``) unless other benches are given.
+(bench ``heldout``) unless other benches are given. Once scored, the training run's result
+artifact links this evaluation directly.
 """
 
 from __future__ import annotations
 
+import re
+
 from prefect import flow
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 
 from areal_core.report import eval_dir_for_checkpoint
-from tasks.evaluation import evaluate_checkpoint_task, evaluation_key, evaluation_name
+from tasks.evaluation import (evaluate_checkpoint_task, evaluation_key, evaluation_name, link_in_training_result,
+                              linked_line)
 from tasks.provision import apply_s3_credentials_block
 
 
@@ -29,12 +34,29 @@ def evaluate(checkpoint_url: str, benches: list[str] | None = None, out_dir: str
              temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
              scheduler_address: str | None = None, s3_credentials_block: str | None = None,
              run_dir: str | None = None) -> dict:
-    """``run_dir``: the training run of the checkpoint; with it (or a local RUN/checkpoints/vN) the
-    default bench is ``heldout``, the run's own held-out split sampled as the run did; else
-    ``synthetic``. Sampling settings left None take each bench's own.
-    ``scheduler_address``: grade on an existing Dask cluster (default: a local cluster);
-    ``s3_credentials_block``: a Prefect Secret block with AWS_* variables for s3:// checkpoints."""
+    """Score one checkpoint: answers generated on a rollout server, graded as Dask tasks.
+
+    Args:
+        checkpoint_url: The checkpoint version to score: RUN/checkpoints/vN, an s3:// version URL,
+            or a Hugging Face model folder. Triggered runs get it from the checkpoint event.
+        benches: Benchmarks, e.g. ["heldout"] (the training run's own held-out split, sampled as the
+            run did), ["synthetic"], ["gsm8k", "math500"]. None: heldout for a run's
+            checkpoint, else synthetic.
+        out_dir: Where results go (<bench>/results.parquet, summary.json). None:
+            RUN/evals/vN.
+        version: The checkpoint's version, for the run's report (triggered runs: from the event).
+        samples: Answers per problem (k of pass@k).
+        limit: Score only the first N problems of each benchmark. None: all.
+        temperature: Sampling temperature. None: each benchmark's own (heldout: the run's).
+        top_p: Nucleus sampling mass. None: each benchmark's own.
+        max_new_tokens: Longest answer. None: each benchmark's own.
+        scheduler_address: Grade on this Dask cluster (tcp://host:8786). None: a local cluster.
+        s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// checkpoints.
+            None: the worker's environment.
+        run_dir: The training run the checkpoint belongs to (found by itself for RUN/checkpoints/vN).
+    """
     from areal_core.eval.harness import HELDOUT, run_folder_of
+    from areal_core.report_ui import evaluation_markdown, run_evaluations
 
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)
@@ -43,12 +65,16 @@ def evaluate(checkpoint_url: str, benches: list[str] | None = None, out_dir: str
     out_dir = out_dir or eval_dir_for_checkpoint(checkpoint_url)
     summary = evaluate_checkpoint_task(checkpoint_url, benches, out_dir, samples, limit, temperature, top_p,
                                        max_new_tokens, scheduler_address, run_dir)
-    rows = [{"bench": b, **{k: v for k, v in s.items() if isinstance(v, (int, float, str, bool))}}
-            for b, s in summary["benchmarks"].items()]
-    create_table_artifact(rows, key=evaluation_key(checkpoint_url, run_dir),
-                          description=f"{evaluation_name(checkpoint_url, run_dir)}: {checkpoint_url}")
-    for r in rows:
-        print(f"{r['bench']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "bench"))
+    name = evaluation_name(checkpoint_url, run_dir)
+    artifact_id = create_markdown_artifact(
+        evaluation_markdown(name, summary, out_dir, run_evaluations(run_dir) if run_dir else None),
+        key=evaluation_key(checkpoint_url, run_dir), description=f"{name}: {checkpoint_url}")
+    m = re.search(r"/v(\d+)$", checkpoint_url.rstrip("/"))
+    version = version if version is not None else int(m.group(1)) if m else None
+    if run_dir and version is not None:  # the training run's result links this evaluation
+        link_in_training_result(run_dir, version, linked_line(version, name, artifact_id, run_dir))
+    for b, s in summary["benchmarks"].items():
+        print(f"{b}: pass@1 {s['pass@1']:.3f} on {s['n_problems']} problems")
     print(f"results: {out_dir}")
     return summary
 

@@ -16,6 +16,7 @@ from prefect.variables import Variable
 
 from areal_core.experiment import load_config
 from areal_core.serve import serve_rollout
+from tasks.flow_runs import serve_run_name
 
 
 def urls_variable(config_name: str, host: str | None = None) -> str:
@@ -24,12 +25,20 @@ def urls_variable(config_name: str, host: str | None = None) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", raw.lower()).strip("-")[:255]
 
 
-@flow(name="rollout-servers", log_prints=True)
+@flow(name="rollout-servers", log_prints=True, flow_run_name=serve_run_name)
 def rollout_servers(model_path: str, config_path: str = "configs/quickstart.yaml", overrides: dict | None = None,
                     hold_s: float | None = 3600.0, check_every_s: float = 30.0,
                     log_dir: str = "runs/rollout-servers") -> dict:
-    """Serve ``model_path`` (a checkpoint version folder or HF model folder on this machine) with the
-    config's ``rollout`` section (backend, n_servers, ...) for ``hold_s`` seconds (None: until cancelled)."""
+    """Keep a pool of rollout servers up for training runs elsewhere to connect to.
+
+    Args:
+        model_path: What to serve: a checkpoint version folder or a Hugging Face model folder on this machine.
+        config_path: The YAML config whose rollout section (backend, n_servers, ...) the pool follows.
+        overrides: Config keys to change, dotted, as JSON, e.g. {"rollout.n_servers": 4}.
+        hold_s: Seconds to keep the servers up. None: until the flow run is cancelled.
+        check_every_s: Seconds between health checks.
+        log_dir: Where the servers' logs go.
+    """
     cfg = load_config(config_path, overrides)
     name = urls_variable(cfg.name)
     logger = get_run_logger()

@@ -9,21 +9,39 @@ from prefect import flow
 from areal_core.sweep import default_out_dir, freeze_config, plan_points, validate_configs
 from flows.report import report
 from flows.train import train
+from tasks.flow_runs import sweep_run_name
 
 
-@flow(name="sweep", log_prints=True)
+@flow(name="sweep", log_prints=True, flow_run_name=sweep_run_name)
 def sweep(config_path: str | list[str] = "configs/quickstart.yaml", eta: list[int] | None = None,
           objective: list[str] | None = None, grid: dict[str, list] | None = None,
           max_steps: int | None = None, out_dir: str | None = None, overrides: dict | None = None,
           evaluate_every: int | None = 50, make_report: bool = True, cache_dir: str | None = None,
           s3_credentials_block: str | None = None) -> dict:
-    """Runs go to ``out_dir/<label>`` one after another (each uses the whole machine);
-    the report (report.md, report.csv, plots) to ``out_dir``. The config (with ``overrides``)
-    is frozen to ``out_dir/config.yaml`` first: every run uses that copy.
+    """A grid of training runs, one after another (each uses the whole machine), then one report.
 
-    Several configs (a list): the grid runs on each, frozen to ``out_dir/config-<name>.yaml``,
-    labels ``<name>-<point>`` (the config's ``name``), one report over all; with no grid axis
-    given, one run per config."""
+    The config (with ``overrides``) is frozen to ``out_dir/config.yaml`` first: every run uses that
+    copy. Runs go to ``out_dir/<label>`` (e.g. ``eta0-decoupled``); the report (report.md,
+    report.csv, plots) to ``out_dir``, and to this flow run's Artifacts tab.
+
+    Args:
+        config_path: The base YAML config (e.g. configs/quickstart.yaml), or a list of configs:
+            the grid then runs on each (labels <name>-<point>, one report over all; with no grid
+            axis given, one run per config).
+        eta: Staleness bounds to sweep, e.g. [0, 4] (0: synchronous). None: the config's.
+        objective: Objectives to sweep, e.g. ["decoupled", "naive"]. None: the config's.
+        grid: Any other config keys to sweep, dotted, each with its values, as JSON, e.g.
+            {"trainer.optim.lr": [1e-4, 3e-5]}.
+        max_steps: RL steps of every run. None: the config's trainer.max_steps.
+        out_dir: The sweep's folder. None: runs/sweep-<name>-<date>-<time>.
+        overrides: Config keys to change in every run, dotted, as JSON, e.g. {"seed": 1}.
+        evaluate_every: Which checkpoints the evaluate deployment scores: k = every k-th version and
+            the last; 0 = none; None = all.
+        make_report: Write the comparison report once every run is done.
+        cache_dir: Where warm starts are cached. None: ~/.cache/areal-flow.
+        s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// storage.
+            None: the worker's environment.
+    """
     paths = [config_path] if isinstance(config_path, str) else list(config_path)
     several = len(paths) > 1
     points = plan_points(eta, objective, grid, len(paths))

@@ -94,7 +94,16 @@ def test_campaign_end_to_end(harness, tmp_path):
     # one evaluation artifact per run and version; the train run's result table
     assert {"evaluation-tiny-v2", "report-runs", "report"} <= keys
     result_md = [a for a in arts if (a.key or "").startswith("train-result-tiny")]
-    assert result_md and "held-out accuracy" in result_md[0].data and "/artifacts/key/evaluation-tiny-v2" in result_md[0].data
+    assert result_md and "held-out accuracy" in result_md[0].data and "| measure | value |" in result_md[0].data
+    # the campaign's evaluation of v2 came after the run's result: it linked itself there (the artifact itself)
+    evaluation = next(a for a in arts if a.key == "evaluation-tiny-v2")
+    assert f"/artifacts/artifact/{evaluation.id}): heldout pass@1" in result_md[0].data
+    assert "- v1: evaluate-tiny-v1: not scored yet" in result_md[0].data  # marked, but no deployment here
+    curves = next(a for a in arts if a.key == "train-curves-tiny")
+    assert "![learning curves of tiny](data:image/png;base64," in curves.data and "step 2 of 2" in curves.data
+    assert "](data:image/png;base64," in evaluation.data and "pass@1" in evaluation.data
+    report_md = next(a for a in arts if a.key == "report")
+    assert report_md.data.count("](data:image/png;base64,") == 5  # the report's plots, inside it
 
     # one checkpoint event per published version (v0, v1, v2), with URL and version, marked for evaluation
     deadline = time.monotonic() + 30
@@ -160,6 +169,7 @@ def test_train_command_is_a_flow_run(harness, tmp_path, capsys):
     assert "ledger: every trajectory trained exactly once" in capsys.readouterr().out
     runs = [r for name, r in asyncio.run(_flow_runs()) if name == "train" and r.parameters["run_dir"] == str(run_dir)]
     assert len(runs) == 1 and runs[0].state.is_completed() and runs[0].parent_task_run_id is None
+    assert runs[0].name == "tiny-steps1-s0"  # named from what it runs: config, what differs, seed
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
 
 
@@ -222,17 +232,27 @@ def _summary(run_dir, final_version=3):
             "final_version": final_version, "checkpoints": f"{run_dir}/checkpoints"}
 
 
-def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_path):
+def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_path, monkeypatch):
+    import tasks.evaluation
     from tasks.training import result_markdown
 
     run_dir = str(tmp_path / "runA")
-    md = result_markdown(_summary(run_dir), run_dir, evaluate_every=2, ui_url="http://127.0.0.1:4200")
+    (tmp_path / "runA/evals/v2").mkdir(parents=True)
+    (tmp_path / "runA/evals/v2/summary.json").write_text(json.dumps({"benchmarks": {"heldout": {
+        "pass@1": 0.09000000000000002}}}))
+
+    class Found:  # the evaluation of v2 has its artifact; v3's is not scored yet
+        latest_id = "1234"
+
+    monkeypatch.setattr(tasks.evaluation, "latest_artifacts", lambda keys: {k: Found() for k in keys if k.endswith("v2")})
+    md = result_markdown(_summary(run_dir), run_dir, evaluate_every=2)
     assert "held-out accuracy 0.250 -> 0.500" in md and "(+0.250)" in md and "812 tokens/s" in md
-    assert "every trajectory trained exactly once" in md and "resumed" not in md
-    # evaluate_every=2 over 3 versions marks v2 and the final v3 (not v0, v1): one link each
-    links = [line for line in md.splitlines() if line.startswith("- [")]
-    assert links == [
-        f"- [evaluate-runA-v{v}](http://127.0.0.1:4200/artifacts/key/evaluation-runa-v{v}): `{run_dir}/checkpoints/v{v}`"
-        for v in (2, 3)]
+    assert "| measure | value |" in md and "every trajectory trained exactly once" in md and "resumed" not in md
+    # evaluate_every=2 over 3 versions marks v2 and the final v3 (not v0, v1): one line each
+    lines = [line for line in md.splitlines() if line.startswith("- v")]
+    assert len(lines) == 2 and lines[0].startswith("- v2: [evaluate-runA-v2](")  # a link to the artifact itself
+    assert lines[0].endswith("/artifacts/artifact/1234): heldout pass@1 0.09")  # rounded for people
+    assert lines[1] == ("- v3: evaluate-runA-v3: not scored yet (the evaluate deployment scores it while "
+                        "`areal-flow stack up` runs)")
     none = result_markdown({**_summary(run_dir), "resumed_from_step": 2}, run_dir, evaluate_every=0)
     assert "none: evaluate_every = 0" in none and "| resumed from step | 2 |" in none
