@@ -53,51 +53,6 @@ def _positive_int(text: str) -> int:
     return n
 
 
-def _check_records(cfg) -> None:
-    """Records files are read (and every line checked) before anything starts."""
-    if cfg.data.dataset == "synthetic" and cfg.data.eval_dataset is None:
-        return
-    from areal_core.datasets import load_records
-
-    try:
-        load_records(cfg.data)
-    except ValueError as e:  # RecordError names the file, line and field
-        raise UsageError(str(e)) from None
-
-
-def _check_backend(cfg) -> None:
-    """A rollout backend run from its own venv needs that venv (before anything starts)."""
-    if cfg.rollout.backend.kind == "vllm":
-        from areal_core.rollout.backends.vllm import venv_python
-
-        try:
-            venv_python(cfg.rollout.backend)
-        except FileNotFoundError as e:
-            raise UsageError(str(e)) from None
-
-
-def _check_run_dir(cfg, run_dir: Path, resume: bool) -> None:
-    """Before anything starts: a run folder that already holds checkpoints is continued only with
-    --resume; --resume says what it will do."""
-    from areal_core.storage import CheckpointStore
-    from areal_core.storage.run_state import ResumeError, check_resumable
-
-    where = cfg.storage.url or str(run_dir / "checkpoints")
-    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
-    latest = store.latest()
-    if latest is not None and resume:
-        try:
-            check_resumable(store, cfg.model_dump(mode="json"))
-        except ResumeError as e:
-            raise UsageError(f"cannot resume {where}: {e}") from None
-    if latest is not None and not resume:
-        raise UsageError(f"{where} already holds this run's checkpoints (latest v{latest}): add --resume to "
-                         f"continue it, or give a new --run-dir")
-    if resume:
-        print(f"resuming from checkpoint v{latest} in {where}" if latest is not None
-              else f"nothing to resume in {where}: starting fresh", flush=True)
-
-
 def _csv(text: str, kind=str) -> list:
     return [kind(v) for v in text.split(",") if v.strip() != ""]
 
@@ -118,55 +73,10 @@ def _stamped(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def print_run_summary(s: dict, run_dir: Path) -> None:
-    lb, la, ta = s["answer_length_before"], s["answer_length_after"], s["trained_answer_length"]
-    print()
-    print(f"run: {s['name']}   folder: {run_dir}")
-    print(f"  held-out accuracy ({s['n_eval_problems']} problems): "
-          f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
-          f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")
-    print(f"  answer length (tokens)  before: p50 {lb['p50']:.0f}  p90 {lb['p90']:.0f}  max {lb['max']}"
-          f"   after: p50 {la['p50']:.0f}  p90 {la['p90']:.0f}  max {la['max']}")
-    print(f"  trained answers (tokens): p50 {ta['p50']:.0f}  p90 {ta['p90']:.0f}  max {ta['max']}")
-    print(f"  steps {s['steps']}  eta {s['eta']}  objective {s['objective']}  "
-          f"max staleness seen {s['max_staleness_observed']}")
-    print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
-          f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
-    if s.get("reward_wait_s") == s.get("reward_wait_s"):  # NaN: a multi-turn episode, not measured
-        print(f"  trainer waiting on grades alone: {s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)")
-    print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
-    if s.get("resumed_from_step") is not None:
-        print(f"  resumed from step {s['resumed_from_step']}")
-
-
 def cmd_train(args) -> int:
-    overrides = _overrides(args.set)
-    cfg = _load(args.config, overrides)
-    b = cfg.trainer.backend
-    if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
-        from areal_core.trainer.megatron.follower import follow
+    from flows.train_command import run_train_command
 
-        follow(b.tensor_parallel_size)
-        return 0
-    run_dir = Path(args.run_dir) if args.run_dir else _stamped(cfg.name)
-    _check_records(cfg)
-    _check_backend(cfg)
-    _check_run_dir(cfg, run_dir, args.resume)
-    if args.no_prefect:
-        from areal_core.run import run_experiment
-
-        summary = run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress,
-                                 resume=args.resume)
-    else:
-        from flows.train import train
-
-        summary = train(config_path=args.config, run_dir=str(run_dir), max_steps=args.max_steps,
-                        overrides=overrides, evaluate_every=args.evaluate_every, progress=not args.no_progress,
-                        resume=args.resume)
-    print_run_summary(summary, run_dir)
-    if args.json:
-        print(json.dumps(summary))
-    return 0
+    return run_train_command(args)
 
 
 def _print_eval_summary(summary: dict, out_dir: str) -> None:
@@ -338,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="run one experiment from a YAML config (a Prefect flow)")
     t.add_argument("config", help="the experiment's YAML config (e.g. configs/quickstart.yaml)")
-    t.add_argument("--run-dir", help="output folder (default: runs/<name>-<time>)")
+    t.add_argument("--run-dir", help="output folder (default: runs/<config name>[-<overrides>]-s<seed>-<time>)")
     t.add_argument("--max-steps", type=_positive_int, help="override trainer.max_steps")
     _add_set(t)
     t.add_argument("--resume", action="store_true",
@@ -347,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mark every k-th checkpoint (and the last) for the evaluate deployment; 0: none")
     t.add_argument("--no-prefect", action="store_true",
                    help="run in this process without Prefect (no flow run, no events; --evaluate-every unused)")
+    t.add_argument("--deployment", action="store_true",
+                   help="send the run to the Prefect server's `train` deployment (PREFECT_API_URL; a worker runs "
+                        "it and it shows under the deployment's runs) and follow it there")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.add_argument("--json", action="store_true", help="also print the summary as JSON")
     t.set_defaults(func=cmd_train)

@@ -60,10 +60,10 @@ def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does
     from tests.test_rollout_server import tiny_qwen2
 
     from areal_core.experiment import load_config
-    from flows.cli import _check_run_dir
+    from flows.train_command import _check_run
 
     cfg = load_config(CONFIG)
-    _check_run_dir(cfg, tmp_path / "fresh", resume=True)
+    _check_run(cfg, tmp_path / "fresh", resume=True)
     assert "nothing to resume in" in capsys.readouterr().out
     CheckpointStore.from_config(cfg.storage, str(tmp_path / "run")).publish(0, tiny_qwen2(1), build_char_tokenizer())
     capsys.readouterr()  # (transformers' progress bar while saving)

@@ -1,0 +1,132 @@
+"""`areal-flow train`: one experiment, as a Prefect flow run (or in this process with --no-prefect,
+or sent to the `train` deployment with --deployment).
+
+Everything the run needs is checked before it starts (config, records, backend, run folder).
+Ctrl-C stops it at a checkpoint (areal_core/interrupt.py) and prints the command that continues it;
+the exit status is then 130.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from flows.cli import UsageError, _load, _overrides
+
+
+def _check_run(cfg, run_dir: Path, resume: bool) -> None:
+    """Before anything starts: the records and backend the run needs, and its folder: one that already
+    holds checkpoints is continued only with --resume; --resume says what it will do."""
+    from areal_core.run_folder import RunFolderError, check_inputs, check_run_folder
+
+    where = cfg.storage.url or str(run_dir / "checkpoints")
+    try:
+        check_inputs(cfg)
+        latest = check_run_folder(cfg, run_dir, resume)
+    except RunFolderError as e:
+        raise UsageError(str(e)) from None
+    if resume:
+        print(f"resuming from checkpoint v{latest} in {where}" if latest is not None
+              else f"nothing to resume in {where}: starting fresh", flush=True)
+
+
+def print_run_summary(s: dict, run_dir: Path) -> None:
+    lb, la, ta = s["answer_length_before"], s["answer_length_after"], s["trained_answer_length"]
+    print()
+    print(f"run: {s['name']}   folder: {run_dir}")
+    print(f"  held-out accuracy ({s['n_eval_problems']} problems): "
+          f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
+          f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")
+    print(f"  answer length (tokens)  before: p50 {lb['p50']:.0f}  p90 {lb['p90']:.0f}  max {lb['max']}"
+          f"   after: p50 {la['p50']:.0f}  p90 {la['p90']:.0f}  max {la['max']}")
+    print(f"  trained answers (tokens): p50 {ta['p50']:.0f}  p90 {ta['p90']:.0f}  max {ta['max']}")
+    print(f"  steps {s['steps']}  eta {s['eta']}  objective {s['objective']}  "
+          f"max staleness seen {s['max_staleness_observed']}")
+    print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
+          f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
+    if s.get("reward_wait_s") == s.get("reward_wait_s"):  # NaN: a multi-turn episode, not measured
+        print(f"  trainer waiting on grades alone: {s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)")
+    print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
+    if s.get("resumed_from_step") is not None:
+        print(f"  resumed from step {s['resumed_from_step']}")
+
+
+def _again(args, run_dir: Path) -> str:
+    """The command that runs this training again in the same folder (the same config and overrides)."""
+    sets = [x for pair in args.set for x in ("--set", pair)]
+    steps = ["--max-steps", str(args.max_steps)] if args.max_steps else []
+    return shlex.join(["areal-flow", "train", args.config, "--run-dir", str(run_dir), *sets, *steps])
+
+
+def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
+    """The run's summary, or None if it was cancelled (Ctrl-C) at a checkpoint."""
+    if args.no_prefect:
+        from areal_core.run import run_experiment
+
+        return run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress,
+                              resume=args.resume, on_step=stop.training, stop=stop)
+    from flows.train import train
+
+    state = train(config_path=args.config, run_dir=str(run_dir), max_steps=args.max_steps, overrides=overrides,
+                  evaluate_every=args.evaluate_every, progress=not args.no_progress, resume=args.resume,
+                  return_state=True)
+    return None if state.is_cancelled() else state.result()
+
+
+def run_train_command(args) -> int:
+    overrides = _overrides(args.set)
+    cfg = _load(args.config, overrides)
+    b = cfg.trainer.backend
+    if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
+        from areal_core.trainer.megatron.follower import follow
+
+        follow(b.tensor_parallel_size)
+        return 0
+    if args.deployment:
+        return _submit_to_deployment(args, overrides)
+    # Python's last garbage collection at exit walks every object torch and transformers made: seconds
+    # on a busy machine, after the run has stopped everything. Frozen objects are left to the exit.
+    atexit.register(gc.freeze)
+    from areal_core.interrupt import EXIT_STATUS, CtrlC
+    from areal_core.run import RunStopped
+    from areal_core.run_folder import default_run_dir, describe_run
+
+    run_dir = Path(args.run_dir or default_run_dir(describe_run(args.config, overrides, args.max_steps)))
+    _check_run(cfg, run_dir, args.resume)
+    with CtrlC() as stop:  # the first Ctrl-C stops at a checkpoint, a second exits at once
+        try:
+            summary = _train(args, cfg, overrides, run_dir, stop)
+        except (RunStopped, KeyboardInterrupt):
+            summary = None
+    if summary is None:
+        from areal_core.storage import CheckpointStore
+
+        latest = CheckpointStore.from_config(cfg.storage, str(run_dir)).latest()
+        print(f"stopped before the first checkpoint; start again with {_again(args, run_dir)}" if latest is None
+              else f"stopped at step {latest}; continue with {_again(args, run_dir)} --resume", file=sys.stderr)
+        return EXIT_STATUS
+    print_run_summary(summary, run_dir)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _submit_to_deployment(args, overrides: dict) -> int:
+    """Send the run to the Prefect server's `train` deployment (a worker runs it) and follow it."""
+    if args.no_prefect:
+        raise UsageError("--deployment sends the run to a Prefect worker; it cannot go with --no-prefect")
+    from infra.deployments import DeploymentError, submit_and_follow
+
+    params = {"config_path": str(Path(args.config).resolve()), "max_steps": args.max_steps,
+              "overrides": overrides or None, "evaluate_every": args.evaluate_every, "resume": args.resume}
+    if args.run_dir:
+        params["run_dir"] = str(Path(args.run_dir).resolve())
+    try:
+        return submit_and_follow("train/train", params)
+    except DeploymentError as e:
+        raise UsageError(str(e)) from None
