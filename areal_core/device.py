@@ -53,4 +53,4 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
     units = cpu_bf16_units()
     if units:
         return torch.bfloat16, f"auto: this CPU has bfloat16 matrix units ({units})"
-    return torch.float32, "auto: this CPU has no bfloat16 matrix units (no AMX or AVX-512 BF16)"
+    return torch.float32, "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"

@@ -43,6 +43,7 @@ from areal_core.experiment import ConfigError, ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
+from areal_core.models.loading import model_dtype
 from areal_core.reward.service import RewardService
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
@@ -226,8 +227,11 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     if cfg.model.name == "tiny":  # its char tokenizer: the prompts are checked before the warm start
         check_trajectory_budget(cfg, to_prompts(train_records, build_char_tokenizer()))
     model_info: dict = {}
-    phase(f"loading {cfg.model.name}" + (" and its supervised warm start (cached after the first run)"
-                                        if cfg.model.name == "tiny" and cfg.model.warm_start.steps else ""))
+    dtype, dtype_why = model_dtype(cfg.model)
+    log.info("computing in %s (%s)", dtype_name(dtype), dtype_why)
+    phase(f"loading {cfg.model.name} in {dtype_name(dtype)} ({dtype_why})"
+          + (" and its supervised warm start (cached after the first run)"
+             if cfg.model.name == "tiny" and cfg.model.warm_start.steps else ""))
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
                                        cache_dir=cache_dir, progress=progress, info=model_info)
     if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
@@ -454,6 +458,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         "eta": eta,
         "objective": cfg.trainer.objective,
         "trainer_backend": cfg.trainer.backend.kind,
+        "dtype": dtype_name(model.dtype),
         "weight_update": cfg.rollout.weight_update,
         "trainer_torch_threads": trainer_threads,
         "weight_transport": cfg.rollout.transport().kind,
