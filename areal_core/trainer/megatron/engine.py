@@ -21,6 +21,7 @@ own optimizer and schedules hard-code CUDA), with the torch trainer's hyperparam
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -50,17 +51,25 @@ def deal_by_tokens(indices: list[int], lengths: list[int], n_ranks: int) -> list
 class MegatronEngine:
     def __init__(self, hf_config, cfg: TrainerConfig, temperature: float, total_steps: int, tp: int, seed: int = 0,
                  device: str = "cpu"):
-        if device != "cpu":
-            raise NotImplementedError(f"the megatron trainer runs on device 'cpu' only, not {device!r} (on CUDA it "
-                                      "needs model_parallel_cuda_manual_seed, device placement and no CPU shims; "
-                                      "not built: no GPU to prove it on)")
-        self.layout = lay = parallel.init_parallel(tp)
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"the megatron trainer runs on 'cpu' or 'cuda', not {device!r}")
+        cuda = self.device.type == "cuda"
+        if cuda and self.device.index is None:  # this rank's GPU (torchrun's LOCAL_RANK; 0 alone)
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if cuda:
+            torch.cuda.set_device(self.device)
+        # NCCL between GPUs, gloo between CPU processes: the same collectives either way
+        self.layout = lay = parallel.init_parallel(tp, backend="nccl" if cuda else "gloo")
         self.arch = mapping.arch_of(hf_config, tp)
         self.cfg, self.temperature = cfg, temperature
-        self.module = mapping.build_gpt(self.arch, tp, cpu=True)
-        shims.apply_cpu_shims(self.module, seed, lay.tp_rank)
+        self.module = mapping.build_gpt(self.arch, tp, cpu=not cuda)  # on CUDA: on this rank's GPU
+        if cuda:  # megatron's own CUDA RNG tracker and scratch buffer (a CPU engine before may have shimmed them)
+            shims.use_cuda_defaults(seed)
+        else:
+            shims.apply_cpu_shims(self.module, seed, lay.tp_rank)
         local = self.arch.padded_vocab(tp) // tp
-        cols = torch.arange(lay.tp_rank * local, (lay.tp_rank + 1) * local)
+        cols = torch.arange(lay.tp_rank * local, (lay.tp_rank + 1) * local, device=self.device)
         self._padded_cols = cols >= self.arch.vocab if bool((cols >= self.arch.vocab).any()) else None
         self._names = [n for n, _ in self.module.named_parameters()]
         self._params = [p for _, p in self.module.named_parameters()]
@@ -135,8 +144,9 @@ class MegatronEngine:
         sq = mapping.hf_to_megatron({n: m["exp_avg_sq"] for n, m in moments.items()}, self.arch, tp, r)
         step = next(iter(moments.values()))["step"]
         for n, p in zip(self._names, self._params):
-            self.optimizer.state[p] = {"step": torch.as_tensor(step, dtype=torch.float32).clone(),
-                                       "exp_avg": avg[n].clone(), "exp_avg_sq": sq[n].clone()}
+            self.optimizer.state[p] = {"step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
+                                       "exp_avg": avg[n].to(p.device, copy=True),
+                                       "exp_avg_sq": sq[n].to(p.device, copy=True)}
         return len(shapes)
 
     # ---- forward ----------------------------------------------------------------------------
@@ -146,7 +156,7 @@ class MegatronEngine:
         if not seqs:
             raise ValueError("empty micro-batch")
         S = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), S, dtype=torch.long)
+        ids = torch.zeros(len(seqs), S, dtype=torch.long)  # built on the CPU, moved once
         rows, cols, targets = [], [], []
         for r, (s, st) in enumerate(zip(seqs, starts)):
             if not 1 <= st < len(s):
@@ -155,16 +165,17 @@ class MegatronEngine:
             rows += [r] * (len(s) - st)
             cols += range(st - 1, len(s) - 1)
             targets += s[st:]
-        pos = torch.arange(S)[None].expand(len(seqs), S)
-        logits = self.module(ids, pos, shims.causal_mask(S))  # [B, S, this rank's slice of the padded vocab]
-        x = logits[torch.tensor(rows), torch.tensor(cols)].float()
+        dev = self.device
+        pos = torch.arange(S, device=dev)[None].expand(len(seqs), S)
+        logits = self.module(ids.to(dev), pos, shims.causal_mask(S, dev))  # [B, S, this rank's slice of the padded vocab]
+        x = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()
         if self.temperature != 1.0:
             x = x / self.temperature
         if self._padded_cols is not None:  # the vocabulary's padding is no token
             x = x.masked_fill(self._padded_cols, -math.inf)
         # log p(target) over the whole vocabulary without gathering it: megatron's vocab-parallel
         # cross entropy (max and sum of exponentials all-reduced over the tensor-parallel group)
-        return -vocab_parallel_cross_entropy(x, torch.tensor(targets))
+        return -vocab_parallel_cross_entropy(x, torch.tensor(targets, device=dev))
 
     def microbatches(self, idx: list[int], lengths: list[int]) -> list[list[int]]:
         """This rank's share ``idx`` of a minibatch in micro-batches (lists of batch indices)."""
@@ -181,7 +192,7 @@ class MegatronEngine:
     def _clip(self, max_norm: float) -> float:
         """``clip_grad_norm_`` over the whole model: sharded grads' squares summed over the
         tensor-parallel group, a replicated one counted once."""
-        sq = torch.zeros((), dtype=torch.float32)
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
         for n, p in zip(self._names, self._params):
             if p.grad is not None and (mapping.is_sharded(n) or self.layout.tp_rank == 0):
                 sq += torch.linalg.vector_norm(p.grad) ** 2

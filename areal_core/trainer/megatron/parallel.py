@@ -1,4 +1,5 @@
-"""Process groups for the megatron trainer: gloo, started by ``torchrun`` (or one process alone).
+"""Process groups for the megatron trainer: gloo on CPU, NCCL on GPUs, started by ``torchrun`` (or one
+process alone).
 
 Rank 0 drives the run; every call that needs the other ranks is a *command* it broadcasts
 (:func:`send_command` / :func:`recv_command`), so the other ranks only run
@@ -27,18 +28,22 @@ class Layout:
     dp_group: object
 
 
-def init_parallel(tp: int) -> Layout:
-    """Join (or create) the gloo process group and megatron's tensor/data-parallel groups.
+def init_parallel(tp: int, backend: str = "gloo") -> Layout:
+    """Join (or create) the process group (``backend``: gloo on CPU, nccl on GPUs) and megatron's
+    tensor/data-parallel groups.
 
     Under ``torchrun`` the environment names the rendezvous; without it this is one process
     (world size 1, an in-memory store). ``tp`` must divide the world size; data parallelism
-    takes the rest. Idempotent for the same ``tp``.
+    takes the rest. Idempotent for the same ``tp`` and backend.
     """
+    if dist.is_initialized() and dist.get_backend() != backend:
+        raise RuntimeError(f"the process group is already initialised with backend {dist.get_backend()!r}, "
+                           f"not {backend!r} (one trainer per process; parallel.shutdown() in between)")
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group("gloo")
+            dist.init_process_group(backend)
         else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size()
     if tp < 1 or world % tp:
         raise ValueError(f"tensor-parallel size {tp} must divide the number of processes ({world})")
@@ -75,13 +80,22 @@ def recv_command() -> tuple[str, tuple]:
     return box[0]
 
 
+def comm_device() -> torch.device:
+    """Where this process's collectives move tensors: its current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Rank 0's float32 ``tensors`` on every rank (others pass None), in ``shapes``' order."""
+    """Rank 0's float32 ``tensors`` on every rank (others pass None), in ``shapes``' order, on
+    :func:`comm_device`."""
     names = list(shapes)
+    dev = comm_device()
     if dist.get_rank() == 0:
-        flat = torch.cat([tensors[n].detach().float().reshape(-1) for n in names])
+        flat = torch.cat([tensors[n].detach().to(dev, torch.float32).reshape(-1) for n in names])
     else:
-        flat = torch.empty(sum(int(torch.Size(s).numel()) for s in shapes.values()))
+        flat = torch.empty(sum(int(torch.Size(s).numel()) for s in shapes.values()), device=dev)
     if dist.get_world_size() > 1:
         dist.broadcast(flat, src=0)
     out, offset = {}, 0
@@ -117,8 +131,8 @@ def reduce_stats(sums: dict[str, float], maxes: dict[str, float], layout: Layout
     if layout.dp == 1:
         return sums, maxes
     ks, km = sorted(sums), sorted(maxes)
-    s = torch.tensor([sums[k] for k in ks], dtype=torch.float64)
-    m = torch.tensor([maxes[k] for k in km], dtype=torch.float64)
+    s = torch.tensor([sums[k] for k in ks], dtype=torch.float64, device=comm_device())
+    m = torch.tensor([maxes[k] for k in km], dtype=torch.float64, device=comm_device())
     dist.all_reduce(s, group=layout.dp_group)
     if km:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=layout.dp_group)

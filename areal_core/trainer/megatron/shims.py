@@ -5,7 +5,9 @@ while building this (the attention's scratch buffer). Every shim here is narrow:
 object megatron keeps for the purpose (its RNG-tracker global, its global scratch buffer, one rotary
 module's method), never torch itself. :func:`apply_cpu_shims` installs the CPU-only ones; the causal
 mask and :func:`finalize_model_grads` are used on every device, since this backend drives a plain
-module (not megatron's DDP wrapper and ``forward_backward_func``, which hard-code CUDA).
+module (not megatron's DDP wrapper and ``forward_backward_func``, which hard-code CUDA). On a GPU none of
+the CPU shims is installed: :func:`use_cuda_defaults` puts megatron's own RNG tracker and scratch buffer
+back.
 
 Not a shim but avoided: ``GPTModel(parallel_output=False)`` gathers the vocab-parallel logits into a
 buffer on CUDA; the engine keeps them vocab-parallel and uses megatron's vocab-parallel cross entropy.
@@ -159,6 +161,14 @@ def finalize_model_grads(named_params: list[tuple[str, torch.nn.Parameter]], dp_
             _all_reduce_grads(qk, tp_group)
     if dp_group is not None and dist.get_world_size(dp_group) > 1:
         _all_reduce_grads([p for _, p in named_params], dp_group)
+
+
+def use_cuda_defaults(seed: int) -> None:
+    """On a GPU: megatron's own CUDA RNG tracker (``model_parallel_cuda_manual_seed``, reset even if a
+    CPU engine in this process installed :class:`CpuRNGStatesTracker`) and its own CUDA scratch buffer
+    (replacing a :class:`CpuGlobalMemoryBuffer`). The rotary shim is per module and never applied here."""
+    mrandom.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    parallel_state._GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
 
 
 def apply_cpu_shims(model: torch.nn.Module, seed: int, tp_rank: int) -> None:
