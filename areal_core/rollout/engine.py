@@ -393,6 +393,8 @@ class RolloutEngine:
                 for s in self._running:
                     s.needs_prefill = True
                 self._needs_prefill = True
+            if self.device.type == "cuda":  # the copies are queued, not done: time what the loop will wait for
+                torch.cuda.synchronize(self.device)
             self.last_update_stall_s = time.perf_counter() - t0
             log.debug("weights of version %d live (%d sequences in flight, %s)", version, len(self._running), self.weight_update)
             _deliver(fut, None)

@@ -318,9 +318,10 @@ class KVForward:
         m = len(seqs)
         lens = [len(s) for s in seqs]
         L = max(lens)
-        ids = torch.zeros((m, L), dtype=torch.long, device=self.device)
+        ids = torch.zeros((m, L), dtype=torch.long)  # filled on the CPU, moved in one copy
         for j, s in enumerate(seqs):
             ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
+        ids = ids.to(self.device)
         lens_t = torch.tensor(lens, device=self.device)
         row_t = torch.tensor(rows, device=self.device)
         pos = torch.arange(L, device=self.device)

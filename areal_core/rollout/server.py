@@ -113,8 +113,9 @@ def _json(model: pydantic.BaseModel, status: int = 200) -> Response:
 
 def create_app(engine: RolloutEngine) -> FastAPI:
     shm = SharedMemoryReader()
-    receiver = DistributedReceiver()
+    receiver = DistributedReceiver(engine.device)  # broadcasts land where the engine computes (NCCL: its GPU)
     app = FastAPI(title="areal-flow rollout server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.weight_receiver = receiver
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, e: ApiError):

@@ -87,10 +87,14 @@ class SharedMemoryReader:
 
 
 class DistributedReceiver:
-    """Process groups this server joined, by name; receives broadcasts from rank 0."""
+    """Process groups this server joined, by name; receives broadcasts from rank 0.
 
-    def __init__(self, device: str = "cpu") -> None:
-        self.device = device
+    The receive buffers are allocated on ``device``, the engine's: NCCL moves CUDA tensors only, so
+    a server on a GPU receives straight into GPU memory; gloo takes CPU and CUDA tensors alike. One
+    code path for both backends: only the buffers' device differs."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
         self._groups: dict[str, dist.ProcessGroup] = {}
 
     def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
@@ -98,22 +102,32 @@ class DistributedReceiver:
         """Join (blocking) the group whose rank 0 is the trainer; this server is ``rank_offset``."""
         if not 1 <= rank_offset < world_size:
             raise ValueError(f"rank_offset {rank_offset} must be in [1, world_size {world_size})")
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"weight-update backend 'nccl' moves GPU tensors only, and this server's engine "
+                             f"runs on {self.device}: use backend 'gloo'")
         store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         self._groups[group_name] = make_process_group(backend, dist.PrefixStore(group_name, store),
                                                       rank_offset, world_size, timeout_s)
 
+    def buffer(self, spec: TensorSpec) -> torch.Tensor:
+        """An uninitialised tensor for ``spec`` on this server's device."""
+        return torch.empty(spec.shape, dtype=spec.torch_dtype, device=self.device)
+
     def receive(self, group_name: str, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
-        """Receive one broadcast per tensor, in order, from rank 0 of ``group_name`` (blocking)."""
+        """Receive one broadcast per tensor, in order, from rank 0 of ``group_name`` (blocking: on a
+        GPU it returns once the bytes have landed, not merely once the copies are queued)."""
         pg = self._groups.get(group_name)
         if pg is None:
             raise ValueError(f"no weight-update group {group_name!r} on this server "
                              f"(joined: {sorted(self._groups) or 'none'}); call /init_weights_update_group first")
         out = {}
         for s in specs:
-            t = torch.empty(s.shape, dtype=s.torch_dtype, device=self.device)
-            pg.broadcast(t, 0).wait()
+            t = self.buffer(s)
+            pg.broadcast(t, 0).wait()  # on CUDA this orders the current stream after the broadcast
             out[s.name] = t
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return out
 
     def close(self) -> None:
