@@ -280,7 +280,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     serve_from = 0 if lora_cfg is not None else version
     with RewardService(cfg.reward) as rewards, \
             backend.launch(store.local_copy(serve_from), serve_from) as urls, frozen_launch as frozen_urls:
-        rewards.warm_up({r.task for r in (*train_records, *eval_records)})
+        rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)

@@ -283,3 +283,20 @@ def test_the_training_path_grades_with_the_configs_choice():
         svc._submit = lambda fn, args, done: sent.append((fn, args))
         svc.submit_batch([("code", CONTROL, "", TESTS)], on_done=lambda results, error: None)
         assert sent == [(grade_batch, ([("code", CONTROL, "", TESTS)], 30.0, "all_pass", allow))]
+
+
+def test_a_training_run_refuses_a_weak_sandbox_before_anything_is_generated(monkeypatch, caplog):
+    """``RewardService.warm_up(..., training=True)`` (run.py calls it before the first evaluation) asks the
+    workers what their sandbox lacks and refuses at once; evaluation and an explicit allowance only warn."""
+    from areal_core.reward.service import RewardService
+
+    monkeypatch.setenv("AREAL_SANDBOX_MODE", "rlimits")  # the workers inherit it
+    with RewardService(RewardConfig(n_workers=1)) as rewards:
+        with pytest.raises(WeakSandboxError, match=r"lacks: .*host_files_hidden.*reward.allow_weak_sandbox: true"):
+            rewards.warm_up({"math", "code"}, training=True)
+        rewards.warm_up({"math"}, training=True)  # no code in the data: nothing to refuse
+        with caplog.at_level(logging.WARNING, logger="areal_core.reward.service"):
+            rewards.warm_up({"code"})  # evaluation
+        assert "lacks" in caplog.text
+    with RewardService(RewardConfig(n_workers=1, allow_weak_sandbox=True)) as rewards:
+        rewards.warm_up({"code"}, training=True)

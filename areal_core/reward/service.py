@@ -111,15 +111,16 @@ class RewardService:
 
         return self.client.run(os.getpid)
 
-    def warm_up(self, tasks: set[str]) -> None:
+    def warm_up(self, tasks: set[str], training: bool = False) -> None:
         """Get the connected workers ready for answers of ``tasks`` (in the background):
         a worker checks math answers in a helper process that takes a second or more to start
         (areal_core.reward.math), which the first math answer would otherwise wait for, in a
         run's first steps. Workers that join later start theirs on first use.
 
-        With code among ``tasks``, a warning names the workers whose sandbox lacks a guarantee:
-        training (``submit_batch``) refuses to grade code there unless ``reward.allow_weak_sandbox``
-        (``sandbox.require_strong``, checked where each batch is graded)."""
+        With code among ``tasks``, the workers whose sandbox lacks a guarantee are named: for
+        ``training`` without ``reward.allow_weak_sandbox`` that is a ``sandbox.WeakSandboxError`` here,
+        before anything is generated (``submit_batch`` checks again where each batch is graded, for
+        workers that join later); otherwise a warning."""
         from areal_core.reward.math import warm_helper
         from areal_core.reward.sandbox import missing_guarantees
 
@@ -128,9 +129,17 @@ class RewardService:
         if "code" in tasks:
             weak = {w: m for w, m in self.client.run(missing_guarantees).items() if m}
             if weak:
+                lacks = sorted({g for m in weak.values() for g in m})
+                if training and not self.cfg.allow_weak_sandbox:
+                    from areal_core.reward.sandbox import WeakSandboxError
+
+                    raise WeakSandboxError(
+                        f"the code sandbox of reward worker(s) {sorted(weak)} lacks: {', '.join(lacks)}; training "
+                        "refuses to grade code there. Run the reward workers as root with util-linux `unshare` "
+                        "(namespaces mode), or set reward.allow_weak_sandbox: true to grade anyway "
+                        "(docs/EVALUATION.md)")
                 log.warning("the code sandbox of worker(s) %s lacks: %s; training grades code there only with "
-                            "reward.allow_weak_sandbox: true (docs/EVALUATION.md)", sorted(weak),
-                            sorted({g for m in weak.values() for g in m}))
+                            "reward.allow_weak_sandbox: true (docs/EVALUATION.md)", sorted(weak), lacks)
 
     def submit(
         self,
