@@ -103,16 +103,17 @@ class ExperimentConfig(Section):
         return self
 
 
-def _check_paths(data: dict, source: Path, lines: dict[tuple, int], overrides: dict[str, Any] | None) -> None:
+def _check_paths(data: dict, source: Path, places: dict[tuple, str], overrides: dict[str, Any] | None) -> None:
     """Missing models or datasets fail first, before any other check and before anything starts
-    (read from the raw config: the other checks would only distract from a wrong path)."""
+    (read from the raw config: the other checks would only distract from a wrong path). Relative
+    paths are relative to the folder of the config named on the command line."""
     base = source.parent
 
     def where(*key: str) -> str:
         dotted = ".".join(key)
         if overrides and dotted in overrides:
             return f"--set {dotted}={_as_yaml(overrides[dotted])}"
-        return f"{source}:{lines[key]}" if key in lines else str(source)
+        return places.get(key, str(source))
 
     model, dataset = data.get("model") or {}, data.get("data") or {}
     m = model.get("name") if isinstance(model, dict) else None
@@ -159,24 +160,30 @@ def _as_yaml(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("\n...")
 
 
-def format_validation_error(err: ValidationError, source: str, lines: dict[tuple, int],
+def _key_places(text: str, source: str) -> dict[tuple, str]:
+    """Each key path of a YAML document as ``source:line``."""
+    return {k: f"{source}:{n}" for k, n in _key_lines(text).items()}
+
+
+def format_validation_error(err: ValidationError, source: str, places: dict[tuple, str],
                             overrides: dict[str, Any] | None = None) -> str:
-    """One line per error, each blaming where its value came from: ``file:line`` or the
-    ``--set KEY=VALUE`` that overrode it."""
+    """One line per error, each blaming where its value came from: the ``file:line`` in ``places``
+    (a key path's file and line; with ``extends:``, the file that set it) or the ``--set KEY=VALUE``
+    that overrode it."""
     msgs = []
     set_at = {tuple(k.split(".")): k for k in overrides or {}}
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
         key = ".".join(str(x) for x in loc) or "(top level)"
-        line = setter = None
+        place = setter = None
         for n in range(len(loc), 0, -1):
             if loc[:n] in set_at:
                 setter = set_at[loc[:n]]
                 break
-            if loc[:n] in lines:
-                line = lines[loc[:n]]
+            if loc[:n] in places:
+                place = places[loc[:n]]
                 break
-        where = f"--set {setter}={_as_yaml(overrides[setter])}" if setter else f"{source}:{line}" if line else source
+        where = f"--set {setter}={_as_yaml(overrides[setter])}" if setter else place or source
         typ, msg = e["type"], e["msg"]
         if typ == "extra_forbidden":
             msg = "unknown key"
@@ -201,12 +208,16 @@ def _section_at(loc: tuple):
 
 def parse_config(data: dict, source: str = "<config>", text: str = "",
                  overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    return _validate(data, source, _key_places(text, source), overrides)
+
+
+def _validate(data, source: str, places: dict[tuple, str], overrides: dict[str, Any] | None) -> ExperimentConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source, _key_lines(text), overrides)) from None
+        raise ConfigError(format_validation_error(e, source, places, overrides)) from None
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
@@ -225,10 +236,13 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return out
 
 
-def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    path = Path(path)
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> tuple[Any, dict[tuple, str]]:
+    """A config file's mapping and the ``file:line`` of each key, with ``extends: BASE`` resolved: BASE
+    (a path relative to this file) is read first and this file's keys are merged into it, section by
+    section (a mapping merges into a mapping; anything else replaces). Each key keeps the place of the
+    file that set it, so errors blame the right file and line."""
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {path}" + (f" (extended by {chain[-1]})" if chain else ""))
     text = path.read_text()
     try:
         data = yaml.safe_load(text) or {}
@@ -236,11 +250,37 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    places = _key_places(text, str(path))
+    if not isinstance(data, dict) or "extends" not in data:
+        return data, places
+    base = data.pop("extends")
+    where = places.pop(("extends",), str(path))
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{where}: extends: expected the path of the config file this one builds on, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in chain + (path.resolve(),):
+        raise ConfigError(f"{where}: extends: {base} leads back to itself ({' -> '.join(map(str, chain + (path,)))})")
+    base_data, base_places = _read_yaml(base_path, chain + (path.resolve(),))
+    if not isinstance(base_data, dict):
+        raise ConfigError(f"{base_path}: expected a mapping of config sections at the top level (extended by {path})")
+    return _merge(base_data, data), {**base_places, **places}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    data, places = _read_yaml(path)
     if overrides:
         data = apply_overrides(data, overrides)
     if isinstance(data, dict):
-        _check_paths(data, path, _key_lines(text), overrides)
-    return parse_config(data, str(path), text, overrides)
+        _check_paths(data, path, places, overrides)
+    return _validate(data, str(path), places, overrides)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -201,3 +201,35 @@ def test_set_values_in_scientific_notation_are_numbers(tmp_path):
     assert got == {"trainer.optim.lr": 1e-5, "a": 2000.0, "b": -0.015, "c": "x1e5", "d": 3}
     cfg = load_config(_write(tmp_path, "name: x\n"), parse_overrides(["trainer.optim.lr=1e-5"]))
     assert cfg.trainer.optim.lr == 1e-5
+
+
+def test_extends_merges_a_base_config_and_blames_the_file_that_set_a_key(tmp_path):
+    (tmp_path / "base.yaml").write_text("name: base\ntrainer:\n  eta: 2\n  batch_size: 16\nrollout:\n  n_samples: 4\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: base.yaml\nname: child\ntrainer:\n  eta: 0\n")
+    cfg = load_config(child)
+    assert (cfg.name, cfg.trainer.eta, cfg.trainer.batch_size, cfg.rollout.n_samples) == ("child", 0, 16, 4)
+    (tmp_path / "base.yaml").write_text("name: base\ntrainer:\n  etaa: 2\n")
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'base.yaml'}:3: trainer.etaa: unknown key"):
+        load_config(child)
+    (tmp_path / "base.yaml").write_text("name: base\n")
+    child.write_text("extends: base.yaml\ntrainer:\n  eta: -1\n")
+    with pytest.raises(ConfigError, match=rf"{child}:3: trainer.eta: Input should be greater than or equal to 0"):
+        load_config(child)
+    child.write_text("extends: nope.yaml\n")
+    with pytest.raises(ConfigError, match=r"config file not found: .*nope.yaml \(extended by .*child.yaml\)"):
+        load_config(child)
+    child.write_text("extends: child.yaml\n")
+    with pytest.raises(ConfigError, match=r"child.yaml:1: extends: child.yaml leads back to itself"):
+        load_config(child)
+    child.write_text("extends: [a, b]\n")
+    with pytest.raises(ConfigError, match=r"child.yaml:1: extends: expected the path of the config file"):
+        load_config(child)
+
+
+def test_shipped_configs_that_extend_others_load():
+    lora = load_config(Path(__file__).parents[1] / "configs/smollm2_lora.yaml")
+    base = load_config(Path(__file__).parents[1] / "configs/smollm2_quickstart.yaml")
+    assert lora.trainer.lora is not None and base.trainer.lora is None
+    assert lora.trainer.optim.lr != base.trainer.optim.lr
+    assert lora.data == base.data and lora.rollout == base.rollout
