@@ -145,3 +145,98 @@ def test_a_server_without_the_transport_is_named_at_connect():
 
     with pytest.raises(TransportUnsupported, match=r"http://127.0.0.1:1 cannot receive weights by the 'tensor'"):
         asyncio.run(TensorTransport().connect([_Client()]))
+
+
+def test_distributed_resend_with_a_fixed_master_port(two_servers):
+    """A server restart with rollout.weight_transport.master_port set: the new group is made on the
+    same port (the store the first group used still holds it), and every server ends at the version."""
+    from areal_core.rollout.launcher import free_port
+
+    servers, _ = two_servers
+    t = DistributedTransport(master_port=free_port())
+    model = tiny_qwen2(6)
+
+    async def go():
+        clients = [RolloutClient(u) for u in servers.urls]
+        try:
+            await t.connect(clients)
+            t.stage(model, 41)
+            await t.push(clients)
+            with torch.no_grad():
+                next(model.parameters()).add_(0.25)
+            t.stage(model, 42)
+            await t.resend(clients, 0)  # a new group on the same port, then version 42 to everyone
+            await t.resend(clients, 1)  # and once more
+            return [(await c.model_info()).weight_version for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    try:
+        assert asyncio.run(go()) == [42, 42]
+    finally:
+        t.close()
+    name, want = next(iter(named_weights(model).items()))
+    for url in servers.urls:
+        assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], want.flatten())
+
+
+class _SlowStage:
+    """Stages the way the trainer does, one tensor at a time with a pause after each (a large model
+    takes seconds to copy); ``started`` is set once the first tensor of the new version is in."""
+
+    def __init__(self, transport, pause_s: float = 0.05):
+        import threading
+
+        self.t, self.pause_s, self.started = transport, pause_s, threading.Event()
+        self._real = type(transport)._stage
+
+    def __call__(self, named, version):
+        import time
+
+        for name, tensor in named.items():  # (the buffer exists: a version was staged before)
+            self._real(self.t, {name: tensor}, version)
+            self.started.set()
+            time.sleep(self.pause_s)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "distributed"])
+def test_a_recovering_server_never_loads_a_mix_of_two_versions(two_servers, kind):
+    """A server brought back while the trainer stages the next version: what it loads is one staged
+    version, whole, labelled as that version; after the next push the two servers hold identical weights."""
+    servers, _ = two_servers
+    transport = TensorTransport() if kind == "tensor" else DistributedTransport()
+    old, new = tiny_qwen2(70), tiny_qwen2(71)
+    want = {50: named_weights(old), 51: named_weights(new)}
+    names = list(want[50])
+
+    async def go():
+        clients = [RolloutClient(u) for u in servers.urls]
+        try:
+            await transport.connect(clients)
+            transport.stage(old, 50)
+            await transport.push(clients)
+            slow = _SlowStage(transport)
+            transport._stage = slow  # (an instance attribute: this transport only)
+            staging = asyncio.ensure_future(asyncio.to_thread(transport.stage, new, 51))
+            await asyncio.to_thread(slow.started.wait, 10)
+            await transport.resend(clients, 1)  # server 1 came back while version 51 is being staged
+            label = (await clients[1].model_info()).weight_version
+            got = await _server_weights(servers.urls[1], names)
+            await staging
+            await transport.push(clients)  # version 51 to every server, as the controller does next
+            after = [await _server_weights(u, names) for u in servers.urls]
+            return label, got, after
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    try:
+        label, got, after = asyncio.run(go())
+    finally:
+        transport.close()
+    assert label in want
+    mixed = [n for n in names if not torch.equal(got[n], want[label][n].flatten())]
+    assert not mixed, f"labelled {label}, but {len(mixed)} of {len(names)} tensors are not version {label}'s: {mixed[:3]}"
+    for n in names:
+        assert torch.equal(after[0][n], after[1][n]) and torch.equal(after[0][n], want[51][n].flatten())

@@ -7,16 +7,21 @@ Checkpoints are a separate concern (storage/): a transport only moves the curren
     await resend(clients, i)   server i came back (restarted): give it the staged version
 
 The caller stages version v+1 only after the push of v has returned, so a transport keeps one
-send buffer, and ``staged_version`` labels what it holds. ``connect`` runs once before the first push; it fails, naming the server and
-the transport, when a server cannot receive weights this way.
+send buffer, and ``staged_version`` labels what it holds. A resend, though, comes whenever a
+server is brought back, also while the trainer stages the next version: so staging and sending
+take turns on the buffer (``_buffer_lock``), and a send reads one version whole, labelled as
+what it is. ``connect`` runs once before the first push; it fails, naming the server and the
+transport, when a server cannot receive weights this way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import shutil
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -53,6 +58,20 @@ class WeightTransport(ABC):
     staged_bytes: int = 0  # bytes of the staged version's tensors: what each server receives
     last_push_s: float | None = None  # wall time of the last push that returned
 
+    def __init__(self) -> None:
+        self._buffer_lock = threading.Lock()  # staging (trainer thread) and sending (the loop) take turns
+
+    @contextlib.asynccontextmanager
+    async def _buffer(self):
+        """Hold the send buffer while a send reads it; waits (without blocking the loop) for a staging
+        in progress to finish."""
+        while not self._buffer_lock.acquire(blocking=False):
+            await asyncio.sleep(0.005)
+        try:
+            yield
+        finally:
+            self._buffer_lock.release()
+
     async def connect(self, clients: list[RolloutClient]) -> None:
         offers = await asyncio.gather(*(c.weight_transports() for c in clients))
         for c, offered in zip(clients, offers):
@@ -62,23 +81,33 @@ class WeightTransport(ABC):
                     f"(it offers: {', '.join(offered)}); set rollout.weight_transport to one of those")
 
     def stage(self, model: torch.nn.Module, version: int) -> None:
-        if self.kind == "disk":
-            self._stage(model, version)  # (sets staged_bytes: the folder's size)
-        else:
-            named = named_weights(model, self.adapters)
-            self._stage(named, version)
-            self.staged_bytes = sum(t.nbytes for t in named.values())
-        self.staged_version = version
+        with self._buffer_lock:  # a resend under way finishes reading the previous version first
+            if self.kind == "disk":
+                self._stage(model, version)  # (sets staged_bytes: the folder's size)
+            else:
+                named = named_weights(model, self.adapters)
+                self._stage(named, version)
+                self.staged_bytes = sum(t.nbytes for t in named.values())
+            self.staged_version = version
 
     async def push(self, clients: list[RolloutClient]) -> None:
-        if self.staged_version is None:
-            raise RuntimeError(f"{self.kind} transport: push() before anything was staged")
-        t0 = time.perf_counter()
-        await self._push(clients, self.staged_version)
-        self.last_push_s = time.perf_counter() - t0
+        async with self._buffer():
+            if self.staged_version is None:
+                raise RuntimeError(f"{self.kind} transport: push() before anything was staged")
+            t0 = time.perf_counter()
+            await self._push(clients, self.staged_version)
+            self.last_push_s = time.perf_counter() - t0
 
     async def resend(self, clients: list[RolloutClient], i: int) -> None:
-        await self.push([clients[i]])
+        """Server ``i`` came back: give it the staged version (the one whole version in the buffer,
+        which may be newer than what the others serve; the next push brings them to it)."""
+        async with self._buffer():
+            if self.staged_version is None:
+                raise RuntimeError(f"{self.kind} transport: resend() before anything was staged")
+            await self._resend(clients, i, self.staged_version)
+
+    async def _resend(self, clients: list[RolloutClient], i: int, version: int) -> None:
+        await self._push([clients[i]], version)
 
     @abstractmethod
     def _stage(self, weights, version: int) -> None: ...
@@ -99,6 +128,7 @@ class DiskTransport(WeightTransport):
     adapters = False
 
     def __init__(self, folder: str, keep: int = 2):
+        super().__init__()
         self.folder, self.keep = folder, keep
         self._staged: list[tuple[int, str]] = []
 
@@ -136,6 +166,7 @@ class TensorTransport(WeightTransport):
     kind = "tensor"
 
     def __init__(self) -> None:
+        super().__init__()
         self._shm: shared_memory.SharedMemory | None = None
         self._specs = None
 
@@ -162,12 +193,15 @@ class TensorTransport(WeightTransport):
 class DistributedTransport(WeightTransport):
     """A torch.distributed broadcast from the trainer (rank 0) to every server (ranks 1..n), through
     SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``; gloo on CPU,
-    NCCL on GPU. A server that restarts makes everyone join a new group."""
+    NCCL on GPU. A server that restarts makes everyone join a new group: a new name under the same
+    rendezvous store (one ``TCPStore`` on one port for the transport's life, so a fixed
+    ``master_port`` serves every generation of the group)."""
 
     kind = "distributed"
 
     def __init__(self, backend: str = "gloo", master_address: str = "127.0.0.1", master_port: int | None = None,
                  timeout_s: float = 300.0):
+        super().__init__()
         self.backend, self.address, self.port, self.timeout_s = backend, master_address, master_port, timeout_s
         self._pg: dist.ProcessGroup | None = None
         self._store: dist.TCPStore | None = None
@@ -180,10 +214,11 @@ class DistributedTransport(WeightTransport):
         await super().connect(clients)
         self._generation += 1
         self._group = f"areal-weights-{os.getpid()}-{self._generation}"
-        port = self.port or free_port(self.address)
         world = len(clients) + 1
-        self._store = dist.TCPStore(self.address, port, world, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+        if self._store is None:  # made once: a second store on a port the first holds fails (EADDRINUSE)
+            self._store = dist.TCPStore(self.address, self.port or free_port(self.address), world, is_master=True,
+                                        wait_for_workers=False, timeout=datetime.timedelta(seconds=self.timeout_s))
+        port = self._store.port
         store = dist.PrefixStore(self._group, self._store)
         join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s)
         results = await run_all([join] + [c.init_weights_update_group(
@@ -209,9 +244,9 @@ class DistributedTransport(WeightTransport):
         await run_all([asyncio.to_thread(self._broadcast)]
                    + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients])
 
-    async def resend(self, clients: list[RolloutClient], i: int) -> None:
+    async def _resend(self, clients: list[RolloutClient], i: int, version: int) -> None:
         await self.connect(clients)  # the group has a fixed membership: everyone joins a new one
-        await self.push(clients)
+        await self._push(clients, version)
 
     def close(self) -> None:
         self._pg = None
