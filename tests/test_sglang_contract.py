@@ -21,6 +21,7 @@ from areal_core.rollout.backends.sglang import (
     SGLangConfig,
     parse_generate_response,
     sglang_launch_command,
+    wire_rid,
 )
 from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.weight_layout import TensorSpec
@@ -80,7 +81,7 @@ def test_generate_single(standin):
     assert g.logprobs == pytest.approx(lps)
     path, body = standin.log[-1]
     assert path == "/generate"
-    assert body == {"input_ids": [3, 4, 5], "rid": "r1", "return_logprob": True,
+    assert body == {"input_ids": [3, 4, 5], "rid": "2:r1", "return_logprob": True,
                     "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": -1}}
 
 
@@ -101,7 +102,7 @@ def test_generate_batch(standin):
         assert g.output_ids == ids and g.logprobs == pytest.approx(lps) and g.finish_reason == "length"
     assert gens[2].output_ids == [0, 1]  # wraps around the vocabulary
     body = standin.log[-1][1]
-    assert body["input_ids"] == prompts and body["rid"] == ["a", "b", "c"]
+    assert body["input_ids"] == prompts and body["rid"] == ["1:a", "1:b", "1:c"]
     assert [sp["max_new_tokens"] for sp in body["sampling_params"]] == [3, 5, 2]
     assert body["sampling_params"][1]["sampling_seed"] == 7
 
@@ -111,9 +112,9 @@ def test_generate_batch(standin):
 def test_versions_across_update_mid_request_keep_kv(standin):
     async def go(c: SGLangClient):
         task = asyncio.create_task(c.generate([100], Sampling(max_new_tokens=40), "mid"))
-        await wait_tokens(standin, "mid", 5)
+        await wait_tokens(standin, wire_rid("mid"), 5)
         await c.pause()  # in_place: held with its KV
-        k = standin.call(lambda: len(standin.active["mid"].out))
+        k = standin.call(lambda: len(standin.active[wire_rid("mid")].out))
         await c.update_weights_from_disk("/ckpt/step1", 1)
         info = await c.info()
         await c.resume()
@@ -134,7 +135,7 @@ def test_versions_across_update_mid_request_keep_kv(standin):
 def test_pause_abort_then_continue_from_partial(standin):
     async def go(c: SGLangClient):
         task = asyncio.create_task(c.generate([20], Sampling(max_new_tokens=30), "p1"))
-        await wait_tokens(standin, "p1", 4)
+        await wait_tokens(standin, wire_rid("p1"), 4)
         await c.pause()
         part = await task  # returns at once, cut short
         await c.update_weights_from_disk("/ckpt/step2", 2)
@@ -165,14 +166,32 @@ def test_abort_request(standin):
     async def go(c: SGLangClient):
         task = asyncio.create_task(c.generate([7], Sampling(max_new_tokens=500), "victim"))
         other = asyncio.create_task(c.generate([7], Sampling(max_new_tokens=20), "bystander"))
-        await wait_tokens(standin, "victim", 3)
+        await wait_tokens(standin, wire_rid("victim"), 3)
         await c.abort_request("victim")
         return await task, await other
     g, other = run(go, standin.url)
     assert g.finish_reason == "abort" and 3 <= len(g.output_ids) < 500
     assert g.output_ids == expected(7, len(g.output_ids))[0]
     assert other.finish_reason == "length" and len(other.output_ids) == 20
-    assert ("/abort_request", {"rid": "victim"}) in standin.log
+    assert ("/abort_request", {"rid": "6:victim"}) in standin.log
+
+
+def test_abort_of_one_answer_leaves_its_siblings_whose_ids_it_prefixes(standin):
+    """SGLang aborts every request whose rid starts with the one given: answer s1 of a group is a prefix
+    of answers s10..s15, yet aborting it must stop it alone."""
+    async def go(c: SGLangClient):
+        rids = ["e0-p7-s1", *(f"e0-p7-s{k}" for k in range(10, 16))]
+        tasks = {r: asyncio.create_task(c.generate([7], Sampling(max_new_tokens=40 if r != rids[0] else 500), r))
+                 for r in rids}
+        await wait_tokens(standin, wire_rid(rids[0]), 3)
+        await c.abort_request(rids[0])
+        return {r: await t for r, t in tasks.items()}
+    gens = run(go, standin.url)
+    assert gens["e0-p7-s1"].finish_reason == "abort"
+    survivors = {r: g.finish_reason for r, g in gens.items() if r != "e0-p7-s1"}
+    assert survivors == {f"e0-p7-s{k}": "length" for k in range(10, 16)}, survivors
+    sent = [b["rid"] for p, b in standin.log if p == "/generate"]
+    assert all(not a.startswith(b) for a in sent for b in sent if a != b), sent  # no id prefixes another
 
 
 def test_update_weights_from_disk_and_info(standin):

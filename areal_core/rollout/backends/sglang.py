@@ -14,7 +14,9 @@ exclusive, contiguous from 0. Versions are strings in SGLang: we send ``str(int)
 servers with ``--weight-version <int>`` (its default label is ``"default"``). A server without
 ``weight_versions`` (older 0.5.x) gets its one ``weight_version`` for every token, which
 over-reports freshness if an update happened mid-request. ``/abort_request`` aborts every
-request whose rid *starts with* the given rid, so rids must not be prefixes of one another.
+request whose rid *starts with* the given rid (answer ``...-s1`` is a prefix of ``...-s10``), so
+the client sends each rid as ``wire_rid(rid)``, ``<length>:<rid>``: no such id is a prefix of
+another, whatever the ids are.
 
 ``rollout.weight_update`` -> the SGLang pause mode the client wraps each weight update in
 (pause, update, continue; ``SGLangClient(pause_mode=...)``):
@@ -94,6 +96,13 @@ def _sampling_params(s: Sampling) -> dict[str, Any]:
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+def wire_rid(rid: str) -> str:
+    """The rid SGLang sees for ``rid``: ``<length>:<rid>``, a prefix-free code (two such ids with
+    different lengths differ before the colon; with the same length, one is a prefix of the
+    other only if they are equal), so SGLang's prefix-matching abort stops that request alone."""
+    return f"{len(rid)}:{rid}"
+
+
 def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     """One SGLang ``/generate`` answer -> Generation; a missing or malformed field raises
     RolloutServerError naming it."""
@@ -159,7 +168,7 @@ class SGLangClient(HTTPClient):
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation:
         body = {"input_ids": [int(t) for t in input_ids], "sampling_params": _sampling_params(sampling),
-                "return_logprob": True, "rid": rid}
+                "return_logprob": True, "rid": wire_rid(rid)}
         self._in_flight += 1
         try:
             return parse_generate_response(await self._json("POST", "/generate", body), self.url)
@@ -173,7 +182,7 @@ class SGLangClient(HTTPClient):
             raise ValueError(f"{n} prompts, {len(sampling)} sampling params, {len(rids)} rids")
         body = {"input_ids": [[int(t) for t in ids] for ids in input_ids],
                 "sampling_params": [_sampling_params(s) for s in sampling], "return_logprob": True,
-                "rid": list(rids)}
+                "rid": [wire_rid(r) for r in rids]}
         self._in_flight += n
         try:
             ans = await self._json("POST", "/generate", body)
@@ -185,7 +194,7 @@ class SGLangClient(HTTPClient):
         return [parse_generate_response(a, self.url) for a in ans]
 
     async def abort_request(self, rid: str) -> None:
-        await self._json("POST", "/abort_request", {"rid": rid})
+        await self._json("POST", "/abort_request", {"rid": wire_rid(rid)})
 
     async def pause(self) -> None:
         await self._json("POST", "/pause_generation", {"mode": self.pause_mode})
