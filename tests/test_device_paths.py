@@ -85,3 +85,31 @@ def test_the_megatron_engine_names_the_devices_it_runs_on():
                       num_key_value_heads=1, vocab_size=40, max_position_embeddings=64)
     with pytest.raises(ValueError, match="runs on 'cpu' or 'cuda', not 'mps'"):
         MegatronEngine(cfg, TrainerConfig(batch_size=8), 1.0, 1, 1, device="mps")
+
+
+@pytest.mark.parametrize("device,backend,current", [("cpu", "gloo", None), ("cuda", "nccl", "cuda:0"),
+                                                    ("cuda:1", "nccl", "cuda:1")])
+def test_the_megatron_trainer_joins_with_the_backend_of_its_device(monkeypatch, device, backend, current):
+    """Rank 0 makes its GPU current, then asks for an NCCL group (gloo on the CPU): the process group
+    and the engine must agree, or the engine's init_parallel would meet a group of another backend."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
+    from areal_core.trainer.config import TrainerConfig
+    from areal_core.trainer.megatron import parallel
+    from areal_core.trainer.megatron.trainer import MegatronTrainer
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def init_parallel(tp, backend="gloo"):
+        calls.append(("init_parallel", tp, backend))
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(parallel, "init_parallel", init_parallel)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(Stop):
+        MegatronTrainer(SimpleNamespace(config=None), TrainerConfig(batch_size=8), 1.0, 1, device=device)
+    want = ([("set_device", current)] if current else []) + [("init_parallel", 1, backend)]
+    assert calls == want

@@ -21,7 +21,6 @@ own optimizer and schedules hard-code CUDA), with the torch trainer's hyperparam
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
@@ -51,16 +50,9 @@ def deal_by_tokens(indices: list[int], lengths: list[int], n_ranks: int) -> list
 class MegatronEngine:
     def __init__(self, hf_config, cfg: TrainerConfig, temperature: float, total_steps: int, tp: int, seed: int = 0,
                  device: str = "cpu"):
-        self.device = torch.device(device)
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"the megatron trainer runs on 'cpu' or 'cuda', not {device!r}")
+        self.device, backend = parallel.use_device(device)  # NCCL between GPUs, gloo between CPU processes
         cuda = self.device.type == "cuda"
-        if cuda and self.device.index is None:  # this rank's GPU (torchrun's LOCAL_RANK; 0 alone)
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        if cuda:
-            torch.cuda.set_device(self.device)
-        # NCCL between GPUs, gloo between CPU processes: the same collectives either way
-        self.layout = lay = parallel.init_parallel(tp, backend="nccl" if cuda else "gloo")
+        self.layout = lay = parallel.init_parallel(tp, backend=backend)
         self.arch = mapping.arch_of(hf_config, tp)
         self.cfg, self.temperature = cfg, temperature
         self.module = mapping.build_gpt(self.arch, tp, cpu=not cuda)  # on CUDA: on this rank's GPU

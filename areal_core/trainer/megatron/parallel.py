@@ -59,6 +59,21 @@ def init_parallel(tp: int, backend: str = "gloo") -> Layout:
                   ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())
 
 
+def use_device(device: str | torch.device) -> tuple[torch.device, str]:
+    """This rank's device and the process-group backend for it: a GPU (``cuda`` alone means this
+    rank's, ``LOCAL_RANK`` as torchrun sets it, else 0), made the current one, with NCCL; the CPU with
+    gloo. Call before :func:`init_parallel`: NCCL's collectives use the current GPU."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return device, "gloo"
+    if device.type != "cuda":
+        raise ValueError(f"the megatron trainer runs on 'cpu' or 'cuda', not {str(device)!r}")
+    if device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return device, "nccl"
+
+
 def shutdown() -> None:
     """Undo :func:`init_parallel` (megatron's groups, then the process group)."""
     if ps.model_parallel_is_initialized():

@@ -9,7 +9,9 @@ broadcasts itself as a command, then does its own part of the collective work
 The HF model stays the published working copy: after every step (and a resume) rank 0 gathers the
 float32 weights from the tensor-parallel shards and copies them into it (rounded to its dtype), so
 checkpoints and the weight transport (``transport.stage(model, version)``) need no change. The
-megatron module computes in float32.
+megatron module computes in float32, on ``device`` (``cpu``, or ``cuda``: this rank's GPU, NCCL). Other
+ranks' followers join over gloo (``follower.follow``): tensor or data parallelism over GPUs is not
+wired yet, only one GPU alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class MegatronTrainer:
         self.model = model
         init = (model.config, cfg, temperature, total_steps, tp_size, seed, device)
         self.engine = None
-        layout = parallel.init_parallel(tp_size)  # rank 0 of the job from here on
+        _, backend = parallel.use_device(device)  # (a GPU: NCCL, and this rank's GPU made current first)
+        layout = parallel.init_parallel(tp_size, backend=backend)  # rank 0 of the job from here on
         if layout.rank != 0:
             raise RuntimeError(f"MegatronTrainer is built on rank 0 only; rank {layout.rank} must run "
                                "areal_core.trainer.megatron.follower.follow()")
