@@ -1,0 +1,5 @@
+import sys
+
+from infra.gpu_smoke.cli import main
+
+sys.exit(main())
