@@ -3,12 +3,13 @@
     python -m bench all [--quick]      # every benchmark, then bench/results/summary.json
     python -m bench NAME [--quick]     # one of BENCHMARKS, LEARNING or DIAGNOSTICS
 
-``trl_peer`` needs TRL's own venv (bench/.venvs/trl): it creates it on first use, or run
-``make bench-trl`` ahead of time.
+``trl_peer``, ``trl_peer_smollm2`` and ``trl_peer_ab`` need TRL's own venv (bench/.venvs/trl): they
+create it on first use, or run ``make bench-trl`` ahead of time.
 
 LEARNING holds the learning measurements over seeds (each a series of full training
 runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain or check others (where
-the cores go; the simulator against measured runs); `all` leaves both out.
+the cores go; the simulator against measured runs; the TRL peer on SmolLM2, an hour, and what
+TRL's own settings cost); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
@@ -32,4 +33,4 @@ LEARNING = (
     "rl_vs_sft",
 )
 
-DIAGNOSTICS = ("core_split", "sim_validation")
+DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab")
