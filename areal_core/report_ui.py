@@ -6,7 +6,7 @@ UI renders inline), tables with numbers rounded for people. Full precision stays
   reward, staleness, tokens/s, answer length), redrawn at each checkpoint;
 * :func:`evaluation_markdown`: an evaluation's pass@k per benchmark, and pass@1 over the run's
   evaluated checkpoints;
-* :func:`inline_plots`: a report's markdown with its PNG plots inside it.
+* :func:`report_for_ui`: a report's markdown with its PNG plots inside it, its table narrowed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def for_people(value, digits: int = 4):
     """A float rounded to ``digits`` significant figures (0.09000000000000002 -> 0.09); other values as they are."""
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value) or value == 0:
         return value
-    return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    places = digits - 1 - int(math.floor(math.log10(abs(value))))
+    return round(value, places) if places > 0 else int(round(value, places))  # 1923.04 -> 1923
 
 
 def rounded_rows(rows: list[dict], digits: int = 4) -> list[dict]:
@@ -82,7 +83,7 @@ def training_figure(metrics: pd.DataFrame, heldout: dict[int, float], evals: pd.
     ax_acc.set(title="batch accuracy (on the prompts drawn)", ylabel="accuracy")
     if heldout:
         xs = sorted(heldout)
-        ax_held.plot(xs, [heldout[x] for x in xs], "o-", color="tab:green", label="held-out (before / after RL)")
+        ax_held.plot(xs, [heldout[x] for x in xs], "o", ms=8, color="tab:green", label="held-out (before / after RL)")
     for bench, g in evals.groupby("bench") if len(evals) else []:
         g = g.sort_values("version")
         ax_held.plot(g["version"], g["pass@1"], "s--", label=f"checkpoint evaluation: {bench}")
@@ -212,12 +213,25 @@ def evaluation_markdown(title: str, summary: dict, eval_dir: str, history: pd.Da
 
 
 # -- a report ------------------------------------------------------------------------------------
-def inline_plots(markdown: str, plots: dict[str, bytes]) -> str:
-    """``![name](name.png)`` -> the image itself, for each plot given."""
+def runs_rows(table: list[dict]) -> tuple[tuple[str, ...], list[tuple]]:
+    """The report's runs, narrow enough for the UI's artifact column (every column: report.csv)."""
+    header = ("run", "eta", "objective", "accuracy", "gain", "tokens/s", "wall s", "max staleness", "ledger")
+    rows = [(r["run"], r["eta"], r["objective"], f"{r['accuracy_before']:.3f} -> {r['final_accuracy']:.3f}",
+             f"{r['accuracy_gain']:+.3f}", for_people(float(r["effective_train_tokens_per_s"])),
+             for_people(float(r["wall_time_s"])), r["max_staleness_observed"], "ok" if r["ledger_ok"] else "NOT ok")
+            for r in table]
+    return header, rows
+
+
+def report_for_ui(markdown: str, table: list[dict], plots: dict[str, bytes]) -> str:
+    """The report as the UI shows it: its runs table narrowed (:func:`runs_rows`), and each
+    ``![name](name.png)`` replaced by the image itself."""
     def image(m: re.Match) -> str:
         name = m.group(2)
         return md_image(m.group(1), plots[name]) if name in plots else m.group(0)
 
+    narrow = md_table(*runs_rows(table)) + "\n\nEvery column: `report.csv`.\n"
+    markdown = re.sub(r"(## Runs\n\n)(\|.*\n)+", lambda m: m.group(1) + narrow, markdown, count=1)
     return re.sub(r"!\[([^\]]*)\]\(([a-z_]+)\.png\)", image, markdown)
 
 
