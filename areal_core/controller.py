@@ -16,7 +16,8 @@ Nothing admitted is lost:
   aborts returns its partial output, which is kept; a request whose server died
   (unreachable, or 503) is sent again, after the server was restarted
   (``restart_server``, the embedded launcher) or came back and was brought to
-  the current weights. The trajectory keeps its id throughout.
+  the current weights (``server_recovery.py``: no request reaches it before).
+  The trajectory keeps its id throughout.
 * ``snapshot()`` is a consistent cut of everything admitted and not trained
   (rewarded groups in the buffer, answers being graded, and the partial output
   of answers being generated, as the servers reported it at the last
@@ -32,7 +33,6 @@ import contextvars
 import copy
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,6 +47,7 @@ from areal_core.reward.service import RewardService
 from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.client import RolloutPool, RolloutServerError
 from areal_core.rollout.weight_transport import WeightTransport
+from areal_core.server_recovery import ServerRecovery
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -148,9 +149,10 @@ class RolloutController:
         self.s = settings
         self.version = version
         self.transport = transport
-        self._restart_source, self.model_version = (lambda: model_path), version  # what a restarted server loads
+        # weight pushes and server recovery; a restarted server loads model_path (version), then the weights
+        self.recovery = ServerRecovery(transport, request_timeout_s, restart_server, model_path, version,
+                                       restart_frozen, frozen_model_path, frozen_version)
         self.request_timeout_s = request_timeout_s
-        self.restart_server = restart_server
         self.make_client = make_client  # the rollout backend's client for a URL (None: the embedded one)
         self._prompts = prompts
         self._tests = {p.id: p.tests for p in prompts if p.tests}  # what code answers are graded against
@@ -173,8 +175,7 @@ class RolloutController:
         self.agents = agents
         self._agent_prompt = agent_prompt
         self.frozen_urls = list(frozen_urls)
-        self.frozen_model_path, self.frozen_version = frozen_model_path, frozen_version
-        self.restart_frozen = restart_frozen
+        self.frozen_version = frozen_version
         if agents is not None and agents.top_k < len(agents.ids) and not self.frozen_urls:
             raise ValueError("agents routed to the frozen policy need frozen_urls")
         # frozen groups in flight, at most as many as the gate lets trainable ones be
@@ -240,7 +241,7 @@ class RolloutController:
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
         """A newer checkpoint for servers that must be restarted (see ``__init__``):
         ``local_copy()`` gives its folder (a download, made only when a server restarts)."""
-        self._restart_source, self.model_version = local_copy, version
+        self.recovery.restart_from(local_copy, version)
 
     def refresh_partials(self) -> None:
         """Ask the servers, in the background, for the partial output of the answers they
@@ -288,23 +289,14 @@ class RolloutController:
         if self.frozen_urls:  # never given to the transport: no weights ever reach them
             self._pools[FROZEN] = RolloutPool(self.frozen_urls, timeout_s=self.request_timeout_s,
                                               make_client=self.make_client)
+        self.recovery.bind(self.trainable_pool, self._pools.get(FROZEN))
         self._frozen_sem = asyncio.Semaphore(self._frozen_limit)
-        self._frozen_lock = asyncio.Lock()
         self._gate = asyncio.Condition()
-        self._servers_lock = asyncio.Lock()  # weight updates and server recovery, one at a time
-        self._connected = self._loop.create_task(self._connect())
+        self._connected = self._loop.create_task(self.recovery.connect())
         self._main = self._loop.create_task(self._generate_once_connected())
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
-
-    async def _connect(self) -> None:
-        """Connect the transport; weights staged before ``start()`` (a LoRA run's adapters: its servers
-        start from the base, checkpoint v0) reach every server before anything is generated."""
-        await self.transport.connect(self.trainable_pool.clients)
-        if self.transport.staged_version is not None:
-            async with self._servers_lock:
-                await self.transport.push(self.trainable_pool.clients)
 
     async def _generate_once_connected(self) -> None:
         try:
@@ -572,17 +564,7 @@ class RolloutController:
 
     # servers: weight updates and recovery ---------------------------------------
     async def _update_weights(self, version: int) -> None:
-        async with self._servers_lock:
-            try:
-                if self.transport.staged_version != version:
-                    raise RuntimeError(f"update to version {version}, but the transport holds "
-                                       f"version {self.transport.staged_version}")
-                await self.transport.push(self.trainable_pool.clients)  # the frozen servers: never
-            except RolloutServerError as e:
-                if not e.server_down:
-                    raise
-                log.warning("weight update of %s failed (%s); recovering the server", e.url, e)
-                await self._bring_back(self.trainable_pool.urls.index(e.url))
+        await self.recovery.push(version)
         async with self._gate:
             self.version = version
             self._gate.notify_all()
@@ -594,49 +576,12 @@ class RolloutController:
             log.warning("could not abort %s on %s before resubmitting: %s", rid, url, e)
 
     async def _recover(self, url: str) -> None:
-        """The server at ``url`` failed a request: make sure it is up and at the current weights."""
+        """The server at ``url`` failed a request: once this returns it is up and at the current
+        weights (a frozen one: at its own); it gets no other request meanwhile."""
         if _ROUTE.get() == FROZEN:
-            await self._recover_frozen(url)
-            return
-        i = self.pool.urls.index(url)
-        async with self._servers_lock:
-            if await self.pool.clients[i].health():
-                info = await self.pool.clients[i].info()
-                if info.weight_version == self.version:
-                    return  # restarted meanwhile (or a passing failure)
-            await self._bring_back(i)
-
-    async def _bring_back(self, i: int) -> None:
-        """Restart server ``i`` from the last checkpoint and give it the transport's staged weights."""
-        client = self.trainable_pool.clients[i]
-        if self.restart_server is not None:
-            path = await asyncio.to_thread(self._restart_source)
-            await asyncio.to_thread(self.restart_server, i, path, self.model_version)
-        deadline = time.monotonic() + self.request_timeout_s
-        while not await client.health():
-            if time.monotonic() > deadline:
-                raise RolloutServerError(client.url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
-            await asyncio.sleep(0.2)
-        staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
-        if staged is not None and (await client.info()).weight_version != staged:
-            await self.transport.resend(self.trainable_pool.clients, i)
-
-    async def _recover_frozen(self, url: str) -> None:
-        """A frozen server failed a request: make sure it is up, restarting it from the frozen
-        checkpoint; it never gets weights from the transport."""
-        pool = self._pools[FROZEN]
-        i = pool.urls.index(url)
-        client = pool.clients[i]
-        async with self._frozen_lock:  # (the trainable servers' updates go on meanwhile)
-            if await client.health() and (await client.info()).weight_version == self.frozen_version:
-                return
-            if self.restart_frozen is not None:
-                await asyncio.to_thread(self.restart_frozen, i, self.frozen_model_path, self.frozen_version)
-            deadline = time.monotonic() + self.request_timeout_s
-            while not await client.health():
-                if time.monotonic() > deadline:
-                    raise RolloutServerError(url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
-                await asyncio.sleep(0.2)
+            await self.recovery.recover_frozen(url)
+        else:
+            await self.recovery.recover(url, lambda: self.version)
 
     # resume ------------------------------------------------------------------
     async def _refresh_partials(self) -> None:

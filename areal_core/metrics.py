@@ -104,12 +104,19 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int) -> dict:
-    """Exactly-once check: no trajectory id trained twice, every step trained B of them.
+def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int, eta: int | None = None) -> dict:
+    """Exactly-once check: no trajectory id trained twice, every step trained B of them; with
+    ``eta``, also the staleness bound on every trained token.
 
     "None lost": trajectories are admitted in whole groups and trained in whole groups,
     so with every step holding exactly B ids and none repeated, no admitted trajectory
-    was dropped from a batch; ``incomplete_groups`` lists groups trained only in part."""
+    was dropped from a batch; ``incomplete_groups`` lists groups trained only in part.
+
+    Staleness: a token sampled by version w and trained by the policy at version i is i - w
+    versions stale; a trajectory's stalest token is its oldest, ``min_token_version`` (the policy's
+    tokens only), so ``trained_by_version - min_token_version <= eta`` on every row is the bound on
+    every token. ``max_token_staleness`` is the largest over the run, ``stale_trajectories`` the ids
+    over ``eta``."""
     dup = ledger["trajectory_id"][ledger["trajectory_id"].duplicated()].tolist()
     per_step = ledger.groupby("step").size()
     bad_steps = per_step[per_step != batch_size].to_dict()
@@ -117,6 +124,10 @@ def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int) -> 
     groups = ledger["trajectory_id"].str.rsplit("-s", n=1).str[0]
     sizes = groups.groupby(groups).size()
     incomplete = sizes[sizes != sizes.max()].index.tolist() if len(sizes) else []
-    ok = not dup and not bad_steps and not missing_steps and not incomplete
+    staleness = ledger["trained_by_version"] - ledger["min_token_version"]
+    stale = ledger["trajectory_id"][staleness > eta].tolist() if eta is not None else []
+    ok = not dup and not bad_steps and not missing_steps and not incomplete and not stale
     return {"ok": ok, "duplicates": dup[:20], "bad_steps": bad_steps, "missing_steps": missing_steps,
-            "incomplete_groups": incomplete[:20], "n_trained": int(len(ledger))}
+            "incomplete_groups": incomplete[:20], "n_trained": int(len(ledger)),
+            "max_token_staleness": int(staleness.max()) if len(ledger) else None, "eta": eta,
+            "stale_trajectories": stale[:20], "n_stale": len(stale)}

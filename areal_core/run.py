@@ -443,7 +443,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     else:  # too short to leave out a warm-up
         eff, throughput_steps = tokens_total / max(rl_end - rl_start, 1e-9), steps - first_step + 1
     frame = runlog.ledger_frame()
-    ledger = check_ledger(frame, steps, B)
+    ledger = check_ledger(frame, steps, B, eta)  # exactly once, and no trained token staler than eta
     trained_lengths = frame["n_tokens"].astype(int).tolist()
     m = runlog.metrics
     # the trainer's wait for grades alone, over this process's steps (NaN: multi-turn, not measured)

@@ -280,3 +280,77 @@ def test_batches_submitted_while_the_worker_is_busy_go_out_as_one_task():
     assert got[-1] == (None, [False])  # "slow" is a wrong chain
     for b in range(10):
         assert got[b] == (None, [True, False, False])
+
+
+@pytest.mark.slow
+def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(tmp_path, monkeypatch):
+    """kill -9 of rollout server 0 at step 2 of a run whose only checkpoint is v0 (eta 1, two servers, a
+    multi-turn episode): the server is restarted from v0, and the current weights reach it a few seconds
+    later (the resend is slowed down here). Meanwhile server 1 finishes answers whose next turns need a
+    server (it was paused at the kill and goes on once server 0 is up again, so the turns come just then).
+    No request goes to server 0 before its weights are in, and no trained token is staler than eta (the
+    ledger check says so for every run)."""
+    from areal_core.rollout.weight_transport import WeightTransport
+
+    made: dict[str, object] = {}
+    times: dict[str, float] = {}
+    calls: list[tuple[str, float]] = []  # (server url, when) of every generate call
+
+    def on_server(i: int, action: str) -> None:
+        async def go():
+            c = RolloutClient(made["servers"].servers[i].url)
+            try:
+                await getattr(c, action)()
+            finally:
+                await c.aclose()
+        asyncio.run(go())
+
+    class Servers(EmbeddedServers):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made["servers"] = self
+
+        def restart(self, i, *a, **k):
+            super().restart(i, *a, **k)
+            if "restarted" not in times:  # healthy, at the checkpoint's version
+                times["restarted"] = time.monotonic()
+                on_server(1, "resume")
+
+    monkeypatch.setattr(launcher, "EmbeddedServers", Servers)
+    real_resend, real_call = WeightTransport.resend, RolloutClient._call
+
+    async def slow_resend(self, clients, i):
+        await asyncio.sleep(4.0)  # a large model's weights take a while to arrive
+        await real_resend(self, clients, i)
+        times.setdefault("resent", time.monotonic())
+
+    async def recording_call(self, method, path, body=None, **kw):
+        if path == GENERATE:
+            calls.append((self.url, time.monotonic()))
+        return await real_call(self, method, path, body, **kw)
+
+    monkeypatch.setattr(WeightTransport, "resend", slow_resend)
+    monkeypatch.setattr(RolloutClient, "_call", recording_call)
+
+    def kill(row):
+        if row["step"] == 2:
+            on_server(1, "pause")
+            os.kill(made["servers"].servers[0].pid, signal.SIGKILL)
+
+    eta = 1
+    cfg = load_config(HERE / "data/e2e.yaml", {
+        "rollout.n_servers": 2, "trainer.eta": eta, "trainer.max_steps": 6, "storage.checkpoint_every": 100,
+        "episode": {"kind": "retry", "max_turns": 3}, "rollout.sampling.max_new_tokens": 24})
+    summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"),
+                                        on_step=kill)
+    assert made["servers"].restarts >= 1 and "resent" in times
+    url0 = made["servers"].servers[0].url
+    window = [(u, t) for u, t in calls if times["restarted"] <= t < times["resent"]]
+    assert window, "no generate call while server 0 waited for its weights: the test did not exercise it"
+    early = [t - times["restarted"] for u, t in window if u == url0]
+    assert not early, f"{len(early)} generate call(s) reached the restarted server before its weights did"
+    ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
+    staleness = ledger["trained_by_version"] - ledger["min_token_version"]
+    assert staleness.max() <= eta, ledger[staleness > eta][["trajectory_id", "trained_by_version", "min_token_version"]]
+    check = summary["ledger_check"]
+    assert check["ok"] and check["max_token_staleness"] <= eta and check["n_stale"] == 0, check

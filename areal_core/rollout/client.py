@@ -327,18 +327,31 @@ class RolloutPool:
         self.kv_budget_tokens = kv_budget_tokens
         self.kv_reserved = [0] * len(self.clients)  # KV positions reserved per server
         self.kv_peak = 0  # the most reserved on one server at once
-        self._kv_queue: asyncio.Lock | None = None  # the head of the line (asyncio.Lock wakes in FIFO order)
-        self._kv_freed: asyncio.Condition | None = None
+        self.held = [0] * len(self.clients)  # > 0: out of service (being brought back), given no request
+        self._queue: asyncio.Lock | None = None  # the head of the line (asyncio.Lock wakes in FIFO order)
+        self._freed: asyncio.Condition | None = None  # KV released, or a server back in service
 
     @property
     def urls(self) -> list[str]:
         return [c.url for c in self.clients]
 
+    def hold(self, i: int) -> None:
+        """Give server ``i`` no new request until as many ``release(i)``: it failed, and is being
+        brought back to the current weights (a restarted server is idle, so it would be picked
+        first, with whatever old weights it started from). Requests already sent are not touched."""
+        self.held[i] += 1
+
+    async def release(self, i: int) -> None:
+        self.held[i] -= 1
+        if self.held[i] == 0 and self._freed is not None:
+            async with self._freed:
+                self._freed.notify_all()
+
     @contextlib.asynccontextmanager
     async def _least_busy(self, n: int, kv_tokens: int = 0):
-        """The client of the server with the fewest requests in flight, counting ``n`` more on it
-        (and, with a budget, reserving ``kv_tokens`` KV positions there)."""
-        i = self._pick() if self.kv_budget_tokens is None else await self._reserve(kv_tokens)
+        """The client of the server with the fewest requests in flight, among those in service,
+        counting ``n`` more on it (and, with a budget, reserving ``kv_tokens`` KV positions there)."""
+        i = await self._choose(kv_tokens)
         self.in_flight[i] += n
         self.sent[i] += n
         try:
@@ -347,8 +360,8 @@ class RolloutPool:
             self.in_flight[i] -= n
             if self.kv_budget_tokens is not None:
                 self.kv_reserved[i] -= kv_tokens
-                async with self._kv_freed:
-                    self._kv_freed.notify_all()
+                async with self._freed:
+                    self._freed.notify_all()
 
     def _pick(self, fits=lambda j: True) -> int:
         n = len(self.clients)
@@ -357,24 +370,29 @@ class RolloutPool:
         self._next = (i + 1) % n
         return i
 
-    async def _reserve(self, need: int) -> int:
-        """Wait in line until ``need`` KV positions fit on some server; reserve them there."""
+    async def _choose(self, need: int) -> int:
+        """Wait in line until a server in service has room for ``need`` KV positions (without a
+        budget: until one is in service); reserve them there and return it."""
         budget = self.kv_budget_tokens
-        if need > budget:
+        if budget is not None and need > budget:
             raise ValueError(f"a request needing {need} KV positions (prompt + max_new_tokens) exceeds the whole "
                              f"rollout.kv_budget of {budget} tokens per server")
-        if self._kv_queue is None:  # made on the loop that uses them
-            self._kv_queue, self._kv_freed = asyncio.Lock(), asyncio.Condition()
 
         def fits(j: int) -> bool:
-            return self.kv_reserved[j] + need <= budget
+            return not self.held[j] and (budget is None or self.kv_reserved[j] + need <= budget)
 
-        async with self._kv_queue:
-            async with self._kv_freed:
-                await self._kv_freed.wait_for(lambda: any(fits(j) for j in range(len(self.clients))))
+        n = len(self.clients)
+        if budget is None and not any(self.held):
+            return self._pick()  # the common case: no budget, every server in service
+        if self._queue is None:  # made on the loop that uses them
+            self._queue, self._freed = asyncio.Lock(), asyncio.Condition()
+        async with self._queue:
+            async with self._freed:
+                await self._freed.wait_for(lambda: any(fits(j) for j in range(n)))
             i = self._pick(fits)
-            self.kv_reserved[i] += need
-            self.kv_peak = max(self.kv_peak, self.kv_reserved[i])
+            if budget is not None:
+                self.kv_reserved[i] += need
+                self.kv_peak = max(self.kv_peak, self.kv_reserved[i])
             return i
 
     async def generate(

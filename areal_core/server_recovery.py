@@ -1,0 +1,137 @@
+"""Keeping the rollout servers at the current weights: weight pushes, and bringing back a server
+that failed a request, one at a time (the controller's loop runs all of it).
+
+* **Pushes** (``push``) send the transport's staged version to every trainable server; a server
+  that is down during a push is brought back instead.
+* **Recovery** (``recover``): a server that failed a request is *held* out of its pool
+  (``RolloutPool.hold``) at once, before anything else, and released only once it is up and holds
+  the current weights. A restarted server starts from the latest checkpoint, which can be
+  ``storage.checkpoint_every`` versions old, and it is idle, so the pool would otherwise pick it
+  first and its tokens would be that stale. Held, it gets no request until the transport has given
+  it the staged version (``resend``, which takes its turn on the transport's send buffer with the
+  trainer's staging: it loads one version whole).
+* **Frozen servers** (multi-agent runs) are restarted from their frozen checkpoint and never get
+  weights from the transport.
+
+Guarantee: every token a trainable server samples carries a version at least the one the
+staleness gate last confirmed, so the buffer's rule bounds every trained token's staleness by eta.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from areal_core.rollout.client import RolloutPool, RolloutServerError
+from areal_core.rollout.weight_transport import WeightTransport
+
+log = logging.getLogger(__name__)
+
+Restart = Callable[[int, str, int], None]  # (server index, model folder, version), blocking
+
+
+class ServerRecovery:
+    """``restart(i, path, version)``: restart trainable server ``i`` (None: servers managed
+    elsewhere, which are waited for); ``restart_source()`` gives the folder of ``model_version`` a
+    restarted server starts from (``restart_from`` moves it on). ``restart_frozen`` and
+    ``frozen_model_path``/``frozen_version``: the same for the frozen policy's servers."""
+
+    def __init__(self, transport: WeightTransport, request_timeout_s: float, restart: Restart | None,
+                 model_path: str, model_version: int, restart_frozen: Restart | None = None,
+                 frozen_model_path: str = "", frozen_version: int = 0):
+        self.transport, self.request_timeout_s = transport, request_timeout_s
+        self.restart, self.restart_frozen = restart, restart_frozen
+        self.restart_source: Callable[[], str] = lambda: model_path
+        self.model_version = model_version
+        self.frozen_model_path, self.frozen_version = frozen_model_path, frozen_version
+        self.trainable: RolloutPool | None = None
+        self.frozen: RolloutPool | None = None
+
+    def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
+        self.restart_source, self.model_version = local_copy, version
+
+    def bind(self, trainable: RolloutPool, frozen: RolloutPool | None) -> None:
+        """The pools, once made on the loop that uses them (the locks are made there too)."""
+        self.trainable, self.frozen = trainable, frozen
+        self._servers_lock = asyncio.Lock()  # weight updates and trainable recovery, one at a time
+        self._frozen_lock = asyncio.Lock()  # (the trainable servers' updates go on meanwhile)
+
+    async def connect(self) -> None:
+        """Connect the transport; a version staged before the start (a LoRA run's adapters: its
+        servers start from the base) reaches every server before anything is generated."""
+        await self.transport.connect(self.trainable.clients)
+        if self.transport.staged_version is not None:
+            async with self._servers_lock:
+                await self.transport.push(self.trainable.clients)
+
+    async def push(self, version: int) -> None:
+        """Every trainable server serves the staged ``version`` on return (the frozen ones: never)."""
+        async with self._servers_lock:
+            if self.transport.staged_version != version:
+                raise RuntimeError(f"update to version {version}, but the transport holds "
+                                   f"version {self.transport.staged_version}")
+            try:
+                await self.transport.push(self.trainable.clients)
+            except RolloutServerError as e:
+                if not e.server_down:
+                    raise
+                log.warning("weight update of %s failed (%s); recovering the server", e.url, e)
+                i = self.trainable.urls.index(e.url)
+                self.trainable.hold(i)
+                try:
+                    await self._bring_back(i)
+                finally:
+                    await self.trainable.release(i)
+
+    async def recover(self, url: str, current: Callable[[], int]) -> None:
+        """The trainable server at ``url`` failed a request: once this returns it is up and at the
+        current weights (``current()``: the version the gate confirmed); until then it gets no request."""
+        pool = self.trainable
+        i = pool.urls.index(url)
+        pool.hold(i)  # now, before waiting for the lock: no request goes there meanwhile
+        try:
+            async with self._servers_lock:
+                client = pool.clients[i]
+                if await client.health() and (await client.info()).weight_version >= current():
+                    return  # restarted meanwhile (or a passing failure)
+                await self._bring_back(i)
+        finally:
+            await pool.release(i)
+
+    async def _bring_back(self, i: int) -> None:
+        """Restart server ``i`` from the last checkpoint (or wait for it to come back) and give it
+        the transport's staged weights (caller holds the lock and holds ``i`` out of the pool)."""
+        client = self.trainable.clients[i]
+        if self.restart is not None:
+            path = await asyncio.to_thread(self.restart_source)
+            await asyncio.to_thread(self.restart, i, path, self.model_version)
+        await self._wait_healthy(client)
+        staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
+        if staged is not None and (await client.info()).weight_version != staged:
+            await self.transport.resend(self.trainable.clients, i)
+
+    async def recover_frozen(self, url: str) -> None:
+        """A frozen server failed a request: make sure it is up, restarting it from the frozen
+        checkpoint; it never gets weights from the transport."""
+        pool = self.frozen
+        i = pool.urls.index(url)
+        client = pool.clients[i]
+        pool.hold(i)
+        try:
+            async with self._frozen_lock:
+                if await client.health() and (await client.info()).weight_version == self.frozen_version:
+                    return
+                if self.restart_frozen is not None:
+                    await asyncio.to_thread(self.restart_frozen, i, self.frozen_model_path, self.frozen_version)
+                await self._wait_healthy(client)
+        finally:
+            await pool.release(i)
+
+    async def _wait_healthy(self, client) -> None:
+        deadline = time.monotonic() + self.request_timeout_s
+        while not await client.health():
+            if time.monotonic() > deadline:
+                raise RolloutServerError(client.url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
+            await asyncio.sleep(0.2)
