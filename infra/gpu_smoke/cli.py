@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--rl-batch", type=int, default=None, help="trajectories per step (default: the config's)")
     g.add_argument("--rl-transport", default="auto", choices=["auto", "nccl", "gloo", "tensor"],
                    help="auto: NCCL where two processes can share the GPU, else gloo")
-    g.add_argument("--rl-dir", default=None, help="the RL run's folder (default: <out>/rl)")
+    g.add_argument("--rl-dir", default=None, help="the RL run's folder, emptied first (default: <out>/rl)")
     g.add_argument("--probe-timeout-s", type=float, default=60.0, help="the NCCL probe's limit (default 60 s)")
     args = ap.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
@@ -121,7 +121,7 @@ def run(args) -> Results:
     return res
 
 
-def _f(x, fmt: str = ".0f") -> str:
+def _f(x, fmt: str = ".4g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
@@ -142,7 +142,7 @@ def headline(name: str, p: dict) -> str:
         eq = p["equality"]
         speed = f"{_f(p.get('tokens_per_s'))} tok/s fwd+bwd+AdamW, " if p.get("tokens_per_s") else ""
         return (f"{speed}loss {eq['loss']:.5f} vs CPU fp32 {eq['cpu_float32_loss']:.5f} "
-                f"(|d| {eq['loss_abs_diff']:.1e} <= {eq['loss_tolerance']:.1e}) ok={p['ok']}")
+                f"(rel {eq['loss_rel_diff']:.1e} <= {eq['tolerance']:.0e}) ok={p['ok']}")
     if name == "rl":
         push = p["weight"].get("weight_push_s", {})
         return (f"{p['steps']} steps, {p['transport']}, ledger ok={p['ledger_ok']}, staleness "

@@ -153,7 +153,7 @@ def load_setup(args) -> Setup:
     train, _ = load_records(cfg.data)
     model, tokenizer = load_base_model(cfg.model, train_records=train, seed=0, progress=False)
     model = model.float().eval()
-    prompts = to_prompts(train[: max(args.batches + [args.train_batch, args.check_batch]) * 2], tokenizer)
+    prompts = to_prompts(train[: max(args.batches + [args.train_batch, args.check_batch]) * 2 + 200], tokenizer)
     return Setup(args, device, dtype, why, cfg, model, tokenizer, prompts)
 
 
@@ -167,11 +167,9 @@ def equal_length_prompts(prompts: list, n: int, max_len: int | None = None) -> l
     return [x[-L:] for x in ids]  # the end: the question and the assistant's turn
 
 
-def fixed_batch(prompts: list, n: int, seq_len: int, vocab: int, group: int, seed: int,
-                behaviour: float | list[list[float]] = -2.0):
+def fixed_batch(prompts: list, n: int, seq_len: int, vocab: int, group: int, seed: int, behaviour: float = -2.0):
     """``n`` trajectories of ``seq_len`` tokens each (prompt + random answer tokens), ``group`` answers
-    per prompt (the packed forward shares it), rewards +-5 at random. ``behaviour``: one logprob for
-    every answer token, or each trajectory's own list."""
+    per prompt (the packed forward shares it), rewards +-5 at random, every behaviour logprob ``behaviour``."""
     from areal_core.types import Trajectory
 
     rng = random.Random(seed)
@@ -179,12 +177,29 @@ def fixed_batch(prompts: list, n: int, seq_len: int, vocab: int, group: int, see
     for i in range(n):
         p = list(prompts[(i // group) % len(prompts)].input_ids)[-(seq_len // 2):]
         out = [rng.randrange(3, vocab) for _ in range(seq_len - len(p))]
-        lp = behaviour[i] if isinstance(behaviour, list) else [behaviour] * len(out)
         batch.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // group}", seq_no=i, admit_version=0,
-                                prompt_ids=p, output_ids=out, output_logprobs=list(lp),
+                                prompt_ids=p, output_ids=out, output_logprobs=[behaviour] * len(out),
                                 output_versions=[0] * len(out), reward=float(rng.choice((-5.0, 5.0))),
                                 correct=False, finish_reason="length"))
     return batch
+
+
+def text_batch(prompts: list, n: int, seq_len: int, group: int, reward: float = 5.0, behaviour: float = -3.0):
+    """``n`` trajectories of ``seq_len`` tokens of real text: the task's prompts run together and cut
+    into windows; trajectory ``i`` is window ``i // group``'s first half (shared by its group, as RL's
+    answers share a prompt) and window ``i``'s second half as its answer, so the model predicts much of
+    it and attention matters. Every reward ``reward``, every behaviour logprob ``behaviour``."""
+    from areal_core.types import Trajectory
+
+    stream = [t for p in prompts for t in p.input_ids]
+    if len(stream) < n * seq_len:
+        stream = stream * (n * seq_len // max(1, len(stream)) + 1)
+    windows = [stream[k * seq_len:(k + 1) * seq_len] for k in range(n)]
+    half = seq_len // 2
+    return [Trajectory(traj_id=f"c{i}", group_id=f"cg{i // group}", seq_no=i, admit_version=0,
+                       prompt_ids=windows[i // group][:half], output_ids=windows[i][half:],
+                       output_logprobs=[behaviour] * (seq_len - half), output_versions=[0] * (seq_len - half),
+                       reward=reward, correct=True, finish_reason="length") for i in range(n)]
 
 
 def describe_device(device: torch.device) -> str:

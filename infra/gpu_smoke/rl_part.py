@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def rl_part(args) -> dict:
         over["trainer.batch_size"] = args.rl_batch
     cfg = load_config(args.rl_config, over)
     run_dir = Path(args.rl_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the smoke's own folder: a rerun starts afresh, not --resume
     summary = run_experiment(cfg, run_dir, progress=False)
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     weight_cols = sorted(c for c in metrics.columns if c.startswith("weight_"))
