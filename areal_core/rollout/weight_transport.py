@@ -58,8 +58,10 @@ class WeightTransport(ABC):
     staged_bytes: int = 0  # bytes of the staged version's tensors: what each server receives
     last_push_s: float | None = None  # wall time of the last push that returned
 
-    def __init__(self) -> None:
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
         self._buffer_lock = threading.Lock()  # staging (trainer thread) and sending (the loop) take turns
+        return self
 
     @contextlib.asynccontextmanager
     async def _buffer(self):
@@ -128,7 +130,6 @@ class DiskTransport(WeightTransport):
     adapters = False
 
     def __init__(self, folder: str, keep: int = 2):
-        super().__init__()
         self.folder, self.keep = folder, keep
         self._staged: list[tuple[int, str]] = []
 
@@ -166,7 +167,6 @@ class TensorTransport(WeightTransport):
     kind = "tensor"
 
     def __init__(self) -> None:
-        super().__init__()
         self._shm: shared_memory.SharedMemory | None = None
         self._specs = None
 
@@ -201,7 +201,6 @@ class DistributedTransport(WeightTransport):
 
     def __init__(self, backend: str = "gloo", master_address: str = "127.0.0.1", master_port: int | None = None,
                  timeout_s: float = 300.0):
-        super().__init__()
         self.backend, self.address, self.port, self.timeout_s = backend, master_address, master_port, timeout_s
         self._pg: dist.ProcessGroup | None = None
         self._store: dist.TCPStore | None = None
