@@ -45,6 +45,7 @@ from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
 from areal_core.reward.service import RewardService
+from areal_core.rollout.auth import new_key
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
@@ -105,16 +106,16 @@ def check_agent_budget(cfg: ExperimentConfig, prompts: list, prompter) -> None:
         check_trajectory_budget(cfg, [dataclasses.replace(longest, input_ids=prompter(a.id, longest))])
 
 
-def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str):
+def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str, api_key: str):
     """The frozen policy's server (multi-agent runs that route agents to it): one embedded server
-    holding ``model_path`` (checkpoint v0) with a seed of its own; nothing without one."""
+    holding ``model_path`` (checkpoint v0) with a seed of its own and the run's key; nothing without one."""
     if cfg.multi_agent is None or not cfg.multi_agent.needs_frozen_server:
         return contextlib.nullcontext([]), None
     from areal_core.rollout.launcher import EmbeddedBackend, server_seed
 
     (run_dir / "frozen").mkdir(parents=True, exist_ok=True)
     frozen = EmbeddedBackend(1, engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),
-                             log_dir=run_dir / "frozen")
+                             log_dir=run_dir / "frozen", api_key=api_key)
     return frozen.launch(model_path, 0), frozen
 
 
@@ -273,8 +274,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
 
     # the servers compute as the trainer's model does
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
-    backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir)
-    frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "")
+    api_key = new_key()  # the run's secret: the servers it starts require it (in their environment, not argv)
+    backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir, api_key=api_key)
+    frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "", api_key)
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     # LoRA: servers start (and restart) from the base, v0; start() pushes the adapters staged below
     serve_from = 0 if lora_cfg is not None else version

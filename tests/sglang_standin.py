@@ -18,7 +18,9 @@ KV cache, so the two differ only in name); new requests wait while paused. A wei
 while not paused waits for the in-flight requests to finish (modelled on SGLang's model-update
 lock; not checked against a live server). Run as ``python -m sglang_standin --model-path ...
 --port ...`` (the flags of ``sglang.launch_server`` the launcher sends) or in-process with
-:class:`SGLangContractStandIn`.
+:class:`SGLangContractStandIn`. With an API key (``--config`` YAML ``api-key``, or ``api_key=``),
+every path but ``/health*`` and ``/metrics*`` needs ``Authorization: Bearer <key>``, else 401
+``{"error": "Unauthorized"}``, as SGLang's ``add_api_key_middleware`` does.
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ class SGLangContractStandIn:
     """A stand-in for SGLang's HTTP contract (not SGLang). ``start()`` serves it on a thread."""
 
     def __init__(self, weight_version: str = "0", model_path: str = "standin-model", step_s: float = 0.002,
-                 host: str = "127.0.0.1", port: int = 0, vocab: int = VOCAB):
+                 host: str = "127.0.0.1", port: int = 0, vocab: int = VOCAB, api_key: str | None = None):
         self.version, self.model_path, self.step_s, self.vocab = weight_version, model_path, step_s, vocab
+        self.api_key = api_key
         self.host, self.port = host, port
         self.pause_mode: str | None = None
         self.active: dict[str, _Request] = {}
@@ -146,7 +149,14 @@ class SGLangContractStandIn:
         self._thread: threading.Thread | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        @web.middleware
+        async def api_key(request, handler):  # SGLang's: OPTIONS, /health* and /metrics* are open
+            open_path = request.method == "OPTIONS" or request.path.startswith(("/health", "/metrics"))
+            if self.api_key and not open_path and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+            return await handler(request)
+
+        app = web.Application(middlewares=[api_key])
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
@@ -384,8 +394,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--weight-version", default="default")
+    p.add_argument("--config", default=None)  # SGLang's YAML of server args; the stand-in reads api-key
     a = p.parse_args(argv)
-    standin = SGLangContractStandIn(weight_version=a.weight_version, model_path=a.model_path)
+    key = None
+    if a.config:
+        import yaml
+
+        with open(a.config) as f:
+            key = (yaml.safe_load(f) or {}).get("api-key")
+    standin = SGLangContractStandIn(weight_version=a.weight_version, model_path=a.model_path, api_key=key)
     web.run_app(standin.app(), host=a.host, port=a.port, print=None, shutdown_timeout=1.0)
 
 

@@ -293,8 +293,10 @@ def test_kv_budget_is_checked_against_the_backend_and_the_answer_length():
         RolloutConfig(kv_budget={"tokens": 128}, sampling={"max_new_tokens": 128})
     # external servers: a limit the client keeps, in positions (bytes need the server's model)
     with pytest.raises(ValidationError, match="give \\{tokens: N\\}"):
-        RolloutConfig(kv_budget={"bytes": 10**9}, backend={"kind": "external", "urls": ["http://x"]})
-    ext = RolloutConfig(kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"]})
+        RolloutConfig(kv_budget={"bytes": 10**9}, backend={"kind": "external", "urls": ["http://x"],
+                                                            "allow_unauthenticated": True})
+    ext = RolloutConfig(kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"],
+                                                             "allow_unauthenticated": True})
     assert ext.client_kv_budget_tokens() == 1000
     assert RolloutConfig(kv_budget={"tokens": 1000}).client_kv_budget_tokens() is None  # the engine's own
 

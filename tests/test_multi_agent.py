@@ -124,7 +124,8 @@ def test_bad_multi_agent_configs_are_named(bad, says):
 
 def test_frozen_policy_needs_an_embedded_server_and_v0_kept():
     with pytest.raises(ConfigError, match="embedded"):
-        parse_config({"multi_agent": _ma(), "rollout": {"backend": {"kind": "external", "urls": ["http://x:1"]}}})
+        parse_config({"multi_agent": _ma(), "rollout": {"backend": {"kind": "external", "urls": ["http://x:1"],
+                                                                     "allow_unauthenticated": True}}})
     with pytest.raises(ConfigError, match="keep_last"):
         parse_config({"multi_agent": _ma(), "storage": {"keep_last": 2}})
     # every agent trainable: no frozen server, so neither applies

@@ -29,7 +29,8 @@ def _make(rollout, log_dir, seed=0, device="auto"):
 
 def test_make_backend_picks_the_configured_one(tmp_path):
     assert isinstance(_make(_rollout(), tmp_path), EmbeddedBackend)
-    ext = _make(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"]}), tmp_path)
+    ext = _make(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"], "allow_unauthenticated": True}),
+                tmp_path)
     assert isinstance(ext, ExternalBackend) and not ext.restartable
     sg = _make(_rollout(backend={"kind": "sglang", "tp_size": 2}), tmp_path)
     assert isinstance(sg, SGLangBackend) and sg.cfg.tp_size == 2 and sg.restartable
@@ -42,6 +43,10 @@ def test_make_backend_picks_the_configured_one(tmp_path):
     ({"backend": {"kind": "vlm"}}, "kind"),
     ({"backend": {"kind": "sglang", "tp_size": 0}}, "tp_size"),
     ({"backend": "external", "urls": ["http://x"]}, "backend: {kind: external, urls: [...]}"),
+    ({"backend": {"kind": "external", "urls": ["http://x"]}}, "have no API key: set rollout.backend.api_key_file"),
+    ({"backend": {"kind": "sglang", "urls": ["http://x"]}}, "have no API key"),
+    ({"backend": {"kind": "external", "urls": ["http://x"], "api_key_file": "k", "api_key_env": "K"}}, "not both"),
+    ({"backend": {"kind": "sglang", "allow_unauthenticated": True}}, "servers the run starts get the run's own key"),
 ])
 def test_bad_backend_config_is_an_error_naming_the_key(rollout, words):
     with pytest.raises(ValueError, match=re.escape(words)):

@@ -203,7 +203,8 @@ def test_pause_and_continue(server):
     ("/pause_generation", b'{"mode": "abort"}', 400, "mode"),
 ])
 def test_bad_requests_get_4xx_and_server_stays_up(server, path, body, status, words):
-    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, trust_env=False)
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json", **_key(server)},
+                   trust_env=False)
     assert r.status_code == status, r.text
     assert words in r.json()["message"]
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
@@ -211,10 +212,59 @@ def test_bad_requests_get_4xx_and_server_stays_up(server, path, body, status, wo
 
 def test_oversized_body_and_unknown_path(server):
     big = b'{"input_ids": [' + b"1," * (5 << 20) + b"1]}"
-    r = httpx.post(server.url + "/generate", content=big, trust_env=False)
+    r = httpx.post(server.url + "/generate", content=big, headers=_key(server), trust_env=False)
     assert r.status_code == 413 and "limit" in r.json()["message"]
-    r = httpx.get(server.url + "/no/such/endpoint", trust_env=False)
+    r = httpx.get(server.url + "/no/such/endpoint", headers=_key(server), trust_env=False)
     assert r.status_code == 404 and r.json()["message"]
+
+
+def _key(server) -> dict:
+    return {"Authorization": f"Bearer {server.api_key}"}
+
+
+WEIGHT_ENDPOINTS = [("POST", "/update_weights_from_tensor", {"shm_name": "x", "tensors": [], "weight_version": 1}),
+                    ("POST", "/update_weights_from_disk", {"model_path": "/tmp", "weight_version": 1}),
+                    ("POST", "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
+                                                            "rank_offset": 1, "world_size": 2, "group_name": "g"}),
+                    ("POST", "/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [],
+                                                                  "group_name": "g", "weight_version": 1}),
+                    ("POST", "/get_weights_by_name", {"name": "lm_head.weight"})]
+OTHER_ENDPOINTS = [("POST", "/generate", {"input_ids": [1]}), ("POST", "/pause_generation", {}),
+                   ("POST", "/continue_generation", {}), ("POST", "/abort_request", {"abort_all": True}),
+                   ("GET", "/get_model_info", None), ("GET", "/model_info", None), ("GET", "/get_requests", None),
+                   ("GET", "/no/such/endpoint", None)]
+
+
+@pytest.mark.parametrize("method, path, body", WEIGHT_ENDPOINTS + OTHER_ENDPOINTS)
+@pytest.mark.parametrize("auth", ["none", "wrong", "not bearer"])
+def test_every_endpoint_but_health_needs_the_key(server, method, path, body, auth):
+    """A request without the server's key, with a wrong one, or not as a bearer token: 401 with one line
+    of JSON, before the body is even read; the weights and the version stay as they were."""
+    headers = {"none": {}, "wrong": {"Authorization": "Bearer " + "x" * len(server.api_key)},
+               "not bearer": {"Authorization": server.api_key}}[auth]
+    before = httpx.get(server.url + "/get_model_info", headers=_key(server), trust_env=False).json()
+    r = httpx.request(method, server.url + path, json=body, headers=headers, trust_env=False)
+    assert r.status_code == 401, (path, r.status_code, r.text)
+    assert "\n" not in r.text and "API key" in r.json()["message"] and r.json()["error"]["type"] == "unauthorized"
+    after = httpx.get(server.url + "/get_model_info", headers=_key(server), trust_env=False).json()
+    assert after["weight_version"] == before["weight_version"] and not after["paused"]
+    assert httpx.get(server.url + "/health", trust_env=False).status_code == 200  # open, for probes
+
+
+def test_the_key_travels_in_the_environment_not_the_command_line(server):
+    import psutil
+
+    argv = " ".join(psutil.Process(server.pid).cmdline())
+    assert server.api_key and server.api_key not in argv
+    with open(f"/proc/{server.pid}/environ", "rb") as f:  # (its own user, and root, can read this)
+        assert f"AREAL_ROLLOUT_API_KEY={server.api_key}".encode() in f.read().split(b"\0")
+
+
+def test_a_server_without_a_key_does_not_start_unless_told(models, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "AREAL_ROLLOUT_API_KEY"}
+    r = subprocess.run([sys.executable, "-m", "areal_core.rollout.server", "--model-path", models["v0"][0],
+                        "--port", "9"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "no API key: set AREAL_ROLLOUT_API_KEY" in r.stderr
 
 
 def test_client_raises_with_the_servers_message(server):

@@ -83,7 +83,7 @@ def test_hold_counts_from_when_the_servers_are_up(model_dir, tmp_path, monkeypat
     import areal_core.serve as serve
 
     class SlowBackend:
-        name, restartable = "slow", False
+        name, restartable, api_key = "slow", False, "k"
 
         @contextlib.contextmanager
         def launch(self, model_path, version):

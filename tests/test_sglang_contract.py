@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from areal_core.rollout.backend import Generation, Sampling, versions_from_spans
@@ -194,6 +196,19 @@ def test_abort_of_one_answer_leaves_its_siblings_whose_ids_it_prefixes(standin):
     assert all(not a.startswith(b) for a in sent for b in sent if a != b), sent  # no id prefixes another
 
 
+def test_the_client_sends_the_servers_key_and_a_keyless_request_gets_401():
+    s = SGLangContractStandIn(weight_version="2", api_key="k-123")
+    s.start()
+    try:
+        assert run(lambda c: c.info(), s.url, api_key="k-123").weight_version == 2
+        with pytest.raises(RolloutServerError, match="HTTP 401"):
+            run(lambda c: c.generate([1], Sampling(max_new_tokens=1), "x"), s.url, api_key="wrong")
+        assert httpx.post(s.url + "/update_weights_from_disk", json={"model_path": "/x"}).status_code == 401
+        assert httpx.get(s.url + "/health").status_code == 200
+    finally:
+        s.stop()
+
+
 def test_update_weights_from_disk_and_info(standin):
     async def go(c: SGLangClient):
         before = await c.info()
@@ -346,12 +361,12 @@ def test_launch_command():
 
 def test_backend_configured_urls(standin):
     dead = f"http://127.0.0.1:{free_port()}"
-    backend = SGLangBackend(SGLangConfig(urls=[standin.url, dead], connect_timeout_s=0.3))
+    backend = SGLangBackend(SGLangConfig(urls=[standin.url, dead], connect_timeout_s=0.3, allow_unauthenticated=True))
     with pytest.raises(RolloutServerError) as e:
         with backend.launch("/models/m", 0):
             pass
     assert e.value.server_down and f"{dead}/health" in str(e.value) and "unreachable" in str(e.value)
-    backend = SGLangBackend(SGLangConfig(urls=[standin.url + "/"]))
+    backend = SGLangBackend(SGLangConfig(urls=[standin.url + "/"], allow_unauthenticated=True))
     with backend.launch("/models/m", 4) as urls:  # configured servers load the run's weights at launch
         assert urls == [standin.url] and not backend.restartable
         assert run(lambda c: c.info(), urls[0]).weight_version == 4
@@ -390,12 +405,20 @@ def test_backend_starts_restarts_and_stops_servers(tmp_path):
     port = _listen_ports(2)
     cfg = SGLangConfig(num_servers=2, port=port, port_stride=1, startup_timeout_s=120,
                        env={"PYTHONPATH": f"{tmp_path}:{tests_dir}"})
-    backend = SGLangBackend(cfg, log_dir=str(tmp_path))
+    backend = SGLangBackend(cfg, log_dir=str(tmp_path), api_key="the-run-key")
     with backend.launch("/models/m", 3) as urls:
         assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
         pids = [backend.servers[u][1].pid for u in urls]
         info = run(lambda c: c.info(), urls[1])
         assert info.weight_version == 3
+        # the key reached the servers in a file only its owner reads (--config), never in their argv
+        import psutil
+
+        argv = psutil.Process(pids[0]).cmdline()
+        config = argv[argv.index("--config") + 1]
+        assert "the-run-key" not in " ".join(argv) and oct(os.stat(config).st_mode & 0o777) == "0o600"
+        assert httpx.post(urls[0] + "/pause_generation", json={}).status_code == 401
+        assert httpx.get(urls[0] + "/health").status_code == 200
         backend.restart(0, "/models/m", 5)  # from a newer checkpoint, on the same port
         new = backend.servers[urls[0]][1]
         assert new.pid != pids[0] and new.alive()
@@ -424,14 +447,17 @@ def test_a_training_run_through_the_sglang_client(tmp_path):
     from areal_core.models import build_char_tokenizer
     from areal_core.run import run_experiment
 
-    s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()))
+    s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()),
+                              api_key="its-key")
     s.start()
     try:
+        os.environ["SGLANG_TEST_KEY"] = "its-key"  # the run reads the servers' key from the variable named
         cfg = load_config(Path(__file__).parent / "data/e2e.yaml", {
-            "rollout.backend": {"kind": "sglang", "urls": [s.url]}, "rollout.weight_transport": {"kind": "disk"},
-            "trainer.max_steps": 3})
+            "rollout.backend": {"kind": "sglang", "urls": [s.url], "api_key_env": "SGLANG_TEST_KEY"},
+            "rollout.weight_transport": {"kind": "disk"}, "trainer.max_steps": 3})
         summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
     finally:
+        os.environ.pop("SGLANG_TEST_KEY", None)
         s.stop()
     assert summary["ledger_check"]["ok"] and summary["steps"] == 3
     assert summary["max_staleness_observed"] <= cfg.trainer.eta

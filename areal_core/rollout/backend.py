@@ -80,6 +80,7 @@ class RolloutBackend(Protocol):
     server serving ``model_path`` as ``version``; leaving its context stops what it started."""
     name: str
     restartable: bool  # whether ``restart`` can bring back a server that died
+    api_key: str | None  # what its clients send as a bearer token (None: servers that take none); auth.py
 
     def launch(self, model_path: str, version: int) -> contextlib.AbstractContextManager[list[str]]: ...
 

@@ -9,6 +9,9 @@ from this pool) and broadcasts weight updates, pause and resume.
 
 A request's own seed goes in its sampling params, under SGLang's name ``sampling_seed``.
 
+Every request carries the server's API key as a bearer token (``auth.py``): the key given, or the
+one this process started the server with (``auth.KEYRING``).
+
 HTTP goes through aiohttp: the controller shares its process (and the GIL) with the trainer,
 and httpx's connection pool cost a third of a core there at the quickstart's request rate
 (docs/PERFORMANCE.md, session 9).
@@ -27,6 +30,7 @@ from typing import Any
 import aiohttp
 import pydantic
 
+from areal_core.rollout import auth
 from areal_core.rollout.backend import Generation, Sampling, ServerInfo
 from areal_core.rollout.protocol import (
     AbortRequest,
@@ -102,12 +106,15 @@ def check_health_sync(url: str, timeout_s: float = 2.0) -> bool:
 
 class HTTPClient:
     """The HTTP plumbing every backend's client shares: one aiohttp session (made in the event
-    loop that uses it), connection failures retried with backoff, a non-2xx answer raised as
-    :class:`RolloutServerError` with the server's own message, and ``GET /health``."""
+    loop that uses it), the server's API key on every request (``api_key``; None: the key this
+    process started the server with, if any), connection failures retried with backoff, a non-2xx
+    answer raised as :class:`RolloutServerError` with the server's own message, and ``GET /health``."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = CONNECTION_RETRIES):
+    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = CONNECTION_RETRIES,
+                 api_key: str | None = None):
         self.url = url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
+        self.api_key = api_key if api_key is not None else auth.key_for(self.url)
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -118,7 +125,7 @@ class HTTPClient:
                 # closed well before the server does (SERVER_KEEP_ALIVE_S), so a request is never
                 # sent on a socket the server is closing
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=20.0),
-                trust_env=False,
+                trust_env=False, headers=auth.bearer(self.api_key),
             )
         return self._session
 
@@ -165,7 +172,8 @@ class HTTPClient:
 
 
 class RolloutClient(HTTPClient):
-    """One embedded server (implements backend.RolloutClient)."""
+    """One embedded server (implements backend.RolloutClient): ``RolloutClient(url, timeout_s,
+    api_key=...)``."""
 
     async def _call(self, method: str, path: str, body: pydantic.BaseModel | None = None) -> bytes:
         return await self._request(method, path, None if body is None else body.model_dump_json())

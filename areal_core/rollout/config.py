@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
+from areal_core.rollout.auth import UNAUTHENTICATED_MESSAGE, ServerAuthConfig
 from areal_core.rollout.backends.sglang import SGLangConfig
 from areal_core.rollout.backends.vllm import VLLMConfig
 
@@ -116,10 +117,17 @@ class EmbeddedBackendConfig(Section):
     kind: Literal["embedded"] = "embedded"
 
 
-class ExternalBackendConfig(Section):
-    """Servers someone else started that speak the embedded engine's protocol (protocol.py)."""
+class ExternalBackendConfig(ServerAuthConfig):
+    """Servers someone else started that speak the embedded engine's protocol (protocol.py), with
+    their API key from ``api_key_file`` or ``api_key_env`` (auth.py), or ``allow_unauthenticated``."""
     kind: Literal["external"] = "external"
-    urls: list[str] = Field(min_length=1)
+    urls: list[str] = Field(min_length=1)  # the servers' base URLs
+
+    @model_validator(mode="after")
+    def _key_or_consent(self):
+        if self.needs_key():
+            raise ValueError(UNAUTHENTICATED_MESSAGE.format(what="rollout.backend external servers"))
+        return self
 
 
 # one member per backend; the backend's own file defines its config (backends/<name>.py)

@@ -7,6 +7,10 @@ started server is stopped at interpreter exit if nobody stopped it before.
 Server ``k`` of :class:`EmbeddedServers` samples with its own seed,
 ``server_seed(run_seed, k)``, so servers given the same prompt answer differently
 and a run with the same seed starts each server's random stream the same way.
+
+Every server gets an API key (``auth.py``) in its environment, never in its argv: the run's
+(``api_key``), else one made for it. This process remembers it (``auth.KEYRING``), so its clients
+send it without being told.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from areal_core.rollout import auth
 from areal_core.rollout.client import RolloutClient, check_health_sync
 from areal_core.device import resolve_device
 from areal_core.rollout.config import EngineConfig
@@ -59,12 +64,13 @@ def _tail(path: str, n_bytes: int = 4000) -> str:
 class ServerProcess:
     """A running rollout server; ``stop()`` (idempotent) or use it as a context manager."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str):
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str, api_key: str | None = None):
         self._proc = proc
         self.pid = proc.pid
         self.port = port
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
+        self.api_key = api_key  # what its clients send (None: a server that takes none)
         atexit.register(self.stop)
 
     def alive(self) -> bool:
@@ -124,10 +130,13 @@ def start_server(
     log_path: str | None = None,
     env: dict[str, str] | None = None,
     startup_timeout_s: float = 120.0,
+    api_key: str | None = None,
     **engine_fields,
 ) -> ServerProcess:
     """Start a rollout server on 127.0.0.1 and return once ``/health`` answers.
     ``engine``: the engine's settings (sent whole); or give its fields (``max_running=16``, ...).
+    ``api_key``: the key it requires (in its environment; None: a new one), remembered for this
+    process's clients (``auth.KEYRING``).
 
     ``port=None`` picks a free port (retrying with another one if it was taken
     meanwhile). Raises ``RuntimeError`` with the log tail if the server exits
@@ -141,6 +150,8 @@ def start_server(
     child_env.update({"OMP_NUM_THREADS": str(engine.torch_threads), "PYTHONUNBUFFERED": "1"})
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, child_env.get("PYTHONPATH")) if p)
     child_env.update(env or {})
+    api_key = api_key or auth.new_key()
+    child_env[auth.API_KEY_ENV] = api_key
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         p = port if port is not None else free_port()
@@ -148,7 +159,8 @@ def start_server(
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                     env=child_env, start_new_session=True)
-        server = ServerProcess(proc, "127.0.0.1", p, log_path)
+        server = ServerProcess(proc, "127.0.0.1", p, log_path, api_key)
+        auth.remember(server.url, api_key)
         deadline = time.monotonic() + startup_timeout_s
         while True:
             if not server.alive():
@@ -177,6 +189,7 @@ class EmbeddedServers:
     """``n`` embedded servers started together; one that died can be restarted on its port.
 
     Server ``k`` runs ``engine`` with the sampling seed ``server_seed(seed, k)`` (``seed``: the run's).
+    Every server (a restarted one too) requires ``api_key`` (None: one made for these servers).
     ``restart(i, model_path, version)`` stops server ``i`` (if anything is left of it)
     and starts a new one on the same port with the given weights and the same seed, so
     its URL and the clients that use it stay valid. Use as a context manager: every
@@ -184,8 +197,10 @@ class EmbeddedServers:
     """
 
     def __init__(self, model_path: str, n: int, *, engine: EngineConfig | None = None, weight_version: int = 0,
-                 seed: int = 0, log_paths: list[str] | None = None, startup_timeout_s: float = 120.0):
+                 seed: int = 0, log_paths: list[str] | None = None, startup_timeout_s: float = 120.0,
+                 api_key: str | None = None):
         self._engine = engine or EngineConfig()
+        self.api_key = api_key or auth.new_key()
         self._timeout = startup_timeout_s
         self._seed = seed
         self._logs = log_paths or [None] * n
@@ -195,7 +210,8 @@ class EmbeddedServers:
         try:
             for k in range(n):
                 self.servers.append(start_server(model_path, engine=self._engine_of(k), weight_version=weight_version,
-                                                 log_path=self._logs[k], startup_timeout_s=self._timeout))
+                                                 log_path=self._logs[k], startup_timeout_s=self._timeout,
+                                                 api_key=self.api_key))
         except BaseException:
             self.stop()
             raise
@@ -213,7 +229,7 @@ class EmbeddedServers:
                     old.url, old.pid, old.alive(), version)
         old.stop()
         new = start_server(model_path, engine=self._engine_of(i), port=old.port, weight_version=version,
-                           log_path=self._logs[i], startup_timeout_s=self._timeout)
+                           log_path=self._logs[i], startup_timeout_s=self._timeout, api_key=self.api_key)
         self.servers[i] = new
         self.restarts += 1
         if self._closed:  # stopped while this one was starting (a restart runs in a worker thread)
@@ -232,20 +248,23 @@ class EmbeddedServers:
 
 
 class EmbeddedBackend:
-    """The embedded engine as a rollout backend: ``n_servers`` child processes on this host."""
+    """The embedded engine as a rollout backend: ``n_servers`` child processes on this host, each
+    requiring ``api_key`` (the run's; None: one made here)."""
     name = "embedded"
     restartable = True
 
-    def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike):
+    def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike,
+                 api_key: str | None = None):
         resolve_device(engine.device)  # a GPU asked for and missing: an error now, not in each server
         self._n, self._engine, self._log_dir = n_servers, engine, Path(log_dir)
+        self.api_key = api_key or auth.new_key()
         self._servers: EmbeddedServers | None = None
 
     @contextlib.contextmanager
     def launch(self, model_path: str, version: int):
         with EmbeddedServers(model_path, self._n, engine=self._engine, weight_version=version, seed=self._engine.seed,
-                             log_paths=[str(self._log_dir / f"rollout_server_{k}.log")
-                                        for k in range(self._n)]) as servers:
+                             log_paths=[str(self._log_dir / f"rollout_server_{k}.log") for k in range(self._n)],
+                             api_key=self.api_key) as servers:
             self._servers = servers
             try:
                 yield servers.urls
@@ -258,4 +277,4 @@ class EmbeddedBackend:
         self._servers.restart(index, model_path, version)
 
     def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
-        return RolloutClient(url, timeout_s)
+        return RolloutClient(url, timeout_s, api_key=self.api_key)

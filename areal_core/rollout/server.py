@@ -1,14 +1,17 @@
 """The embedded rollout server: the engine behind a subset of SGLang's HTTP API.
 
-    python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
-        [--host 127.0.0.1] [--weight-version 0] [--parent-pid PID] \\
+    AREAL_ROLLOUT_API_KEY=<key> python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
+        [--host 127.0.0.1] [--weight-version 0] [--parent-pid PID] [--allow-unauthenticated] \\
         [--engine-config '{"max_running": 256, "weight_update": "reprefill", "torch_threads": 1,
                            "dtype": "float32", "seed": 0, "kv_budget": {"tokens": 20000}}']
         (EngineConfig in config.py; omitted: defaults)
 
-Endpoints and bodies are those of ``protocol.py``. Bad input gets a 4xx JSON
-answer ``{"message": ..., "error": {"message": ..., "type": ...}}`` naming the
-problem; an engine failure fails only the requests it touched (500).
+Endpoints and bodies are those of ``protocol.py``. Every request but ``GET /health`` must carry
+the key from ``AREAL_ROLLOUT_API_KEY`` (taken out of the environment at start, never on the command
+line) as ``Authorization: Bearer <key>``, else 401 (``auth.py``); without a key the server starts
+only with ``--allow-unauthenticated``. Bad input gets a 4xx JSON answer ``{"message": ...,
+"error": {"message": ..., "type": ...}}`` naming the problem; an engine failure fails only the
+requests it touched (500).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.device import resolve_device
+from areal_core.rollout.auth import API_KEY_ENV, BearerAuth
 from areal_core.rollout.config import EngineConfig
 from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import (
@@ -111,11 +115,14 @@ def _json(model: pydantic.BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
-def create_app(engine: RolloutEngine) -> FastAPI:
+def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
+    """The server's app; with ``api_key`` every path but ``/health`` needs it as a bearer token."""
     shm = SharedMemoryReader()
     receiver = DistributedReceiver(engine.device)  # broadcasts land where the engine computes (NCCL: its GPU)
     app = FastAPI(title="areal-flow rollout server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.weight_receiver = receiver
+    if api_key is not None:
+        app.add_middleware(BearerAuth, key=api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, e: ApiError):
@@ -338,6 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine-config", type=_engine_config, default=EngineConfig(),
                     help="the engine's settings as JSON (EngineConfig in areal_core/rollout/config.py)")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
+    ap.add_argument("--allow-unauthenticated", action="store_true",
+                    help=f"serve without a key when {API_KEY_ENV} is not set (any local process can then drive it)")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
@@ -346,6 +355,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s rollout[%(process)d]: %(message)s")
+    api_key = os.environ.pop(API_KEY_ENV, "") or None  # (not left for anything this process starts)
+    if api_key is None and not args.allow_unauthenticated:
+        sys.exit(f"error: no API key: set {API_KEY_ENV} in the server's environment, or pass "
+                 "--allow-unauthenticated to serve without one")
+    if api_key is None:
+        log.warning("serving without an API key (--allow-unauthenticated): any process that can reach "
+                    "this port can generate, pause generation and load weights")
     eng = args.engine_config
     torch.set_num_threads(eng.torch_threads)
     from transformers.utils import logging as hf_logging
@@ -359,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
              eng.model_dump_json())
-    config = uvicorn.Config(create_app(engine), host=args.host, port=args.port, log_level="warning",
+    config = uvicorn.Config(create_app(engine, api_key), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5, lifespan="off",
                             timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     server = _Server(config)

@@ -1,6 +1,7 @@
 """Servers someone else started that speak the embedded engine's protocol (``protocol.py``):
 ``rollout.backend: external`` with ``rollout.urls``. Nothing is started or stopped; on launch
-every server is checked and loads the run's starting weights from a folder it can read."""
+every server is checked and loads the run's starting weights from a folder it can read. Their API
+key comes from the config (``api_key_file`` / ``api_key_env``; ``allow_unauthenticated``: none)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ class ExternalBackend:
     name = "external"
     restartable = False
 
-    def __init__(self, urls: list[str]):
+    def __init__(self, urls: list[str], api_key: str | None = None):
+        """``api_key``: the servers' (None: servers that take none, which the config must allow)."""
         if not urls:
             raise ValueError("rollout.backend: external needs rollout.urls (the servers' base URLs)")
-        self.urls = list(urls)
+        self.urls, self.api_key = list(urls), api_key
 
     @contextlib.contextmanager
     def launch(self, model_path: str, version: int):
@@ -25,7 +27,7 @@ class ExternalBackend:
         yield list(self.urls)
 
     async def _load(self, model_path: str, version: int) -> None:
-        pool = RolloutPool(self.urls)
+        pool = RolloutPool(self.urls, make_client=self.client)
         try:
             down = [u for u, ok in zip(self.urls, await pool.health()) if not ok]
             if down:
@@ -39,4 +41,4 @@ class ExternalBackend:
         raise RuntimeError(f"an external rollout server ({self.urls[index]}) cannot be restarted from here")
 
     def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
-        return RolloutClient(url, timeout_s)
+        return RolloutClient(url, timeout_s, api_key=self.api_key)

@@ -30,6 +30,11 @@ Weight transports: disk (``/update_weights_from_disk``) and distributed
 (``/init_weights_update_group`` then ``/update_weights_from_distributed``, NCCL on GPUs).
 SGLang's ``/update_weights_from_tensor`` passes CUDA IPC handles, so it only works on the
 same GPU host; we do not implement it.
+
+API key: servers the backend starts require the run's key (SGLang's ``--api-key``, given as
+``api-key`` in a YAML file of mode 0600 passed with ``--config``, so the key is in no argv; SGLang
+then answers 401 on everything but ``/health`` and ``/metrics`` without it); configured ``urls``
+need ``api_key_file`` or ``api_key_env``, or ``allow_unauthenticated`` (auth.py).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,9 +50,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from areal_core.configbase import Section
+from areal_core.rollout import auth
 
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
@@ -58,10 +64,11 @@ PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODE_FOR_UPDATE: dict[str, PauseMode | None] = {"keep_kv": "in_place", "reprefill": "retract", "drain": None}
 
 
-class SGLangConfig(Section):
-    """``rollout.backend: {kind: sglang, ...}``. ``urls``: use these servers; else start
+class SGLangConfig(auth.ServerAuthConfig):
+    """``rollout.backend: {kind: sglang, ...}``. ``urls``: use these servers (their key:
+    ``api_key_file`` / ``api_key_env``, or ``allow_unauthenticated``); else start
     ``num_servers`` local ones on ``port``, ``port + port_stride``, ... (with more than one,
-    server i sees GPUs i*tp_size.. via CUDA_VISIBLE_DEVICES)."""
+    server i sees GPUs i*tp_size.. via CUDA_VISIBLE_DEVICES), which require the run's key."""
     kind: Literal["sglang"] = "sglang"
     urls: list[str] = []
     num_servers: int = Field(1, ge=1)
@@ -76,11 +83,31 @@ class SGLangConfig(Section):
     startup_timeout_s: float = Field(900.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)  # for configured urls, at start
 
+    @model_validator(mode="after")
+    def _key_or_consent(self):
+        if self.urls and self.needs_key():
+            raise ValueError(auth.UNAUTHENTICATED_MESSAGE.format(what="rollout.backend SGLang servers (urls)"))
+        if not self.urls and (self.api_key_file or self.api_key_env or self.allow_unauthenticated):
+            raise ValueError("rollout.backend api_key_file, api_key_env and allow_unauthenticated are for "
+                             "configured urls; servers the run starts get the run's own key")
+        return self
 
-def sglang_launch_command(cfg: SGLangConfig, model_path: str, port: int, weight_version: int = 0) -> list[str]:
+
+def sglang_launch_command(cfg: SGLangConfig, model_path: str, port: int, weight_version: int = 0,
+                          config_file: str | None = None) -> list[str]:
+    """``config_file``: SGLang's ``--config`` YAML (``write_server_config``: the API key)."""
     return [cfg.python, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(cfg.tp_size),
             "--mem-fraction-static", str(cfg.mem_fraction_static), "--host", cfg.host, "--port", str(port),
-            "--weight-version", str(weight_version), *cfg.extra_args]
+            "--weight-version", str(weight_version), *(["--config", config_file] if config_file else []),
+            *cfg.extra_args]
+
+
+def write_server_config(folder: str, api_key: str) -> str:
+    """The YAML file given to ``sglang.launch_server --config``: ``api-key`` (SGLang's ``--api-key``),
+    in ``folder`` with mode 0600, so the key is in no process's argv."""
+    import json
+
+    return auth.write_private_file(os.path.join(folder, "sglang-server.yaml"), f"api-key: {json.dumps(api_key)}")
 
 
 def _sampling_params(s: Sampling) -> dict[str, Any]:
@@ -152,10 +179,10 @@ class SGLangClient(HTTPClient):
     TRANSPORTS = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
 
     def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode | None = "retract",
-                 retries: int = 2):
+                 retries: int = 2, api_key: str | None = None):
         """``pause_mode``: what an update does to in-flight requests (None: SGLang lets them finish
-        first, our ``drain``)."""
-        super().__init__(url, timeout_s, retries)
+        first, our ``drain``); ``api_key``: the server's (sent as a bearer token)."""
+        super().__init__(url, timeout_s, retries, api_key)
         self.pause_mode = pause_mode
         self._in_flight = 0
         self._paused = False
@@ -284,12 +311,17 @@ class SGLangBackend:
     implements areal_core.rollout.backend.RolloutBackend."""
     name = "sglang"
 
-    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: str = "reprefill"):
-        """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update."""
+    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: str = "reprefill",
+                 api_key: str | None = None):
+        """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update;
+        ``api_key``: what servers started here require (the run's; None: one made here)."""
         self.cfg = cfg
         self.pause_mode = PAUSE_MODE_FOR_UPDATE[weight_update]
         self.restartable = not cfg.urls
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sglang-logs-")
+        self.api_key = cfg.resolve("the SGLang servers in rollout.backend.urls") if cfg.urls \
+            else api_key or auth.new_key()
+        self._config_file: str | None = None  # while servers started here run: the file holding their key
         self.servers: dict[str, tuple[int, "ServerProcess"]] = {}  # url -> (index, process)
         self._model_path, self._version = "", 0
 
@@ -302,7 +334,9 @@ class SGLangBackend:
             yield urls
             return
         self._model_path, self._version = model_path, version
+        folder = tempfile.mkdtemp(prefix="sglang-config-")  # (mode 0700)
         try:
+            self._config_file = write_server_config(folder, self.api_key)
             started = [self._start(i) for i in range(self.cfg.num_servers)]
             for s in started:
                 self._wait_healthy(s)
@@ -311,6 +345,8 @@ class SGLangBackend:
             for _, proc in self.servers.values():
                 proc.stop()
             self.servers.clear()
+            shutil.rmtree(folder, ignore_errors=True)
+            self._config_file = None
 
     def _start(self, i: int) -> "ServerProcess":
         from areal_core.rollout.launcher import ServerProcess
@@ -321,11 +357,12 @@ class SGLangBackend:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * self.cfg.tp_size + k) for k in range(self.cfg.tp_size))
         env.update(self.cfg.env)
         log_path = os.path.join(self.log_dir, f"sglang-{i}.log")
-        cmd = sglang_launch_command(self.cfg, self._model_path, port, self._version)
+        cmd = sglang_launch_command(self.cfg, self._model_path, port, self._version, self._config_file)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-        server = ServerProcess(proc, self.cfg.host, port, log_path)
+        server = ServerProcess(proc, self.cfg.host, port, log_path, self.api_key)
+        auth.remember(server.url, self.api_key)
         self.servers[server.url] = (i, server)
         return server
 
@@ -360,4 +397,4 @@ class SGLangBackend:
         self._wait_healthy(self._start(index))
 
     def client(self, url: str, timeout_s: float = 600.0) -> SGLangClient:
-        return SGLangClient(url, timeout_s, pause_mode=self.pause_mode)
+        return SGLangClient(url, timeout_s, pause_mode=self.pause_mode, api_key=self.api_key)

@@ -28,6 +28,12 @@ reprefill -> ``abort`` (requests return with finish ``abort``; the caller contin
 ``prompt + output_ids``), drain -> ``wait`` (in-flight requests finish first). Weight transport:
 disk only (``reload_weights``). vLLM's NCCL transfer engine (``/init_weight_transfer_engine``,
 ``/update_weights``) needs a GPU and is not implemented here.
+
+API key: every server requires the run's key, given in its environment as ``VLLM_API_KEY`` (what
+``--api-key`` sets, kept out of argv); clients send it as a bearer token. vLLM's middleware guards
+the routes it serves but its public ones (``/health``, ``/load``, ``/metrics``, ``/version``, ...);
+older vLLM releases guarded only ``/v1``, which would leave the dev-mode routes (``/pause``,
+``/collective_rpc``) open: use a release whose guard covers every route.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from areal_core.configbase import Section
+from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 
@@ -103,7 +110,8 @@ def vllm_command(cfg: VLLMConfig, python: str, model_path: str, port: int, *, dt
     return cmd + list(cfg.extra_args)
 
 
-def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str]) -> dict[str, str]:
+def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | None = None) -> dict[str, str]:
+    """The server's environment; ``api_key`` goes in as ``VLLM_API_KEY`` (vLLM's ``--api-key``)."""
     env = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the venv's own packages
     env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kvcache_gib),
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
@@ -112,7 +120,10 @@ def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str]) -> dict[str, str
                 "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"})
     if cfg.cpu_threads_bind:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind[index % len(cfg.cpu_threads_bind)]
-    return {**env, **cfg.env}
+    env = {**env, **cfg.env}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
 
 
 def sampling_params(s: Sampling) -> dict[str, Any]:
@@ -218,8 +229,8 @@ class VLLMClient(HTTPClient):
     """One vLLM server (implements areal_core.rollout.backend.RolloutClient)."""
 
     def __init__(self, url: str, timeout_s: float = 600.0, weight_update: WeightUpdate = "reprefill",
-                 retries: int = 2, untie_lm_head: bool = True):
-        super().__init__(url, timeout_s, retries)
+                 retries: int = 2, untie_lm_head: bool = True, api_key: str | None = None):
+        super().__init__(url, timeout_s, retries, api_key)
         self.untie_lm_head = untie_lm_head
         self._loaded: str | None = None  # the untied copy this client last loaded
         self.weight_update, self.pause_mode = weight_update, PAUSE_MODE[weight_update]
@@ -304,10 +315,10 @@ class VLLMClient(HTTPClient):
         return ServerInfo(weight_version=version, running=running, waiting=in_flight - running, paused=paused is True)
 
 
-def _label(url: str, version: int, timeout_s: float = 30.0) -> None:
+def _label(url: str, version: int, timeout_s: float = 30.0, api_key: str | None = None) -> None:
     """POST /update_weight_version, blocking (for launch and restart)."""
     req = urllib.request.Request(url + "/update_weight_version", data=json.dumps({"new_version": str(version)}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+                                 headers={"Content-Type": "application/json", **auth.bearer(api_key)}, method="POST")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(req, timeout=timeout_s) as r:
@@ -324,8 +335,9 @@ class VLLMBackend:
     restartable = True
 
     def __init__(self, cfg: VLLMConfig, *, weight_update: WeightUpdate = "reprefill", seed: int = 0,
-                 dtype: str = "float32", log_dir: str | None = None):
+                 dtype: str = "float32", log_dir: str | None = None, api_key: str | None = None):
         self.cfg, self.weight_update, self.seed, self.dtype = cfg, weight_update, seed, dtype
+        self.api_key = api_key or auth.new_key()  # the run's: every server requires it
         self.python = venv_python(cfg)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-logs-")
         self.servers: dict[int, ServerProcess] = {}
@@ -344,7 +356,7 @@ class VLLMBackend:
             started = [self._start(i, folder) for i in range(self.cfg.num_servers)]
             for s in started:
                 self._wait_healthy(s)
-                _label(s.url, version)
+                _label(s.url, version, api_key=self.api_key)
             yield [s.url for s in started]
         finally:
             for proc in self.servers.values():
@@ -362,8 +374,9 @@ class VLLMBackend:
         log_path = os.path.join(self.log_dir, f"vllm-{i}.log")
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    env=vllm_env(self.cfg, i, dict(os.environ)), start_new_session=True)
-        self.servers[i] = ServerProcess(proc, self.cfg.host, port, log_path)
+                                    env=vllm_env(self.cfg, i, dict(os.environ), self.api_key), start_new_session=True)
+        self.servers[i] = ServerProcess(proc, self.cfg.host, port, log_path, self.api_key)
+        auth.remember(self.servers[i].url, self.api_key)
         return self.servers[i]
 
     def _wait_healthy(self, s: ServerProcess) -> None:
@@ -383,7 +396,8 @@ class VLLMBackend:
         self.servers.pop(index).stop()
         s = self._start(index, self._folder(model_path))
         self._wait_healthy(s)
-        _label(s.url, version)
+        _label(s.url, version, api_key=self.api_key)
 
     def client(self, url: str, timeout_s: float = 600.0) -> VLLMClient:
-        return VLLMClient(url, timeout_s, weight_update=self.weight_update, untie_lm_head=self.cfg.untie_lm_head)
+        return VLLMClient(url, timeout_s, weight_update=self.weight_update, untie_lm_head=self.cfg.untie_lm_head,
+                          api_key=self.api_key)
