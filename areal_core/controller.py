@@ -93,6 +93,9 @@ class ControllerSettings:
     seed: int = 0
     curriculum: dict | None = None  # {"ema": .., "floor": ..}: BucketCurriculum over Prompt.bucket
     kv_budget_tokens: int | None = None  # a client-side KV limit per server (servers that do not enforce one)
+    # prompt + answer of one trajectory at most (trajectory_budget.py); every request's max_new_tokens is
+    # clamped to what it leaves. None: no limit
+    max_trajectory_tokens: int | None = None
 
 
 def _log_refresh_error(fut: Future) -> None:
@@ -409,11 +412,17 @@ class RolloutController:
                           stop_token_ids: Sequence[int] = ()) -> None:
         """All of a new group's answers in one request; what it does not finish, ``_continue`` does."""
         max_new = int(max_new or self.s.sampling["max_new_tokens"])
+        sizes = [min(max_new, self.room(t)) for t in trajs]  # what each trajectory's limit leaves
+        for t in (t for t, n in zip(trajs, sizes) if n <= 0):
+            t.finish_reason = "length"
+        trajs, sizes = [t for t, n in zip(trajs, sizes) if n > 0], [n for n in sizes if n > 0]
+        if not trajs:
+            return
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   [Sampling(**{**self.s.sampling, "max_new_tokens": max_new,
-                                                                "stop_token_ids": tuple(stop_token_ids)})]
-                                                   * len(trajs),
+                                                   [Sampling(**{**self.s.sampling, "max_new_tokens": n,
+                                                                "stop_token_ids": tuple(stop_token_ids)})
+                                                    for n in sizes],
                                                    rids=[t.traj_id for t in trajs])
         except RolloutServerError as e:
             if not e.server_down:
@@ -446,7 +455,7 @@ class RolloutController:
         max_new = int(max_new or self.s.sampling["max_new_tokens"])
         resubmits = 0
         while not traj.finished:
-            remaining = max_new - (len(traj.output_ids) - turn_start)
+            remaining = min(max_new - (len(traj.output_ids) - turn_start), self.room(traj))
             if remaining <= 0:
                 traj.finish_reason = "length"
                 break
@@ -468,6 +477,11 @@ class RolloutController:
                 continue
             self._append(traj, resp)
         self.n_generated += 1
+
+    def room(self, traj: Trajectory) -> int | float:
+        """How many more tokens ``traj`` may hold (``max_trajectory_tokens``; inf without a limit)."""
+        limit = self.s.max_trajectory_tokens
+        return float("inf") if limit is None else limit - len(traj.prompt_ids) - len(traj.output_ids)
 
     def _grade(self, trajs: Sequence[Trajectory], texts: Sequence[str], final: bool = False) -> asyncio.Future:
         """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks.
@@ -657,6 +671,10 @@ class _EpisodeContext:
 
     async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
         return await self._c._grade(trajs, texts)
+
+    def room(self, traj: Trajectory) -> int | None:
+        room = self._c.room(traj)
+        return None if room == float("inf") else int(room)
 
     def encode(self, text: str) -> list[int]:
         if self._c.encode is None:

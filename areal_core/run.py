@@ -39,7 +39,7 @@ from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
-from areal_core.experiment import ConfigError, ExperimentConfig
+from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
 from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
@@ -54,6 +54,7 @@ from areal_core.run_folder import check_run_folder
 from areal_core.storage import CheckpointStore, write_json_atomic
 from areal_core.storage import run_state
 from areal_core.trainer import lora
+from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 from areal_core.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -80,30 +81,6 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
     frozen = 1 if cfg.multi_agent is not None and cfg.multi_agent.needs_frozen_server else 0  # its own server
     busy = r.torch_threads * (r.n_servers + frozen) if r.backend.kind == "embedded" else 0
     return max(1, cores - busy)
-
-
-def check_trajectory_budget(cfg: ExperimentConfig, prompts: list) -> None:
-    """Dynamic micro-batching trains a trajectory (prompt + up to max_new_tokens) in one micro-batch:
-    the longest prompt's must fit ``trainer.max_tokens_per_microbatch`` (else a step fails mid-run)."""
-    t, max_new = cfg.trainer, cfg.rollout.sampling.max_new_tokens
-    if t.microbatching != "dynamic" or not prompts:
-        return
-    longest = max(prompts, key=lambda p: len(p.input_ids))
-    need = len(longest.input_ids) + max_new
-    if need > t.max_tokens_per_microbatch:
-        raise ConfigError(
-            f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) is too small for record "
-            f"{longest.id!r}: its prompt of {len(longest.input_ids)} tokens + rollout.sampling.max_new_tokens "
-            f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers")
-
-
-def check_agent_budget(cfg: ExperimentConfig, prompts: list, prompter) -> None:
-    """``check_trajectory_budget`` for every agent's prompts (its prefix makes them longer)."""
-    if cfg.multi_agent is None or not prompts:
-        return
-    longest = max(prompts, key=lambda p: len(p.input_ids))
-    for a in cfg.multi_agent.agents:
-        check_trajectory_budget(cfg, [dataclasses.replace(longest, input_ids=prompter(a.id, longest))])
 
 
 def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str, api_key: str):
@@ -307,6 +284,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
+            # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
+            max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
         )
         transport = make_transport(cfg.rollout.transport(), str(run_dir),
                                    adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)

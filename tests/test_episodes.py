@@ -16,8 +16,12 @@ class ScriptedContext:
 
     version = 3
 
-    def __init__(self, script: dict[str, list[str]]):
+    def __init__(self, script: dict[str, list[str]], limit: int | None = None):
         self.script, self.graded, self.turn = script, [], {k: 0 for k in script}
+        self.limit = limit  # tokens a trajectory may hold (None: no limit)
+
+    def room(self, traj):
+        return None if self.limit is None else self.limit - len(traj.prompt_ids) - len(traj.output_ids)
 
     async def generate(self, trajs, max_new_tokens=None):
         for t in trajs:
@@ -59,6 +63,19 @@ def test_retry_gives_wrong_answers_feedback_and_another_turn():
     assert t1.output_mask == [1, 1] + [0] * len("|wrong answer|") + [1, 1]
     assert len(t1.output_logprobs) == len(t1.output_versions) == len(t1.output_ids)
     assert group[0].output_mask == []  # untouched: every token the policy's
+
+
+def test_retry_stops_where_the_feedback_no_longer_fits():
+    """A trajectory may hold 20 tokens (prompt 2): after "no" (2) the feedback "|wrong answer|" (14) leaves
+    2, enough for a try; after a second "no" there is no room for the feedback and a token more, so that
+    answer ends there, wrong, with nothing past the limit."""
+    ctx = ScriptedContext({"t0": ["no", "no", "ok"], "t1": ["no", "ok"]}, limit=20)
+    group = _group(2)
+    results = asyncio.run(RetryWithFeedback(max_turns=3, feedback="|{reason}|").run(group, ctx))
+    assert [r.correct for r in results] == [False, True]
+    assert [t.reward_info["turns"] for t in group] == [2, 2]
+    assert ctx.decode(group[0].output_ids) == "no|wrong answer|no"
+    assert all(len(t.prompt_ids) + len(t.output_ids) <= 20 for t in group)
 
 
 def test_discount_scales_the_credit_of_a_late_right_answer():

@@ -26,12 +26,24 @@ class ScriptedContext:
     token ids are character codes, logprobs count down per token, the version moves on after every
     turn. Answers are right when they read 'ok'."""
 
-    def __init__(self, script: dict[str, list[str]]):
+    def __init__(self, script: dict[str, list[str]], limit: int | None = None, refuse: dict | None = None):
         self.script, self.calls, self.version, self.graded = script, {k: 0 for k in script}, 5, []
-        self.stop_ids = []
+        self.stop_ids, self.max_new = [], []
+        self.limit = limit  # tokens a trajectory may hold (None: no limit), as the controller's room says
+        self.refuse = refuse or {}  # trajectory id -> the call (0, 1, ...) the rollout server answers 400
+
+    def room(self, traj):
+        return None if self.limit is None else self.limit - len(traj.prompt_ids) - len(traj.output_ids)
 
     async def generate(self, trajs, max_new_tokens=None, stop_token_ids=()):
+        from areal_core.rollout.client import RolloutServerError
+
         self.stop_ids.append(list(stop_token_ids))
+        self.max_new.append(max_new_tokens)
+        for t in trajs:
+            if self.refuse.get(t.traj_id) == self.calls[t.traj_id]:
+                raise RolloutServerError("http://127.0.0.1:1", 400, "POST /generate: prompt (70 tokens) + "
+                                         "max_new_tokens (64) = 134 exceeds the model's context of 128 positions")
         for t in trajs:
             text = self.script[t.traj_id][self.calls[t.traj_id]]
             self.calls[t.traj_id] += 1
@@ -258,12 +270,17 @@ def test_bad_requests_get_openai_style_errors():
         errors["image"] = _status_error(lambda: c.create(model="m", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x"}}]}]))
         errors["max_tokens"] = _status_error(lambda: llm.completions.create(model="m", prompt="x", max_tokens=0))
-        raw = httpx.post(client["base_url"] + "/chat/completions", content=b"{not json", timeout=10)
+        key = {"Authorization": f"Bearer {client['api_key']}"}
+        raw = httpx.post(client["base_url"] + "/chat/completions", content=b"{not json", headers=key, timeout=10)
         errors["json"] = (raw.status_code, raw.json())
-        errors["path"] = httpx.get(client["base_url"] + "/embeddings", timeout=10)
+        errors["path"] = httpx.get(client["base_url"] + "/embeddings", headers=key, timeout=10)
         errors["who"] = _status_error(lambda: openai.OpenAI(base_url=client["base_url"].replace("/c/", "/c/x"),
-                                                            api_key="k", max_retries=0).completions.create(
-            model="m", prompt="x"))
+                                                            api_key=client["api_key"], max_retries=0)
+                                      .completions.create(model="m", prompt="x"))
+        errors["nokey"] = httpx.post(client["base_url"] + "/completions", json={"model": "m", "prompt": "x"},
+                                     timeout=10)
+        errors["badkey"] = httpx.get(client["base_url"] + "/models", headers={"Authorization": "Bearer k"},
+                                     timeout=10)
         first = llm.completions.create(model="m", prompt=prompt).choices[0].text
         again = llm.completions.create(model="m", prompt=prompt).choices[0].text  # a retry: the same answer
         assert again == first
@@ -281,7 +298,11 @@ def test_bad_requests_get_openai_style_errors():
         assert isinstance(e, openai.BadRequestError) and words in e.message, (key, e.message)
         assert e.body["type"] == "invalid_request_error"
     assert "differ at character 5" in errors["rewrite"].message  # "a3b5=" then "a1" or "zz"
-    assert isinstance(errors["who"], openai.NotFoundError) and "no open conversation" in errors["who"].message
+    assert isinstance(errors["who"], openai.AuthenticationError) and "another conversation" in errors["who"].message
+    for key in ("nokey", "badkey"):  # nothing is answered without the key: 401, one line of JSON
+        r = errors[key]
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"], (key, r.text)
+        assert r.json()["error"]["code"] == "invalid_api_key" and "\n" not in r.text
     status, body = errors["json"]
     assert status == 400 and body["error"]["message"] == "the request body is not valid JSON"
     assert errors["path"].status_code in (404, 405) and "error" in errors["path"].json()
@@ -341,3 +362,73 @@ def test_a_short_real_run_through_the_controller(tmp_path):
     assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
     m = pd.read_parquet(tmp_path / "run/metrics.parquet")
     assert (m["turns_mean"] == 2).all() and (m["environment_tokens"] > 0).all()
+
+
+def test_calls_are_bounded_by_the_room_left_and_a_conversation_that_no_longer_fits_is_graded_wrong():
+    """A trajectory may hold ``limit`` tokens (the context, the micro-batch, the KV budget): each call's
+    max_tokens is what is left, and a call whose prompt leaves no room is refused (400
+    context_length_exceeded) and ends the conversation; under on_agent_error 'wrong' it is graded wrong
+    and the group's other answers are graded as usual."""
+    limit = 24  # prompt "a3b5=" (5) + the first answer (5) + the agent's dots + the second answer
+
+    def agent(client, prompt):
+        llm = openai.OpenAI(**client, max_retries=0)
+        first = llm.completions.create(model="m", prompt=prompt).choices[0].text
+        dots = 2 if first.startswith("a") else 14  # t1's 14 leave no room: 5 + 5 + 14 = 24
+        return llm.completions.create(model="m", prompt=prompt + first + "." * dots).choices[0].text
+
+    ctx = ScriptedContext({"t0": ["aaaa", "ok"], "t1": ["bbbb", "ok"]}, limit=limit)
+    group = _group(2)
+    results = _run(OpenAIAgent(agent, on_agent_error="wrong"), group, ctx)
+    assert results[0].correct and not results[1].correct, results
+    assert "no longer fits" in results[1].reason and "24 tokens a trajectory may hold" in results[1].reason
+    assert ctx.graded == [["ok"]]  # only t0's answer was graded
+    for t in group:  # no trajectory ever holds more than the limit
+        assert len(t.prompt_ids) + len(t.output_ids) <= limit, (t.traj_id, len(t.prompt_ids), len(t.output_ids))
+    # every call asked for at most what was left: 24 - 5 = 19 at first; t0's second call 24 - 5 - 5 - 2 = 12
+    assert sorted(ctx.max_new) == [12, 19, 19]
+    assert group[1].output_ids == ctx.encode("bbbb") + [EOS]  # the dots that did not fit were not added
+    # under on_agent_error 'raise', the agent's error (it got the 400) stops the episode, naming the cause
+    ctx = ScriptedContext({"t0": ["aaaa", "ok"], "t1": ["bbbb", "ok"]}, limit=limit)
+    with pytest.raises(RuntimeError, match="no longer fits"):
+        _run(OpenAIAgent(agent), _group(2)[1:], ctx)
+
+
+def test_a_request_the_rollout_server_refuses_ends_that_conversation_only():
+    """A 400 from the rollout server (e.g. a prompt past its context) is the request's problem, not the
+    run's: under on_agent_error 'wrong' that answer is graded wrong and the others go on."""
+    ctx = ScriptedContext({"t0": ["a1", "ok"], "t1": ["b1", "ok"]}, refuse={"t1": 1})
+
+    def agent(client, prompt):
+        llm = openai.OpenAI(**client, max_retries=0)
+        first = llm.completions.create(model="m", prompt=prompt).choices[0].text
+        return llm.completions.create(model="m", prompt=prompt + first + "?").choices[0].text
+
+    results = _run(OpenAIAgent(agent, on_agent_error="wrong"), _group(2), ctx)
+    assert [r.correct for r in results] == [True, False]
+    assert "refused the request" in results[1].reason and "context of 128" in results[1].reason
+
+
+@pytest.mark.slow
+def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path):
+    """The example agent's second call repeats the first answer, so with a tight
+    trainer.max_tokens_per_microbatch some conversations no longer fit: their calls are clamped to what
+    is left or refused, those answers are graded wrong, and the run trains every step with no trajectory
+    longer than the micro-batch (which would otherwise fail a training step)."""
+    import pandas as pd
+
+    from areal_core.experiment import load_config
+    from areal_core.run import run_experiment
+
+    budget = 44
+    cfg = load_config("tests/data/e2e.yaml", {
+        "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent",
+                    "on_agent_error": "wrong"},
+        "trainer.max_steps": 2, "rollout.sampling.max_new_tokens": 24,
+        "trainer.max_tokens_per_microbatch": budget})
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
+    ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
+    assert len(ledger) == 2 * cfg.trainer.batch_size
+    m = pd.read_parquet(tmp_path / "run/metrics.parquet")
+    assert (m["answer_len_max"] <= budget).all() if "answer_len_max" in m else True

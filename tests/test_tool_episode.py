@@ -29,8 +29,9 @@ class ScriptedPolicy:
 
     version = 7
 
-    def __init__(self, texts: dict[str, str], want: dict[str, str] | None = None):
+    def __init__(self, texts: dict[str, str], want: dict[str, str] | None = None, limit: int | None = None):
         self.texts, self.want = texts, want or {}
+        self.limit = limit  # tokens a trajectory may hold (None: no limit)
         self.pos = {k: 0 for k in texts}
         self.graded: list[list[str]] = []
         self.requests: list[tuple[str, tuple[int, ...]]] = []
@@ -67,6 +68,9 @@ class ScriptedPolicy:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids if i != EOS)
+
+    def room(self, traj):
+        return None if self.limit is None else self.limit - len(traj.prompt_ids) - len(traj.output_ids)
 
 
 def _group(n):
@@ -105,6 +109,19 @@ def test_a_call_runs_in_the_sandbox_and_its_output_is_masked_environment_text():
     assert (t1.reward_info["tool_calls"], t1.output_mask) == (0, [])  # no call: a single-turn answer
     # the turn stopped at the '>' of the opening tag, then went on to the closing one
     assert [r for r in ctx.requests if r[0] == "t0"][:2] == [("t0", (ord(">"),)), ("t0", (ord(">"),))]
+
+
+def test_a_tool_output_that_does_not_fit_ends_the_answer():
+    """A trajectory may hold 30 tokens (prompt 2): t0's call (15 tokens) leaves 13, too few for its output
+    "<out>100000000000000000000</out>" (32) and an answer, so the output is not added and the answer ends
+    there, graded as it is; t1's call (10) and its output (12) leave room for "|y"."""
+    ctx = ScriptedPolicy({"t0": "<py>10**20</py>|x", "t1": "<py>1</py>|y"}, limit=30)
+    group = _group(2)
+    asyncio.run(ToolUse(max_calls=2, tool=PythonTool()).run(group, ctx))
+    t0, t1 = group
+    assert ctx.decode(t0.output_ids) == "<py>10**20</py>" and t0.finish_reason == "length"
+    assert ctx.graded == [["<py>10**20</py>", "<py>1</py><out>1</out>|y"]]
+    assert all(len(t.prompt_ids) + len(t.output_ids) <= 30 for t in group)
 
 
 def test_max_calls_then_plain_text():

@@ -24,6 +24,11 @@ class EpisodeContext(Protocol):
     async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
         """Grade ``texts`` (one answer per trajectory) with each trajectory's task, reference and tests."""
 
+    def room(self, traj: Trajectory) -> int | None:
+        """How many more tokens ``traj`` (prompt + answer) may hold: the model's context, the trainer's
+        micro-batch and the KV budget leave that much (``trajectory_budget.py``); None: no limit.
+        ``generate`` never goes past it; an episode adds environment text only where it ``fits``."""
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -45,6 +50,13 @@ def append_environment(traj: Trajectory, ids: Sequence[int], version: int) -> No
     traj.output_versions += [version] * len(ids)
     traj.output_mask += [0] * len(ids)
     traj.finish_reason = ""
+
+
+def fits(ctx: EpisodeContext, traj: Trajectory, ids: Sequence[int]) -> bool:
+    """Whether environment text ``ids`` can join ``traj`` and still leave the policy a token to answer
+    with; one that does not fit ends the answer where it is (the episode does not add it)."""
+    room = ctx.room(traj)
+    return room is None or len(ids) < room
 
 
 def last_turn_text(traj: Trajectory, ctx: EpisodeContext) -> str:

@@ -5,8 +5,9 @@ For each trajectory of a group the episode calls the agent function (``episode.p
 
     def agent(client: dict, prompt: str, **options) -> str      # or ``async def``
 
-``client`` is ``{"base_url": "http://127.0.0.1:PORT/c/<conversation>/v1", "api_key": "<conversation>"}``
-(``openai.OpenAI(**client)``), ``prompt`` the dataset prompt as text, ``options`` the episode's
+``client`` is ``{"base_url": "http://127.0.0.1:PORT/c/<conversation>/v1", "api_key": "<its key>"}``
+(``openai.OpenAI(**client)``; the key is a secret of that conversation's, and the endpoint answers
+nothing without it or the run's own secret), ``prompt`` the dataset prompt as text, ``options`` the episode's
 ``options``; it returns the final answer, which the task's grader grades. A sync agent runs in a
 thread of its own, an async one on the rollout loop (it must not block).
 
@@ -25,6 +26,14 @@ has a fixed number of them, so there is no second segment to start. The same req
 (a client's retry) gets the same answer again. A ``stop`` string ends the answer before it:
 the tokens from the one holding the stop string on are dropped, so the text the agent gets is
 exactly what was recorded.
+
+A trajectory may hold only so many tokens (``EpisodeContext.room``: the model's context, the
+trainer's micro-batch, the KV budget). Each call's ``max_tokens`` is bounded by what is left; a
+call whose prompt leaves no room for one more token is refused (400, code
+``context_length_exceeded``, as OpenAI does) and ends the conversation: its answer is graded wrong
+(whatever the agent does then, unless it raises under ``on_agent_error: raise``), and the run goes
+on. So does a request the rollout server refuses (400). An agent's first prompt that does not fit at
+all is an error (that trajectory would hold no token to train).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from typing import Any
 from areal_core.episodes.base import EpisodeContext, append_environment
 from areal_core.episodes.openai_proxy import Call, ProxyError, Reply, serve
 from areal_core.reward.result import RewardResult
+from areal_core.rollout.client import RolloutServerError
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -106,15 +116,20 @@ class ChatRenderer:
         return None
 
 
+TOO_LONG = "context_length_exceeded"  # OpenAI's error code for a prompt the context cannot take
+
+
 @dataclass
 class Conversation:
     id: str
     traj: Trajectory
     ctx: EpisodeContext
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # its API key (a bearer token)
     text: str = ""  # what the trajectory's tokens stand for, in the requests' text
     calls: int = 0
     last: tuple[str, Reply] | None = None  # the latest call's prompt text and reply (a retry gets it again)
     error: BaseException | None = None  # generation failed: the run's problem, not the agent's
+    ended: str | None = None  # why it can go no further (no room left): graded wrong
     open: bool = True
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # the group's task's context: generation runs in it (the controller routes by context variables)
@@ -162,7 +177,9 @@ class OpenAIAgent:
         self.max_calls, self.max_new, self.timeout_s = max_calls, max_new_tokens_per_call, timeout_s
         self.on_agent_error, self.max_concurrent = on_agent_error, max_concurrent
         self.render = ChatRenderer(chat_template, tokenizer)
+        self.secret = secrets.token_urlsafe(32)  # the run's key to the endpoint (each conversation has its own)
         self._convs: dict[str, Conversation] = {}
+        self._by_key: dict[str, str] = {}  # conversation key -> conversation id
         self._server = None  # (loop, serving task, future of its port)
         self._threads: ThreadPoolExecutor | None = None
 
@@ -172,20 +189,23 @@ class OpenAIAgent:
         s = self._server
         if s is None or s[0] is not loop or s[1].done():
             started = loop.create_future()
-            s = self._server = (loop, loop.create_task(serve(self.handle, started), name="openai-endpoint"), started)
+            s = self._server = (loop, loop.create_task(serve(self.handle, self.authorize, started),
+                                                       name="openai-endpoint"), started)
         return await asyncio.shield(s[2])
 
     async def run(self, group: list[Trajectory], ctx: EpisodeContext) -> list[RewardResult]:
         port = await self.port()
         convs = [Conversation(secrets.token_urlsafe(12), t, ctx) for t in group]
         self._convs.update((c.id, c) for c in convs)
+        self._by_key.update((c.key, c.id) for c in convs)
         try:
             outcomes = await asyncio.gather(*(self._drive(c, port) for c in convs))
         finally:
             for c in convs:
                 c.open = False
                 self._convs.pop(c.id, None)
-        results = [RewardResult(correct=False, reason=f"agent failed: {err}"[:500]) for _, err in outcomes]
+                self._by_key.pop(c.key, None)
+        results = [RewardResult(correct=False, reason=(err or "")[:500]) for _, err in outcomes]
         done = [i for i, (answer, _) in enumerate(outcomes) if answer is not None]
         if done:
             graded = await ctx.grade([group[i] for i in done], [outcomes[i][0] for i in done])
@@ -195,10 +215,24 @@ class OpenAIAgent:
             c.traj.reward_info = {**c.traj.reward_info, "turns": c.calls}
         return results
 
+    def authorize(self, token: str, conv_id: str | None) -> str | None:
+        """The endpoint's check of a request's bearer token (see openai_proxy.Authorize): the run's
+        secret (for the conversation the path names, if any), or a conversation's own key (for that
+        conversation only)."""
+        if token and secrets.compare_digest(token, self.secret):
+            return conv_id
+        owner = self._by_key.get(token) if token else None
+        if owner is not None and conv_id in (None, owner):
+            return owner
+        why = "no API key" if not token else "a wrong API key" if owner is None else \
+            "the API key of another conversation"
+        raise ProxyError(401, f"this endpoint needs the API key the agent was given (Authorization: Bearer ...); "
+                              f"the request had {why}", "invalid_request_error", code="invalid_api_key")
+
     async def _drive(self, conv: Conversation, port: int) -> tuple[str | None, str | None]:
-        """Run the agent on one conversation: (its answer, None) or, under on_agent_error 'wrong',
-        (None, why it failed)."""
-        client = {"base_url": f"http://127.0.0.1:{port}/c/{conv.id}/v1", "api_key": conv.id}
+        """Run the agent on one conversation: (its answer, None) or (None, why it is graded wrong):
+        the conversation ran out of room, or (under on_agent_error 'wrong') the agent failed."""
+        client = {"base_url": f"http://127.0.0.1:{port}/c/{conv.id}/v1", "api_key": conv.key}
         prompt = self.render.user_text(conv.traj.prompt_ids)
         prompt = prompt if prompt is not None else conv.ctx.decode(conv.traj.prompt_ids)
         try:
@@ -220,15 +254,19 @@ class OpenAIAgent:
             if isinstance(e, TimeoutError):
                 e = TimeoutError(f"no answer within timeout_s={self.timeout_s}")
             if self.on_agent_error == "raise" or not self._trainable(conv):
+                why = f" ({conv.ended})" if conv.ended else ""
                 raise RuntimeError(f"the agent failed on {conv.traj.traj_id} after {conv.calls} model calls: "
-                                   f"{e!r}") from e
+                                   f"{e!r}{why}") from e
             log.warning("agent failed on %s after %d calls (graded wrong): %r", conv.traj.traj_id, conv.calls, e)
-            return None, repr(e)
+            return None, conv.ended or f"agent failed: {e!r}"
         if conv.error is not None:
             raise conv.error
         if not self._trainable(conv):
+            why = f" ({conv.ended})" if conv.ended else ""
             raise RuntimeError(f"the agent answered {conv.traj.traj_id} without a model call that produced "
-                               f"a token ({conv.calls} calls): nothing to train")
+                               f"a token ({conv.calls} calls): nothing to train{why}")
+        if conv.ended:
+            return None, conv.ended
         return answer, None
 
     @staticmethod
@@ -258,27 +296,40 @@ class OpenAIAgent:
         traj, ctx = conv.traj, conv.ctx
         if conv.last is not None and conv.last[0] == text:
             return conv.last[1]
+        if conv.ended:
+            raise ProxyError(400, f"conversation {conv.id} has ended: {conv.ended}", code=TOO_LONG)
         if conv.calls >= self.max_calls:
             raise ProxyError(400, f"conversation {conv.id} has made max_calls={self.max_calls} model calls")
+        param = "messages" if call.chat else "prompt"
         if conv.calls == 0:  # the agent's first prompt is the trajectory's prompt
             ids = ctx.encode(text)
             if not ids:
                 raise ProxyError(400, "the prompt encodes to no tokens", param="prompt")
             traj.prompt_ids = ids
+            self._room_for(conv, [], param)
         else:
             if not text.startswith(conv.text):
-                raise ProxyError(400, _diverged(conv, text), param="messages" if call.chat else "prompt")
+                raise ProxyError(400, _diverged(conv, text), param=param)
             ids = ctx.encode(text[len(conv.text):])
             if ids and traj.output_ids and ids[0] == traj.output_ids[-1] and ctx.decode(ids[:1]) == "":
                 ids = ids[1:]  # the template's end-of-turn token, which the policy sampled already
+            self._room_for(conv, ids, param)
             append_environment(traj, ids, ctx.version)
         conv.text = text
         start = len(traj.output_ids)
-        limits = [n for n in (call.max_tokens, self.max_new) if n]
+        room = ctx.room(traj)  # (>= 1: checked above)
+        limits = [n for n in (call.max_tokens, self.max_new, room) if n]
         stop_ids = sorted({ids[0] for ids in map(ctx.encode, call.stop) if len(ids) == 1})
         turn = ctx.generate([traj], min(limits) if limits else None, *([stop_ids] if stop_ids else []))
         try:  # (a stop string of one token ends generation there; any other is cut out afterwards)
             await asyncio.get_running_loop().create_task(turn, context=conv.context)
+        except RolloutServerError as e:
+            if e.status != 400:
+                conv.error = e
+                raise ProxyError(500, f"generation failed: {e!r}", "server_error") from None
+            conv.ended = f"the rollout server refused the request: {e.message}"  # the request, not the run
+            log.warning("conversation of %s ends: %s", traj.traj_id, conv.ended)
+            raise ProxyError(400, conv.ended, param=param, code=TOO_LONG) from None
         except Exception as e:
             conv.error = e
             raise ProxyError(500, f"generation failed: {e!r}", "server_error") from None
@@ -293,3 +344,17 @@ class OpenAIAgent:
         reply = Reply(answer, finish, len(traj.prompt_ids) + start, len(traj.output_ids) - start)
         conv.last = (text, reply)
         return reply
+
+    @staticmethod
+    def _room_for(conv: Conversation, ids: list[int], param: str) -> None:
+        """Refuse (400 ``context_length_exceeded``) a call whose prompt, with ``ids`` of new environment
+        text, leaves no room for one more token, and end the conversation."""
+        traj, room = conv.traj, conv.ctx.room(conv.traj)
+        if room is None or len(ids) < room:
+            return
+        have = len(traj.prompt_ids) + len(traj.output_ids) + len(ids)
+        conv.ended = (f"the conversation no longer fits: its prompt of {have} tokens leaves no room in the "
+                      f"{have - len(ids) + room} tokens a trajectory may hold (the model's context, "
+                      "trainer.max_tokens_per_microbatch, rollout.kv_budget)")
+        log.warning("conversation of %s ends: %s", traj.traj_id, conv.ended)
+        raise ProxyError(400, conv.ended, param=param, code=TOO_LONG)

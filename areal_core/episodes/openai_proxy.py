@@ -1,12 +1,15 @@
 """The OpenAI wire format, and nothing else: a local HTTP endpoint that the official ``openai``
 client talks to (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``).
 
-Each conversation has its own base URL, ``http://127.0.0.1:PORT/c/<conversation>/v1`` (or the
-plain ``/v1`` with the conversation id as the API key). A request is checked and turned into a
-:class:`Call`; ``handle(conversation, call)`` (the ``openai_agent`` episode) generates and returns
-a :class:`Reply`, which goes back as an OpenAI-shaped JSON body. Anything wrong with a request is
+Each conversation has its own base URL, ``http://127.0.0.1:PORT/c/<conversation>/v1``, and API
+key (the plain ``/v1`` also works: the key names the conversation). Every request carries a bearer
+token (``Authorization: Bearer <key>``) that ``authorize(token, conversation)`` (the episode)
+accepts: the run's secret or that conversation's key; a missing or wrong one is answered 401, on
+every path, before anything else. A request is checked and turned into a :class:`Call`;
+``handle(conversation, call)`` (the ``openai_agent`` episode) generates and returns a
+:class:`Reply`, which goes back as an OpenAI-shaped JSON body. Anything wrong with a request is
 answered 4xx as ``{"error": {"message", "type", "param", "code"}}``, as OpenAI does, so the client
-raises ``BadRequestError`` / ``NotFoundError`` with the message.
+raises ``BadRequestError`` / ``NotFoundError`` / ``AuthenticationError`` with the message.
 
 Supported: one choice (``n`` 1), no streaming, ``max_tokens`` / ``max_completion_tokens``,
 ``stop``; a completion's ``prompt`` is text. Sampling parameters (``temperature``, ``top_p``,
@@ -35,9 +38,10 @@ MAX_STOPS = 4  # as OpenAI
 class ProxyError(Exception):
     """A request the endpoint refuses: answered with ``status`` and an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
 
 @dataclass
@@ -128,20 +132,20 @@ def reply_body(call: Call, r: Reply) -> dict:
             "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}]}
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}},
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
                              status=status)
 
 
 Handler = Callable[[str, Call], Awaitable[Reply]]
+# (bearer token, the conversation the path names or None) -> the conversation the request is for
+# (None: it names none, e.g. /v1/models); raises ProxyError (401) for a token that may not
+Authorize = Callable[[str, str | None], str | None]
 
 
-def make_app(handle: Handler) -> web.Application:
+def make_app(handle: Handler, authorize: Authorize) -> web.Application:
     async def answer(request: web.Request, chat: bool) -> web.Response:
-        conv = request.match_info.get("conv")
-        if conv is None:  # plain /v1: the conversation id is the API key
-            auth = request.headers.get("Authorization", "")
-            conv = auth[len("Bearer "):].strip() if auth.startswith("Bearer ") else ""
+        conv = request["conversation"] or ""
         try:
             try:
                 body = json.loads(await request.read())
@@ -150,7 +154,7 @@ def make_app(handle: Handler) -> web.Application:
             call = parse_call(body, chat)
             return web.json_response(reply_body(call, await handle(conv, call)))
         except ProxyError as e:
-            return _error(e.status, e.message, e.kind, e.param)
+            return _error(e.status, e.message, e.kind, e.param, e.code)
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "invalid_request_error")
         except Exception as e:  # a bug here: the agent gets a 500 with the reason, the endpoint stays up
@@ -176,7 +180,17 @@ def make_app(handle: Handler) -> web.Application:
                 raise
             return _error(e.status, f"{request.method} {request.path}: {e.reason}", "invalid_request_error")
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[unknown_as_json])
+    @web.middleware
+    async def bearer_token(request, handler):  # outermost: nothing is answered without a valid token
+        header = request.headers.get("Authorization", "")
+        token = header[len("Bearer "):].strip() if header.startswith("Bearer ") else ""
+        try:
+            request["conversation"] = authorize(token, request.match_info.get("conv"))
+        except ProxyError as e:
+            return _error(e.status, e.message, e.kind, e.param, e.code)
+        return await handler(request)
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[bearer_token, unknown_as_json])
     for prefix in ("/c/{conv}/v1", "/v1"):
         app.router.add_post(prefix + "/chat/completions", chat)
         app.router.add_post(prefix + "/completions", completion)
@@ -184,9 +198,9 @@ def make_app(handle: Handler) -> web.Application:
     return app
 
 
-async def serve(handle: Handler, started: asyncio.Future, host: str = "127.0.0.1") -> None:
+async def serve(handle: Handler, authorize: Authorize, started: asyncio.Future, host: str = "127.0.0.1") -> None:
     """Serve on ``host`` at a free port (``started`` gets it) until cancelled."""
-    runner = web.AppRunner(make_app(handle), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(handle, authorize), access_log=None, shutdown_timeout=1.0)
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, 0)

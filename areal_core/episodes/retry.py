@@ -1,11 +1,13 @@
 """Retry with feedback: a wrong answer gets the grader's verdict as the next message and another
-try, up to ``max_turns`` answers; the reward is the final answer's, discounted per extra turn."""
+try, up to ``max_turns`` answers; the reward is the final answer's, discounted per extra turn.
+An answer whose trajectory has no room left for the feedback and a token more (``fits``) gets no
+further try: its last verdict stands."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from areal_core.episodes.base import EpisodeContext, append_environment, last_turn_text
+from areal_core.episodes.base import EpisodeContext, append_environment, fits, last_turn_text
 from areal_core.reward.result import RewardResult
 from areal_core.types import Trajectory
 
@@ -28,12 +30,15 @@ class RetryWithFeedback:
         results = await ctx.grade(group, [last_turn_text(t, ctx) for t in group])
         turns = [1] * len(group)
         for _ in range(1, self.max_turns):
-            wrong = [i for i, r in enumerate(results) if not r.correct]
+            wrong = []
+            for i in (i for i, r in enumerate(results) if not r.correct):
+                feedback = ctx.encode(self.message(results[i]))
+                if fits(ctx, group[i], feedback):
+                    append_environment(group[i], feedback, ctx.version)
+                    turns[i] += 1
+                    wrong.append(i)
             if not wrong:
                 break
-            for i in wrong:
-                append_environment(group[i], ctx.encode(self.message(results[i])), ctx.version)
-                turns[i] += 1
             retry = [group[i] for i in wrong]
             await ctx.generate(retry, self.max_new)
             for i, r in zip(wrong, await ctx.grade(retry, [last_turn_text(t, ctx) for t in retry])):

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from areal_core.data.synthetic import TOOL_CLOSE, TOOL_OPEN, TOOL_RESULT
-from areal_core.episodes.base import EpisodeContext, append_environment
+from areal_core.episodes.base import EpisodeContext, append_environment, fits
 from areal_core.reward.code import RUNNER_SOURCE, runner_results
 from areal_core.reward.result import RewardResult
 from areal_core.reward.sandbox import SandboxLimits, run_python_file
@@ -199,12 +199,19 @@ class ToolUse:
             if not pending:
                 break
             results = await loop.run_in_executor(_executor(self.max_parallel), self.tool.run, codes)
+            ended = set()
             for i, r in zip(pending, results):
-                append_environment(group[i], ctx.encode(self.result_template.format(output=r.output)), ctx.version)
+                output = ctx.encode(self.result_template.format(output=r.output))
+                if not fits(ctx, group[i], output):  # no room for the output and an answer: it ends here
+                    group[i].finish_reason = "length"
+                    ended.add(i)
+                    continue
+                append_environment(group[i], output, ctx.version)
                 calls[i] += 1
                 info = group[i].reward_info
                 info["tool_timeouts"] = info.get("tool_timeouts", 0) + int(r.timed_out)
                 info["tool_failures"] = info.get("tool_failures", 0) + int(r.failed)
+            pending = [i for i in pending if i not in ended]
             more = [i for i in pending if calls[i] < self.max_calls]
             last = [i for i in pending if calls[i] >= self.max_calls]  # no stop: a call now is plain text
             s1, s2 = await asyncio.gather(self._turn([group[i] for i in more], ctx, stops),
@@ -256,6 +263,9 @@ class PoolContext:
                     t.finish_reason = g.finish_reason
 
         await asyncio.gather(*(one(t) for t in trajs))
+
+    def room(self, traj: Trajectory) -> None:
+        return None  # evaluation: the servers refuse what does not fit their context
 
     async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
         return await asyncio.to_thread(self.rewards.grade_many, trajs[0].task, list(texts),
