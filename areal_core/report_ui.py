@@ -87,7 +87,7 @@ def training_figure(metrics: pd.DataFrame, heldout: dict[int, float], evals: pd.
     for bench, g in evals.groupby("bench") if len(evals) else []:
         g = g.sort_values("version")
         ax_held.plot(g["version"], g["pass@1"], "s--", label=f"checkpoint evaluation: {bench}")
-    ax_held.set(title="held-out accuracy", ylabel="accuracy", xlim=(-0.5, total_steps + 0.5))
+    ax_held.set(title="held-out accuracy", ylabel="accuracy")
     if heldout or len(evals):
         ax_held.legend(fontsize=7)
     ax_r.plot(m["step"], m["reward"], alpha=0.3, color="tab:orange")
@@ -103,9 +103,10 @@ def training_figure(metrics: pd.DataFrame, heldout: dict[int, float], evals: pd.
     ax_len.plot(m["step"], _smooth(m["answer_len_p90"], n), ls="--", label="p90")
     ax_len.set(title="trained answer length (smoothed)", ylabel="tokens")
     ax_len.legend(fontsize=7)
+    pad = 0.03 * max(total_steps, 1) + 0.5  # the points at step 0 and at the last step drawn whole
     for ax in axes.flat:
         ax.set_xlabel("step")
-        ax.set_xlim(0, max(total_steps, 1) + 0.5)
+        ax.set_xlim(-pad, max(total_steps, 1) + pad)
         ax.grid(alpha=0.3)
     _integer_ticks(*axes.flat)
     fig.tight_layout()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import urllib.error
 import urllib.parse
@@ -46,11 +47,28 @@ def ui_link(path: str) -> str:
     return f"{_ui_base(ui_url) if ui_url else ''}/{path.lstrip('/')}"
 
 
+class _SaidOnce(logging.Filter):
+    """Drops the engine's second report of a user error: under a worker, Prefect's engine logs the
+    run's FailedRun again, with a traceback of its own code, after the run has said it in one line."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import FailedRun
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, FailedRun) and str(exc) == self.message)
+
+
 def user_error(error: Exception):
-    """End the flow run Failed with ``error``'s one-line message: what happened and what to set."""
+    """End the flow run Failed with ``error``'s one-line message (what happened and what to set): in
+    its logs and its state, with no traceback."""
     from prefect.states import Failed
 
     get_run_logger().error("%s", error)
+    logging.getLogger("prefect.flow_runs").addFilter(_SaidOnce(str(error)))
     return Failed(message=str(error))
 
 
