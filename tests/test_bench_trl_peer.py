@@ -144,15 +144,15 @@ def test_both_sides_get_the_same_settings(w, mode, tmp_path):
     assert (args["lr_scheduler_type"], cfg.trainer.optim.lr_schedule) == ("constant", "constant")
     assert args["bf16"] == (cfg.model.dtype == "bfloat16") == (w.dtype == "bfloat16")
     assert (args["beta"], args["num_iterations"], args["use_vllm"]) == (0.0, 1, False)
-    assert args["gradient_checkpointing"] is False
+    assert args["activation_checkpointing"] is False  # transformers 5's name of gradient_checkpointing
     assert cfg.trainer.reward_correct == inputs.REWARD_CORRECT and cfg.trainer.reward_wrong == inputs.REWARD_WRONG
     if w.max_tokens_per_microbatch is not None:
         assert cfg.trainer.max_tokens_per_microbatch == w.max_tokens_per_microbatch
 
 
 def test_trl_args_override_the_workers_settings(tmp_path):
-    args = grpo_args(inputs.trl_spec(_workload(), tmp_path, trl_args={"gradient_checkpointing": True}))
-    assert args["gradient_checkpointing"] is True
+    args = grpo_args(inputs.trl_spec(_workload(), tmp_path, trl_args={"activation_checkpointing": True}))
+    assert args["activation_checkpointing"] is True
     with pytest.raises(ValueError, match="micro_batches"):
         grpo_args(inputs.trl_spec(_workload(trl_micro_batches=3), tmp_path))
 
