@@ -2,7 +2,8 @@
 
 A local cluster (scheduler and ``n_workers`` nanny-managed workers, each its own process) is
 started by default; ``scheduler_address`` connects to an existing Dask cluster instead (the same
-code path: a distributed Client).
+code path: a distributed Client). Either way over TLS with certificates (``dask_cluster.py``): the
+local one's are made for the run, so no other process can connect to it and run code.
 
 A worker that dies (kill -9, OOM) is replaced by its nanny and the scheduler runs
 its tasks again elsewhere. A task the scheduler gives up on (``KilledWorker``:
@@ -20,7 +21,7 @@ is one scheduler round trip for many groups (a Dask task costs a few ms of CPU a
 client, scheduler and worker: at the quickstart's rate, a third of a core spent on 16
 tasks a step); when idle, a batch leaves at once.
 
-The scheduler and workers run in their own processes (``SubprocessCluster``): in-process,
+The scheduler and workers run in their own processes (``dask_cluster.RewardCluster``): in-process,
 the scheduler held the trainer's GIL for a fifth of the time (docs/PERFORMANCE.md, session 9).
 Each starts in a session of its own, so a terminal's Ctrl-C reaches the run alone, which then
 stops them (areal_core/interrupt.py); they exit by themselves if the run dies (parent_watch).
@@ -34,6 +35,7 @@ import threading
 from collections.abc import Callable
 
 from areal_core.reward.config import RewardConfig
+from areal_core.reward.dask_cluster import RewardCluster, external_security
 from areal_core.reward.dispatch import TIMED_OUT, grade_batch, grade_within
 from areal_core.reward.result import RewardResult
 
@@ -42,28 +44,6 @@ log = logging.getLogger(__name__)
 RESUBMITS = 3  # per grading task, after KilledWorker
 PARENT_WATCH = "areal_core.reward.parent_watch"
 GRADER_MODULES = ("areal_core.data.synthetic", "areal_core.reward.math", "areal_core.reward.code")
-
-
-class _OwnSessions:
-    """``asyncio`` as ``distributed.deploy.subprocess`` sees it: its subprocesses (the scheduler and
-    each worker's nanny) start in sessions of their own."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name: str):
-        return getattr(self._real, name)
-
-    async def create_subprocess_exec(self, *args, **kwargs):
-        return await self._real.create_subprocess_exec(*args, start_new_session=True, **kwargs)
-
-
-def _subprocess_cluster(**kwargs):
-    from distributed.deploy import subprocess as dask_subprocess
-
-    if not isinstance(dask_subprocess.asyncio, _OwnSessions):
-        dask_subprocess.asyncio = _OwnSessions(dask_subprocess.asyncio)
-    return dask_subprocess.SubprocessCluster(**kwargs)
 
 
 class RewardService:
@@ -81,21 +61,20 @@ class RewardService:
         # distributed logs every worker and connection at INFO; keep the console for progress
         logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger("distributed").level))
         if cfg.scheduler_address:
-            self.client = Client(cfg.scheduler_address, timeout="30s")
+            self.client = Client(cfg.scheduler_address, timeout="30s", security=external_security(cfg))
         else:
             # the scheduler and nanny processes read their log level from the environment
             # (dask config `logging.distributed`): warnings and errors only, as here
             os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-            self._cluster = _subprocess_cluster(
-                host="127.0.0.1", n_workers=cfg.n_workers, threads_per_worker=cfg.threads_per_worker,
-                dashboard_address=None, silence_logs=logging.ERROR,
+            self._cluster = RewardCluster(
+                cfg.n_workers, cfg.threads_per_worker, silence_logs=logging.ERROR,
                 # scheduler and nannies exit when this process dies (even by SIGKILL); graders are imported
                 # at worker start (a restarted one too), not in the first grading's timeout
                 scheduler_kwargs={"preload": [PARENT_WATCH]},
                 worker_kwargs={"dashboard_address": None, "preload": list(GRADER_MODULES),
                                "preload_nanny": [PARENT_WATCH]},
             )
-            self.client = Client(self._cluster)
+            self.client = Client(self._cluster.cluster)  # (over TLS, with the cluster's certificate)
             self.client.wait_for_workers(cfg.n_workers, timeout=120)  # they start in the background
         # one grading task in flight per worker thread (an external cluster's, as it is now)
         self._max_in_flight = max(1, sum(self.client.nthreads().values())) if cfg.scheduler_address \

@@ -33,6 +33,9 @@ FORMAT = "areal-run-state/1"
 STATE, TRAINER, METRICS, LEDGER = "resume/state.json", "resume/trainer.pt", "resume/metrics.parquet", "resume/ledger.parquet"
 # config keys a resumed run may change; everything else must match the stopped run
 MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward.n_workers",
+                # where the servers and the cluster are, and how the run authenticates to them
+                "reward.tls_ca_file", "reward.tls_client_cert", "reward.tls_client_key", "rollout.backend.urls",
+                "rollout.backend.api_key_file", "rollout.backend.api_key_env", "rollout.backend.allow_unauthenticated",
                 "rollout.urls", "rollout.request_timeout_s", "storage.keep_last",
                 "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every")
 REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
