@@ -64,7 +64,7 @@ if [ -z "$model" ] && "$PY" -c "import importlib.util as u, sys; sys.exit(u.find
 fi
 if [ -z "$model" ]; then
   echo "SmolLM2-135M's weights are not here: a model of its shapes with random weights instead"
-  "$PY" -m infra.gpu_smoke.shapes --spec infra/gpu_wheels/smollm2-spec --out "$WORK/smollm2-shapes" || exit 1
+  "$PY" -m infra.gpu_smoke.shapes --spec infra/gpu_wheels/smollm2-spec.tar.xz --out "$WORK/smollm2-shapes" || exit 1
   model="$WORK/smollm2-shapes"
 fi
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,8 @@ def run(args) -> Results:
 
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # (the GGUF's dequantisation bar would fill the log)
+    hf_logging.disable_progress_bar()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # (the GGUF loader's own bar would fill the log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = Results(out / "gpu_smoke.json")

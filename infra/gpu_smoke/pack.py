@@ -4,10 +4,11 @@
 
 * ``infra/gpu_wheels/``: the wheels of the packages the smoke run imports that the GPU image lacks
   (``WHEELS``, pinned to this venv's versions; Python 3.12, manylinux x86_64, no dependencies: each
-  dependency the image lacks is named itself), and ``smollm2-spec/``: SmolLM2-135M's config and
+  dependency the image lacks is named itself), and ``smollm2-spec.tar.xz``: SmolLM2-135M's config and
   tokenizer, for a model of its shapes with random weights where its GGUF did not travel;
 * ``infra/gpu_model_a/``, ``infra/gpu_model_b/``: SmolLM2-135M's GGUF file (98 MB, more than one call
-  may carry) in two parts, each with the sha256 of the whole in ``manifest.json``.
+  may carry) in two parts, each with the sha256 of the whole in ``manifest.json``, split so that both
+  calls carry the same.
 
 A call carries at most 64 MiB with the working tree, so the GGUF needs two calls on one warm machine:
 the first carries part a (``infra/gpu_run.sh stage`` keeps it in /tmp), the second part b and the
@@ -38,12 +39,12 @@ WHEELS = (
     "tornado==6.6.1",
     "math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2",
     "gguf==0.19.0", "megatron-core==0.16.1",
+    "cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12",  # the reward cluster's TLS (Security.temporary)
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 WHEEL_DIR, PART_A, PART_B = REPO / "infra/gpu_wheels", REPO / "infra/gpu_model_a", REPO / "infra/gpu_model_b"
 LIMIT = 64 << 20  # bytes one call carries, the working tree included
-MARGIN = 4 << 20  # room for the working tree to grow between now and the run
 
 
 def download_wheels(dest: Path) -> list[Path]:
@@ -55,15 +56,21 @@ def download_wheels(dest: Path) -> list[Path]:
 
 
 def write_spec(dest: Path) -> None:
-    """SmolLM2-135M's config, generation config and tokenizer (no weights) from the packaged GGUF."""
+    """``dest`` (a .tar.xz): SmolLM2-135M's config, generation config and tokenizer (no weights) from the
+    packaged GGUF, compressed (3.4 MiB of JSON, mostly the tokenizer)."""
+    import tarfile
+    import tempfile
+
     from areal_core.models.smollm2 import load_smollm2
 
     model, tokenizer = load_smollm2()
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    model.config.save_pretrained(dest)
-    model.generation_config.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "smollm2-spec"
+        model.config.save_pretrained(spec)
+        model.generation_config.save_pretrained(spec)
+        tokenizer.save_pretrained(spec)
+        with tarfile.open(dest, "w:xz") as tar:
+            tar.add(spec, arcname="smollm2-spec")
 
 
 def _sha256(path: Path) -> str:
@@ -124,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         shutil.rmtree(WHEEL_DIR, ignore_errors=True)
         download_wheels(WHEEL_DIR)
-        write_spec(WHEEL_DIR / "smollm2-spec")
+        write_spec(WHEEL_DIR / "smollm2-spec.tar.xz")
         if not args.no_model:
-            # part b rides with the wheels: part a takes what the first call has room for
-            size_a = LIMIT - MARGIN - tree_bytes() - 4096
+            # part b rides with the wheels: split so that both calls carry the same
+            from areal_core.models.smollm2 import find_smollm2_gguf
+
+            gguf = Path(*find_smollm2_gguf()).stat().st_size
+            size_a = (gguf + folder_bytes(WHEEL_DIR)) // 2
             print(json.dumps(split_gguf(size_a)))
     return 0 if report()["fits"] else 1
 

@@ -30,12 +30,29 @@ def build(spec: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def unpack(spec: Path, into: Path) -> Path:
+    """``spec`` itself if it is a folder; a ``.tar.xz`` of one (what pack.py writes) extracted into ``into``."""
+    if spec.is_dir():
+        return spec
+    import tarfile
+
+    with tarfile.open(spec) as tar:
+        names = {m.name.split("/")[0] for m in tar.getmembers()}
+        tar.extractall(into, filter="data")
+    if len(names) != 1:
+        raise ValueError(f"{spec} should hold one folder, holds {sorted(names)}")
+    return into / names.pop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infra.gpu_smoke.shapes", description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", required=True, help="config + tokenizer folder (infra/gpu_wheels/smollm2-spec)")
+    ap.add_argument("--spec", required=True,
+                    help="config + tokenizer: a folder or its .tar.xz (infra/gpu_wheels/smollm2-spec.tar.xz)")
     ap.add_argument("--out", required=True, help="the HF folder to write")
     args = ap.parse_args(argv)
-    print(build(Path(args.spec), Path(args.out)))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(build(unpack(Path(args.spec), out.parent), out))
     return 0
 
 
