@@ -79,7 +79,8 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
             await self.pause()
             call = asyncio.ensure_future(original_call(self, method, path, body, **kw))
             deadline = time.monotonic() + 30
-            while (await asyncio.to_thread(lambda: httpx.get(srv.url + "/get_model_info", timeout=5).json()))[
+            while (await asyncio.to_thread(lambda: httpx.get(srv.url + "/get_model_info", timeout=5, headers={
+                    "Authorization": f"Bearer {srv.api_key}"}).json()))[
                     "waiting"] == 0:
                 assert time.monotonic() < deadline and not call.done(), "the held request never reached the server"
                 await asyncio.sleep(0.01)
