@@ -29,6 +29,7 @@ BENCHMARKS = (
 
 LEARNING = (
     "quickstart_seeds",
+    "smollm2_seeds",
     "objective_ablation",
     "rl_vs_sft",
 )
