@@ -44,7 +44,7 @@ SETTINGS = {
                                             f"trainer.behav_weight_cap={CAP}", "trainer.ppo_minibatches=4")
        for eta in ETAS},
     "sync-mb4": SYNC + ("trainer.ppo_minibatches=4",),
-    # naive PPO with a tight trust region (session 16): at the default eps 0.2 the clip around the
+    # naive PPO with a tight trust region (docs/RL_TUNING.md 7.3, fifth setting): at the default eps 0.2 the clip around the
     # behaviour policy rarely binds on this model (0.6-0.9 % of tokens at eta 8); at 0.05 it does. With one
     # PPO minibatch, eps cannot change sync or decoupled runs (their ratio pi / pi_prox is exactly 1 at
     # the only update), so "sync" and "eta8-decoupled" are their baselines

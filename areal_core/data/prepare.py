@@ -6,9 +6,10 @@
   the code task for settings with ``kind: code``: ``data.synthetic`` of a config), written as
   ``<out_url>/train.<fmt>`` and ``<out_url>/eval.<fmt>``;
 * any other name: ``areal_core.data.sources.read_source(name, path=None)`` reads a
-  dataset in its own format (the files in ../shared/data) and returns records; they
-  are written as ``<out_url>/<name>.<fmt>``. A training set with evaluation sources to
-  stay apart from (``Source.held_out_from``: the LiveCodeBench and LeetCode train splits)
+  dataset in its own format (its file in data/; one not shipped from a ``shared/data`` folder
+  next to the repository's folder, see data/SOURCES.md) and returns records; they are
+  written as ``<out_url>/<name>.<fmt>``. A training set with evaluation sources to stay
+  apart from (``Source.held_out_from``: the LiveCodeBench and LeetCode train splits)
   loses the problems that are also in one of them (``areal_core.data.overlap``); the
   manifest lists each one left out and why.
 

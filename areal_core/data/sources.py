@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from areal_core.data.records import Record, RecordError, describe_validation_error
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-SHARED_DATA_DIR = DATA_DIR.parents[1] / "shared" / "data"  # ../shared/data: where the files not shipped are
+SHARED_DATA_DIR = DATA_DIR.parents[1] / "shared" / "data"  # files not shipped: a shared/data folder next to the repo's
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 _QWQ_SUFFIX = "\n" + MATH_INSTRUCTION
 _DSR_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
@@ -239,7 +239,7 @@ def _codeforces(path: str, name: str) -> list[Record]:
 @dataclass(frozen=True)
 class Source:
     reader: Callable[[str, str], list[Record]]
-    default_file: str  # relative to data/ in the repo, or to ../shared/data for files not shipped
+    default_file: str  # relative to data/ in the repo, or (not shipped) to SHARED_DATA_DIR
     shipped: bool  # copied into the repo's data/ folder
     origin: str  # where the file was copied from: repo : path @ commit (blob); data/SOURCES.md has the licenses
     # a training set: the evaluation sources it must share no problem with (areal_core.data.overlap);
@@ -282,7 +282,7 @@ SOURCES: dict[str, Source] = {
 
 def source_path(name: str) -> str:
     """Where source ``name``'s file is read from by default: data/ in the repo, else (for a file not
-    shipped) ../shared/data beside the repo."""
+    shipped) a ``shared/data`` folder next to the repository's folder (:data:`SHARED_DATA_DIR`)."""
     src = SOURCES[name]
     shipped_copy = DATA_DIR / src.default_file
     if src.shipped or shipped_copy.exists():

@@ -5,7 +5,7 @@ its value at zero and at each unit point, then a question mark:
 
     f(0,0)=5,f(1,0)=8,f(0,1)=3?
 
-(No whitespace in prompts. Before session 15 a saved character tokenizer loaded back through
+(No whitespace in prompts. Until commit 991b9a9 (2026-11-25) a saved character tokenizer loaded back through
 ``transformers.AutoTokenizer`` dropped spaces and newlines when it encoded; ``models.tokenizer.
 load_tokenizer`` now loads it as saved, and the prompts stay as they were.)
 

@@ -22,7 +22,8 @@ client, scheduler and worker: at the quickstart's rate, a third of a core spent 
 tasks a step); when idle, a batch leaves at once.
 
 The scheduler and workers run in their own processes (``dask_cluster.RewardCluster``): in-process,
-the scheduler held the trainer's GIL for a fifth of the time (docs/PERFORMANCE.md, session 9).
+the scheduler held the trainer's GIL for a fifth of the time (docs/PERFORMANCE.md, "Where the
+asynchronous trainer's time went", 2026-11-24).
 Each starts in a session of its own, so a terminal's Ctrl-C reaches the run alone, which then
 stops them (areal_core/interrupt.py); they exit by themselves if the run dies (parent_watch).
 """

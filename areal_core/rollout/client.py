@@ -14,7 +14,7 @@ one this process started the server with (``auth.KEYRING``).
 
 HTTP goes through aiohttp: the controller shares its process (and the GIL) with the trainer,
 and httpx's connection pool cost a third of a core there at the quickstart's request rate
-(docs/PERFORMANCE.md, session 9).
+(docs/PERFORMANCE.md, "Where the asynchronous trainer's time went", 2026-11-24).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A discrete-event simulator of one RL run and a planner on top of it (issue 19).
+"""A discrete-event simulator of one RL run and a planner on top of it (docs/PLANNING.md).
 
 Pure Python and numpy: no torch, no Prefect, no GPU.
 

@@ -1,7 +1,10 @@
 """The few places where megatron-core 0.16.1 assumes CUDA, each replaced by a small CPU equivalent.
 
-Measured in ``../shared/design/ENVIRONMENT.md`` ("megatron-core 0.16.1 on CPU"), plus one found
-while building this (the attention's scratch buffer). Every shim here is narrow: it replaces one
+Measured with megatron-core 0.16.1 and torch 2.13.0+cpu (no Transformer Engine, no Apex): its CUDA RNG
+tracker (``model_parallel_cuda_manual_seed`` calls ``torch.cuda.get_rng_state``), the rotary
+embedding's ``inv_freq.to(torch.cuda.current_device())``, the default causal mask built on
+``device="cuda"``, and DDP gradients that are not all-reduced without ``finalize_model_grads_func``;
+plus the attention's scratch buffer. Every shim here is narrow: it replaces one
 object megatron keeps for the purpose (its RNG-tracker global, its global scratch buffer, one rotary
 module's method), never torch itself. :func:`apply_cpu_shims` installs the CPU-only ones; the causal
 mask and :func:`finalize_model_grads` are used on every device, since this backend drives a plain
