@@ -14,7 +14,7 @@ CACHE = Path(os.environ.get("AREAL_BENCH_CACHE", Path.home() / ".cache" / "areal
 
 
 def build_tiny_model(seed: int = 0):
-    """(model, tokenizer): the quickstart's tiny Qwen2 (0.4M parameters), random weights."""
+    """(model, tokenizer): the quickstart's tiny Qwen2 (0.5M parameters), random weights."""
     from areal_core.models import build_char_tokenizer, build_tiny
     from areal_core.models.config import TinyArch
 

@@ -7,6 +7,7 @@ Nothing is fetched from a model hub: transformers reads the local GGUF file
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -56,6 +57,27 @@ def smollm2_available() -> bool:
     return True
 
 
+def _quiet_unless_terminal(load):
+    """``load()`` with transformers' GGUF conversion bar drawn only on a terminal: its bar has no off
+    switch, and in a log file each of its 272 updates is a line of text."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from transformers.utils import logging as hf_logging
+
+    bar, bars_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
+    gguf_utils.tqdm = functools.partial(bar, disable=None)  # tqdm's None: off where the output is no TTY
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()  # ("Loading weights")
+    try:
+        return load()
+    finally:
+        gguf_utils.tqdm = bar
+        if bars_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_smollm2(dtype: torch.dtype | str = torch.float32):
     """Load (model, tokenizer) of SmolLM2-135M-Instruct from the packaged GGUF (~20 s on CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,7 +87,7 @@ def load_smollm2(dtype: torch.dtype | str = torch.float32):
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    gguf_model = _quiet_unless_terminal(lambda: AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype))
     # transformers refuses to save_pretrained a model loaded from GGUF; a plain model with the
     # same (dequantised) weights publishes as a normal HF checkpoint
     model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=dtype)

@@ -15,7 +15,7 @@ blog/AReaL_v0_3.md) prints the same runs' hours:
 
 The shared setting (`PAPER_SETTING`): H800, rollout:trainer 3:1 (AReaL's benchmark
 allocation, benchmark/verl_312a8cb/build_cmd.py), eta 4, reprefill updates, 128
-prompts x 16 answers (the issue's statement of the paper's batch; 512 x 16, the
+prompts x 16 answers (the paper's batch as we read it; 512 x 16, the
 benchmark README's batch, would need a trainer above 100% of peak FLOP/s to reach the
 published 7B step time), 1024-token prompts, answers lognormal with median 6000 and
 sigma 0.9 clipped at 31,744 (32K context, the benchmark's), 30 steps of which the

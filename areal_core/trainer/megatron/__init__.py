@@ -1,6 +1,6 @@
 """A megatron-core trainer backend (needs the ``megatron`` extra: ``pip install -e ".[megatron]"``).
 
-- ``shims``: the CPU replacements for megatron's CUDA assumptions (see ENVIRONMENT.md);
+- ``shims``: the CPU replacements for megatron's CUDA assumptions (listed in shims.py);
 - ``mapping``: HF Llama / Qwen2 / Qwen3 config -> GPTModel, and the weights both ways (tensor-parallel);
 - ``parallel``: gloo process groups (``torchrun``), rank 0's command broadcast;
 - ``engine``: the per-rank collective work (a PPO step, gathering weights, state);
