@@ -282,7 +282,7 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------
     def publish(self, version: int, model: Any, tokenizer: Any = None,
-                meta: dict | None = None, extra: dict[str, bytes] | None = None) -> str:
+                meta: dict | None = None, extra: dict[str, bytes | memoryview] | None = None) -> str:
         """save_pretrained ``model`` (safetensors) and ``tokenizer`` and publish them as
         ``version``, with ``extra`` files ({relative path: bytes}, e.g. a run's resumable
         state) in the same version, so they appear with it or not at all. Returns the

@@ -86,7 +86,7 @@ class CheckpointWriter:
                    on_published=on_published)
 
     # -- the caller's side ---------------------------------------------------
-    def submit(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes],
+    def submit(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes | memoryview],
                meta: dict | None = None, full: bool = False, adapter_config: dict | None = None) -> Future:
         """Queue checkpoint ``version``; returns a Future of its WriteResult.
 
@@ -158,7 +158,7 @@ class CheckpointWriter:
         return pending.result()
 
     # -- the writer thread ---------------------------------------------------
-    def _write(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes],
+    def _write(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes | memoryview],
                meta: dict, full: bool, adapter_config: dict | None = None) -> WriteResult:
         t0 = time.perf_counter()
         as_delta = (self.format == "delta" and not full and self._base is not None and adapter_config is None
