@@ -218,7 +218,7 @@ class AgentRouter:
 
 
 def agent_prompter(agents: Sequence[AgentSpec], records, tokenizer):
-    """``ids(agent_id, prompt)``: the prompt ids of ``prompt`` (a ``controller.Prompt`` made from one
+    """``ids(agent_id, prompt)``: the prompt ids of ``prompt`` (a ``types.Prompt`` made from one
     of ``records``) in that agent's style: its prefix put before the record's prompt text, then
     encoded as every prompt is (``data.prompting.encode_prompt``: inside the user message with a
     chat template, plain text without one)."""

@@ -48,7 +48,7 @@ from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.client import RolloutPool, RolloutServerError
 from areal_core.rollout.weight_transport import WeightTransport
 from areal_core.server_recovery import ServerRecovery
-from areal_core.types import Trajectory
+from areal_core.types import Prompt, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +57,6 @@ MAX_RESUBMITS = 8  # per trajectory: a request that keeps killing servers fails 
 # The policy the current task generates with (multi-agent runs): a group's task sets it, the turns it
 # runs (and their tasks) inherit it, so generation and recovery use that policy's servers.
 _ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("areal_route", default=TRAINABLE)
-
-
-@dataclass
-class Prompt:
-    """A dataset record ready for generation."""
-
-    id: str
-    task: str
-    input_ids: list[int]
-    reference: str
-    bucket: str | None = None  # for the curriculum: the record's meta field it is grouped by
-    tests: list[dict] | None = None  # code: the record's unit tests, sent with each answer to the grader
 
 
 def group_id(epoch: int, prompt_id: str) -> str:

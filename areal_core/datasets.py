@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from areal_core.controller import Prompt
 from areal_core.data.config import DataConfig
 from areal_core.data.prompting import encode_prompt
 from areal_core.data.records import Record, read_records
 from areal_core.data.tasks import synthetic_task
+from areal_core.types import Prompt
 
 
 def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:

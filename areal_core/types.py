@@ -1,8 +1,20 @@
-"""Records that cross component boundaries (controller -> buffer -> trainer)."""
+"""Records that cross component boundaries (datasets -> controller -> buffer -> trainer)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass
+class Prompt:
+    """A dataset record ready for generation."""
+
+    id: str
+    task: str
+    input_ids: list[int]
+    reference: str
+    bucket: str | None = None  # for the curriculum: the record's meta field it is grouped by
+    tests: list[dict] | None = None  # code: the record's unit tests, sent with each answer to the grader
 
 
 @dataclass

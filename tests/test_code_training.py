@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal_core.controller import ControllerSettings, Prompt, RolloutController, group_id, prompt_of
+from areal_core.controller import ControllerSettings, RolloutController, group_id, prompt_of
 from areal_core.data.records import Record
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
 from areal_core.reward.result import RewardResult
-from areal_core.types import Trajectory
+from areal_core.types import Prompt, Trajectory
 
 PROGRAM = "def f(x): return x*2"
 

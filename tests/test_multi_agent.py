@@ -12,13 +12,13 @@ import pytest
 
 from areal_core.agents import FROZEN, TRAINABLE, AgentRouter, MultiAgentConfig, agent_prompter, rank_agents
 from areal_core.buffer import ReplayBuffer
-from areal_core.controller import ControllerSettings, Prompt, RolloutController
+from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.experiment import ConfigError, load_config, parse_config
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Generation, ServerInfo
 from areal_core.rollout.weight_transport import WeightTransport
-from areal_core.types import Trajectory
+from areal_core.types import Prompt, Trajectory
 
 # --- the router: moving averages, the selection rule, the table ---------------------------------
 

@@ -156,9 +156,10 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, Prompt, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController
     from areal_core.rollout.launcher import start_server
     from areal_core.rollout.weight_transport import TensorTransport
+    from areal_core.types import Prompt
 
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)

@@ -141,7 +141,7 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
 
     with pytest.raises(SimulatedCrash):
         run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), on_step=crash)
-    with pytest.raises(Exception, match="already a complete version"):  # no silent restart
+    with pytest.raises(Exception, match="already holds a run.s checkpoints .*add --resume"):  # no silent restart
         run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"))
     summary = run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), resume=True)
     assert summary["resumed_from_step"] == 2  # the checkpoint of the crashed step was finished, not lost
@@ -182,8 +182,9 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, Prompt, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController
     from areal_core.rollout.launcher import start_server
+    from areal_core.types import Prompt
 
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)
@@ -228,8 +229,9 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, Prompt, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController
     from areal_core.rollout.launcher import start_server
+    from areal_core.types import Prompt
 
     # big enough that 2 answers of 400 tokens take a few seconds to generate, so reads land mid-answer
     cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
