@@ -33,6 +33,11 @@ class _Group:
     size: int
     done: list[Trajectory] = field(default_factory=list)
     grading: set[str] = field(default_factory=set)  # answers sent to the grader, not yet put
+    generated_since: float | None = None  # time.monotonic() when its last answer was generated
+
+    def mark_generated(self) -> None:
+        if self.generated_since is None and self.generated:
+            self.generated_since = time.monotonic()
 
     @property
     def ready(self) -> bool:
@@ -70,6 +75,7 @@ class ReplayBuffer:
                 raise ValueError(f"trajectory {traj.traj_id} put twice")
             g.done.append(traj)
             g.grading.discard(traj.traj_id)
+            g.mark_generated()
             if g.ready:
                 self._cond.notify_all()
 
@@ -81,6 +87,7 @@ class ReplayBuffer:
             if g is None:
                 return
             g.grading.update(traj_ids)
+            g.mark_generated()
             if g.generated:
                 self._cond.notify_all()
 
@@ -135,7 +142,8 @@ class ReplayBuffer:
         the batch could have been picked had every answer with the grader been rewarded (see
         ``grading``) to the release. Groups whose answers are never marked (multi-turn episodes)
         count as generated only once rewarded, so for them it reads 0."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         generated_at = None
         with self._cond:
             while True:
@@ -144,8 +152,12 @@ class ReplayBuffer:
                 picked = self._pick(n_traj, version, eta)
                 if picked is not None:
                     break
-                if generated_at is None and self._pick(n_traj, version, eta, lambda g: g.generated) is not None:
-                    generated_at = time.monotonic()
+                if generated_at is None:
+                    generated = self._pick(n_traj, version, eta, lambda g: g.generated)
+                    if generated is not None:  # since its last group's last answer was generated (stamped
+                        # then, not when this thread woke to see it)
+                        generated_at = max([started] + [time.monotonic() if g.generated_since is None
+                                                        else g.generated_since for g in generated])
                 if self._closed:
                     raise BufferClosed("rollout stopped before a full batch was ready")
                 remaining = None if deadline is None else deadline - time.monotonic()

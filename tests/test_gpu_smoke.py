@@ -5,6 +5,7 @@ skipped with its reason, and gpu_smoke.json is complete after every part (a kill
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,11 @@ def _read(out: Path) -> dict:
 @pytest.mark.slow
 def test_every_part_runs_on_the_cpu(tmp_path, capsys):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra; make setup)")
+    prefect_before = "prefect" in sys.modules  # (another test in this worker may have imported it)
     assert main(TINY + ["--out", str(tmp_path)]) == 0
     res = _read(tmp_path)
     parts = res["parts"]
-    assert res["finished"] and not res["prefect_imported"]
+    assert res["finished"] and res["prefect_imported"] is (None if prefect_before else False)
     assert {n: p["status"] for n, p in parts.items()} == dict.fromkeys(
         ["env", "model", "engine", "trainer", "rl", "megatron"], "ok")
     assert parts["env"]["torch"] and parts["env"]["cuda_available"] is False

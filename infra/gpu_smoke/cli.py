@@ -82,6 +82,7 @@ def run(args) -> Results:
 
     hf_logging.disable_progress_bar()
     os.environ.setdefault("TQDM_DISABLE", "1")  # (the GGUF loader's own bar would fill the log)
+    prefect_before = "prefect" in sys.modules
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = Results(out / "gpu_smoke.json")
@@ -118,7 +119,8 @@ def run(args) -> Results:
             res.run(name, needs_model({"engine": engine_part, "trainer": trainer_part,
                                        "megatron": megatron_part}[name]))
         _free(dev_type)
-    res.data["prefect_imported"] = "prefect" in sys.modules
+    # whether this run's code imported Prefect (None: it was imported before the run, in this process)
+    res.data["prefect_imported"] = None if prefect_before else "prefect" in sys.modules
     res.finish()
     return res
 
