@@ -5,6 +5,8 @@ run (embedded servers, Dask grading, the trainer) with the tool."""
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -233,6 +235,14 @@ def test_config_and_the_chain_task_tool_format():
     for b, t in zip(base, tool):
         assert t.solution == (b.solution if b.meta["k"] < 6 else make_solution([int(c) for c in b.prompt[1::2]],
                                                                               "tool", 6))
+
+
+def test_heldout_with_tools_command():
+    """``python -m areal_core.eval.with_tools heldout RUN_DIR``: the held-out evaluation with tools."""
+    out = subprocess.run([sys.executable, "-m", "areal_core.eval.with_tools", "heldout", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "run_dir" in out.stdout and "--n-problems" in out.stdout
 
 
 @pytest.mark.slow
