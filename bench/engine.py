@@ -76,7 +76,7 @@ def run_hf(model, batch: list[list[int]], new: int) -> float:
 
 def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str,
                 warm_each_batch: bool = True, with_bf16: bool = True) -> list[dict]:
-    from areal_core.rollout.launcher import free_port
+    from areal_core.rollout.process import free_port
     from bench import models
     from bench.vllm_peer import VLLMServer
 

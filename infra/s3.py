@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,18 +28,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from areal_core.rollout.process import free_port
 from areal_core.storage.fsutil import ensure_bucket
 
 __all__ = ["MotoS3Server", "ensure_bucket", "free_port"]
 
 DUMMY_KEY = "testing"
 DUMMY_SECRET = "testing"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def moto_server_executable() -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from areal_core.rollout.process import free_port
 from areal_core.storage.fsutil import write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,14 +38,6 @@ DEFAULT_PORT = 4200
 
 class StackError(RuntimeError):
     pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _port_free(port: int) -> bool:

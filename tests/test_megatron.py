@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (the
 
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
+from areal_core.rollout.process import free_port  # noqa: E402
 from areal_core.trainer.config import TrainerConfig  # noqa: E402
 from areal_core.trainer.megatron import mapping, parallel, shims  # noqa: E402
 from areal_core.trainer.megatron.trainer import MegatronTrainer  # noqa: E402
@@ -214,14 +214,8 @@ def test_state_dict_resumes_exactly():
 
 # --------------------------------------------------------------------------- 2 gloo processes
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_ranks(case: str, tmp_path) -> dict:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),

@@ -14,7 +14,8 @@ from areal_core.rollout.backends import make_backend
 from areal_core.rollout.backends.external import ExternalBackend
 from areal_core.rollout.backends.sglang import SGLangBackend
 from areal_core.rollout.client import RolloutClient, RolloutServerError
-from areal_core.rollout.launcher import EmbeddedBackend, free_port
+from areal_core.rollout.launcher import EmbeddedBackend
+from areal_core.rollout.process import free_port
 from tests.test_rollout_server import hf_greedy, tiny_qwen2
 
 

@@ -26,8 +26,8 @@ from areal_core.rollout.backends.sglang import (
     wire_rid,
 )
 from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import TensorSpec
-from areal_core.rollout.launcher import free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_standin import (  # noqa: E402

@@ -33,7 +33,7 @@ from areal_core.rollout.backends.vllm import (
     vllm_env,
 )
 from areal_core.rollout.client import RolloutServerError, check_health_sync
-from areal_core.rollout.launcher import free_port
+from areal_core.rollout.process import free_port
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_generate_responses.json").read_text())
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from areal_core.rollout.client import RolloutClient, run_all
-from areal_core.rollout.launcher import free_port
+from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
 from areal_core.trainer import lora
 

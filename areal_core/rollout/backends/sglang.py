@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -56,9 +56,7 @@ from areal_core.rollout import auth
 
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
-
-if TYPE_CHECKING:  # launcher imports the rollout config, which imports SGLangConfig from here
-    from areal_core.rollout.launcher import ServerProcess
+from areal_core.rollout.process import ServerProcess
 
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODE_FOR_UPDATE: dict[str, PauseMode | None] = {"keep_kv": "in_place", "reprefill": "retract", "drain": None}
@@ -322,7 +320,7 @@ class SGLangBackend:
         self.api_key = cfg.resolve("the SGLang servers in rollout.backend.urls") if cfg.urls \
             else api_key or auth.new_key()
         self._config_file: str | None = None  # while servers started here run: the file holding their key
-        self.servers: dict[str, tuple[int, "ServerProcess"]] = {}  # url -> (index, process)
+        self.servers: dict[str, tuple[int, ServerProcess]] = {}  # url -> (index, process)
         self._model_path, self._version = "", 0
 
     @contextlib.contextmanager
@@ -348,9 +346,7 @@ class SGLangBackend:
             shutil.rmtree(folder, ignore_errors=True)
             self._config_file = None
 
-    def _start(self, i: int) -> "ServerProcess":
-        from areal_core.rollout.launcher import ServerProcess
-
+    def _start(self, i: int) -> ServerProcess:
         port = self.cfg.port + i * self.cfg.port_stride
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.cfg.num_servers > 1:
@@ -366,7 +362,7 @@ class SGLangBackend:
         self.servers[server.url] = (i, server)
         return server
 
-    def _wait_healthy(self, s: "ServerProcess") -> None:
+    def _wait_healthy(self, s: ServerProcess) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while not check_health_sync(s.url, timeout_s=2.0):
             if not s.alive() or time.monotonic() > deadline:

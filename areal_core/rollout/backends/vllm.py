@@ -51,7 +51,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -59,9 +59,7 @@ from areal_core.configbase import Section
 from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
-
-if TYPE_CHECKING:
-    from areal_core.rollout.launcher import ServerProcess
+from areal_core.rollout.process import ServerProcess
 
 VENV = Path(__file__).resolve().parents[3] / "bench" / ".venvs" / "vllm"
 PAUSE_MODE = {"keep_kv": "keep", "reprefill": "abort", "drain": "wait"}
@@ -366,8 +364,6 @@ class VLLMBackend:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _start(self, i: int, model_path: str) -> ServerProcess:
-        from areal_core.rollout.launcher import ServerProcess
-
         port = self.cfg.port + i * self.cfg.port_stride
         cmd = vllm_command(self.cfg, self.python, model_path, port, dtype=self.dtype, seed=self.seed + i,
                            weight_update=self.weight_update)
