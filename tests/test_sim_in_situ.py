@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from areal_core.sim.cost import CostModel
+from areal_core.sim.cost import CostModel, in_situ_cost
 from areal_core.sim.engine import simulate
-from areal_core.sim.in_situ import fit, in_situ_cost, measure_run, write_fit
+from areal_core.sim.in_situ import fit, measure_run, write_fit
 
 # a CPU-core-like cost model, written out so the expected figures below are independent of any fit
 COST = CostModel(decode_overhead_s=5e-4, decode_weight_read_s=0.0, decode_kv_read_s_per_token=0.0,

@@ -4,7 +4,8 @@ update take, and how many KV tokens a rollout server holds.
 `CostModel` holds the coefficients the simulator uses and nothing else, so the same
 simulator runs on roofline-derived figures (`build_cost_model`, from a `GPUSpec`, a
 `ModelSpec` and an `Efficiency`) or on figures fitted to measurements
-(`areal_core.sim.calibrate.calibrate_from`).
+(`areal_core.sim.calibrate.calibrate_from`); `in_situ_cost` scales one by what runs of the
+whole system measured it to add (`areal_core.sim.in_situ`).
 
 Roofline, per rollout server (a tensor-parallel group of `tp` devices) and per decode
 step over a batch of `b` sequences holding `C` context tokens in total:
@@ -260,3 +261,36 @@ def build_cost_model(model: ModelSpec, gpu: GPUSpec, tp: int, eff: Efficiency = 
         weight_update_s=eff.weight_update_latency_s + model.weight_bytes / tp / eff.weight_update_bandwidth,
         colocate_switch_s=switch,
     )
+
+
+# What an in-situ fit (areal_core.sim.in_situ) gives per mode
+FIT_KEYS = ("train_slowdown", "train_fixed_s", "step_overhead_s", "generation_slowdown", "generation_fixed_s")
+
+
+def in_situ_cost(cost: CostModel, in_situ: dict | None, mode: str) -> CostModel:
+    """`cost` with the in-situ fit of `mode` applied (unchanged without a fit at all)."""
+    if not in_situ or not in_situ.get("modes"):
+        return cost
+    if mode not in in_situ["modes"]:
+        raise ValueError(f"in-situ calibration has no {mode!r} runs (has: {sorted(in_situ['modes'])})")
+    f = in_situ["modes"][mode]
+    missing = [k for k in FIT_KEYS if k not in f]
+    if missing:
+        raise ValueError(f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)")
+    g, k = f["generation_slowdown"], f["train_slowdown"]
+    if g <= 0 or k <= 0 or f["step_overhead_s"] < 0 or f["generation_fixed_s"] < 0:
+        raise ValueError(f"in-situ calibration for {mode!r}: slowdowns must be > 0 and the step overhead and "
+                         f"fixed generation time >= 0, got {f}")
+    fixed = cost.train_step_overhead_s * k + f["train_fixed_s"] + f["step_overhead_s"]
+    if fixed < 0:
+        raise ValueError(f"in-situ calibration for {mode!r}: a training step's fixed time comes out at "
+                         f"{fixed * 1e3:.1f} ms (< 0): the calibration runs do not constrain it; measure again")
+    generation = {name: getattr(cost, name) * g for name in (
+        "decode_overhead_s", "decode_weight_read_s", "decode_kv_read_s_per_token", "decode_flop_s_per_seq",
+        "decode_flop_s_per_ctx_token", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_sq")}
+    # a synchronous step's fixed wait sits where it falls, between the training and the next generation
+    return cost.with_(**generation,
+                      train_device_s_per_token=cost.train_device_s_per_token * k,
+                      train_device_s_per_token_sq=cost.train_device_s_per_token_sq * k,
+                      train_step_overhead_s=fixed,
+                      weight_update_s=cost.weight_update_s + f["generation_fixed_s"])

@@ -29,9 +29,9 @@ HTTP calls and the grading of its last groups. From runs of the whole system (ma
 Two calibration settings of different batch sizes (the default) give both parts of each
 fit their leverage.
 
-`in_situ_cost(cost, fit, mode)` scales the component cost model by them; the simulator
-itself is unchanged. `fit` writes them into the calibration file under "in_situ", with
-the runs they came from.
+`areal_core.sim.cost.in_situ_cost(cost, fit, mode)` scales the component cost model by
+them; the simulator itself is unchanged. `fit` writes them into the calibration file under
+"in_situ", with the runs they came from.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ DEFAULT_BATCHES = (32, 192)
 DEFAULT_SETS = ("seed=1", "eval.n_problems=64")
 DEFAULT_STEPS = 60
 SYNC_SETS = ("trainer.eta=0", "rollout.weight_update=drain")
-FIT_KEYS = ("train_slowdown", "train_fixed_s", "step_overhead_s", "generation_slowdown", "generation_fixed_s")
 
 
 def _step_batches(run_dir: Path) -> dict[int, tuple[float, float]]:
@@ -149,35 +148,6 @@ def fit(run_dirs: list[str], cost: CostModel, seeds: int = 3) -> dict:
                        "step_overhead_s": float(np.mean([r["step_overhead_s"] for r in rs])),
                        "generation_slowdown": g, "generation_fixed_s": a if mode == "sync" else 0.0}
     return {"modes": modes, "runs": runs}
-
-
-def in_situ_cost(cost: CostModel, in_situ: dict | None, mode: str) -> CostModel:
-    """`cost` with the in-situ fit of `mode` applied (unchanged without a fit at all)."""
-    if not in_situ or not in_situ.get("modes"):
-        return cost
-    if mode not in in_situ["modes"]:
-        raise ValueError(f"in-situ calibration has no {mode!r} runs (has: {sorted(in_situ['modes'])})")
-    f = in_situ["modes"][mode]
-    missing = [k for k in FIT_KEYS if k not in f]
-    if missing:
-        raise ValueError(f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)")
-    g, k = f["generation_slowdown"], f["train_slowdown"]
-    if g <= 0 or k <= 0 or f["step_overhead_s"] < 0 or f["generation_fixed_s"] < 0:
-        raise ValueError(f"in-situ calibration for {mode!r}: slowdowns must be > 0 and the step overhead and "
-                         f"fixed generation time >= 0, got {f}")
-    fixed = cost.train_step_overhead_s * k + f["train_fixed_s"] + f["step_overhead_s"]
-    if fixed < 0:
-        raise ValueError(f"in-situ calibration for {mode!r}: a training step's fixed time comes out at "
-                         f"{fixed * 1e3:.1f} ms (< 0): the calibration runs do not constrain it; measure again")
-    generation = {name: getattr(cost, name) * g for name in (
-        "decode_overhead_s", "decode_weight_read_s", "decode_kv_read_s_per_token", "decode_flop_s_per_seq",
-        "decode_flop_s_per_ctx_token", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_sq")}
-    # a synchronous step's fixed wait sits where it falls, between the training and the next generation
-    return cost.with_(**generation,
-                      train_device_s_per_token=cost.train_device_s_per_token * k,
-                      train_device_s_per_token_sq=cost.train_device_s_per_token_sq * k,
-                      train_step_overhead_s=fixed,
-                      weight_update_s=cost.weight_update_s + f["generation_fixed_s"])
 
 
 def write_fit(calibration: str | Path, result: dict) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_core.sim.cost import CostModel
+from areal_core.sim.cost import CostModel, in_situ_cost
 from areal_core.sim.engine import SimConfig, simulate
 from areal_core.sim.hardware import GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
@@ -177,8 +177,6 @@ def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ:
     lengths pooled. The prediction from the components' costs alone and, given an in-situ
     calibration (`areal_core.sim.in_situ`), the one with the system's overheads; each
     error is against the mean, and against each repetition (`*_rel_error_range`)."""
-    from areal_core.sim.in_situ import in_situ_cost
-
     rows = []
     for group in group_repetitions([read_run(d) for d in run_dirs]):
         measured = np.array([f.measured_tokens_per_s for f in group])
