@@ -100,7 +100,7 @@ class AgentRouter:
         self._since: dict[str, list] = {a: [0, 0.0, 0] for a in self.ids}
 
     @classmethod
-    def from_config(cls, cfg: MultiAgentConfig) -> "AgentRouter":
+    def from_config(cls, cfg: MultiAgentConfig) -> AgentRouter:
         return cls([a.id for a in cfg.agents], cfg.top_k, cfg.every_steps, cfg.window)
 
     # the rollout side ----------------------------------------------------------------

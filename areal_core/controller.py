@@ -190,7 +190,7 @@ class RolloutController:
         return self._pools[TRAINABLE]
 
     # lifecycle (called from the trainer's thread) -------------------------
-    def start(self) -> "RolloutController":
+    def start(self) -> RolloutController:
         """Start generating; returns once the weight transport is connected (or raises why not)."""
         self._thread = threading.Thread(target=self._thread_main, name="rollout-controller", daemon=True)
         self._thread.start()

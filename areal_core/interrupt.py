@@ -24,7 +24,7 @@ import threading
 
 EXIT_STATUS = 130  # 128 + SIGINT, what a shell reports for a run ended by Ctrl-C
 
-_current: "CtrlC | None" = None
+_current: CtrlC | None = None
 
 
 class CtrlC:
@@ -52,7 +52,7 @@ class CtrlC:
         if not self._training:
             raise KeyboardInterrupt
 
-    def __enter__(self) -> "CtrlC":
+    def __enter__(self) -> CtrlC:
         global _current
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)

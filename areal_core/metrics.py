@@ -128,6 +128,6 @@ def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int, eta
     stale = ledger["trajectory_id"][staleness > eta].tolist() if eta is not None else []
     ok = not dup and not bad_steps and not missing_steps and not incomplete and not stale
     return {"ok": ok, "duplicates": dup[:20], "bad_steps": bad_steps, "missing_steps": missing_steps,
-            "incomplete_groups": incomplete[:20], "n_trained": int(len(ledger)),
+            "incomplete_groups": incomplete[:20], "n_trained": len(ledger),
             "max_token_staleness": int(staleness.max()) if len(ledger) else None, "eta": eta,
             "stale_trajectories": stale[:20], "n_stale": len(stale)}

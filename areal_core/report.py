@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import matplotlib
 
 matplotlib.use("Agg")
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from areal_core.storage.fsutil import filesystem, join, write_bytes_atomic, write_text_atomic  # noqa: E402
+from areal_core.storage.fsutil import filesystem, join, write_bytes_atomic, write_text_atomic
 
 PLOTS = ("learning_curve", "accuracy", "answer_lengths", "staleness", "throughput")
 CSV_COLUMNS = ["run", "eta", "objective", "final_accuracy", "accuracy_before", "accuracy_gain",

@@ -19,7 +19,7 @@ import re
 
 import pandas as pd
 
-from areal_core.report import _smooth, _integer_ticks
+from areal_core.report import _integer_ticks, _smooth
 from areal_core.storage.fsutil import filesystem, join
 
 UI_DPI = 80  # the UI shows the plots at about 1000 px wide: enough, and small artifacts

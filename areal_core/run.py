@@ -36,14 +36,14 @@ from areal_core.buffer import ReplayBuffer
 from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
-from areal_core.eval.heldout import evaluate_prompts
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
+from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger, ledger_rows
-from areal_core.prompt_sampling import describe_mix
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
+from areal_core.prompt_sampling import describe_mix
 from areal_core.reward.service import RewardService
 from areal_core.rollout.auth import new_key
 from areal_core.rollout.backends import make_backend
@@ -51,11 +51,10 @@ from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
 from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.run_folder import check_run_folder
-from areal_core.storage import CheckpointStore, write_json_atomic
-from areal_core.storage import run_state
+from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
-from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 from areal_core.trainer.trainer import Trainer
+from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 
 log = logging.getLogger(__name__)
 

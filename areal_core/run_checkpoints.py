@@ -24,8 +24,8 @@ from areal_core.storage import CheckpointStore
 from areal_core.storage.adapters import ADAPTER_FILE
 from areal_core.storage.config import StorageConfig, checkpoint_due
 from areal_core.storage.snapshot import cpu_copy, snapshot_files, snapshot_model
-from areal_core.trainer import lora
 from areal_core.storage.writer import CheckpointWriter, WriteResult
+from areal_core.trainer import lora
 
 
 class RunCheckpoints:
@@ -65,7 +65,7 @@ class RunCheckpoints:
                                  "done_at": result.done_at})
             self.on_written(result)
 
-    def __enter__(self) -> "RunCheckpoints":
+    def __enter__(self) -> RunCheckpoints:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

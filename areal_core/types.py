@@ -68,5 +68,5 @@ class Trajectory:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
-    def from_row(cls, row: dict) -> "Trajectory":
+    def from_row(cls, row: dict) -> Trajectory:
         return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         try:
             run_one(name, args.quick)
-        except Exception as e:  # noqa: BLE001 - reported, recorded and reflected in the exit code
+        except Exception as e:  # reported, recorded and reflected in the exit code
             if len(names) == 1:
                 raise
             traceback.print_exc()

@@ -207,7 +207,7 @@ def update_summary(name: str, quick: bool, result: dict, wall_s: float, results_
 class Timer:
     """``with Timer() as t: ...`` then ``t.s`` (perf_counter seconds)."""
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.t0 = time.perf_counter()
         self.s = 0.0
         return self

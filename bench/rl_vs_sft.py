@@ -27,6 +27,7 @@ import torch
 from bench.common import RESULTS_DIR, format_table
 from bench.learning import CONFIG, mean_std, say
 
+
 def sft_arm(seed: int, rl: dict) -> dict:
     from areal_core.datasets import load_records
     from areal_core.experiment import load_config

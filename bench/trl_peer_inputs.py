@@ -89,11 +89,11 @@ def write_records_file(path: Path, n: int, seed: int, prefix: str) -> None:
 
 def write_tiny_model(path: Path, seed: int) -> int:
     """The tiny random Qwen2 + the character tokenizer as an HF folder; returns its parameter count."""
+    from transformers.utils import logging as hf_logging
+
     from areal_core.models.config import TinyArch
     from areal_core.models.tiny import build_tiny
     from areal_core.models.tokenizer import build_char_tokenizer
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     tokenizer = build_char_tokenizer()

@@ -123,7 +123,7 @@ class VLLMServer:
                 os.killpg(self.pid, signal.SIGKILL)
                 self._proc.wait()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self
 
     def __exit__(self, *exc) -> None:

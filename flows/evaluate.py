@@ -16,8 +16,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from areal_core.report import eval_dir_for_checkpoint
-from tasks.evaluation import (evaluate_checkpoint_task, evaluation_key, evaluation_name, link_in_training_result,
-                              linked_line)
+from tasks.evaluation import (
+    evaluate_checkpoint_task,
+    evaluation_key,
+    evaluation_name,
+    link_in_training_result,
+    linked_line,
+)
 from tasks.provision import apply_s3_credentials_block
 
 

@@ -9,6 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tasks.flow_runs import report_run_name
 from tasks.reporting import write_report_task
 
+
 @flow(name="report", log_prints=True, flow_run_name=report_run_name)
 def report(run_dirs: list[str], out_dir: str, title: str = "areal-flow report") -> str:
     """Compare finished runs: a table, the checkpoint evaluations, and plots of learning curves,

@@ -55,7 +55,7 @@ class Browser:
         self._ws = None
         self._id = 0
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         from websockets.sync.client import connect
 
         self._proc = subprocess.Popen([self.exe, *FLAGS, f"--user-data-dir={self._profile}",

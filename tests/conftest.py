@@ -6,7 +6,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 

@@ -20,9 +20,9 @@ def reference_allows(n_submitted, version, batch_size, eta):
 
 def test_matches_reference_on_grid():
     for batch_size in range(1, 8):
-        for version in range(0, 6):
-            for eta in range(0, 5):
-                for n_submitted in range(0, 60):
+        for version in range(6):
+            for eta in range(5):
+                for n_submitted in range(60):
                     expected = reference_allows(n_submitted, version, batch_size, eta)
                     got = staleness_allows(n_submitted, version, batch_size, eta)
                     assert got is expected, (n_submitted, version, batch_size, eta)

@@ -135,7 +135,7 @@ def test_bad_manifests_named_error(tmp_path_factory, mutation):
     try:
         store.verify(0)
     except ManifestError as e:
-        assert "v0/manifest.json" in str(e) and "invalid manifest" in str(e) or "not valid JSON" in str(e)
+        assert ("v0/manifest.json" in str(e) and "invalid manifest" in str(e)) or "not valid JSON" in str(e)
         assert store.versions() == []  # an invalid manifest means: no such version
     except CorruptCheckpointError as e:
         assert "model.safetensors" in str(e) or "missing" in str(e)
@@ -204,7 +204,7 @@ def test_server_http_bad_bodies(http, body, path):
     client, engine = http
     if path == "/generate" and isinstance(body, dict) and isinstance(body.get("sampling_params"), dict):
         mnt = body["sampling_params"].get("max_new_tokens")
-        if isinstance(mnt, int) and not isinstance(mnt, bool) and 0 < mnt:
+        if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt > 0:
             body["sampling_params"]["max_new_tokens"] = min(mnt, 4)  # keep the valid ones short
     r = _post(client, path, body)
     assert r.status_code < 500, r.text

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 import pytest
 
@@ -209,8 +208,8 @@ def test_smollm2_chat_prompts_token_ids_agree():
     folder = _cache_root() / "smollm2-135m-hf"
     if not (folder / "tokenizer_config.json").exists():
         pytest.skip(f"no SmolLM2 HF folder at {folder} (python -m bench trl_peer_smollm2 writes it)")
-    from areal_core.data.synthetic_arith import ArithTask
     from areal_core.data.config import SyntheticArithTask
+    from areal_core.data.synthetic_arith import ArithTask
 
     records = ArithTask(SyntheticArithTask(kind="arith", n_train=6, n_eval=1)).train_records()
     _chat_ids_agree(str(folder), [r.prompt for r in records])

@@ -11,14 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from areal_core.experiment import ConfigError, load_config
-from areal_core.storage import CheckpointStore, CheckpointWriter, ensure_bucket, snapshot_model
-from areal_core.storage import delta
+from areal_core.storage import CheckpointStore, CheckpointWriter, delta, ensure_bucket, snapshot_model
 from areal_core.storage.config import StorageConfig, checkpoint_due
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_checkpoint_writer import assert_weights, tiny  # noqa: E402
-
-from infra.s3 import MotoS3Server  # noqa: E402
+from infra.s3 import MotoS3Server
+from test_checkpoint_writer import assert_weights, tiny
 
 
 def adamw_snapshots(n: int, seed: int = 0):

@@ -55,12 +55,11 @@ def test_max_steps_below_one_is_refused_before_anything_runs(capsys):
 
 
 def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does(tmp_path, capsys):
+    from areal_core.experiment import load_config
     from areal_core.models import build_char_tokenizer
     from areal_core.storage import CheckpointStore
-    from tests.test_rollout_server import tiny_qwen2
-
-    from areal_core.experiment import load_config
     from flows.train_command import _check_run
+    from tests.test_rollout_server import tiny_qwen2
 
     cfg = load_config(CONFIG)
     _check_run(cfg, tmp_path / "fresh", resume=True)

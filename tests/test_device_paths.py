@@ -50,8 +50,8 @@ def test_the_server_receives_on_the_engines_device(device):
 
 
 def test_a_real_engine_on_the_cpu_gives_a_cpu_receiver():
-    from tests.test_rollout_server import tiny_qwen2
     from areal_core.rollout.engine import RolloutEngine
+    from tests.test_rollout_server import tiny_qwen2
 
     engine = RolloutEngine(tiny_qwen2(3), start=False)
     try:

@@ -17,7 +17,7 @@ class ScriptedContext:
     version = 3
 
     def __init__(self, script: dict[str, list[str]], limit: int | None = None):
-        self.script, self.graded, self.turn = script, [], {k: 0 for k in script}
+        self.script, self.graded, self.turn = script, [], dict.fromkeys(script, 0)
         self.limit = limit  # tokens a trajectory may hold (None: no limit)
 
     def room(self, traj):

@@ -28,8 +28,8 @@ import pytest
 import areal_core.run as run_module
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService
-from areal_core.rollout.client import GENERATE, RolloutClient
 from areal_core.rollout import launcher
+from areal_core.rollout.client import GENERATE, RolloutClient
 from areal_core.rollout.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket

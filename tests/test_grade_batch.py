@@ -11,9 +11,9 @@ import json
 import pytest
 
 from areal_core.reward import code as code_mod
+from areal_core.reward import sandbox
 from areal_core.reward.code import grade_code, grade_functional_many
 from areal_core.reward.dispatch import grade_batch
-from areal_core.reward import sandbox
 from areal_core.reward.sandbox import SandboxLimits, guarantees
 from tests.test_sandbox_hostile import FORGERS, FORGERY_LIMITS, PROGRAMS, STYLES
 

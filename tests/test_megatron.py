@@ -19,14 +19,14 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra: make setup)")
 
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from areal_core.rollout.process import free_port  # noqa: E402
-from areal_core.trainer.config import TrainerConfig  # noqa: E402
-from areal_core.trainer.megatron import mapping, parallel, shims  # noqa: E402
-from areal_core.trainer.megatron.trainer import MegatronTrainer  # noqa: E402
-from areal_core.trainer.trainer import Trainer  # noqa: E402
-from areal_core.types import Trajectory  # noqa: E402
+from areal_core.rollout.process import free_port
+from areal_core.trainer.config import TrainerConfig
+from areal_core.trainer.megatron import mapping, parallel, shims
+from areal_core.trainer.megatron.trainer import MegatronTrainer
+from areal_core.trainer.trainer import Trainer
+from areal_core.types import Trajectory
 
 # megatron's own notices about the CPU fallbacks (no Apex / Transformer Engine) and its deprecations
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning:megatron"),
@@ -278,9 +278,9 @@ def _worker(case: str, out_dir: str) -> None:
         res[f"tp2_gathered_{kind}"] = max_diff(back, w)
     # a trainer step: TP 2, then DP 2, then DP 2 without the gradient all-reduce (megatron's groups
     # rebuilt in the same processes; rank 0 drives, rank 1 follows)
-    from areal_core.trainer.megatron.follower import follow
-
     from megatron.core import parallel_state as ps
+
+    from areal_core.trainer.megatron.follower import follow
 
     cfg, b = trainer_cfg(ppo_minibatches=2), batch()
     bad = hf_model("qwen2")  # a model rank 0 rejects: it raises, and its follower is released

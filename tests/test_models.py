@@ -12,9 +12,9 @@ from areal_core.models import (
     build_char_tokenizer,
     build_tiny,
     cached_warm_start,
-    load_optimizer_moments,
     load_base_model,
     load_hf_folder,
+    load_optimizer_moments,
     smollm2_available,
     warm_start,
 )

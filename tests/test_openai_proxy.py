@@ -27,7 +27,7 @@ class ScriptedContext:
     turn. Answers are right when they read 'ok'."""
 
     def __init__(self, script: dict[str, list[str]], limit: int | None = None, refuse: dict | None = None):
-        self.script, self.calls, self.version, self.graded = script, {k: 0 for k in script}, 5, []
+        self.script, self.calls, self.version, self.graded = script, dict.fromkeys(script, 0), 5, []
         self.stop_ids, self.max_new = [], []
         self.limit = limit  # tokens a trajectory may hold (None: no limit), as the controller's room says
         self.refuse = refuse or {}  # trajectory id -> the call (0, 1, ...) the rollout server answers 400

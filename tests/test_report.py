@@ -10,8 +10,7 @@ import pytest
 
 from areal_core.data.prepare import prepare
 from areal_core.data.records import RecordError, read_records
-from areal_core.report import (CSV_COLUMNS, PLOTS, ReportError, eval_dir_for_checkpoint, eval_dir_for_run,
-                               write_report)
+from areal_core.report import CSV_COLUMNS, PLOTS, ReportError, eval_dir_for_checkpoint, eval_dir_for_run, write_report
 from areal_core.sweep import plan_points, sweep_points
 from tasks.events import should_evaluate
 
@@ -174,8 +173,15 @@ def test_sweep_freezes_its_config(tmp_path):
 def test_report_plots_read_right(tmp_path):
     """Whole-number axes, a zoomed accuracy axis, a histogram binned on whole tokens, staleness bars
     centred on their values: the plots of a short sweep read right."""
-    from areal_core.report import (length_bins, load_run, plot_accuracy, plot_answer_lengths, plot_learning_curve,
-                                   plot_staleness, plot_throughput)
+    from areal_core.report import (
+        length_bins,
+        load_run,
+        plot_accuracy,
+        plot_answer_lengths,
+        plot_learning_curve,
+        plot_staleness,
+        plot_throughput,
+    )
 
     runs = [load_run(fake_run(tmp_path / f"r{i}", eta=2, objective="decoupled", steps=3, acc_after=0.404 + i / 200,
                               seed=i)) for i in range(2)]

@@ -21,8 +21,7 @@ from areal_core.experiment import load_config
 from areal_core.prompt_sampling import PromptStream
 from areal_core.rollout.weight_transport import DiskTransport
 from areal_core.run import run_experiment
-from areal_core.storage import CheckpointStore
-from areal_core.storage import run_state
+from areal_core.storage import CheckpointStore, run_state
 
 HERE = Path(__file__).parent
 REPO = HERE.parent

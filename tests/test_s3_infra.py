@@ -20,11 +20,11 @@ from areal_core.storage import (
     CheckpointStore,
     VersionNotFoundError,
     ensure_bucket,
+    fsutil,
     read_json,
     write_json_atomic,
 )
 from areal_core.storage import checkpoints as ckpt_mod
-from areal_core.storage import fsutil
 from infra.s3 import MotoS3Server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from areal_core.experiment import ExperimentConfig
+from areal_core.rollout.backends import make_backend
 from areal_core.rollout.client import RolloutClient, RolloutServerError
 from areal_core.rollout.weight_transport import DistributedTransport, TensorTransport
-from areal_core.rollout.backends import make_backend
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.trainer import Trainer
 from areal_core.types import Trajectory

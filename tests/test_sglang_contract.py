@@ -30,7 +30,7 @@ from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import TensorSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_standin import (  # noqa: E402
+from sglang_standin import (
     SGLANG_ABORTED_RESPONSE_FIXTURE,
     SGLANG_GENERATE_RESPONSE_FIXTURE,
     SGLangContractStandIn,
@@ -362,9 +362,8 @@ def test_launch_command():
 def test_backend_configured_urls(standin):
     dead = f"http://127.0.0.1:{free_port()}"
     backend = SGLangBackend(SGLangConfig(urls=[standin.url, dead], connect_timeout_s=0.3, allow_unauthenticated=True))
-    with pytest.raises(RolloutServerError) as e:
-        with backend.launch("/models/m", 0):
-            pass
+    with pytest.raises(RolloutServerError) as e, backend.launch("/models/m", 0):
+        pass
     assert e.value.server_down and f"{dead}/health" in str(e.value) and "unreachable" in str(e.value)
     backend = SGLangBackend(SGLangConfig(urls=[standin.url + "/"], allow_unauthenticated=True))
     with backend.launch("/models/m", 4) as urls:  # configured servers load the run's weights at launch

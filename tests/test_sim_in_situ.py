@@ -2,8 +2,8 @@
 system measures, and how the cost model is scaled by it."""
 
 import json
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -162,10 +162,9 @@ def test_prompts_of_a_saved_character_tokenizer_are_counted_as_the_run_encoded_t
     """A model folder (the TRL-peer runs') with the character tokenizer: its prompts' spaces count."""
     from areal_core.experiment import parse_config
     from areal_core.models import build_char_tokenizer
-    from areal_core.sim.local import _prompt_lengths
-
     from areal_core.models.config import TinyArch
     from areal_core.models.tiny import build_tiny
+    from areal_core.sim.local import _prompt_lengths
 
     tokenizer = build_char_tokenizer()  # saved beside a Qwen2 config.json, as bench/trl_peer.py saves it
     build_tiny(TinyArch(), tokenizer, 0).save_pretrained(str(tmp_path / "model"))

@@ -18,13 +18,13 @@ from areal_core.storage import (
     ManifestError,
     VersionExistsError,
     VersionNotFoundError,
+    fsutil,
     read_json,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
 )
 from areal_core.storage import checkpoints as ckpt_mod
-from areal_core.storage import fsutil
 
 REPO = Path(__file__).resolve().parents[1]
 

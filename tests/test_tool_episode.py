@@ -34,7 +34,7 @@ class ScriptedPolicy:
     def __init__(self, texts: dict[str, str], want: dict[str, str] | None = None, limit: int | None = None):
         self.texts, self.want = texts, want or {}
         self.limit = limit  # tokens a trajectory may hold (None: no limit)
-        self.pos = {k: 0 for k in texts}
+        self.pos = dict.fromkeys(texts, 0)
         self.graded: list[list[str]] = []
         self.requests: list[tuple[str, tuple[int, ...]]] = []
 

@@ -121,7 +121,7 @@ def _clipped_objective(
                 "importance_weight_mean": float((u * vf).sum().item()) / n_valid,
             }
         else:
-            stats = {k: 0.0 for k in STAT_KEYS}
+            stats = dict.fromkeys(STAT_KEYS, 0.0)
     return loss, stats
 
 

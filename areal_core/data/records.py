@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Annotated, Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -36,7 +37,7 @@ class Record(BaseModel):
     meta: dict = {}
 
     @model_validator(mode="after")
-    def _tests_fit_task(self) -> "Record":
+    def _tests_fit_task(self) -> Record:
         if self.task != "code":
             if self.tests:
                 raise ValueError(f"field 'tests': only code records carry tests (this one's task is {self.task!r})")

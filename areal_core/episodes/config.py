@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -69,7 +69,7 @@ class OpenAIAgentConfig(Section):
     max_concurrent: int = Field(64, ge=1)  # threads for sync agents
 
 
-EpisodeConfig = Annotated[Union[SingleTurnConfig, RetryConfig, ToolConfig, OpenAIAgentConfig, ImportedConfig],
+EpisodeConfig = Annotated[SingleTurnConfig | RetryConfig | ToolConfig | OpenAIAgentConfig | ImportedConfig,
                           Field(discriminator="kind")]
 
 

@@ -63,7 +63,6 @@ def _quiet_unless_terminal(load):
     import functools
 
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
     from transformers.utils import logging as hf_logging
 
     bar, bars_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()

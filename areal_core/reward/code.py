@@ -49,8 +49,15 @@ import symtable
 from dataclasses import dataclass, field
 
 from areal_core.reward import code_rpc
-from areal_core.reward.sandbox import (SandboxLimits, SandboxRun, guarantees, run_each, run_python_file,
-                                      run_with_checker, sandbox_python)
+from areal_core.reward.sandbox import (
+    SandboxLimits,
+    SandboxRun,
+    guarantees,
+    run_each,
+    run_python_file,
+    run_with_checker,
+    sandbox_python,
+)
 
 log = logging.getLogger(__name__)
 PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_CLASSES + "\n"

@@ -123,7 +123,7 @@ class RewardCluster:
             worker = {"cls": Worker, "options": {"env": env, "worker_class": "distributed.Nanny",
                                                  "worker_kwargs": worker_kwargs}}
             self.cluster = SpecCluster(
-                workers={i: worker for i in range(n_workers)}, worker=worker,
+                workers=dict.fromkeys(range(n_workers), worker), worker=worker,
                 scheduler={"cls": Scheduler, "options": {"env": env, "scheduler_kwargs": scheduler_kwargs}},
                 security=self.security, name="RewardCluster", silence_logs=silence_logs)
         except BaseException:

@@ -228,7 +228,7 @@ class RewardService:
         if self._cluster is not None:
             self._cluster.close()
 
-    def __enter__(self) -> "RewardService":
+    def __enter__(self) -> RewardService:
         return self
 
     def __exit__(self, *exc) -> None:

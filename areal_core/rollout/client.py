@@ -36,15 +36,15 @@ from areal_core.rollout.protocol import (
     AbortRequest,
     GenerateBatchRequest,
     GenerateRequest,
-    InitWeightsGroupRequest,
-    SharedTensor,
-    UpdateWeightsFromDistributedRequest,
-    UpdateWeightsFromSharedMemoryRequest,
     GenerateResponse,
+    InitWeightsGroupRequest,
     ModelInfo,
     RequestsSnapshot,
     SamplingParams,
+    SharedTensor,
     StatusResponse,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromSharedMemoryRequest,
     UpdateWeightsRequest,
     WeightsByNameRequest,
 )
@@ -138,7 +138,7 @@ class HTTPClient:
                 async with self._http().request(method, self.url + path, data=body, headers=headers) as resp:
                     data, status, reason = await resp.read(), resp.status, resp.reason
                 break
-            except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 timed_out = isinstance(e, asyncio.TimeoutError)
                 if timed_out or attempt == self.retries:
                     raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}", timed_out) from e
@@ -162,7 +162,7 @@ class HTTPClient:
         try:
             async with self._http().get(self.url + HEALTH, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
                 return resp.status == 200
-        except (asyncio.TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
     async def aclose(self) -> None:

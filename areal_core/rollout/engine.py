@@ -65,13 +65,13 @@ from areal_core.rollout.config import KVBudget
 from areal_core.rollout.engine_parts import EngineStopped, prefill_groups, requests_snapshot
 from areal_core.rollout.engine_parts import deliver as _deliver
 from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
-from areal_core.rollout.weight_receiver import check_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
+from areal_core.rollout.weight_receiver import check_weights
 from areal_core.storage.localize import localize
 from areal_core.trainer.lora import AdapterMerger
 
-__all__ = ["EngineStopped", "RequestError", "RolloutEngine", "WEIGHT_UPDATE_MODES", "kv_reserve"]
+__all__ = ["WEIGHT_UPDATE_MODES", "EngineStopped", "RequestError", "RolloutEngine", "kv_reserve"]
 
 WEIGHT_UPDATE_MODES = ("reprefill", "keep_kv", "drain")
 
@@ -156,7 +156,7 @@ class RolloutEngine:
 
     @classmethod
     def from_pretrained(cls, model_path: str, *, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", **kwargs) -> "RolloutEngine":
+                        device: torch.device | str = "cpu", **kwargs) -> RolloutEngine:
         """Load a Hugging Face model folder (local path or fsspec URL) onto ``device``."""
         return cls(load_model(model_path, dtype).to(device), model_path=model_path, **kwargs)
 
@@ -353,7 +353,7 @@ class RolloutEngine:
                     self._prefill_step()
                 else:
                     self._decode_step()
-            except Exception as e:  # noqa: BLE001 - not swallowed: every running request gets the error
+            except Exception as e:  # not swallowed: every running request gets the error
                 log.exception("engine step failed; failing %d running requests", len(self._running))
                 self._fail_running(e)
             self._retire()

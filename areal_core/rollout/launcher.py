@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from areal_core.device import resolve_device
 from areal_core.rollout import auth
 from areal_core.rollout.client import RolloutClient, check_health_sync
-from areal_core.device import resolve_device
 from areal_core.rollout.config import EngineConfig
 from areal_core.rollout.process import ServerProcess, free_port
 
@@ -169,7 +169,7 @@ class EmbeddedServers:
         for s in self.servers:
             s.stop()
 
-    def __enter__(self) -> "EmbeddedServers":
+    def __enter__(self) -> EmbeddedServers:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -77,7 +77,7 @@ class ServerProcess:
                 self._signal(signal.SIGKILL)
                 self._proc.wait()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -114,7 +114,7 @@ class CostModel:
     weight_update_s: float
     colocate_switch_s: float = 0.0
 
-    def with_(self, **changes) -> "CostModel":
+    def with_(self, **changes) -> CostModel:
         return replace(self, **changes)
 
     # ---- rollout server -------------------------------------------------------------

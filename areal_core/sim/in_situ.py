@@ -97,7 +97,7 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
         raise ValueError(f"{run}: no step after the {facts.warmup_steps} warm-up steps")
     in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"]).to_numpy()
     alone = np.array([cost.train_s(batches[s][0], batches[s][1], setup.n_trainer_gpus) for s in after["step"]])
-    out = {"run_dir": str(run), "name": facts.name, "mode": facts.mode, "steps_used": int(len(after)),
+    out = {"run_dir": str(run), "name": facts.name, "mode": facts.mode, "steps_used": len(after),
            "batch": facts.prompts_per_step * facts.answers_per_prompt,
            "train_points": [[float(a), float(b)] for a, b in zip(alone, in_run)],
            "train_slowdown": float(in_run.sum() / alone.sum()),

@@ -47,11 +47,11 @@ class LengthDist:
             raise ValueError(f"lengths.sigma must be >= 0, got {self.sigma}")
 
     @classmethod
-    def constant(cls, length: int, max_new_tokens: int | None = None) -> "LengthDist":
+    def constant(cls, length: int, max_new_tokens: int | None = None) -> LengthDist:
         return cls(max_new_tokens=max_new_tokens or length, kind="constant", median=length, sigma=0.0)
 
     @classmethod
-    def empirical(cls, samples, max_new_tokens: int) -> "LengthDist":
+    def empirical(cls, samples, max_new_tokens: int) -> LengthDist:
         return cls(max_new_tokens=max_new_tokens, kind="empirical", samples=tuple(int(s) for s in samples))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -39,7 +39,7 @@ import random
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from areal_core.sim.calibrate import calibrate_from, fit_errors
@@ -222,7 +222,7 @@ def measure(config_path: str = DEFAULT_CONFIG, quick: bool = False) -> dict:
         "command": "python -m areal_core.sim.measure" + (f" --config {config_path}" if config_path != DEFAULT_CONFIG
                                                          else "") + (" --quick" if quick else ""),
         "config": config_path,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": {"cpu": _cpu_name(), "cores": cores, "torch": torch.__version__, "python": platform.python_version(),
                     "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]},

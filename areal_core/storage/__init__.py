@@ -31,6 +31,7 @@ __all__ = [
     "ManifestError",
     "VersionExistsError",
     "VersionNotFoundError",
+    "WriteResult",
     "ensure_bucket",
     "filesystem",
     "localize",
@@ -41,5 +42,4 @@ __all__ = [
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
-    "WriteResult",
 ]

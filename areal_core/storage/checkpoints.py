@@ -32,9 +32,11 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
+from areal_core.storage import adapters
+from areal_core.storage.delta import materialise
 from areal_core.storage.fsutil import (
     filesystem,
     invalidate,
@@ -45,8 +47,6 @@ from areal_core.storage.fsutil import (
     put_file_atomic,
     retry,
 )
-from areal_core.storage import adapters
-from areal_core.storage.delta import materialise
 from areal_core.storage.localize import localize
 from areal_core.storage.manifest import (
     FORMAT,
@@ -350,7 +350,7 @@ class CheckpointStore:
         manifest = {
             "format": FORMAT,
             "version": version,
-            "created": datetime.fromtimestamp(now, timezone.utc).isoformat(),
+            "created": datetime.fromtimestamp(now, UTC).isoformat(),
             "created_unix": now,
             "files": files,
             "meta": dict(meta or {}),

@@ -27,8 +27,8 @@ import time
 import torch
 
 from areal_core.algo import allocate_shared_prompt_microbatches, split_fixed
-from areal_core.trainer.config import TrainerConfig
 from areal_core.models.decoder import check_decoder
+from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.packed_forward import response_logprobs
 from areal_core.trainer.step_parts import batch_stats, ppo_loss, prepare_batch, prox_path
 from areal_core.types import Trajectory

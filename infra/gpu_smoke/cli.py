@@ -73,12 +73,12 @@ def _free(device_type: str) -> None:
 
 
 def run(args) -> Results:
+    from transformers.utils import logging as hf_logging
+
     from infra.gpu_smoke.engine_part import engine_part
     from infra.gpu_smoke.env_part import env_part
     from infra.gpu_smoke.rl_part import rl_part
     from infra.gpu_smoke.trainer_part import megatron_part, trainer_part
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     os.environ.setdefault("TQDM_DISABLE", "1")  # (the GGUF loader's own bar would fill the log)

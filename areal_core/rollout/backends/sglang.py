@@ -53,7 +53,6 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from areal_core.rollout import auth
-
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess

@@ -54,7 +54,7 @@ def arch_of(hf_config, tp: int = 1) -> Arch:
         raise NotImplementedError(f"{mt}: hidden_act {c.hidden_act!r} (only silu / SwiGLU is mapped)")
     if getattr(c, "use_sliding_window", False):
         raise NotImplementedError(f"{mt}: sliding-window attention is not mapped to megatron")
-    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(c, "rope_theta")}
+    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": c.rope_theta}
     if rope.get("rope_type", "default") != "default":
         raise NotImplementedError(f"{mt}: rope_type {rope.get('rope_type')!r} (only the default RoPE is mapped)")
     if getattr(c, "mlp_bias", False):
