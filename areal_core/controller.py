@@ -373,7 +373,7 @@ class RolloutController:
                 results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs], final=True)
         except asyncio.CancelledError:
             raise
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer (buffer.fail wakes it)
             log.error("rollout of group %s failed: %r", trajs[0].group_id, e)
             self.buffer.fail(e)
             return

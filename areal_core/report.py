@@ -181,8 +181,8 @@ def plot_accuracy(runs: list[RunData]) -> Figure:
              ylim=(max(0.0, lo - pad), min(1.0, hi + pad)))
     any_eval = False
     for r in runs:
-        for bench, g in r.evals.groupby("bench"):
-            g = g.sort_values("version")
+        for bench, group in r.evals.groupby("bench"):
+            g = group.sort_values("version")
             ax_e.plot(g["version"], g["accuracy"], marker="o", label=f"{r.label} {bench}")
             any_eval = True
     ax_e.set(title="checkpoint evaluations", xlabel="checkpoint version", ylabel="accuracy")
@@ -291,8 +291,8 @@ def _throughput_caveats(runs: list[RunData]) -> list[str]:
     if not short:
         return []
     which = ", ".join(f"`{label}` on {k} step{'s' if k != 1 else ''}" for label, k in short)
-    return [f"**Caveat:** effective throughput rests on few steps after warm-up ({which}): a rough figure "
-            "that one slow or fast step moves a lot; run more steps to compare throughput.", ""]
+    return [(f"**Caveat:** effective throughput rests on few steps after warm-up ({which}): a rough figure "
+             "that one slow or fast step moves a lot; run more steps to compare throughput."), ""]
 
 
 def _no_evals_reason(runs: list[RunData]) -> str:
@@ -303,8 +303,8 @@ def _no_evals_reason(runs: list[RunData]) -> str:
 
 def render_markdown(title: str, table: pd.DataFrame, evals: pd.DataFrame, runs: list[RunData]) -> str:
     lines = [f"# {title}", "",
-             f"{len(runs)} run(s). `final_accuracy` is held-out accuracy after RL; "
-             "`effective_train_tokens_per_s` counts generated tokens trained per second after warm-up.", "",
+             (f"{len(runs)} run(s). `final_accuracy` is held-out accuracy after RL; "
+              "`effective_train_tokens_per_s` counts generated tokens trained per second after warm-up."), "",
              "## Runs", "", _md_table(table), "", *_throughput_caveats(runs),
              "## Checkpoint evaluations", "", _md_table(evals) if not evals.empty else _no_evals_reason(runs), ""]
     missing = sorted({r.label for r in runs} - set(evals["run"])) if not evals.empty else []

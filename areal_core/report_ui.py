@@ -29,7 +29,7 @@ def for_people(value, digits: int = 4):
     """A float rounded to ``digits`` significant figures (0.09000000000000002 -> 0.09); other values as they are."""
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value) or value == 0:
         return value
-    places = digits - 1 - int(math.floor(math.log10(abs(value))))
+    places = digits - 1 - math.floor(math.log10(abs(value)))
     return round(value, places) if places > 0 else int(round(value, places))  # 1923.04 -> 1923
 
 
@@ -84,8 +84,8 @@ def training_figure(metrics: pd.DataFrame, heldout: dict[int, float], evals: pd.
     if heldout:
         xs = sorted(heldout)
         ax_held.plot(xs, [heldout[x] for x in xs], "o", ms=8, color="tab:green", label="held-out (before / after RL)")
-    for bench, g in evals.groupby("bench") if len(evals) else []:
-        g = g.sort_values("version")
+    for bench, group in evals.groupby("bench") if len(evals) else []:
+        g = group.sort_values("version")
         ax_held.plot(g["version"], g["pass@1"], "s--", label=f"checkpoint evaluation: {bench}")
     ax_held.set(title="held-out accuracy", ylabel="accuracy")
     if heldout or len(evals):
@@ -174,8 +174,8 @@ def evaluation_figure(summary: dict, eval_dir: str, history: pd.DataFrame | None
         ax_k.set(title=f"pass@k ({k} answers per problem)", xlabel="k", ylabel="pass@k", ylim=(0, 1.05))
         ax_k.legend(fontsize=7)
     if history is not None and len(history):
-        for bench, g in history.groupby("bench"):
-            g = g.sort_values("version")
+        for bench, group in history.groupby("bench"):
+            g = group.sort_values("version")
             ax_v.plot(g["version"], g["pass@1"], "o-", label=bench)
         ax_v.legend(fontsize=7)
     else:

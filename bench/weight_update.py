@@ -136,8 +136,9 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
             runs = []
             for r in progress(range(1, reps + 1), desc=f"weight_update {name} {src}"):
                 version += 1
+                url = store.version_url(r)
                 runs.append(asyncio.run(_cycle(srv.url, version,
-                                              lambda c, u=store.version_url(r), v=version: c.update_weights_from_disk(u, v))))
+                                              lambda c, u=url, v=version: c.update_weights_from_disk(u, v))))
             rows.append({"model": name, "source": src, "checkpoint_mb": size_mb, "publish_s": publish_s[src],
                          "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
     return rows

@@ -32,7 +32,7 @@ def _plot_markdown(png: str) -> str:
 @flow(name="plan", log_prints=True, flow_run_name=plan_run_name)
 def plan(model: str = "7B", gpu: str = "H800", n_gpus: int = 64, context: int = 16384, prompt_tokens: int = 1024,
          answer_median: float = 4000.0, answer_sigma: float = 0.9, from_run: str | None = None,
-         etas: list[int] = list(DEFAULT_ETAS), ratios: list[str] | None = None, prompts_per_step: int = 128,
+         etas: tuple[int, ...] = DEFAULT_ETAS, ratios: list[str] | None = None, prompts_per_step: int = 128,
          answers_per_prompt: int = 16, weight_update: str = "reprefill", n_steps: int = 30,
          out_dir: str = "runs/plan") -> dict:
     """Recommend a cluster run's rollout:trainer split and eta by simulation (docs/PLANNING.md).

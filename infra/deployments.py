@@ -38,7 +38,8 @@ def submit_and_follow(deployment: str, parameters: dict, poll_s: float = 3.0, lo
     try:
         dep = client.read_deployment_by_name(deployment)
     except ObjectNotFound:
-        raise DeploymentError(f"no deployment {deployment} on {api}: `areal-flow stack up` deploys prefect.yaml")
+        raise DeploymentError(f"no deployment {deployment} on {api}: "
+                              "`areal-flow stack up` deploys prefect.yaml") from None
     run = client.create_flow_run_from_deployment(dep.id, parameters=params)
     url = ui_link(f"runs/flow-run/{run.id}")
     log(f"sent to the {deployment} deployment: {url}")

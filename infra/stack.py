@@ -176,7 +176,7 @@ class Stack:
             self._write_state(state)
             self._wait_worker(state["api_url"], worker, timeout_s)
         except BaseException:
-            log("start failed; stopping what was started (logs in %s)" % self.home)
+            log(f"start failed; stopping what was started (logs in {self.home})")
             self.down(log=log)
             raise
         log(f"worker up (pool {POOL})")

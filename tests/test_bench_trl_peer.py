@@ -161,7 +161,7 @@ def test_smollm2_workload_follows_the_quickstart_config(tmp_path, monkeypatch):
     from areal_core.experiment import load_config
 
     monkeypatch.setattr(harness, "model_folder", lambda name: f"/folder/of/{name}")
-    w, about = inputs.smollm2_workload(tmp_path, steps=10)
+    w, _about = inputs.smollm2_workload(tmp_path, steps=10)
     cfg = load_config(inputs.SMOLLM2_CONFIG)
     assert w.model == "/folder/of/smollm2-135m" and w.chat and w.steps == 10
     assert (w.prompts_per_step, w.answers_per_prompt) == (8, 8) == (cfg.trainer.batch_size // 8, cfg.rollout.n_samples)
@@ -190,7 +190,7 @@ def test_chat_prompts_token_ids_agree_with_a_chat_template(tmp_path):
     tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                          "{% if add_generation_prompt %}<assistant>{% endif %}")
     tok.save_pretrained(str(tmp_path))
-    json.dump({"model_type": "qwen2"}, open(tmp_path / "config.json", "w"))  # what misleads AutoTokenizer
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # what misleads AutoTokenizer
     _chat_ids_agree(str(tmp_path), ["What is 47 plus 38?\nWrite it.", "Mia has 12 cards. How many?"])
 
 

@@ -58,7 +58,7 @@ def test_encode_decode_is_bit_exact_and_small_for_small_moves():
 
 
 def test_delta_round_trip_full_every_k_and_prune_keeps_bases(tmp_path):
-    tok, snaps = adamw_snapshots(7)
+    _tok, snaps = adamw_snapshots(7)
     expected = [{k: v.clone() for k, v in t.items()} for t, _ in snaps]
     store = CheckpointStore(str(tmp_path / "ckpt"))
     results = []
@@ -94,7 +94,7 @@ def test_delta_round_trip_full_every_k_and_prune_keeps_bases(tmp_path):
 
 
 def test_final_checkpoint_forced_full(tmp_path):
-    tok, snaps = adamw_snapshots(2, seed=1)
+    _tok, snaps = adamw_snapshots(2, seed=1)
     store = CheckpointStore(str(tmp_path / "ckpt"))
     with CheckpointWriter(store, format="delta", full_every=10) as writer:
         assert writer.submit(0, *snaps[0]).result(60).format == "full"
@@ -112,7 +112,7 @@ def s3():
 
 
 def test_delta_writer_over_s3(s3, tmp_path):
-    tok, snaps = adamw_snapshots(3, seed=2)
+    _tok, snaps = adamw_snapshots(3, seed=2)
     expected = [{k: v.clone() for k, v in t.items()} for t, _ in snaps]
     url = "s3://areal-test/writer/ckpt"
     store = CheckpointStore(url, cache_dir=str(tmp_path / "wcache"))

@@ -156,9 +156,9 @@ def test_bad_submissions_are_refused(tmp_path):
     with CheckpointWriter(CheckpointStore(str(tmp_path / "ckpt"))) as writer:
         with pytest.raises(ValueError, match="'format' is set by the writer"):
             writer.submit(0, tensors, files, meta={"format": "x"})
-        with pytest.raises(ValueError, match="model.safetensors"):
+        with pytest.raises(ValueError, match=r"model.safetensors"):
             writer.submit(0, tensors, {**files, "model.safetensors": b""})
-        with pytest.raises(ValueError, match="'../x'"):
+        with pytest.raises(ValueError, match=r"'../x'"):
             writer.submit(0, tensors, {**files, "../x": b""})
         with pytest.raises(ValueError, match="version must be an int"):
             writer.submit(-1, tensors, files)

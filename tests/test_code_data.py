@@ -166,8 +166,8 @@ def test_synthetic_code_task_splits_and_reference_programs():
     for rec in held_out[:6]:
         assert grade_code(rec.solution, rec.tests).passed
     # the shown values alone do not pass: three tests are hidden
-    table = "def f(*a):\n    return {%s}[a]" % ",".join(
-        f"({t['input'].replace(chr(10), ',')},): {t['output']}" for t in r.tests[:3])
+    entries = ",".join(f"({t['input'].replace(chr(10), ',')},): {t['output']}" for t in r.tests[:3])
+    table = f"def f(*a):\n    return {{{entries}}}[a]"
     assert not grade_code(table, r.tests).passed
 
 

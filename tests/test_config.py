@@ -38,7 +38,7 @@ def test_wrong_type(tmp_path):
 
 def test_no_silent_coercion_of_strings(tmp_path):
     p = _write(tmp_path, "trainer:\n  batch_size: '128'\n")
-    with pytest.raises(ConfigError, match="trainer.batch_size"):
+    with pytest.raises(ConfigError, match=r"trainer.batch_size"):
         load_config(p)
 
 
@@ -95,7 +95,7 @@ def test_missing_file():
 def test_overrides_are_validated(tmp_path):
     p = _write(tmp_path, "trainer:\n  eta: 4\n")
     assert load_config(p, {"trainer.eta": 0}).trainer.eta == 0
-    with pytest.raises(ConfigError, match="trainer.eta"):
+    with pytest.raises(ConfigError, match=r"trainer.eta"):
         load_config(p, {"trainer.eta": -2})
 
 

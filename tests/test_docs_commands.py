@@ -30,8 +30,8 @@ def command_lines(text: str) -> list[str]:
             continue
         cands = [line] if in_block else [c for c in re.findall(r"`([^`]*areal-flow [^`]*)`", line)
                                          if "/" in c and " ... " not in c]
-        for c in cands:
-            c = re.sub(r"^\s*(\.venv/bin/)?(?=areal-flow )", "", c.split(" #")[0]).strip().rstrip("&").strip()
+        for cand in cands:
+            c = re.sub(r"^\s*(\.venv/bin/)?(?=areal-flow )", "", cand.split(" #")[0]).strip().rstrip("&").strip()
             if c.startswith("areal-flow "):
                 found.append(c)
     return found

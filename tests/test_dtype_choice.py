@@ -41,5 +41,5 @@ def test_explicit_dtype_and_the_tiny_model(cpuinfo):
     assert model_dtype(ModelConfig(name="smollm2-135m", device="cpu"))[0] == torch.bfloat16
     assert model_dtype(ModelConfig(name="smollm2-135m", device="cpu", dtype="float32"))[0] == torch.float32
     assert model_dtype(ModelConfig(name="tiny", device="cpu"))[0] == torch.float32
-    with pytest.raises(ValueError, match="model.dtype must be auto, float32 or bfloat16"):
+    with pytest.raises(ValueError, match=r"model.dtype must be auto, float32 or bfloat16"):
         device.resolve_dtype("float16", torch.device("cpu"))

@@ -100,7 +100,7 @@ def test_episode_configs():
     assert (ep.max_turns, ep.discount) == (4, 0.9)
     ep = make_episode(ImportedConfig(path="tests.test_episodes:factory", options={"max_turns": 5}))
     assert isinstance(ep, RetryWithFeedback) and ep.max_turns == 5
-    with pytest.raises(ValueError, match="episode.path 'no.such:thing'"):
+    with pytest.raises(ValueError, match=r"episode.path 'no.such:thing'"):
         make_episode(ImportedConfig(path="no.such:thing"))
     with pytest.raises(ValueError):
         RetryConfig(max_turns=0)

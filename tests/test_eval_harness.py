@@ -123,7 +123,7 @@ def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path):
     assert (got["temperature"], got["top_p"], got["max_new_tokens"]) == (0.0, 1.0, 24)  # the run's, not 0.6/0.95/64
     assert got["pass@1"] == pytest.approx(s["accuracy_after"])
     # without a run to take them from, heldout fails before anything starts
-    with pytest.raises(ValueError, match="heldout.*training run"):
+    with pytest.raises(ValueError, match=r"heldout.*training run"):
         evaluate_checkpoint(str(tmp_path / "elsewhere"), ["heldout"], out_dir=str(tmp_path / "e2"))
 
 

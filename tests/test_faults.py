@@ -168,7 +168,7 @@ def test_grading_survives_worker_killed_mid_batch():
 
     with RewardService(RewardConfig(n_workers=1)) as rewards:
         before = set(rewards.worker_pids().values())
-        for k in range(n):
+        for _ in range(n):
             rewards.submit("chain", "a1b2|2", "a1b2|2", on_done=on_done)
         deadline = time.monotonic() + 30
         while not results and time.monotonic() < deadline:  # the worker is grading now
@@ -210,9 +210,9 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
         svc = RewardService.__new__(RewardService)
         svc.cfg = RewardConfig()
         svc.n_resubmitted = svc.n_timed_out = 0
-        svc.client = type("C", (), {"submit": lambda self, *a, **k: _FakeFuture(outcomes.pop(0))})()
+        svc.client = type("C", (), {"submit": lambda self, *a, outcomes=outcomes, **k: _FakeFuture(outcomes.pop(0))})()
         got = []
-        svc.submit("chain", "x", "y", on_done=lambda r, e: got.append((r, e)))
+        svc.submit("chain", "x", "y", on_done=lambda r, e, got=got: got.append((r, e)))
         assert len(got) == 1
         if expect_ok:
             assert got[0] == (graded, None) and svc.n_resubmitted == failures

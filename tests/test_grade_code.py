@@ -269,8 +269,8 @@ def test_assert_trusted_names_win_over_the_programs():
     assert grade_code("def square_box(x):\n    return Box(x * x)\n", tests, FAST).passed
     for forged in ("def square_box(x):\n    b = Box(0)\n    b.ok = lambda: True\n    return b\n",  # shadow the method
                    "def square_box(x):\n    b = Box(0)\n    b.ok = True\n    return b\n",
-                   "class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return True\n"
-                   "def square_box(x):\n    return Box(0)\n"):  # redefine the class
+                   ("class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return True\n"
+                    "def square_box(x):\n    return Box(0)\n")):  # redefine the class
         assert not grade_code(forged, tests, FAST).passed, forged
     # top-level asserts (MBPP style), no prefix: the function is the program's
     assert grade_code("def add(a, b):\n    return a + b\n", _assert_test("assert add(1, 2) == 3\n"), FAST).passed

@@ -91,7 +91,7 @@ def test_never_over_budget_under_a_random_burst(seed):
     assert max(rec.accounted) > budget * 0.75  # the budget was what bound admission
     assert max(rec.held_cache) <= budget  # positions actually in the cache
     assert rec.held_back_though_fitting == 0  # a head that fits is admitted at once
-    for rid, p, m, _ in jobs:
+    for rid, _, m, _ in jobs:
         out = futs[rid].result(timeout=0)
         assert len(out.output_ids) == m and out.meta_info.finish_reason.type == "length"
 
@@ -255,7 +255,9 @@ def _outputs(engine: RolloutEngine, jobs, update_at: int | None = 12) -> list[tu
 @pytest.mark.parametrize("mode", ["reprefill", "keep_kv", "drain"])
 def test_the_unbounded_default_is_unchanged_and_a_budget_that_never_binds_changes_nothing(mode):
     assert EngineConfig().kv_budget is None and RolloutConfig().kv_budget is None
-    make = lambda **kw: RolloutEngine(tiny_qwen2(3), start=False, seed=7, max_running=8, weight_update=mode, **kw)
+    def make(**kw):
+        return RolloutEngine(tiny_qwen2(3), start=False, seed=7, max_running=8, weight_update=mode, **kw)
+
     default = _outputs(make(), _jobs())
     assert _outputs(make(kv_budget=KVBudget(tokens=10**9)), _jobs()) == default  # tokens, logprobs, versions
 
@@ -276,7 +278,9 @@ def test_a_binding_budget_changes_the_schedule_not_the_answers():
 # -- config -------------------------------------------------------------------------------------
 
 def test_kv_budget_config_forms():
-    load = lambda text: RolloutConfig.model_validate(yaml.safe_load(text))
+    def load(text):
+        return RolloutConfig.model_validate(yaml.safe_load(text))
+
     assert load("kv_budget: {tokens: 20000}").kv_budget == KVBudget(tokens=20000)
     assert load("kv_budget: {bytes: 2e9}").kv_budget.bytes == 2 * 10**9  # YAML reads 2e9 as text
     assert load("kv_budget: {bytes: 2.5e+9}").kv_budget.bytes == 25 * 10**8
@@ -337,7 +341,7 @@ def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
 
     async def burst():
         jobs = []
-        for k in range(60):
+        for _ in range(60):
             n = rng.choice([1, 1, 4])
             prompts = [[0] * rng.randint(1, 60) for _ in range(n)]
             samp = {"max_new_tokens": rng.randint(1, 100)}
@@ -348,7 +352,7 @@ def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
     assert len(out) == 60 and sum(pool.sent) == sum(1 if isinstance(o, Generation) else len(o) for o in out)
     assert 0 < pool.kv_peak <= budget and pool.kv_reserved == [0, 0]
     assert {u for u, _ in log} == {"http://s0", "http://s1"}
-    with pytest.raises(ValueError, match="needing 401 KV positions .*kv_budget of 400 tokens"):
+    with pytest.raises(ValueError, match=r"needing 401 KV positions .*kv_budget of 400 tokens"):
         asyncio.run(pool.generate([0] * 301, {"max_new_tokens": 100}))
     # the control: the same burst without the limit overfills the servers
     pool = RolloutPool([f"http://s{i}" for i in range(2)], make_client=lambda u, t: _SlowServer(u, t, budget, rng, log))

@@ -76,7 +76,7 @@ def test_config_section():
 def test_config_refuses_lora_on_megatron():
     from areal_core.experiment import ExperimentConfig
 
-    with pytest.raises(ValueError, match="trainer.lora: LoRA trains on the torch trainer only"):
+    with pytest.raises(ValueError, match=r"trainer.lora: LoRA trains on the torch trainer only"):
         ExperimentConfig.model_validate({"trainer": {"backend": "megatron", "lora": {"rank": 4}}})
 
 
@@ -216,7 +216,7 @@ def test_servers_refuse_bad_adapters_by_name():
     with pytest.raises(ValueError, match="adapters are float32"):
         check_weights(model, {q + ".lora_A": torch.zeros(4, 64, dtype=torch.bfloat16),
                               q + ".lora_B": torch.zeros(64, 4)}, "t")
-    with pytest.raises(ValueError, match="no linear weight model.layers.0.nope.weight"):
+    with pytest.raises(ValueError, match=r"no linear weight model.layers.0.nope.weight"):
         check_weights(model, {"model.layers.0.nope.lora_A": torch.zeros(4, 64),
                               "model.layers.0.nope.lora_B": torch.zeros(64, 4)}, "t")
     with pytest.raises(ValueError, match="adapters only or full weights only"):

@@ -76,7 +76,7 @@ def _reference_grad(model, batch, use_mask=True):
 def test_environment_tokens_get_no_gradient(objective):
     model = _model()
     batch = _batch(model)
-    got, loss = _trainer_grad(model, batch, objective)
+    got, _loss = _trainer_grad(model, batch, objective)
     want = _reference_grad(model, batch)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), float((got - want).abs().max())
     # control: the same batch trained on every token gives another gradient

@@ -35,5 +35,5 @@ def test_megatron_backend_config_errors():
     with pytest.raises(ConfigError, match=r"tensor_parallel_size \(2\) must divide trainer.backend.processes \(3\)"):
         load_config(HERE / "data/e2e.yaml", {"trainer.backend": {**MEGATRON_TP2, "processes": 3}})
     assert load_config(HERE / "data/e2e.yaml", {"trainer.backend": "megatron"}).trainer.backend.processes == 1
-    with pytest.raises(ConfigError, match="trainer.backend"):
+    with pytest.raises(ConfigError, match=r"trainer.backend"):
         load_config(HERE / "data/e2e.yaml", {"trainer.backend": {"kind": "deepspeed"}})

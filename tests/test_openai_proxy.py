@@ -320,7 +320,7 @@ def test_agent_failures():
         return text
 
     script = {"t0": ["ok"], "t1": ["bad"]}
-    with pytest.raises(RuntimeError, match="the agent failed on t1 after 1 model calls.*cannot parse"):
+    with pytest.raises(RuntimeError, match=r"the agent failed on t1 after 1 model calls.*cannot parse"):
         _run(OpenAIAgent(flaky), _group(2), ScriptedContext(script))
     ctx = ScriptedContext(script)
     results = _run(OpenAIAgent(flaky, on_agent_error="wrong"), _group(2), ctx)
@@ -336,7 +336,7 @@ def test_agent_failures():
 def test_the_config_and_the_example_chain_agent():
     ep = make_episode(OpenAIAgentConfig(path="areal_core.episodes.examples:chain_agent", max_calls=3))
     assert isinstance(ep, OpenAIAgent) and ep.max_calls == 3
-    with pytest.raises(ValueError, match="episode.path 'no.such:agent'"):
+    with pytest.raises(ValueError, match=r"episode.path 'no.such:agent'"):
         make_episode(OpenAIAgentConfig(path="no.such:agent"))
     ctx = ScriptedContext({"t0": ["a3=3,b5=8|8", "8"], "t1": ["a3=3,b5=9|9", "9"]})
     group = _group(2)

@@ -12,10 +12,10 @@ def _models():
     q = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                      tie_word_embeddings=True))
-    l = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                                     rope_theta=100000.0, tie_word_embeddings=False))
-    return [q, l]
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                                         rope_theta=100000.0, tie_word_embeddings=False))
+    return [q, llama]
 
 
 def _reference(model, seqs, starts, temperature):
@@ -36,7 +36,7 @@ def test_matches_hf_forward(model, temperature):
     starts = [2, 10, 1, 30, 8]
     ours = response_logprobs(model, seqs, starts, temperature)
     ref = _reference(model, seqs, starts, temperature)
-    assert ours.shape == ref.shape == (sum(l - s for l, s in zip(lens, starts)),)
+    assert ours.shape == ref.shape == (sum(n - s for n, s in zip(lens, starts)),)
     torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=0)
 
 

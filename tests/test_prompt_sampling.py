@@ -85,7 +85,7 @@ def test_curriculum_running_pass_rate_is_an_exponential_average():
 
 
 def test_curriculum_visits_every_prompt_of_a_bucket_once_per_epoch():
-    cur, prompts = _curriculum({"x": 4, "y": 6})
+    cur, _prompts = _curriculum({"x": 4, "y": 6})
     seen: dict[tuple[str, int], list[str]] = {}
     for _ in range(200):
         epoch, p = cur.next()

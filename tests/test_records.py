@@ -37,7 +37,7 @@ def test_dict_rows_validated_on_write(tmp_path):
     path = tmp_path / "r.jsonl"
     write_records([r.model_dump() for r in RECORDS], str(path))
     assert read_records(str(path)) == RECORDS
-    with pytest.raises(RecordError, match="record 0.*field 'task'"):
+    with pytest.raises(RecordError, match=r"record 0.*field 'task'"):
         write_records([{"id": "x", "task": "poem", "prompt": "p"}], str(path))
 
 
@@ -88,7 +88,7 @@ def test_jsonl_invalid_json(tmp_path):
 def test_jsonl_non_object_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     _write_lines(path, ["[1, 2]"])
-    with pytest.raises(RecordError, match="line 1.*JSON object"):
+    with pytest.raises(RecordError, match=r"line 1.*JSON object"):
         read_records(str(path))
 
 
@@ -119,7 +119,7 @@ def test_parquet_missing_column(tmp_path):
 
 
 def test_unknown_extension_and_missing_file(tmp_path):
-    with pytest.raises(RecordError, match="jsonl or .parquet"):
+    with pytest.raises(RecordError, match=r"jsonl or .parquet"):
         read_records(str(tmp_path / "x.csv"))
     with pytest.raises(RecordError, match="no such records file"):
         read_records(str(tmp_path / "absent.jsonl"))

@@ -99,7 +99,7 @@ def test_report_errors(tmp_path):
     with pytest.raises(ReportError, match="no runs"):
         write_report([], str(tmp_path / "out"))
     (tmp_path / "half").mkdir()
-    with pytest.raises(ReportError, match="summary.json: not found"):
+    with pytest.raises(ReportError, match=r"summary.json: not found"):
         write_report([str(tmp_path / "half")], str(tmp_path / "out"))
     assert not (tmp_path / "out" / "report.md").exists()
 

@@ -140,7 +140,7 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
 
     with pytest.raises(SimulatedCrash):
         run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), on_step=crash)
-    with pytest.raises(Exception, match="already holds a run.s checkpoints .*add --resume"):  # no silent restart
+    with pytest.raises(Exception, match=r"already holds a run.s checkpoints .*add --resume"):  # no silent restart
         run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"))
     summary = run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), resume=True)
     assert summary["resumed_from_step"] == 2  # the checkpoint of the crashed step was finished, not lost

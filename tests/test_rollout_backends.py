@@ -62,9 +62,9 @@ def test_generation_needs_one_logprob_and_version_per_token():
 
 def test_unreachable_external_server_fails_at_launch_naming_it(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RolloutServerError, match=f"{url}.*do not answer GET /health"):
-        with ExternalBackend([url]).launch(str(tmp_path), 0):
-            pass
+    with (pytest.raises(RolloutServerError, match=f"{url}.*do not answer GET /health"),
+          ExternalBackend([url]).launch(str(tmp_path), 0)):
+        pass
 
 
 async def _model_info(url):
@@ -127,7 +127,7 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_fails_at_start(tmp_p
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: this checks the CPU-only machine's errors")
     assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
-    with pytest.raises(ValueError, match="device: cuda was asked for.*cannot use CUDA here"):
+    with pytest.raises(ValueError, match=r"device: cuda was asked for.*cannot use CUDA here"):
         resolve_device("cuda")
     with pytest.raises(ValueError, match="device: cuda"):  # the embedded backend checks before starting servers
         _make(_rollout(), tmp_path, device="cuda")
@@ -137,7 +137,7 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_fails_at_start(tmp_p
 
 
 def test_sglang_backend_refuses_the_tensor_transport_and_maps_the_update_mode(tmp_path):
-    with pytest.raises(ValueError, match="'tensor' is not supported by rollout.backend kind 'sglang'"):
+    with pytest.raises(ValueError, match=r"'tensor' is not supported by rollout.backend kind 'sglang'"):
         _rollout(backend={"kind": "sglang"}, weight_transport={"kind": "tensor"})
     assert _rollout(backend={"kind": "sglang"}).transport().kind == "distributed"  # the default off the host
     for mode, pause in (("keep_kv", "in_place"), ("reprefill", "retract"), ("drain", None)):

@@ -291,7 +291,7 @@ def test_update_weights_mid_generation(server, models):
     async def go(c: RolloutClient):
         long = [asyncio.create_task(c.generate([i + 4, 7], {"max_new_tokens": 400, "ignore_eos": True}))
                 for i in range(8)]
-        while (await c.model_info()).running < 8:
+        while (await c.model_info()).running < 8:  # noqa: ASYNC110 - polls the server over HTTP
             await asyncio.sleep(0.01)
         await c.update_weights_from_disk(path1, 1)
         info = await c.model_info()

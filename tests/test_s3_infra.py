@@ -120,7 +120,7 @@ def test_publish_and_load_over_s3(s3, tmp_path):
         assert reader.local_copy(v) == folder  # cached
     assert reader.prune(1) == [0]
     assert reader.versions() == [1]
-    with pytest.raises(VersionNotFoundError, match="s3://areal-test/run1/ckpt/v0/manifest.json"):
+    with pytest.raises(VersionNotFoundError, match=r"s3://areal-test/run1/ckpt/v0/manifest.json"):
         reader.read_manifest(0)
 
 

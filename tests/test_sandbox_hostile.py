@@ -218,7 +218,8 @@ def test_no_process_outlives_its_run(hostile):
 
 
 def test_host_and_test_process_intact(hostile):
-    assert "evil" not in open("/etc/passwd").read()
+    with open("/etc/passwd") as f:
+        assert "evil" not in f.read()
     if hostile["guarantees"]["own_user"]:
         assert hostile["decoy"].poll() is None  # another process of ours: out of reach
         assert "killed the decoy" not in _got(hostile, "kill_decoy_process")

@@ -249,7 +249,7 @@ def test_training_refuses_a_weak_sandbox_unless_allowed(monkeypatch, caplog):
     sandbox_mode.cache_clear()
     try:
         assert "host_files_hidden" in sandbox.missing_guarantees()
-        with pytest.raises(WeakSandboxError, match="hidden host files.*reward.allow_weak_sandbox: true"):
+        with pytest.raises(WeakSandboxError, match=r"hidden host files.*reward.allow_weak_sandbox: true"):
             grade_batch(items, 30.0, allow_weak_sandbox=False)
         monkeypatch.setattr(sandbox, "_warned", set())
         with caplog.at_level(logging.WARNING, logger="areal_core.reward.sandbox"):
@@ -280,7 +280,7 @@ def test_the_training_path_grades_with_the_configs_choice():
             RewardConfig(allow_weak_sandbox=allow), 0, [], 0, 1
         svc._coalesce_lock = threading.Lock()
         sent = []
-        svc._submit = lambda fn, args, done: sent.append((fn, args))
+        svc._submit = lambda fn, args, done, sent=sent: sent.append((fn, args))
         svc.submit_batch([("code", CONTROL, "", TESTS)], on_done=lambda results, error: None)
         assert sent == [(grade_batch, ([("code", CONTROL, "", TESTS)], 30.0, "all_pass", allow))]
 

@@ -184,9 +184,9 @@ def test_an_external_tls_scheduler_is_reached_with_the_configured_certificates(s
     with RewardService(cfg) as external:
         [r] = external.grade_many("chain", ["a1b2|2"], ["a1b2|2"])
     assert r.correct
-    with pytest.raises(ValueError, match="give reward.tls_ca_file and tls_client_cert"):
+    with pytest.raises(ValueError, match=r"give reward.tls_ca_file and tls_client_cert"):
         RewardConfig(scheduler_address="tls://10.0.0.1:8786")
-    with pytest.raises(ValueError, match="only for a tls:// reward.scheduler_address"):
+    with pytest.raises(ValueError, match=r"only for a tls:// reward.scheduler_address"):
         RewardConfig(scheduler_address="tcp://10.0.0.1:8786", tls_ca_file="ca.pem")
 
 

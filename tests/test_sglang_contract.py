@@ -432,9 +432,9 @@ def test_backend_reports_a_server_that_dies_at_start(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text("import sys\nprint('no CUDA here', flush=True)\nsys.exit(3)\n")
     cfg = SGLangConfig(port=free_port(), startup_timeout_s=30, env={"PYTHONPATH": str(tmp_path)})
-    with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no CUDA here"):
-        with SGLangBackend(cfg, log_dir=str(tmp_path)).launch("/models/m", 0):
-            pass
+    with (pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no CUDA here"),
+          SGLangBackend(cfg, log_dir=str(tmp_path)).launch("/models/m", 0)):
+        pass
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 weight-update modes, the staleness gate, bad input, calibration and the planner."""
 
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -124,12 +125,12 @@ def test_more_rollout_devices_never_lower_generation_throughput():
         cfg = small(n_gpus=n_rollout + 2, n_rollout_gpus=n_rollout, eta=4, prompts_per_step=64, answers_per_prompt=8,
                     n_steps=10, warmup_steps=3)
         throughputs.append(simulate(fast_trainer(cfg)).generation_throughput)
-    assert all(b >= a for a, b in zip(throughputs, throughputs[1:])), throughputs
+    assert all(b >= a for a, b in pairwise(throughputs)), throughputs
 
 
 def test_larger_eta_never_lowers_async_throughput_when_generation_bound():
     throughputs = [simulate(fast_trainer(small(eta=eta))).effective_throughput for eta in (0, 1, 2, 4, 8)]
-    assert all(b >= a for a, b in zip(throughputs, throughputs[1:])), throughputs
+    assert all(b >= a for a, b in pairwise(throughputs)), throughputs
     assert throughputs[-1] > 1.5 * throughputs[0]  # the long tail no longer stalls every step
 
 
@@ -266,11 +267,11 @@ def test_bad_config_names_the_field(changes, field):
 
 
 def test_bad_lengths_name_the_field():
-    with pytest.raises(ValueError, match="lengths.samples"):
+    with pytest.raises(ValueError, match=r"lengths.samples"):
         LengthDist.empirical([100, -3, 50], max_new_tokens=200)
-    with pytest.raises(ValueError, match="lengths.median"):
+    with pytest.raises(ValueError, match=r"lengths.median"):
         LengthDist(max_new_tokens=100, median=-5)
-    with pytest.raises(ValueError, match="lengths.max_new_tokens"):
+    with pytest.raises(ValueError, match=r"lengths.max_new_tokens"):
         LengthDist(max_new_tokens=0)
 
 

@@ -214,13 +214,13 @@ def test_verify_detects_corruption(tmp_path, saved):
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # same size, different content
     weights.write_bytes(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match="model.safetensors: sha256"):
+    with pytest.raises(CorruptCheckpointError, match=r"model.safetensors: sha256"):
         store.verify(0)
     weights.write_bytes(bytes(data[:-10]))
-    with pytest.raises(CorruptCheckpointError, match="model.safetensors: size"):
+    with pytest.raises(CorruptCheckpointError, match=r"model.safetensors: size"):
         store.verify(0)
     (root / "v0" / "config.json").unlink()
-    with pytest.raises(CorruptCheckpointError, match="config.json: missing"):
+    with pytest.raises(CorruptCheckpointError, match=r"config.json: missing"):
         store.verify(0)
 
 
@@ -322,7 +322,7 @@ def test_atomic_helpers(tmp_path):
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
     assert sorted(os.listdir(p.parent)) == ["state.json"]  # no temp files left
     (tmp_path / "bad.json").write_text("{oops")
-    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.json: not valid JSON"):
         read_json(str(tmp_path / "bad.json"))
 
 
@@ -362,7 +362,7 @@ def test_extra_files_publish_with_the_version_and_are_checked(tmp_path, tokenize
     with pytest.raises(FileNotFoundError, match="no file 'resume/other'"):
         store.read_file(0, "resume/other")
     (tmp_path / "ckpt/v0/resume/t.pt").write_bytes(b"\x01" * 10)  # same size, other bytes
-    with pytest.raises(CorruptCheckpointError, match="resume/t.pt"):
+    with pytest.raises(CorruptCheckpointError, match=r"resume/t.pt"):
         store.read_file(0, "resume/t.pt")
 
 
@@ -395,5 +395,5 @@ def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, m
     saved = run_state.load_latest(store, cfg)
     assert saved.version == 1 and saved.state["controller"]["n_groups"] == 1
     assert torch.equal(saved.trainer["optimizer"]["x"], torch.ones(2))
-    with pytest.raises(run_state.ResumeError, match="trainer.batch_size"):
+    with pytest.raises(run_state.ResumeError, match=r"trainer.batch_size"):
         run_state.load_latest(store, {"trainer": {"batch_size": 8}})

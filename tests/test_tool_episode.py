@@ -120,7 +120,7 @@ def test_a_tool_output_that_does_not_fit_ends_the_answer():
     ctx = ScriptedPolicy({"t0": "<py>10**20</py>|x", "t1": "<py>1</py>|y"}, limit=30)
     group = _group(2)
     asyncio.run(ToolUse(max_calls=2, tool=PythonTool()).run(group, ctx))
-    t0, t1 = group
+    t0, _t1 = group
     assert ctx.decode(t0.output_ids) == "<py>10**20</py>" and t0.finish_reason == "length"
     assert ctx.graded == [["<py>10**20</py>", "<py>1</py><out>1</out>|y"]]
     assert all(len(t.prompt_ids) + len(t.output_ids) <= 30 for t in group)

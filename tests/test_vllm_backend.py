@@ -81,7 +81,7 @@ def test_missing_venv_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="make vllm-venv") as e:
         VLLMBackend(VLLMConfig())
     assert str(tmp_path / "no-venv" / "bin" / "python") in str(e.value)
-    with pytest.raises(FileNotFoundError, match="rollout.backend.python"):
+    with pytest.raises(FileNotFoundError, match=r"rollout.backend.python"):
         VLLMBackend(VLLMConfig(python=str(tmp_path / "elsewhere" / "python")))
 
 

@@ -129,7 +129,7 @@ def test_a_model_of_another_shape_is_refused_by_name(two_servers):
     with torch.no_grad():
         other.model.embed_tokens.weight = torch.nn.Parameter(torch.zeros(65, 64))
     t = TensorTransport()
-    with pytest.raises(RolloutServerError, match="embed_tokens.weight has shape"):
+    with pytest.raises(RolloutServerError, match=r"embed_tokens.weight has shape"):
         try:
             asyncio.run(_push(t, servers.urls[:1] * 2, other, 3))
         finally:

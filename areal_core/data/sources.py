@@ -203,8 +203,8 @@ def _humaneval(path: str, name: str) -> list[Record]:
     for row in _rows(path):
         stub, entry = row.text("prompt"), row.text("entry_point")
         test = row.text("test") + f"\n\ncheck({entry})\n"
-        prompt = f"Complete the following Python function.\n```python\n{stub.rstrip()}\n```\nReturn the complete " \
-                 "function (with any imports it needs) in one ```python code block."
+        prompt = (f"Complete the following Python function.\n```python\n{stub.rstrip()}\n```\nReturn the complete "
+                  "function (with any imports it needs) in one ```python code block.")
         out.append(row.record(id=row.text("task_id"), task="code", prompt=prompt,
                               solution=stub + row.text("canonical_solution"),
                               tests=[{"testtype": "assert", "code": test, "prefix": stub}], source=name,

@@ -56,9 +56,9 @@ def question(op: str, a: int, b: int, rng: random.Random) -> tuple[str, int]:
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
     if a > b and rng.random() < 0.5:
         return (f"{name} has {a} {items}. {name} gives away {b} {items}. "
-                f"How many {items} does {name} have left?", a - b)
+                f"How many {items} does {name} have left?"), a - b
     return (f"{name} has {a} {items}. {name} gets {b} more {items}. "
-            f"How many {items} does {name} have now?", a + b)
+            f"How many {items} does {name} have now?"), a + b
 
 
 def is_eval_problem(op: str, a: int, b: int, seed: int) -> bool:

@@ -155,7 +155,7 @@ def _truncate(traj: Trajectory, n: int) -> None:
 
 
 def _diverged(conv: Conversation, text: str) -> str:
-    i = len(os.path.commonprefix([conv.text, text]))
+    i = len(os.path.commonprefix([conv.text, text]))  # noqa: RUF071 - texts, not paths
     return (f"this request does not continue conversation {conv.id}: its prompt must begin with the "
             f"conversation so far (every earlier prompt and answer as returned), but they differ at character "
             f"{i}: so far ...{conv.text[max(0, i - 40):i + 40]!r}, this request ...{text[max(0, i - 40):i + 40]!r}")
@@ -173,7 +173,7 @@ class OpenAIAgent:
             raise ValueError(f"on_agent_error must be 'raise' or 'wrong', got {on_agent_error!r}")
         self.agent, self.options = agent, dict(options or {})
         self.is_async = inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(
-            getattr(agent, "__call__", None))
+            getattr(agent, "__call__", None))  # noqa: B004 - an agent object's own __call__: is it async?
         self.max_calls, self.max_new, self.timeout_s = max_calls, max_new_tokens_per_call, timeout_s
         self.on_agent_error, self.max_concurrent = on_agent_error, max_concurrent
         self.render = ChatRenderer(chat_template, tokenizer)
@@ -287,7 +287,8 @@ class OpenAIAgent:
                 try:
                     text = self.render(call.messages, call.tools)
                 except Exception as e:  # the template refuses these messages (roles, ...)
-                    raise ProxyError(400, f"the chat template cannot render these messages: {e}", param="messages")
+                    raise ProxyError(400, f"the chat template cannot render these messages: {e}",
+                                     param="messages") from e
             else:
                 text = call.prompt
             return await self._record(conv, text, call)
@@ -330,7 +331,7 @@ class OpenAIAgent:
             conv.ended = f"the rollout server refused the request: {e.message}"  # the request, not the run
             log.warning("conversation of %s ends: %s", traj.traj_id, conv.ended)
             raise ProxyError(400, conv.ended, param=param, code=TOO_LONG) from None
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the agent's 500; the error is kept for the run
             conv.error = e
             raise ProxyError(500, f"generation failed: {e!r}", "server_error") from None
         finish = "length" if traj.finish_reason == "length" else "stop"

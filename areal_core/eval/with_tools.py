@@ -110,7 +110,7 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
             tokenizer = load_tokenizer(folder)
             prompts = to_prompts(records, tokenizer)
             with start_server(folder, max_running=512) as server:
-                async def main(url=server.url, tokenizer=tokenizer, prompts=prompts):
+                async def main(url=server.url, tokenizer=tokenizer, prompts=prompts, v=v):
                     pool = RolloutPool([url])
                     ctx = PoolContext(pool, rewards, tokenizer, cfg.eval.temperature, max_new,
                                       {f"eval-{p.id}": p.tests for p in prompts})

@@ -147,7 +147,7 @@ def _grade_in_order(items: list[tuple], timeout_s: float, grader) -> list[Reward
                     return
                 try:
                     done.put(grader(*item))
-                except Exception as e:  # raised again below, in the caller's thread
+                except Exception as e:  # noqa: BLE001 - raised again below, in the caller's thread
                     done.put(e)
                     return
 

@@ -470,7 +470,7 @@ def run_python_file(main: str, files: dict[str, str], stdin: str = "", limits: S
 def _usable_by_others(path: str) -> bool:
     """True if a user with no relation to the file's owner can execute ``path``."""
     path = os.path.realpath(path)
-    if not os.stat(path).st_mode & 0o005 == 0o005:
+    if os.stat(path).st_mode & 0o005 != 0o005:
         return False
     folder = os.path.dirname(path)
     while True:

@@ -183,10 +183,8 @@ def main(folder: str) -> int:
     proc.make_work(work, files, spec["uid"])
     if chk:
         proc.make_work(chk_work, chk_files, chk["uid"])
-    if spec["uid"] is not None:
-        nproc = lim["max_processes"]
-    else:  # same user id as the host process: the limit counts the user's other tasks too
-        nproc = _tasks_of_uid(os.getuid()) + lim["max_processes"]
+    # the host process's own user id: the limit counts the user's other tasks too
+    nproc = lim["max_processes"] if spec["uid"] is not None else _tasks_of_uid(os.getuid()) + lim["max_processes"]
 
     t0 = time.monotonic()
     to_close = list(fds)

@@ -193,7 +193,7 @@ class RewardService:
                         attempt(k + 1)
                         return
                     on_done(None, e)
-                except BaseException as e:  # delivered to the caller, which decides
+                except BaseException as e:  # noqa: BLE001 - delivered to the caller, which decides
                     on_done(None, e)
                 else:
                     self._count_timeouts(result if isinstance(result, list) else [result])

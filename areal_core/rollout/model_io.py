@@ -65,7 +65,7 @@ def read_weights(model: torch.nn.Module, folder: str) -> dict[str, torch.Tensor]
     staged: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(path, framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle: keys() but no __iter__
                 if name in tied or _ignored_key(name):
                     continue
                 if name not in params:

@@ -67,7 +67,7 @@ class WeightTransport(ABC):
     async def _buffer(self):
         """Hold the send buffer while a send reads it; waits (without blocking the loop) for a staging
         in progress to finish."""
-        while not self._buffer_lock.acquire(blocking=False):
+        while not self._buffer_lock.acquire(blocking=False):  # noqa: ASYNC110 - a thread's lock, no Event to await
             await asyncio.sleep(0.005)
         try:
             yield
@@ -117,7 +117,7 @@ class WeightTransport(ABC):
     @abstractmethod
     async def _push(self, clients: list[RolloutClient], version: int) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: only a transport that holds resources overrides it
         pass
 
 

@@ -190,8 +190,8 @@ def run_calibration(config: str, sets: list[str], batches: list[int], steps: int
 
 
 def format_fit(result: dict) -> str:
-    lines = ["| run | mode | answers a step | training step in run / alone (mean) | ratio | publish per step "
-             "| generation in run / simulated (mean) | ratio |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| run | mode | answers a step | training step in run / alone (mean) | ratio | publish per step "
+              "| generation in run / simulated (mean) | ratio |"), "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         gen = (f"{r['generation_s_in_run']:.3f} s / {r['generation_s_simulated']:.3f} s | {r['generation_slowdown']:.2f}"
                if "generation_slowdown" in r else "- | -")

@@ -184,7 +184,8 @@ def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ:
                         answer_lengths=tuple(x for f in group for x in f.answer_lengths),
                         measured_tokens_per_s=float(measured.mean()))
 
-        def errors(simulated: float) -> dict:  # against the mean, and the range against each repetition
+        # against the mean, and the range against each repetition
+        def errors(simulated: float, facts=facts, measured=measured) -> dict:
             return {"rel_error": simulated / facts.measured_tokens_per_s - 1,
                     "rel_error_range": [float(simulated / measured.max() - 1), float(simulated / measured.min() - 1)]}
 

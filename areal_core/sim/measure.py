@@ -108,7 +108,7 @@ def measure_prefill(model, sampling: dict, vocab: int, reps: int) -> list[dict]:
     points = []
     for n in PREFILL_N:
         for length in PREFILL_LEN:
-            def once():
+            def once(n=n, length=length):
                 engine.submit_many([(_tokens(rng, length, vocab), sp, None) for _ in range(n)])
                 engine.step()
 
@@ -166,7 +166,7 @@ def measure_train(make_model, cfg, vocab: int, threads: list[int], reps: int) ->
                 batch = _batch(rng, b, median, group, vocab)
                 seqs = [len(t.prompt_ids) + len(t.output_ids) for t in batch]
                 answers = sum(len(t.output_ids) for t in batch)
-                time_s = _best_time(lambda: trainer.step(batch, 0), reps)
+                time_s = _best_time(lambda trainer=trainer, batch=batch: trainer.step(batch, 0), reps)
                 # tokens: what the trainer computes (a group's shared prompt once, as
                 # SimConfig.train_shared_prompt counts them); tokens_sq: each answer's attention span
                 points.append({"tokens": answers + sum(len(t.prompt_ids) for t in batch[::group]),

@@ -146,7 +146,7 @@ def build_request(*, model: str = "7B", gpu: str = "H800", n_gpus: int = 64, con
         raise ValueError(f"context: {context} leaves no room to answer after {prompt_tokens}-token prompts")
     if weight_update not in UPDATE_MODES:
         raise ValueError(f"weight_update: must be one of {', '.join(UPDATE_MODES)}, got {weight_update!r}")
-    etas = tuple(sorted(set(int(e) for e in etas)))
+    etas = tuple(sorted({int(e) for e in etas}))
     if not etas or etas[0] < 0:
         raise ValueError(f"eta: candidates must be whole numbers >= 0, got {list(etas)}")
     max_new = context - prompt_tokens
@@ -206,8 +206,8 @@ def run_plan(req: PlanRequest, out_dir: str | Path | None = None) -> PlanOutcome
                         warmup_steps=req.warmup_steps, seed=req.seed, efficiency=req.efficiency)
     best = recommend(alternatives)
     lines = [f"Plan for {req.describe()}.", "", format_plan(alternatives), "",
-             f"**Recommended: {best.label}**: {best.throughput:,.0f} trained tokens/s, {best.speedup:.2f}x "
-             f"synchronous, staleness mean {best.staleness_mean:.2f} (max {best.staleness_max})."]
+             (f"**Recommended: {best.label}**: {best.throughput:,.0f} trained tokens/s, {best.speedup:.2f}x "
+              f"synchronous, staleness mean {best.staleness_mean:.2f} (max {best.staleness_max}).")]
     if not any(a.mode == "async" for a in alternatives):
         lines.append("No asynchronous split leaves its trainer enough memory for the training state: "
                      "only the synchronous setting fits.")

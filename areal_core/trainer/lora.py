@@ -155,7 +155,7 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     mods = lora_modules(model)
     out = {}
     for name, p in model.named_parameters():
-        if name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX):
+        if name.endswith((A_SUFFIX, B_SUFFIX)):
             continue
         m = mods.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
         out[name] = p.detach() if m is None else merge_weight(p, m.lora_A, scaled_b(m.lora_B, m.scale))
@@ -196,7 +196,7 @@ def merge_state(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor]
 
 
 def is_adapter_name(name: str) -> bool:
-    return name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX)
+    return name.endswith((A_SUFFIX, B_SUFFIX))
 
 
 def adapter_pairs(named: dict[str, torch.Tensor], source: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

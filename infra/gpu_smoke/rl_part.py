@@ -17,6 +17,7 @@ receiving to serving a version (its log: "weights of version N ... live in S s")
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -70,7 +71,7 @@ def server_update_times(run_dir: Path) -> list[float]:
 
 
 def _stats(xs) -> dict:
-    xs = [float(x) for x in xs if x == x]  # NaN (the first step has no earlier push) left out
+    xs = [x for x in map(float, xs) if not math.isnan(x)]  # NaN (the first step has no earlier push) left out
     return {"n": len(xs), "median": median(xs), "max": max(xs) if xs else None}
 
 

@@ -220,7 +220,7 @@ def untied_copy(folder: str) -> str:
 def _metric(text: str, name: str) -> int:
     """Sum of a Prometheus gauge's samples (one per engine) in ``/metrics`` text."""
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " ")))
+                   if line.startswith((name + "{", name + " "))))
 
 
 class VLLMClient(HTTPClient):

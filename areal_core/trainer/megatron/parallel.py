@@ -69,7 +69,7 @@ def use_device(device: str | torch.device) -> tuple[torch.device, str]:
     if device.type != "cuda":
         raise ValueError(f"the megatron trainer runs on 'cpu' or 'cuda', not {str(device)!r}")
     if device.index is None:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     return device, "nccl"
 
