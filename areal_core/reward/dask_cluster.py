@@ -54,29 +54,26 @@ def _subprocess_classes():
     if not isinstance(dask_subprocess.asyncio, _OwnSessions):
         dask_subprocess.asyncio = _OwnSessions(dask_subprocess.asyncio)
 
-    class Scheduler(dask_subprocess.SubprocessScheduler):
+    class SpawnsWithEnv:
+        """Starts its process with ``self._env`` added to the environment (set by the subclass)."""
+        _env: dict
+
+        async def _start(self):
+            token = _SPAWN_ENV.set(self._env)
+            try:
+                await super()._start()
+            finally:
+                _SPAWN_ENV.reset(token)
+
+    class Scheduler(SpawnsWithEnv, dask_subprocess.SubprocessScheduler):
         def __init__(self, env: dict, **kwargs):
             self._env = env
             super().__init__(**kwargs)
 
-        async def _start(self):
-            token = _SPAWN_ENV.set(self._env)
-            try:
-                await super()._start()
-            finally:
-                _SPAWN_ENV.reset(token)
-
-    class Worker(dask_subprocess.SubprocessWorker):
+    class Worker(SpawnsWithEnv, dask_subprocess.SubprocessWorker):
         def __init__(self, scheduler: str, env: dict, **kwargs):
             self._env = env
             super().__init__(scheduler, **kwargs)
-
-        async def _start(self):
-            token = _SPAWN_ENV.set(self._env)
-            try:
-                await super()._start()
-            finally:
-                _SPAWN_ENV.reset(token)
 
     return Scheduler, Worker
 
