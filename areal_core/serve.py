@@ -59,13 +59,13 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
     started_here = not getattr(cfg.rollout.backend, "urls", None)  # (servers given by URL keep the config's key)
     key_file = Path(log_dir, KEY_FILE)
     with backend.launch(model_path, version) as urls:
-        start = time.monotonic()  # hold_s counts from when the servers are up, not from the launch
         try:
             if started_here:
                 write_private_file(str(key_file), backend.api_key)
             log.info("%d %s rollout server(s) up: %s%s", len(urls), backend.name, ", ".join(urls),
                      f" (API key in {key_file})" if started_here else "")
             on_up(list(urls))
+            start = time.monotonic()  # hold_s counts from when the URLs are handed out, not from the launch
             while not should_stop() and (hold_s is None or time.monotonic() - start < hold_s):
                 wait = check_every_s if hold_s is None else min(check_every_s, hold_s - (time.monotonic() - start))
                 deadline = time.monotonic() + max(0.0, wait)
