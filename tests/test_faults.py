@@ -287,7 +287,7 @@ def test_batches_submitted_while_the_worker_is_busy_go_out_as_one_task():
 def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(tmp_path, monkeypatch):
     """kill -9 of rollout server 0 at step 2 of a run whose only checkpoint is v0 (eta 1, two servers, a
     multi-turn episode): the server is restarted from v0, and the current weights reach it a few seconds
-    later (the resend is slowed down here). Meanwhile server 1 finishes answers whose next turns need a
+    later (the resend is slowed down by 8 s here). Meanwhile server 1 finishes answers whose next turns need a
     server (it was paused at the kill and goes on once server 0 is up again, so the turns come just then).
     No request goes to server 0 before its weights are in, and no trained token is staler than eta (the
     ledger check says so for every run)."""
@@ -321,7 +321,8 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     real_resend, real_call = WeightTransport.resend, RolloutClient._call
 
     async def slow_resend(self, clients, i):
-        await asyncio.sleep(4.0)  # a large model's weights take a while to arrive
+        await asyncio.sleep(8.0)  # a large model's weights take a while to arrive (and a loaded machine is slow to
+        # send the next turns of the answers server 1 finishes meanwhile, the calls this test watches)
         await real_resend(self, clients, i)
         times.setdefault("resent", time.monotonic())
 
