@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
@@ -20,3 +21,14 @@ def prefect_api(url: str):
         finally:
             APILogWorker.drain_all(timeout=30)
             EventsWorker.drain_all(timeout=30)
+
+
+def wait_for(fn, timeout_s: float, what: str, interval: float = 2.0):
+    """``fn()`` once it returns something true, polled every ``interval`` s; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = fn()
+        if out:
+            return out
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

@@ -4,7 +4,6 @@ checkpoint events. Stopping the stack leaves no process behind."""
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import psutil
@@ -13,7 +12,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentUpdate
 
 from infra.stack import Stack, free_port
-from tests.prefect_api import prefect_api
+from tests.prefect_api import prefect_api, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
@@ -51,16 +50,6 @@ async def _runs_of(deployment_id):
         return await c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
 
 
-def _wait(fn, timeout_s: float, what: str, interval: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 @pytest.mark.slow
 def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
     stack = Stack(home=tmp_path / "stack", port=free_port(), query_seconds=1)
@@ -80,7 +69,7 @@ def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
             run_id = asyncio.run(_start("sweep/sweep", {
                 "config_path": CONFIG, "eta": [1], "objective": ["decoupled"], "max_steps": 2,
                 "out_dir": str(out), "evaluate_every": 1, "cache_dir": str(tmp_path / "cache")}))
-            sweep_run = _wait(lambda: (r := asyncio.run(_flow_run(run_id))).state.is_final() and r,
+            sweep_run = wait_for(lambda: (r := asyncio.run(_flow_run(run_id))).state.is_final() and r,
                               240, "the sweep flow run")
             assert sweep_run.state.is_completed(), sweep_run.state
             run_dir = out / "eta1-decoupled"
@@ -96,7 +85,7 @@ def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
                 return runs if len(runs) >= 2 and len(done) == len(runs) else None
 
             pids = stack.pids()
-            runs = _wait(triggered, 180, "the triggered evaluate flow runs")
+            runs = wait_for(triggered, 180, "the triggered evaluate flow runs")
             assert {r.parameters["checkpoint_url"] for r in runs} == expected
             assert all(r.state.is_completed() for r in runs), [(r.name, r.state) for r in runs]
             for r in runs:

@@ -19,13 +19,12 @@ import hashlib
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from infra.stack import Stack, free_port
-from tests.prefect_api import prefect_api
+from tests.prefect_api import prefect_api, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
@@ -39,21 +38,11 @@ def _client():
     return get_client(sync_client=True)
 
 
-def _wait(fn, timeout_s: float, what: str, interval: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def _run(deployment: str, parameters: dict, timeout_s: float = 600):
     c = _client()
     dep = c.read_deployment_by_name(deployment)
     run_id = c.create_flow_run_from_deployment(dep.id, parameters=parameters).id
-    return _wait(lambda: (r := c.read_flow_run(run_id)).state.is_final() and r, timeout_s, f"a {deployment} run")
+    return wait_for(lambda: (r := c.read_flow_run(run_id)).state.is_final() and r, timeout_s, f"a {deployment} run")
 
 
 def _evaluation_of(run_dir: Path, timeout_s: float = 600):
@@ -64,7 +53,7 @@ def _evaluation_of(run_dir: Path, timeout_s: float = 600):
         runs = _client().read_flow_runs(flow_run_filter=FlowRunFilter(
             name=FlowRunFilterName(like_=f"evaluate-{run_dir.name}-")))
         return runs[0] if runs and runs[0].state.is_final() else None
-    return _wait(done, timeout_s, f"the evaluation of {run_dir.name}")
+    return wait_for(done, timeout_s, f"the evaluation of {run_dir.name}")
 
 
 def _hashes(folder: Path) -> dict[str, str]:
