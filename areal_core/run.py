@@ -20,18 +20,15 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
-from areal_core.agents import FROZEN, AgentRouter, agent_prompter
+from areal_core.agents import AgentRouter, agent_prompter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import ControllerSettings, RolloutController
 from areal_core.data.prompting import decode_response
@@ -40,10 +37,9 @@ from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
 from areal_core.eval.heldout import evaluate_prompts
 from areal_core.experiment import ExperimentConfig
-from areal_core.metrics import RunLog, check_ledger, ledger_rows
+from areal_core.metrics import RunLog
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
-from areal_core.prompt_sampling import describe_mix
 from areal_core.reward.service import RewardService
 from areal_core.rollout.auth import new_key
 from areal_core.rollout.backends import make_backend
@@ -51,15 +47,14 @@ from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
 from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.run_folder import check_run_folder
+from areal_core.run_loop import Loop, WeightPublisher, train_steps
+from areal_core.run_summary import build_summary
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
-from areal_core.trainer.trainer import Trainer
+from areal_core.trainer.backends import make_trainer
 from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 
 log = logging.getLogger(__name__)
-
-METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
-
 
 class RunStopped(Exception):
     """The run was asked to stop (``stop``, e.g. Ctrl-C) and did: ``step`` was trained and checkpointed."""
@@ -107,34 +102,12 @@ def _weight_versions(urls: list[str], make_client) -> list[int]:
     return asyncio.run(ask())
 
 
-def _percentiles(xs: list[int]) -> dict:
-    t = torch.tensor(xs, dtype=torch.float32)
-    return {"p50": float(t.quantile(0.5)), "p90": float(t.quantile(0.9)), "max": int(t.max())}
-
-
 def _quiet_libraries() -> None:
     """Our own progress bar is the one users watch; silence per-save/load bars."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-
-
-def make_trainer(cfg: ExperimentConfig, model, steps: int, run_dir: Path, stack: contextlib.ExitStack):
-    """The trainer ``trainer.backend`` names; what it starts (megatron's other ranks) is stopped
-    when ``stack`` closes."""
-    b, temperature = cfg.trainer.backend, cfg.rollout.sampling.temperature
-    if b.kind == "torch":
-        return Trainer(model, cfg.trainer, temperature, steps)
-    from areal_core.trainer.megatron import parallel
-    from areal_core.trainer.megatron.launch import local_ranks
-    from areal_core.trainer.megatron.trainer import MegatronTrainer
-
-    stack.enter_context(local_ranks(b.processes, b.tensor_parallel_size, run_dir))
-    stack.callback(parallel.shutdown)
-    trainer = MegatronTrainer(model, cfg.trainer, temperature, steps, tp_size=b.tensor_parallel_size, seed=cfg.seed)
-    stack.callback(trainer.close)  # (runs first: releases the other ranks, then they are waited for)
-    return trainer
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
@@ -162,23 +135,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
                                stop=stop)
 
 
-def _writes_to_terminal(handler: logging.Handler) -> bool:
-    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
-
-
-@contextlib.contextmanager
-def logs_above_the_bar(enabled: bool):
-    """While a progress bar is shown, every logger that writes to the terminal (ours, Prefect's,
-    Dask's) writes through tqdm, on its own line above the bar, instead of gluing its lines to it."""
-    if not enabled:
-        yield
-        return
-    loggers = [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
-                                      if isinstance(lg, logging.Logger))]
-    with logging_redirect_tqdm([lg for lg in loggers if any(map(_writes_to_terminal, lg.handlers))], tqdm_class=tqdm):
-        yield
-
-
 def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
                     cache_dir, on_step, on_checkpoint, resume, stop) -> dict:
     def phase(text: str) -> None:  # what the run is doing before (and after) its progress bar
@@ -193,7 +149,6 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     trainer_threads = trainer_torch_threads(cfg, os.cpu_count() or 1)
     torch.set_num_threads(trainer_threads)
     steps = max_steps or cfg.trainer.max_steps
-    B, eta = cfg.trainer.batch_size, cfg.trainer.eta
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(run_dir / "config.json"), config)
 
@@ -228,24 +183,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
     trainer = make_trainer(cfg, model, steps, run_dir, stack)
     runlog = RunLog(run_dir)
-    saved = run_state.load_latest(store, config) if resume else None
-    if saved is None:
-        version, before = 0, None
-        if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
-            trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
-        publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
-        with lora.without_adapters(model):  # v0: the base model, also for a LoRA run
-            store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
-                0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
-        if on_checkpoint:
-            on_checkpoint(0, store.version_url(0))
-    else:
-        version, before = saved.version, saved.state["before"]
-        restore_weights(store, model, version)  # (LoRA: the base from v0, the adapters from the version)
-        trainer.load_state_dict(saved.trainer)
-        runlog.restore(saved.metrics, saved.ledger)
-        if version >= steps:
-            log.warning("the run already has %d steps (asked for %d); nothing to train", version, steps)
+    version, before, saved = _start_or_resume(cfg, config, model, tokenizer, trainer, store, runlog, model_info,
+                                              resume, steps, on_checkpoint)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
     # the servers compute as the trainer's model does
@@ -254,31 +193,31 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir, api_key=api_key)
     frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "", api_key)
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
-    # LoRA: servers start (and restart) from the base, v0; start() pushes the adapters staged below
+    # LoRA: servers start (and restart) from the base, v0; the adapters are staged before the first step
     serve_from = 0 if lora_cfg is not None else version
     with RewardService(cfg.reward) as rewards, \
             backend.launch(store.local_copy(serve_from), serve_from) as urls, frozen_launch as frozen_urls:
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 
+        def heldout(prompts=eval_prompts) -> dict:
+            return evaluate_prompts(urls, prompts, decode, rewards, make_client=backend.client,
+                                    temperature=cfg.eval.temperature, max_new_tokens=max_new)
+
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)
-            return {a.id: evaluate_prompts(urls, [dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts],
-                                           decode, rewards, make_client=backend.client,
-                                           temperature=cfg.eval.temperature, max_new_tokens=max_new)["accuracy"]
+            return {a.id: heldout([dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts])["accuracy"]
                     for a in ma.agents}
 
         if before is None:
             phase(f"held-out accuracy before RL, on {len(eval_prompts)} problems")
-            before = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
-                                      temperature=cfg.eval.temperature,
-                                      max_new_tokens=max_new)
+            before = heldout()
             if ma is not None and ma.eval_per_agent:
                 before["per_agent"] = per_agent_accuracy()
         log.info("held-out accuracy before RL: %.3f", before["accuracy"])
 
         buffer = ReplayBuffer()
         settings = ControllerSettings(
-            batch_size=B, eta=eta, n_samples=cfg.rollout.n_samples,
+            batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta, n_samples=cfg.rollout.n_samples,
             sampling=cfg.rollout.sampling.model_dump(), reward_correct=cfg.trainer.reward_correct,
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
@@ -299,10 +238,10 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                                        restart_frozen=frozen_backend.restart if frozen_backend else None)
         if saved is not None:
             controller.restore(saved.state["controller"])
+        publisher = WeightPublisher(transport, controller)
         if lora_cfg is not None:
             controller.restart_from(lambda: store.local_copy(0), 0)  # restarts: the base, then the adapters
-            transport.stage(model, version)
-        first_step = version + 1
+            publisher.stage(model, version)
 
         def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
             if on_checkpoint:
@@ -310,101 +249,18 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             if lora_cfg is None:
                 controller.restart_from(lambda: store.local_copy(result.version), result.version)
 
-        checkpoints = RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written)
-        rl_start = time.perf_counter()
-        warm_t, warm_tokens, tokens_total = None, 0, 0
-        bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {cfg.name}", unit="step", disable=not progress)
-        with checkpoints, logs_above_the_bar(progress):
-            try:
-                controller.start()
-                syncing = None  # the push of the last version, running while the trainer works
-                stopping = False
-                for step in range(first_step, steps + 1):
-                    t0 = time.perf_counter()
-                    gen_before = controller.generated_tokens
-                    batch = buffer.take(B, version, eta)  # waits only for what the staleness bound needs
-                    t_wait = time.perf_counter() - t0
-                    stopping = stop is not None and stop.is_set()  # this step is the last, checkpointed
-                    checkpointing = checkpoints.due(step, final=step == steps) or stopping
-                    if checkpointing:
-                        controller.refresh_partials()  # for the resume state, read while we train
-                    if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
-                        raise RuntimeError("a frozen-policy trajectory reached the trainer")
-                    stats = trainer.step(batch, version)
-                    # the proximal policy of this step is the weights it started from (none for naive PPO)
-                    prox_version = version if stats.get("prox_logp_path") != "none" else None
-                    for t in batch:
-                        t.prox_version = prox_version
-                    version += 1
-                    t1 = time.perf_counter()
-                    if syncing is not None:
-                        syncing.result()  # the transport's buffer is free once the previous push is done
-                    t_sync = time.perf_counter() - t1
-                    transport.stage(model, version)
-                    syncing = controller.update_weights(version)  # servers get it while we go on
-                    t2 = time.perf_counter()
-                    mix = controller.curriculum_mix
-                    row = {
-                        "step": step, "version": version, **stats, "wait_time_s": t_wait,
-                        # of that wait, the part for grades alone (single-turn episodes only: NaN otherwise)
-                        "reward_wait_s": buffer.last_reward_wait_s if controller.measures_reward_wait else math.nan,
-                        "generated_tokens": controller.generated_tokens - gen_before,
-                        **{f"pass_rate_{b}": p for b, p in controller.pass_rates.items()},  # with a curriculum
-                        **{f"mix_{b}": p for b, p in mix.items()},
-                        # multi-turn episodes: answers' turns, and text the environment added (not trained)
-                        "turns_mean": sum(t.reward_info.get("turns", 1) for t in batch) / len(batch),
-                        "environment_tokens": sum(len(t.output_mask) - sum(t.output_mask) for t in batch),
-                        # multi-agent runs: per agent R(a), rewards since the last row, route; trained here
-                        **controller.agent_metrics(),
-                        **({f"agent_{a}_trained": sum(t.agent_id == a for t in batch) for a in agents.ids}
-                           if agents is not None else {}),
-                    }
-                    runlog.log_step(row, ledger_rows(batch, step, version - 1, prox_version), flush=False)
-                    t_ckpt_wait = 0.0
-                    if checkpointing:  # weights, optimizer and every untrained answer, as of this step
-                        t_ckpt_wait = checkpoints.write(step, model, run_state.encode(
-                            step, config, controller.snapshot(), trainer.state_dict(), runlog.to_parquet_bytes(),
-                            before), final=step == steps)
-                    else:
-                        checkpoints.poll()
-                    now = time.perf_counter()
-                    row.update({"weight_sync_wait_s": t_sync, "weight_stage_s": t2 - t1 - t_sync,
-                                # bytes each server receives for this version; the previous version's push time
-                                "weight_update_bytes": transport.staged_bytes,
-                                "weight_push_s": math.nan if transport.last_push_s is None else transport.last_push_s,
-                                "checkpoint": checkpointing, "checkpoint_wait_s": t_ckpt_wait,
-                                "publish_time_s": now - t1, "step_time_s": now - t0,
-                                "train_tokens_per_s": stats["tokens_trained"] / (now - t0),
-                                "elapsed_s": now - rl_start})
-                    runlog.flush(min_interval_s=METRICS_FLUSH_S)
-                    tokens_total += stats["tokens_trained"]
-                    if step == first_step - 1 + cfg.trainer.warmup_steps_for_throughput:
-                        warm_t, warm_tokens = now, tokens_total
-                    if on_step:
-                        on_step({**row, "total_steps": steps})
-                    bar.update(1)
-                    # with a curriculum the batch's accuracy is on the prompts the curriculum drew
-                    # (it moves to harder ones as the policy improves): labelled so, with the mix
-                    acc = {"acc": f"{stats['accuracy']:.2f}"} if not mix else {
-                        "acc_on_mix": f"{stats['accuracy']:.2f}", "mix": describe_mix(mix, cfg.data.curriculum.by, 2)}
-                    bar.set_postfix(reward=f"{stats['reward']:.2f}", **acc, stale=stats["staleness_max"],
-                                    len=int(stats["answer_len_mean"]))
-                    if stopping:
-                        break
-                runlog.flush()
-                if syncing is not None:
-                    syncing.result()  # the servers hold the final weights before the evaluation
-            finally:
-                bar.close()
-                controller.stop()
-                transport.close()
-        if stopping:  # the checkpoint is written; leaving this block stops the servers, then Dask
-            raise RunStopped(step)
-        rl_end = time.perf_counter()
+        loop = Loop(name=cfg.name, model=model, trainer=trainer, buffer=buffer, controller=controller,
+                    publisher=publisher, runlog=runlog,
+                    checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written),
+                    config=config, before=before, batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta,
+                    warmup_steps=cfg.trainer.warmup_steps_for_throughput, agents=agents,
+                    curriculum_by=curriculum.by if curriculum else None, on_step=on_step, stop=stop,
+                    progress=progress)
+        done = train_steps(loop, version, steps)
+        if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
+            raise RunStopped(done.last_step)
         phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
-        after = evaluate_prompts(urls, eval_prompts, decode, rewards, make_client=backend.client,
-                                     temperature=cfg.eval.temperature,
-                                 max_new_tokens=max_new)
+        after = heldout()
         multi_agent = None
         if agents is not None:
             multi_agent = {**agents.summary(), "frozen_answers": controller.frozen_generated,
@@ -415,58 +271,36 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                 multi_agent["per_agent_eval"] = {a: {"before": before.get("per_agent", {}).get(a), "after": acc}
                                                  for a, acc in per_agent_accuracy().items()}
 
-    # throughput of this process's steps (after its own warm-up), so a resumed run is not
-    # credited with the time before the stop
-    warm_step = first_step - 1 + cfg.trainer.warmup_steps_for_throughput
-    if warm_t is not None and steps > warm_step:
-        eff, throughput_steps = (tokens_total - warm_tokens) / (rl_end - warm_t), steps - warm_step
-    else:  # too short to leave out a warm-up
-        eff, throughput_steps = tokens_total / max(rl_end - rl_start, 1e-9), steps - first_step + 1
-    frame = runlog.ledger_frame()
-    ledger = check_ledger(frame, steps, B, eta)  # exactly once, and no trained token staler than eta
-    trained_lengths = frame["n_tokens"].astype(int).tolist()
-    m = runlog.metrics
-    # the trainer's wait for grades alone, over this process's steps (NaN: multi-turn, not measured)
-    reward_wait = sum(r["reward_wait_s"] for r in m if r["step"] >= first_step and "reward_wait_s" in r)
-    summary = {
-        "name": cfg.name,
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
-        "n_eval_problems": before["n"],
-        "steps": steps,
-        "final_version": version,
-        "eta": eta,
-        "objective": cfg.trainer.objective,
-        "trainer_backend": cfg.trainer.backend.kind,
-        "dtype": dtype_name(model.dtype),
-        "weight_update": cfg.rollout.weight_update,
-        "trainer_torch_threads": trainer_threads,
-        "weight_transport": cfg.rollout.transport().kind,
-        "microbatching": cfg.trainer.microbatching,
-        "max_staleness_observed": max(r["staleness_max"] for r in m),
-        "effective_train_tokens_per_s": eff,
-        "throughput_steps": throughput_steps,  # the steps that figure rests on
-        "tokens_trained": int(sum(trained_lengths)),
-        "resumed_from_step": saved.version if saved is not None else None,
-        "warm_start": {k: model_info["warm_start"].get(k) for k in ("steps", "val_accuracy", "wall_s", "cached")}
-        if "warm_start" in model_info else None,
-        "rollout_resubmits": controller.resubmitted,
-        "grading_resubmits": rewards.n_resubmitted,
-        "grading_tasks": rewards.n_tasks,
-        "grading_timeouts": rewards.n_timed_out,
-        "rl_time_s": rl_end - rl_start,
-        "reward_wait_s": reward_wait,
-        "reward_wait_share": reward_wait / max(rl_end - rl_start, 1e-9),  # of the RL time
-        "wall_time_s": time.perf_counter() - t_start,
-        "answer_length_before": _percentiles(before["lengths"]),
-        "answer_length_after": _percentiles(after["lengths"]),
-        "trained_answer_length": _percentiles(trained_lengths),
-        "ledger_check": ledger,
-        "checkpoints": store.url,
-        "checkpoint_writes": checkpoints.written,
-        "checkpoint_bytes_per_step": sum(w["bytes"] for w in checkpoints.written) / max(1, steps - first_step + 1),
-    }
+    summary = build_summary(cfg, steps=steps, loop=done, first_step=version + 1, runlog=runlog, before=before,
+                            after=after, model=model, trainer_threads=trainer_threads,
+                            resumed_from=saved.version if saved is not None else None, model_info=model_info,
+                            controller=controller, rewards=rewards, store=store, checkpoints=loop.checkpoints,
+                            t_start=t_start)
     if multi_agent is not None:
         summary["multi_agent"] = multi_agent
     write_json_atomic(str(run_dir / "summary.json"), summary)
     return summary
+
+
+def _start_or_resume(cfg: ExperimentConfig, config: dict, model, tokenizer, trainer, store: CheckpointStore,
+                     runlog: RunLog, model_info: dict, resume: bool, steps: int, on_checkpoint):
+    """(version, accuracy before RL or None, the saved state or None): a fresh run publishes v0 (the
+    base model, also for LoRA); a resumed one loads the latest checkpoint's weights, trainer state,
+    metrics and ledger."""
+    saved = run_state.load_latest(store, config) if resume else None
+    if saved is None:
+        if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
+            trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
+        publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
+        with lora.without_adapters(model):
+            store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
+                0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
+        if on_checkpoint:
+            on_checkpoint(0, store.version_url(0))
+        return 0, None, None
+    restore_weights(store, model, saved.version)  # (LoRA: the base from v0, the adapters from the version)
+    trainer.load_state_dict(saved.trainer)
+    runlog.restore(saved.metrics, saved.ledger)
+    if saved.version >= steps:
+        log.warning("the run already has %d steps (asked for %d); nothing to train", saved.version, steps)
+    return saved.version, saved.state["before"], saved

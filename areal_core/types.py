@@ -47,7 +47,6 @@ class Trajectory:
     agent_id: str = ""  # the agent whose prompting style made the prompt ("" without agents)
     route: str = ""  # the policy it was routed to at admission: "trainable" | "frozen" ("": trainable, no agents)
     policy_version: int | None = None  # behaviour version: the oldest version that sampled one of its policy tokens
-    prox_version: int | None = None  # the version the trainer used as the proximal policy (set when trained)
 
     @property
     def finished(self) -> bool:

@@ -122,7 +122,7 @@ def run(quick: bool) -> dict:
                                     else total)
             with attention_for(name), Timer() as t:
                 c0 = time.thread_time()
-                stats = tr.step(batch, 0)
+                stats = tr.step(batch, 0).metrics
                 cpu[name].append(time.thread_time() - c0)
             times[name].append(t.s)
             tps[name].append(total / t.s)

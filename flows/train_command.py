@@ -36,24 +36,11 @@ def _check_run(cfg, run_dir: Path, resume: bool) -> None:
 
 
 def print_run_summary(s: dict, run_dir: Path) -> None:
-    lb, la, ta = s["answer_length_before"], s["answer_length_after"], s["trained_answer_length"]
-    print()
-    print(f"run: {s['name']}   folder: {run_dir}")
-    print(f"  held-out accuracy ({s['n_eval_problems']} problems): "
-          f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
-          f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")
-    print(f"  answer length (tokens)  before: p50 {lb['p50']:.0f}  p90 {lb['p90']:.0f}  max {lb['max']}"
-          f"   after: p50 {la['p50']:.0f}  p90 {la['p90']:.0f}  max {la['max']}")
-    print(f"  trained answers (tokens): p50 {ta['p50']:.0f}  p90 {ta['p90']:.0f}  max {ta['max']}")
-    print(f"  steps {s['steps']}  eta {s['eta']}  objective {s['objective']}  "
-          f"max staleness seen {s['max_staleness_observed']}")
-    print(f"  effective training throughput {s['effective_train_tokens_per_s']:.0f} tokens/s   "
-          f"RL time {s['rl_time_s']:.0f} s   wall time {s['wall_time_s']:.0f} s")
-    if s.get("reward_wait_s") == s.get("reward_wait_s"):  # NaN: a multi-turn episode, not measured
-        print(f"  trainer waiting on grades alone: {s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)")
-    print(f"  ledger: {'every trajectory trained exactly once' if s['ledger_check']['ok'] else s['ledger_check']}")
-    if s.get("resumed_from_step") is not None:
-        print(f"  resumed from step {s['resumed_from_step']}")
+    from areal_core.run_summary import summary_rows
+
+    print(f"\nrun: {s['name']}   folder: {run_dir}")
+    for measure, value in summary_rows(s):
+        print(f"  {measure}: {value}")
 
 
 def _again(args, run_dir: Path) -> str:

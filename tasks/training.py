@@ -32,21 +32,10 @@ CURVES_MIN_INTERVAL_S = 10.0  # checkpoints closer together than this redraw the
 
 def result_markdown(s: dict, run_dir: str, evaluate_every: int | None) -> str:
     """The run's result (what `train` prints) and the evaluations its checkpoints triggered."""
-    from areal_core.report_ui import for_people, md_table
+    from areal_core.report_ui import md_table
+    from areal_core.run_summary import summary_rows
 
-    gain = s["accuracy_after"] - s["accuracy_before"]
-    rows = [
-        (f"held-out accuracy ({s['n_eval_problems']} problems)",
-         f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f} ({gain:+.3f})"),
-        ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
-        ("max staleness seen", str(s["max_staleness_observed"])),
-        ("effective training throughput", f"{for_people(float(s['effective_train_tokens_per_s'])):,.0f} tokens/s"),
-        ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
-        ("ledger", "every trajectory trained exactly once" if s["ledger_check"]["ok"] else str(s["ledger_check"])),
-        ("run folder", f"`{run_dir}`"),
-    ]
-    if s.get("resumed_from_step") is not None:
-        rows.append(("resumed from step", str(s["resumed_from_step"])))
+    rows = [*summary_rows(s), ("run folder", f"`{run_dir}`")]
     return "\n".join([f"### {s['name']}: held-out accuracy {s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}",
                       "", md_table(("measure", "value"), rows), "", "### Checkpoint evaluations", "",
                       *evaluation_lines(run_dir, s["checkpoints"], s["final_version"], evaluate_every)])

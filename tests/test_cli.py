@@ -84,7 +84,7 @@ def test_resume_with_a_changed_config_is_refused_before_starting(tmp_path, capsy
     assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume",
                  "--max-steps", "2"]) == 0
     out = capsys.readouterr().out
-    assert "resuming from checkpoint v1" in out and "resumed from step 1" in out
+    assert "resuming from checkpoint v1" in out and "resumed from step: 1" in out
 
 
 def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, capsys):

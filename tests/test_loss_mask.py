@@ -94,7 +94,7 @@ def test_environment_tokens_do_not_move_the_loss_or_the_stats():
     _, loss2 = _trainer_grad(model, batch, "decoupled")
     assert loss2 == pytest.approx(loss, rel=1e-6)
     cfg = TrainerConfig(batch_size=4, max_tokens_per_microbatch=64)
-    stats = Trainer(model, cfg, temperature=1.0, total_steps=1).step(batch, VERSION)
+    stats = Trainer(model, cfg, temperature=1.0, total_steps=1).step(batch, VERSION).metrics
     assert stats["tokens_trained"] == 5 + 3 + 4 + 2 and stats["staleness_max"] == 0
     rows = ledger_rows(batch, 1, VERSION)
     assert [r["min_token_version"] for r in rows] == [VERSION] * 4 and rows[0]["n_tokens"] == 9

@@ -107,7 +107,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def torch_reference(model, cfg: TrainerConfig, b, temperature: float = 0.8):
     """The torch trainer's step: (stats, gradients by HF name, weights after the step)."""
     ref = Trainer(model, cfg, temperature=temperature, total_steps=10)
-    stats = ref.step(b, version=1)
+    stats = ref.step(b, version=1).metrics
     grads = {n: m.grad.clone() for n, m in ref.named_masters().items()}
     return stats, grads, hf_weights(model)
 
@@ -183,7 +183,7 @@ def test_one_step_matches_the_torch_trainer(kind, kw):
     ref_stats, ref_grads, ref_after = torch_reference(hf_model(kind), cfg, b, temperature)
     model = hf_model(kind)
     trainer = MegatronTrainer(model, cfg, temperature=temperature, total_steps=10)
-    stats = trainer.step(b, version=1)
+    stats = trainer.step(b, version=1).metrics
     assert stats["prox_logp_path"] == ref_stats["prox_logp_path"]
     for k in ("loss", "clip_fraction", "behav_weight_mean", "behav_weight_max", "approx_kl",
               "importance_weight_mean", "grad_norm", "lr", "tokens_trained", "staleness_max", "reward"):
@@ -298,7 +298,7 @@ def _worker(case: str, out_dir: str) -> None:
             ref_stats, ref_grads, ref_after = torch_reference(hf_model("qwen2"), cfg, b)
             model = hf_model("qwen2")
             trainer = MegatronTrainer(model, cfg, temperature=0.8, total_steps=10, tp_size=tp)
-            stats = trainer.step(b, version=1)
+            stats = trainer.step(b, version=1).metrics
             res[f"{name}_loss"] = abs(stats["loss"] - ref_stats["loss"])
             res[f"{name}_grads"] = max_diff(trainer.named_grads(), ref_grads)
             res[f"{name}_weights"] = max_diff(hf_weights(model), ref_after)

@@ -288,7 +288,7 @@ def test_a_state_saved_without_agents_restores_with_the_initial_table():
         {"group_id": "e0-p1", "first_seq_no": 0, "admit_version": 0, "size": 2, "trajectories": [old_row]}]})
     assert agents.table() == {"bad": TRAINABLE, "good": FROZEN}
     t = Trajectory.from_row(old_row)
-    assert (t.agent_id, t.route, t.policy_version, t.prox_version) == ("", "", None, None)
+    assert (t.agent_id, t.route, t.policy_version) == ("", "", None)
 
 
 def test_an_old_ledger_resumes_and_new_rows_carry_agent_and_versions(tmp_path):

@@ -78,7 +78,7 @@ def test_masters_survive_a_resume():
     for name, m in trainer.named_masters().items():
         assert torch.equal(resumed.named_masters()[name], m), name
     a, b = trainer.step(_batch(3), version=0), resumed.step(_batch(3), version=0)
-    assert a["loss"] == b["loss"]
+    assert a.metrics["loss"] == b.metrics["loss"]
     for (name, p), q in zip(model.named_parameters(), resumed_model.parameters()):
         assert torch.equal(p, q), name
 

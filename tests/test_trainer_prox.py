@@ -50,7 +50,7 @@ def _trainer(model, **kw):
     ({"ppo_minibatches": 2, "objective": "naive"}, "none", 0),
 ])
 def test_step_reports_its_prox_path(kw, path, prox_passes):
-    stats = _trainer(_model(), **kw).step(_batch(), VERSION)
+    stats = _trainer(_model(), **kw).step(_batch(), VERSION).metrics
     assert stats["prox_logp_path"] == path
     if prox_passes is None:  # one no-grad pass per micro-batch of the whole batch
         assert stats["prox_forward_passes"] >= 2
@@ -83,7 +83,7 @@ def test_loglinear_uses_each_token_s_own_version():
         t.output_logprobs = (lp - 1.0).tolist()
     tr = _trainer(model, ppo_minibatches=2, prox_logp="loglinear")
     tr.optimizer.param_groups[0]["lr"] = 1e-12  # keep pi_theta where it was, across both minibatches
-    stats = tr.step(batch, VERSION)
+    stats = tr.step(batch, VERSION).metrics
     n_stale = sum(len(t.output_ids) for i, t in enumerate(batch) if i in stale)
     n_all = sum(len(t.output_ids) for t in batch)
     want = (n_all - n_stale + n_stale * math.exp(VERSION / (VERSION + 1))) / n_all

@@ -28,6 +28,7 @@ import torch
 
 from areal_core.algo import allocate_shared_prompt_microbatches, split_fixed
 from areal_core.models.decoder import check_decoder
+from areal_core.trainer.base import StepResult
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.packed_forward import response_logprobs
 from areal_core.trainer.step_parts import batch_stats, ppo_loss, prepare_batch, prox_path
@@ -159,7 +160,7 @@ class Trainer:
                     prox[i] = lp
         return prox, len(groups)
 
-    def step(self, batch: list[Trajectory], version: int) -> dict:
+    def step(self, batch: list[Trajectory], version: int) -> StepResult:
         """One training step on ``batch`` by the policy at ``version``."""
         t0 = time.perf_counter()
         cfg = self.cfg
@@ -198,7 +199,7 @@ class Trainer:
             self._round_into_model()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return {
+        return StepResult.of({
             **sums,
             **batch_stats(batch, prep, version),
             "forward_passes": n_forward,
@@ -207,4 +208,4 @@ class Trainer:
             "grad_norm": max(grad_norms),
             "lr": lr,
             "train_time_s": time.perf_counter() - t0,
-        }
+        }, version)

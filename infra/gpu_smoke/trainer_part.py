@@ -61,7 +61,7 @@ def cpu_reference(s: Setup) -> dict:
         batch = check_batch(s)
         model = copy.deepcopy(s.model32)
         nll = mean_nll(model, batch, autocast=False)
-        st = Trainer(model, trainer_config(s, check=True), 1.0, 10).step(batch, 0)
+        st = Trainer(model, trainer_config(s, check=True), 1.0, 10).step(batch, 0).metrics
         s.cache["cpu_reference"] = {"loss": st["loss"], "grad_norm": st["grad_norm"], "mean_nll": nll}
     return s.cache["cpu_reference"]
 
@@ -88,7 +88,7 @@ def timed_steps(trainer, batch, steps: int, device: torch.device) -> dict:
     times = []
     for _ in range(steps):
         with Clock(device) as c:
-            st = trainer.step(batch, 0)
+            st = trainer.step(batch, 0).metrics
         times.append(c.s)
     tokens = sum(len(t.prompt_ids) + len(t.output_ids) for t in batch)
     best = min(times)
@@ -107,7 +107,7 @@ def trainer_part(s: Setup) -> dict:
     autocast = s.device.type == "cuda" and s.dtype == torch.float32
     nll = mean_nll(model, batch, autocast)
     trainer = Trainer(model, trainer_config(s, check=True), 1.0, 10)
-    eq = compare(ref, trainer.step(batch, 0), nll, s.dtype)
+    eq = compare(ref, trainer.step(batch, 0).metrics, nll, s.dtype)
     s.cache["device_torch_loss"] = eq["loss"]
     del trainer, model
     big = fixed_batch(s.prompts, a.train_batch, a.seq_len, s.model32.config.vocab_size, GROUP, seed=3)
@@ -135,7 +135,7 @@ def megatron_part(s: Setup) -> dict:
     trainer = MegatronTrainer(hf, trainer_config(s, check=True), 1.0, a.megatron_steps + 2, tp_size=1,
                               device=str(s.device))
     try:
-        eq = compare(ref, trainer.step(batch, 0), None, torch.float32)
+        eq = compare(ref, trainer.step(batch, 0).metrics, None, torch.float32)
         torch_dev = s.cache.get("device_torch_loss")
         big = fixed_batch(s.prompts, a.train_batch, a.seq_len, s.model32.config.vocab_size, GROUP, seed=3)
         speed = timed_steps(trainer, big, a.megatron_steps, s.device) if a.megatron_steps else {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from areal_core.trainer.base import StepResult
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.megatron import mapping, parallel
 from areal_core.trainer.megatron.engine import MegatronEngine
@@ -59,11 +60,11 @@ class MegatronTrainer:
         parallel.send_command(name, *args)
         return getattr(self.engine, name)(*args)
 
-    def step(self, batch: list[Trajectory], version: int) -> dict:
-        """One training step on ``batch`` by the policy at ``version`` (stats as ``Trainer.step``'s)."""
+    def step(self, batch: list[Trajectory], version: int) -> StepResult:
+        """One training step on ``batch`` by the policy at ``version`` (figures as ``Trainer.step``'s)."""
         stats = self._call("step", batch, version)
         self._sync_model()
-        return stats
+        return StepResult.of(stats, version)
 
     def named_masters(self) -> dict[str, torch.Tensor]:
         """The float32 weights the optimizer steps on, full and HF-named (a tied one once)."""

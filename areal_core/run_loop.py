@@ -1,0 +1,234 @@
+"""The asynchronous training loop, as the algorithm reads (AReaL's trainer side):
+
+    for each step:  take B trajectories (waits only for what the staleness bound eta needs)
+                    -> one PPO step -> publish the new version (the servers get it while the
+                       trainer takes its next batch) -> log; every checkpoint_every steps a checkpoint
+
+Generation never waits for this loop: the controller keeps the servers busy in the background
+(``controller.py``). Timing lives in :class:`StepClock`; weights leave the trainer only through
+:class:`WeightPublisher`; the metrics row is built by :func:`step_row`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from areal_core.agents import FROZEN, AgentRouter
+from areal_core.buffer import ReplayBuffer
+from areal_core.controller import RolloutController
+from areal_core.metrics import RunLog, ledger_rows
+from areal_core.prompt_sampling import describe_mix
+from areal_core.run_checkpoints import RunCheckpoints
+from areal_core.storage import run_state
+from areal_core.trainer.base import StepResult, TrainEngine
+from areal_core.types import Trajectory
+
+METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
+
+
+class StepClock:
+    """Wall time of a step's parts, by name (nested parts count in each): ``with clock.part("x"): ...``."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.s: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class WeightPublisher:
+    """The one way new weights leave the trainer: stage a version in the transport, then push it to
+    every server in the background (``controller.update_weights``; the staleness gate moves once all
+    hold it). One push at a time: staging the next version first waits for the previous push,
+    whose buffer it reuses."""
+
+    def __init__(self, transport, controller: RolloutController):
+        self.transport, self.controller = transport, controller
+        self._pushing: Future | None = None
+
+    def stage(self, model: torch.nn.Module, version: int) -> None:
+        """Stage ``version`` without pushing it: what a restarted server is sent (LoRA runs, whose
+        servers start from the base model, before the first step)."""
+        self.transport.stage(model, version)
+
+    def publish(self, model: torch.nn.Module, version: int, clock: StepClock) -> None:
+        with clock.part("weight_sync_wait_s"):
+            self.finish()
+        with clock.part("weight_stage_s"):
+            self.transport.stage(model, version)
+            self._pushing = self.controller.update_weights(version)
+
+    def finish(self) -> None:
+        """Wait for the last push (and raise its error)."""
+        if self._pushing is not None:
+            self._pushing.result()
+            self._pushing = None
+
+    def figures(self) -> dict:
+        """Bytes each server receives per version; the previous push's time (NaN before the first)."""
+        t = self.transport
+        return {"weight_update_bytes": t.staged_bytes, "weight_push_s": math.nan if t.last_push_s is None else t.last_push_s}
+
+
+@dataclass
+class Loop:
+    """What the training loop works with; built by ``run.py``."""
+
+    name: str
+    model: torch.nn.Module
+    trainer: TrainEngine
+    buffer: ReplayBuffer
+    controller: RolloutController
+    publisher: WeightPublisher
+    runlog: RunLog
+    checkpoints: RunCheckpoints
+    config: dict  # the run's config, as config.json holds it (checkpoints carry it)
+    before: dict  # held-out accuracy before RL (checkpoints carry it)
+    batch_size: int
+    eta: int
+    warmup_steps: int  # steps left out of the throughput figure
+    agents: AgentRouter | None = None
+    curriculum_by: str | None = None
+    on_step: Callable[[dict], None] | None = None
+    stop: object = None  # anything with is_set(): the step under way is the last, checkpointed
+    progress: bool = True
+
+
+@dataclass
+class LoopResult:
+    version: int
+    last_step: int
+    stopped: bool = False
+    tokens: int = 0  # trained by this process
+    start: float = field(default_factory=time.perf_counter)
+    end: float = 0.0
+    warm: tuple[float, int] | None = None  # (time, tokens so far) once the warm-up steps are done
+
+
+def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop,
+             generated: int) -> dict:
+    """The metrics row of a step: the trainer's figures and what the rollout side did meanwhile."""
+    c, agents = loop.controller, loop.agents
+    return {
+        "step": step, "version": version, **result.metrics,
+        # of the wait for the batch, the part for grades alone (single-turn episodes only: NaN otherwise)
+        "reward_wait_s": loop.buffer.last_reward_wait_s if c.measures_reward_wait else math.nan,
+        "generated_tokens": generated,
+        **{f"pass_rate_{b}": p for b, p in c.pass_rates.items()},  # with a curriculum
+        **{f"mix_{b}": p for b, p in c.curriculum_mix.items()},
+        # multi-turn episodes: answers' turns, and text the environment added (not trained)
+        "turns_mean": sum(t.reward_info.get("turns", 1) for t in batch) / len(batch),
+        "environment_tokens": sum(len(t.output_mask) - sum(t.output_mask) for t in batch),
+        # multi-agent runs: per agent R(a), rewards since the last row, route; trained here
+        **c.agent_metrics(),
+        **({f"agent_{a}_trained": sum(t.agent_id == a for t in batch) for a in agents.ids} if agents else {}),
+    }
+
+
+def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
+    # with a curriculum the batch's accuracy is on the prompts the curriculum drew (it moves to
+    # harder ones as the policy improves): labelled so, with the mix
+    mix = loop.controller.curriculum_mix
+    acc = {"acc": f"{result.accuracy:.2f}"} if not mix else {
+        "acc_on_mix": f"{result.accuracy:.2f}", "mix": describe_mix(mix, loop.curriculum_by, 2)}
+    bar.update(1)
+    bar.set_postfix(reward=f"{result.reward:.2f}", **acc, stale=result.staleness_max, len=int(result.answer_len_mean))
+
+
+def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
+    """Train from ``version`` to step ``steps`` (or to a stop); the servers hold the last version after."""
+    first_step = version + 1
+    out = LoopResult(version=version, last_step=version)
+    bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {loop.name}", unit="step", disable=not loop.progress)
+    with loop.checkpoints, logs_above_the_bar(loop.progress):
+        try:
+            loop.controller.start()
+            for step in range(first_step, steps + 1):
+                clock = StepClock()
+                generated_before = loop.controller.generated_tokens
+                with clock.part("wait_time_s"):
+                    batch = loop.buffer.take(loop.batch_size, version, loop.eta)  # staleness-bounded
+                out.stopped = loop.stop is not None and loop.stop.is_set()  # this step is the last, checkpointed
+                checkpointing = loop.checkpoints.due(step, final=step == steps) or out.stopped
+                if checkpointing:
+                    loop.controller.refresh_partials()  # for the resume state, read while we train
+                if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
+                    raise RuntimeError("a frozen-policy trajectory reached the trainer")
+                result = loop.trainer.step(batch, version)
+                version += 1
+                with clock.part("publish_time_s"):
+                    loop.publisher.publish(loop.model, version, clock)  # servers get it while we go on
+                    row = {**step_row(step, version, result, batch, loop,
+                                      loop.controller.generated_tokens - generated_before), **clock.s}
+                    loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
+                    if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                        clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
+                            step, loop.model, resume_files(loop, step), final=step == steps)
+                    else:
+                        loop.checkpoints.poll()
+                row.update({"checkpoint": checkpointing, "checkpoint_wait_s": 0.0, **clock.s,
+                            **loop.publisher.figures(), "step_time_s": clock.elapsed,
+                            "train_tokens_per_s": result.tokens_trained / clock.elapsed,
+                            "elapsed_s": time.perf_counter() - out.start})
+                loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
+                out.tokens += result.tokens_trained
+                out.version, out.last_step = version, step
+                if step == first_step - 1 + loop.warmup_steps:
+                    out.warm = (time.perf_counter(), out.tokens)
+                if loop.on_step:
+                    loop.on_step({**row, "total_steps": steps})
+                _show(bar, result, loop)
+                if out.stopped:
+                    break
+            loop.runlog.flush()
+            loop.publisher.finish()  # the servers hold the final weights before the evaluation
+        finally:
+            bar.close()
+            loop.controller.stop()
+            loop.publisher.transport.close()
+    out.end = time.perf_counter()
+    return out
+
+
+def resume_files(loop: Loop, step: int) -> dict[str, bytes]:
+    """A checkpoint's resume state as of ``step``: sampler, untrained answers, trainer, metrics."""
+    return run_state.encode(step, loop.config, loop.controller.snapshot(), loop.trainer.state_dict(),
+                            loop.runlog.to_parquet_bytes(), loop.before)
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+
+
+@contextlib.contextmanager
+def logs_above_the_bar(enabled: bool):
+    """While a progress bar is shown, every logger that writes to the terminal (ours, Prefect's,
+    Dask's) writes through tqdm, on its own line above the bar, instead of gluing its lines to it."""
+    if not enabled:
+        yield
+        return
+    loggers = [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    with logging_redirect_tqdm([lg for lg in loggers if any(map(_writes_to_terminal, lg.handlers))], tqdm_class=tqdm):
+        yield
