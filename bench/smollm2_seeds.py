@@ -10,6 +10,11 @@ instruction, 256 new tokens) of the base model (once: greedy decoding of one mod
 final checkpoint, through ``areal-flow eval``. Writes the table, the JSON and a plot
 (``smollm2_seeds.png``: batch accuracy per step for every run, and held-out / GSM8K before and after).
 
+A run folder that already holds a finished run of the same config and seed is reused, and so is a
+finished GSM8K evaluation (delete the folder to redo it): the runs can be made one at a time, e.g.
+``areal-flow train configs/smollm2_lora.yaml --set seed=1 --no-progress --run-dir
+runs/bench/smollm2_seeds/lora-seed1``, and the benchmark then only gathers them.
+
 Full: seeds 0-2, both variants (about 3 h on 2 cores). --quick: seed 0, full fine-tuning, 3 steps,
 100 held-out problems, GSM8K on 20 problems: it shows the pipeline runs, not the gain.
 """
@@ -22,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO_ROOT, RESULTS_DIR, format_table
-from bench.learning import mean_std, pm, runs_root, say, train
+from bench.learning import mean_std, pm, run_row, runs_root, say, train
 
 VARIANTS = {"full": "configs/smollm2_quickstart.yaml", "lora": "configs/smollm2_lora.yaml"}
 SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
@@ -30,8 +35,25 @@ GSM8K_LIMIT, GSM8K_QUICK, GSM8K_TOKENS = 200, 20, 256
 QUICK_SETS = ("trainer.max_steps=3", "eval.n_problems=100")
 
 
+def finished(run_dir: Path, config: str, seed: int, sets: tuple[str, ...]) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``config`` at ``seed`` (one to reuse)."""
+    if sets or not (run_dir / "summary.json").exists() or not (run_dir / "config.json").exists():
+        return False
+    ran = json.loads((run_dir / "config.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return ran.get("name") == Path(config).stem and ran.get("seed") == seed and (
+        summary.get("steps") == ran["trainer"]["max_steps"])
+
+
 def gsm8k(model: str, out: Path, limit: int) -> dict:
-    """``areal-flow eval MODEL --bench gsm8k``, greedy; its summary (pass@1 and the run's time)."""
+    """``areal-flow eval MODEL --bench gsm8k``, greedy; its summary (pass@1 and the run's time). A
+    finished evaluation in ``out`` of as many problems is reused."""
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        bench = summary["benchmarks"]["gsm8k"] if "benchmarks" in summary else summary
+        if bench.get("n_problems") == limit:
+            say(f"reusing {out} (pass@1 {bench['pass@1']:.3f})")
+            return {"pass_at_1": bench["pass@1"], "n": limit, "wall_s": None}
     cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "eval", model, "--bench", "gsm8k", "--limit", str(limit),
            "--temperature", "0", "--max-new-tokens", str(GSM8K_TOKENS), "--out", str(out), "--no-progress"]
     say(" ".join(cmd[1:]))
@@ -96,7 +118,12 @@ def run(quick: bool) -> dict:
     rows = []
     for variant, config in variants.items():
         for seed in seeds:
-            row = train(f"{variant}-seed{seed}", seed, QUICK_SETS if quick else (), root, config=config)
+            label, sets = f"{variant}-seed{seed}", QUICK_SETS if quick else ()
+            if finished(root / label, config, seed, sets):
+                say(f"{label}: reusing the finished run in {root / label}")
+                row = run_row(label, seed, sets, root / label)
+            else:
+                row = train(label, seed, sets, root, config=config)
             s = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
             row.update(variant=variant, ledger_ok=s["ledger_check"].get("ok"), eta=s["eta"],
                        steps=s["steps"], curve=curves(row["run_dir"]))
