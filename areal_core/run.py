@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from areal_core.agents import AgentRouter, agent_prompter
 from areal_core.buffer import ReplayBuffer
-from areal_core.controller import ControllerSettings, RolloutController
+from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.device import resolve_device
@@ -227,15 +227,16 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         )
         transport = make_transport(cfg.rollout.transport(), str(run_dir),
                                    adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)
-        controller = RolloutController(urls, train_prompts, decode, rewards, buffer, settings, transport,
-                                       version=version, request_timeout_s=cfg.rollout.request_timeout_s,
-                                       model_path=store.local_copy(serve_from),
-                                       restart_server=backend.restart if backend.restartable else None,
-                                       make_client=backend.client, episode=make_episode(cfg.episode),
+        servers = Servers(urls, model_path=store.local_copy(serve_from), make_client=backend.client,
+                          restart=backend.restart if backend.restartable else None,
+                          request_timeout_s=cfg.rollout.request_timeout_s)
+        frozen = Servers(frozen_urls, model_path=store.local_copy(0), make_client=backend.client,
+                         restart=frozen_backend.restart, request_timeout_s=cfg.rollout.request_timeout_s) \
+            if frozen_urls else None
+        controller = RolloutController(servers, train_prompts, decode, rewards, buffer, settings, transport,
+                                       version=version, episode=make_episode(cfg.episode),
                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
-                                       agents=agents, agent_prompt=prompter, frozen_urls=frozen_urls,
-                                       frozen_model_path=store.local_copy(0) if frozen_urls else "",
-                                       restart_frozen=frozen_backend.restart if frozen_backend else None)
+                                       agents=AgentSetup(agents, prompter, frozen) if agents is not None else None)
         if saved is not None:
             controller.restore(saved.state["controller"])
         publisher = WeightPublisher(transport, controller)

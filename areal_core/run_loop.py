@@ -5,7 +5,7 @@
                        trainer takes its next batch) -> log; every checkpoint_every steps a checkpoint
 
 Generation never waits for this loop: the controller keeps the servers busy in the background
-(``controller.py``). Timing lives in :class:`StepClock`; weights leave the trainer only through
+(``controller/``). Timing lives in :class:`StepClock`; weights leave the trainer only through
 :class:`WeightPublisher`; the metrics row is built by :func:`step_row`.
 """
 

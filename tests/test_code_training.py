@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal_core.controller import ControllerSettings, RolloutController, group_id, prompt_of
+from areal_core.controller import ControllerSettings, RolloutController, Servers, group_id, prompt_of
 from areal_core.data.records import Record
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
@@ -61,7 +61,7 @@ def _controller(prompts, rewards, reward_correct=5.0, reward_wrong=-5.0):
 
     settings = ControllerSettings(batch_size=2, eta=0, n_samples=2, sampling={"max_new_tokens": 8},
                                   reward_correct=reward_correct, reward_wrong=reward_wrong)
-    return RolloutController(["http://127.0.0.1:1"], prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(),
+    return RolloutController(Servers(["http://127.0.0.1:1"]), prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(),
                              settings, transport=None)
 
 
@@ -205,8 +205,8 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
     # the model's answers are random tokens: every answer "is" PROGRAM, so each prompt's tests decide
     with RewardService(RewardConfig(n_workers=1, code_reward="fraction")) as rewards, \
             start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
-        controller = RolloutController([srv.url], prompts, lambda ids: PROGRAM, rewards, buffer, settings,
-                                       DiskTransport(str(tmp_path / "w")), version=0, model_path=str(tmp_path / "m"))
+        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: PROGRAM,
+                                       rewards, buffer, settings, DiskTransport(str(tmp_path / "w")), version=0)
         controller.start()
         try:
             batch = buffer.take(4, version=0, eta=0, timeout=120)

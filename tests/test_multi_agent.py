@@ -12,7 +12,7 @@ import pytest
 
 from areal_core.agents import FROZEN, TRAINABLE, AgentRouter, MultiAgentConfig, agent_prompter, rank_agents
 from areal_core.buffer import ReplayBuffer
-from areal_core.controller import ControllerSettings, RolloutController
+from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
 from areal_core.experiment import ConfigError, load_config, parse_config
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.reward.result import RewardResult
@@ -228,10 +228,10 @@ def _controller(agents: AgentRouter, servers: dict, transport, buffer, B=8, n=2,
         servers[url] = _Server(url)
         return servers[url]
 
-    return RolloutController(["http://trainable:1"], prompts, lambda ids: names.get(ids[0], "?"), _ByAgent(), buffer,
-                             settings, transport, version=0, make_client=make_client, agents=agents,
-                             agent_prompt=lambda a, p: [AGENT_TOKEN[a], *p.input_ids],
-                             frozen_urls=["http://frozen:1"], frozen_model_path="/v0")
+    return RolloutController(Servers(["http://trainable:1"], make_client=make_client), prompts,
+                             lambda ids: names.get(ids[0], "?"), _ByAgent(), buffer, settings, transport, version=0,
+                             agents=AgentSetup(agents, lambda a, p: [AGENT_TOKEN[a], *p.input_ids],
+                                               Servers(["http://frozen:1"], model_path="/v0", make_client=make_client)))
 
 
 def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_gets_no_weights():

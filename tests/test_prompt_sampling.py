@@ -156,7 +156,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController, Servers
     from areal_core.rollout.launcher import start_server
     from areal_core.rollout.weight_transport import TensorTransport
     from areal_core.types import Prompt
@@ -173,8 +173,8 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     buffer = ReplayBuffer()
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=16) as srv:
         transport = TensorTransport()
-        controller = RolloutController([srv.url], prompts, lambda ids: "", _ByReference(), buffer, settings,
-                                       transport, version=0, model_path=str(tmp_path / "m"))
+        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
+                                       _ByReference(), buffer, settings, transport, version=0)
         controller.start()
         try:
             taken = []
@@ -195,8 +195,8 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     for gid, (prompt_id, correct, done) in snap["tally"].items():
         assert gid.endswith(f"-p{prompt_id}") and 0 <= correct <= done < 2
     # a restored controller starts from the saved pass rates, positions and tallies
-    again = RolloutController(["http://127.0.0.1:9"], prompts, lambda ids: "", _ByReference(), ReplayBuffer(),
-                              settings, TensorTransport(), version=snap["version"], model_path=str(tmp_path / "m"))
+    again = RolloutController(Servers(["http://127.0.0.1:9"], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
+                              _ByReference(), ReplayBuffer(), settings, TensorTransport(), version=snap["version"])
     again.restore(snap)
     assert again.pass_rates == pytest.approx(rates)
-    assert again._sampler.state() == snap["sampler"] and again._tally == snap["tally"]
+    assert again.admission.sampler.state() == snap["sampler"] and again.admission.tally == snap["tally"]

@@ -181,7 +181,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController, Servers
     from areal_core.rollout.launcher import start_server
     from areal_core.types import Prompt
 
@@ -204,8 +204,8 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
                                   reward_correct=1.0, reward_wrong=-1.0)
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i % 60], reference="r") for i in range(8)]
     with start_server(str(tmp_path / "m"), weight_version=5, max_running=8) as srv:
-        controller = RolloutController([srv.url], prompts, lambda ids: "", _InstantRewards(), buffer, settings,
-                                       DiskTransport(str(tmp_path / "w")), version=5, model_path=str(tmp_path / "m"))
+        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
+                                       _InstantRewards(), buffer, settings, DiskTransport(str(tmp_path / "w")), version=5)
         controller.restore(state)
         controller.start()
         try:
@@ -217,7 +217,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     assert cont.output_ids[:5] == prefix and len(cont.output_ids) == 12 and cont.finish_reason == "length"
     assert cont.output_logprobs[:5] == lps and cont.output_versions == vers + [5] * 7
     assert done.output_ids == [20, 3] and done.output_versions == [4, 4] and done.reward == 1.0
-    assert controller.n_groups > 1  # the stream went on after the restored position
+    assert controller.admission.n_groups > 1  # the stream went on after the restored position
 
 
 @pytest.mark.slow
@@ -228,7 +228,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, RolloutController
+    from areal_core.controller import ControllerSettings, RolloutController, Servers
     from areal_core.rollout.launcher import start_server
     from areal_core.types import Prompt
 
@@ -243,8 +243,8 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
                                   reward_correct=1.0, reward_wrong=-1.0)
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
-        controller = RolloutController([srv.url], prompts, lambda ids: "", _InstantRewards(), buffer, settings,
-                                       DiskTransport(str(tmp_path / "w")), version=0, model_path=str(tmp_path / "m"))
+        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
+                                       _InstantRewards(), buffer, settings, DiskTransport(str(tmp_path / "w")), version=0)
         controller.start()
         try:
             deadline = time.monotonic() + 60

@@ -24,12 +24,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from areal_core.controller.settings import Restart
 from areal_core.rollout.client import RolloutPool, RolloutServerError
 from areal_core.rollout.weight_transport import WeightTransport
 
 log = logging.getLogger(__name__)
-
-Restart = Callable[[int, str, int], None]  # (server index, model folder, version), blocking
 
 
 class ServerRecovery:

@@ -1,0 +1,71 @@
+"""Admission: which prompt goes next (the prompt sampler, with its curriculum) and when (the staleness
+gate). A group of n answers is admitted only once the last of its n requests passes the gate, so no
+trained token can be staler than eta (``algo.staleness``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from areal_core.algo import staleness_allows
+from areal_core.controller.settings import ControllerSettings, group_id
+from areal_core.prompt_sampling import make_sampler
+from areal_core.types import Prompt, Trajectory
+
+
+class Admission:
+    """The prompt stream's position, the per-group tallies the curriculum learns from, and the gate.
+    The caller holds its lock around ``draw``, ``count`` and the reads (reward callbacks run in Dask threads)."""
+
+    def __init__(self, prompts: list[Prompt], settings: ControllerSettings, version: int):
+        self.s, self._prompts = settings, prompts
+        self.sampler = make_sampler(prompts, settings.shuffle, settings.seed, settings.curriculum)
+        self.tally: dict[str, list] = {}  # group id -> [prompt id, correct, rewarded] until all n are in
+        self.n_submitted = 0  # requests admitted to the trainable policy: the gate counts them
+        self.n_groups = 0  # prompts drawn from the stream: its position
+        self.version = version  # the servers' weight version the gate last confirmed
+        self._gate: asyncio.Condition | None = None
+
+    async def wait(self) -> None:
+        """Until one more group of n passes the gate (the last of its n requests must)."""
+        if self._gate is None:
+            self._gate = asyncio.Condition()
+        n, B, eta = self.s.n_samples, self.s.batch_size, self.s.eta
+        async with self._gate:
+            await self._gate.wait_for(lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta))
+
+    async def advance(self, version: int) -> None:
+        """Every server holds ``version``: the gate moves."""
+        if self._gate is None:
+            self._gate = asyncio.Condition()
+        async with self._gate:
+            self.version = version
+            self._gate.notify_all()
+
+    def draw(self, trainable: bool) -> tuple[str, Prompt]:
+        """The next prompt and its group id; a group on the trainable policy is tallied for the curriculum."""
+        epoch, prompt = self.sampler.next()
+        gid = group_id(epoch, prompt.id)
+        if trainable:  # the curriculum follows the trained policy's results
+            self.tally[gid] = [prompt.id, 0, 0]
+        self.n_groups += 1
+        return gid, prompt
+
+    def count(self, traj: Trajectory) -> None:
+        """Tally a rewarded answer; a group's last one tells the sampler."""
+        tally = self.tally.setdefault(traj.group_id, [None, 0, 0])  # None: a state saved without tallies
+        tally[1] += bool(traj.correct)
+        tally[2] += 1
+        if tally[2] == self.s.n_samples:
+            del self.tally[traj.group_id]
+            if tally[0] is not None:
+                self.sampler.observe(tally[0], tally[1], tally[2])
+
+    def state(self) -> dict:
+        return {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,
+                "sampler": self.sampler.state(), "tally": {gid: list(t) for gid, t in self.tally.items()}}
+
+    def restore(self, state: dict) -> None:
+        self.n_submitted, self.n_groups = int(state["n_submitted"]), int(state["n_groups"])
+        self.sampler = make_sampler(self._prompts, self.s.shuffle, self.s.seed, self.s.curriculum,
+                                    state.get("sampler") or {"n_drawn": self.n_groups})
+        self.tally = {gid: list(t) for gid, t in state.get("tally", {}).items()}

@@ -1,0 +1,427 @@
+"""The rollout controller: paces generation with the staleness gate and dispatches rewards.
+
+It runs an asyncio loop in a background thread. For each prompt it admits a group of n answers
+only while the staleness gate holds (``admission.py``), has the episode generate them on a
+rollout server (``generation.py``: one batched request, continued and resubmitted until done, with
+nothing lost when a server dies), and submits the group's grading to the Dask reward service as one
+task the moment its last answer is in, without waiting for it (the buffer hands out whole groups, so
+grading them one by one would only cost scheduler round trips). Rewarded trajectories land in the
+replay buffer. Multi-agent runs route some groups to a frozen policy (``routing.py``).
+
+``snapshot()`` is a consistent cut of everything admitted and not trained (rewarded groups in the
+buffer, answers being graded, and the partial output of answers being generated, as the servers
+reported it at the last ``refresh_partials()``) plus the prompt stream position. ``restore()`` puts
+it back before ``start()``: rewarded answers go to the buffer, finished ones to grading, partial
+ones are continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from areal_core.agents import FROZEN, TRAINABLE
+from areal_core.buffer import ReplayBuffer
+from areal_core.controller.admission import Admission
+from areal_core.controller.generation import ROUTE, Generator
+from areal_core.controller.recovery import ServerRecovery
+from areal_core.controller.routing import FrozenGroups
+from areal_core.controller.settings import AgentSetup, ControllerSettings, Servers, prompt_of
+from areal_core.episodes import Episode, SingleTurn
+from areal_core.reward.result import RewardResult
+from areal_core.reward.service import RewardService
+from areal_core.rollout.weight_transport import WeightTransport
+from areal_core.types import Prompt, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def _log_refresh_error(fut: Future) -> None:
+    # nobody waits for a refresh: a snapshot without fresh partial outputs is still exact
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("reading partial outputs failed: %r", fut.exception())
+
+
+class RolloutController:
+    """``servers``: the trainable policy's; ``transport`` moves new weights to them
+    (``update_weights``); ``decode``/``encode``: token ids <-> response text (``encode`` only for
+    episodes that add text to an answer); ``agents``: a multi-agent run's routing."""
+
+    def __init__(self, servers: Servers, prompts: list[Prompt], decode: Callable, rewards: RewardService,
+                 buffer: ReplayBuffer, settings: ControllerSettings, transport: WeightTransport, *,
+                 version: int = 0, episode: Episode | None = None, encode: Callable | None = None,
+                 agents: AgentSetup | None = None):
+        if not prompts:
+            raise ValueError("the controller needs at least one prompt")
+        if agents is not None and agents.router.top_k < len(agents.router.ids) and agents.frozen is None:
+            raise ValueError("agents routed to the frozen policy need frozen servers")
+        self.servers, self.decode, self.encode = servers, decode, encode
+        self.episode = episode or SingleTurn()
+        # a single-turn answer's grade is its last: the buffer can tell how long the trainer waits on grades
+        self.measures_reward_wait = type(self.episode) is SingleTurn
+        self.rewards, self.buffer, self.s, self.transport = rewards, buffer, settings, transport
+        self.agents = agents
+        frozen = agents.frozen if agents is not None else None
+        # weight pushes and server recovery; a restarted server loads model_path (version), then the weights
+        self.recovery = ServerRecovery(transport, servers.request_timeout_s, servers.restart, servers.model_path,
+                                       version, frozen.restart if frozen else None,
+                                       frozen.model_path if frozen else "", agents.frozen_version if agents else 0)
+        self.admission = Admission(prompts, settings, version)
+        self.generator = Generator(settings, self.recovery, lambda: self.admission.version)
+        self.frozen = FrozenGroups(settings, agents.router) if agents is not None else None
+        self._tests = {p.id: p.tests for p in prompts if p.tests}  # what code answers are graded against
+        self._live: dict[str, Trajectory] = {}  # admitted, not yet in the buffer
+        self._lock = threading.Lock()  # _live, tallies + buffer.put (reward callbacks run in Dask threads)
+        self._restored: list[Trajectory] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._partials: dict = {}  # traj id -> (output length held when asked, partial output)
+        self._tasks: set[asyncio.Task] = set()  # the groups being rolled out (the loop holds tasks weakly)
+
+    @property
+    def version(self) -> int:
+        return self.admission.version
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.generator.generated_tokens
+
+    @property
+    def resubmitted(self) -> int:
+        return self.generator.resubmitted
+
+    @property
+    def frozen_generated(self) -> int:
+        return self.frozen.generated if self.frozen is not None else 0
+
+    # lifecycle (called from the trainer's thread) -------------------------
+    def start(self) -> RolloutController:
+        """Start generating; returns once the weight transport is connected (or raises why not)."""
+        self._thread = threading.Thread(target=self._thread_main, name="rollout-controller", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        try:
+            self._call(self._wait_connected())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def _wait_connected(self) -> None:
+        await self._connected
+
+    def stop(self) -> None:
+        """Stop admitting, abandon in-flight requests, close connections."""
+        if self._loop is None or self._thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        fut.result(timeout=60)
+        self._thread.join(timeout=60)
+        self._loop = None
+
+    def update_weights(self, version: int) -> Future:
+        """Push the weights staged in the transport (as ``version``) to every server; the gate
+        moves once all have them.
+
+        Returns at once: the future resolves when the update is done (or raises its
+        error), so the trainer can start its next step meanwhile. The caller stages the
+        next version only after this future resolved.
+
+        With agents, every ``every_steps``-th version (trainer step) first re-selects the agents
+        routed to the trainable policy; groups admitted from then on follow the new table."""
+        assert self._loop is not None, "controller not started"
+        router = self.agents.router if self.agents is not None else None
+        if router is not None and router.maybe_select(version):
+            log.info("step %d: agents on the trainable policy: %s", version, router.selections[-1]["trainable"])
+        return asyncio.run_coroutine_threadsafe(self._update_weights(version), self._loop)
+
+    async def _update_weights(self, version: int) -> None:
+        await self.recovery.push(version)
+        await self.admission.advance(version)
+
+    def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
+        """A newer checkpoint for servers that must be restarted: ``local_copy()`` gives its folder
+        (a download, made only when a server restarts)."""
+        self.recovery.restart_from(local_copy, version)
+
+    def refresh_partials(self) -> None:
+        """Ask the servers, in the background, for the partial output of the answers they
+        are generating; the next ``snapshot()`` includes what has come back by then."""
+        assert self._loop is not None, "controller not started"
+        fut = asyncio.run_coroutine_threadsafe(self._refresh_partials(), self._loop)
+        fut.add_done_callback(_log_refresh_error)
+
+    def snapshot(self) -> dict:
+        """Everything admitted and not yet trained, and the stream position (JSON-friendly).
+
+        Call it from the trainer's thread between two ``take``s; see the module docstring."""
+        return self._call(self._snapshot())
+
+    def restore(self, state: dict) -> None:
+        """Put back a ``snapshot()`` (before ``start()``)."""
+        if self._loop is not None:
+            raise RuntimeError("restore() must come before start()")
+        self.admission.restore(state)
+        if self.agents is not None and state.get("agents"):  # (a state saved without agents has none)
+            self.agents.router.restore(state["agents"])
+        for g in state["groups"]:
+            self.buffer.admit(g["group_id"], g["first_seq_no"], g["admit_version"], g["size"])
+            for row in g["trajectories"]:
+                traj = Trajectory.from_row(copy.deepcopy(row))  # generation extends its lists
+                if traj.reward is not None:
+                    self.buffer.put(traj)
+                else:
+                    self._live[traj.traj_id] = traj
+                    self._restored.append(traj)
+
+    def _call(self, coro):
+        assert self._loop is not None, "controller not started"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # the event loop -------------------------------------------------------
+    def _thread_main(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self.generator.open(self.servers, self.agents.frozen if self.agents is not None else None)
+        self._connected = self._loop.create_task(self.recovery.connect())
+        self._main = self._loop.create_task(self._generate_once_connected())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _generate_once_connected(self) -> None:
+        try:
+            await self._connected
+        except Exception:  # noqa: BLE001 - not lost: start() raises it (and stops the controller)
+            return
+        groups: dict[str, list[Trajectory]] = {}
+        for traj in self._restored:  # the unrewarded answers of each group go on together
+            groups.setdefault(traj.group_id, []).append(traj)
+        for trajs in groups.values():
+            self._spawn(trajs, fresh=False)
+        self._restored = []
+        await self._admit_loop()
+
+    def _spawn(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
+        t = self._loop.create_task(self._run_group(trajs, fresh, route))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _admit_loop(self) -> None:
+        n, router = self.s.n_samples, self.agents.router if self.agents is not None else None
+        try:
+            while True:
+                # with agents: the next group is the next agent's (round robin), on the policy its
+                # route names now; a frozen group waits for a frozen slot instead of the gate
+                agent = router.agent_for(self.admission.n_groups) if router is not None else ""
+                route = router.route(agent) if agent else TRAINABLE
+                await (self.frozen.acquire() if route == FROZEN else self.admission.wait())
+                if agent and router.route(agent) != route:  # re-selected while waiting
+                    if route == FROZEN:
+                        self.frozen.release()
+                    continue
+                with self._lock:  # the sampler's pass rates change in reward callbacks
+                    gid, prompt = self.admission.draw(trainable=route == TRAINABLE)
+                prompt_ids = self.agents.prompt if agent and self.agents.prompt else None
+                ids = prompt_ids(agent, prompt) if prompt_ids else list(prompt.input_ids)
+                if route == FROZEN:  # not gated, not buffered, never trained: recorded per agent
+                    self.frozen.started()
+                    self._spawn([Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=-1,
+                                            admit_version=self.agents.frozen_version, prompt_ids=list(ids),
+                                            reference=prompt.reference, task=prompt.task, agent_id=agent,
+                                            route=FROZEN) for k in range(n)], fresh=True, route=FROZEN)
+                    continue
+                first = self.admission.n_submitted
+                self.admission.n_submitted += n
+                self.buffer.admit(gid, first, self.version, n)
+                trajs = [Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=first + k,
+                                    admit_version=self.version, prompt_ids=list(ids),
+                                    reference=prompt.reference, task=prompt.task, agent_id=agent,
+                                    route=TRAINABLE if agent else "") for k in range(n)]
+                for traj in trajs:
+                    self._live[traj.traj_id] = traj
+                self._spawn(trajs, fresh=True)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # reported to the trainer, which stops the run
+            log.exception("rollout admission failed")
+            self.buffer.fail(e)
+
+    async def _run_group(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
+        """Roll out a fresh group through the episode (the built-in one: every answer in one batched
+        request, graded together); a restored group's unfinished answers are finished and graded as
+        they are. ``route``: the policy whose servers generate it (this task's and its turns'); a
+        frozen group's verdicts are recorded for its agent, never put in the buffer."""
+        ROUTE.set(route)
+        try:
+            if fresh:
+                results = await self.episode.run(trajs, _EpisodeContext(self))
+            else:
+                await asyncio.gather(*(self.generator.finish(t) for t in trajs))
+                results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs], final=True)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer (buffer.fail wakes it)
+            log.error("rollout of group %s failed: %r", trajs[0].group_id, e)
+            self.buffer.fail(e)
+            return
+        finally:
+            if route == FROZEN:
+                self.frozen.done()
+        for t, r in zip(trajs, results, strict=True):
+            self._rewarded(t, r, route)
+
+    def _rewarded(self, traj: Trajectory, result: RewardResult, route: str = TRAINABLE) -> None:
+        """A verdict: a trainable answer goes to the buffer (and the curriculum's tally); a frozen one's
+        is recorded for its agent, nothing else."""
+        with self._lock:
+            self._verdict(traj, result)
+            if route == FROZEN:
+                self.frozen.record(traj)
+                return
+            self._live.pop(traj.traj_id, None)
+            self.admission.count(traj)
+            if self.agents is not None and traj.agent_id:
+                self.agents.router.record(traj.agent_id, traj.reward, traj.correct, TRAINABLE)
+            self.buffer.put(traj)
+
+    # rewards ------------------------------------------------------------------
+    def _grade(self, trajs: Sequence[Trajectory], texts: Sequence[str], final: bool = False) -> asyncio.Future:
+        """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks.
+        ``final`` (or a single-turn run): these are the answers' last grades, which the buffer notes."""
+        if final or self.measures_reward_wait:
+            self.buffer.grading(trajs[0].group_id, [t.traj_id for t in trajs])
+        tests = self._tests.get(prompt_of(trajs[0].group_id))  # one group, one prompt (and one list of tests)
+        items = [(t.task, x, t.reference, tests) for t, x in zip(trajs, texts, strict=True)]
+        fut, loop = self._loop.create_future(), self._loop
+
+        def settle(results, error) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(list(results))
+
+        def deliver(results, error) -> None:  # on a Dask client thread
+            try:
+                loop.call_soon_threadsafe(settle, results, error)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
+                # the controller stopped while this group was being graded: nobody waits for it
+
+        self.rewards.submit_batch(items, on_done=deliver)
+        return fut
+
+    def _verdict(self, traj: Trajectory, result: RewardResult) -> None:
+        traj.correct = bool(result.correct)  # for code: every test passed
+        # reward_correct or reward_wrong; with partial credit (code under ``reward.code_reward: fraction``)
+        # the result's score of the way from reward_wrong to reward_correct
+        lo, hi = self.s.reward_wrong, self.s.reward_correct
+        traj.reward = (hi if result.correct else lo) if result.score is None else lo + result.score * (hi - lo)
+        traj.reward_info = {**traj.reward_info, **result.as_dict()}  # an episode's notes (turns) stay
+        versions = traj.policy_token_versions()
+        traj.policy_version = min(versions) if versions else None  # the oldest that sampled a token
+
+    # what the run loop reads --------------------------------------------------------
+    def agent_metrics(self) -> dict:
+        """Per-agent columns for a metrics row (``AgentRouter.step_metrics``) and the frozen side's
+        counts; empty without agents."""
+        if self.agents is None:
+            return {}
+        with self._lock:
+            return {**self.agents.router.step_metrics(), **self.frozen.metrics()}
+
+    @property
+    def curriculum_mix(self) -> dict[str, float]:
+        """The probability of each bucket in the curriculum's next draw (empty without one)."""
+        with self._lock:
+            return self.admission.sampler.mix()
+
+    @property
+    def pass_rates(self) -> dict[str, float]:
+        """The curriculum's running pass rate per bucket (empty without a curriculum)."""
+        with self._lock:
+            return self.admission.sampler.estimates()
+
+    # resume ------------------------------------------------------------------
+    async def _refresh_partials(self) -> None:
+        with self._lock:
+            asked_at = {tid: len(t.output_ids) for tid, t in self._live.items() if not t.finished}
+        self._partials = await self.generator.partial_outputs(asked_at)
+
+    async def _snapshot(self) -> dict:
+        # A partial output read from a server is a prefix of that request's answer for as long as
+        # the request runs (generation only appends), so one read during the training step is as
+        # good as one read now. It applies only while we still hold what we held when asking:
+        # once the answer came back (or was resubmitted), it is superseded.
+        partials = self._partials
+        with self._lock:  # no await below: admission and generation (this loop) cannot interleave
+            groups = self.buffer.snapshot()
+            live = {}
+            for tid, t in self._live.items():
+                row = copy.deepcopy(t.to_row())  # generation goes on extending t's lists
+                asked, p = partials.get(tid, (None, None))
+                if p is not None and not t.finished and asked == len(t.output_ids):
+                    row["output_ids"] = row["output_ids"] + p.output_ids
+                    row["output_logprobs"] = row["output_logprobs"] + p.logprobs
+                    row["output_versions"] = row["output_versions"] + p.versions
+                    if row["output_mask"]:
+                        row["output_mask"] = row["output_mask"] + [1] * len(p.output_ids)
+                live.setdefault(t.group_id, []).append(row)
+            # the sampler has seen every finished group; the tallies hold the others' answers so far
+            state = self.admission.state()
+            # the agents' records hold every answer rewarded so far (those in the buffer too); frozen
+            # groups in flight are left out (evaluation only: a resumed run does not redo them)
+            if self.agents is not None:
+                state["agents"] = self.agents.router.state()
+        for g in groups:
+            g["trajectories"] = g.pop("done") + live.pop(g["group_id"], [])
+        if live:
+            raise RuntimeError(f"snapshot: answers of groups {sorted(live)[:5]} are not in the buffer")
+        return {**state, "groups": groups}
+
+    async def _shutdown(self) -> None:
+        # every task of this loop: admission, generation, and a partial-output read still running
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await self.generator.close()
+        self._loop.call_soon(self._loop.stop)
+
+
+class _EpisodeContext:
+    """What an episode may do with the controller (``episodes.EpisodeContext``)."""
+
+    def __init__(self, controller: RolloutController):
+        self._c = controller
+
+    @property
+    def version(self) -> int:
+        return self._c.version
+
+    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
+                       stop_token_ids: Sequence[int] = ()) -> None:
+        await self._c.generator.turn(trajs, max_new_tokens, stop_token_ids)
+
+    async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
+        return await self._c._grade(trajs, texts)
+
+    def room(self, traj: Trajectory) -> int | None:
+        room = self._c.generator.room(traj)
+        return None if room == float("inf") else int(room)
+
+    def encode(self, text: str) -> list[int]:
+        if self._c.encode is None:
+            raise RuntimeError("this episode adds text to answers: the controller needs encode=")
+        return list(self._c.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._c.decode(list(ids))
