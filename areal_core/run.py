@@ -82,7 +82,7 @@ def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str
     holding ``model_path`` (checkpoint v0) with a seed of its own and the run's key; nothing without one."""
     if cfg.multi_agent is None or not cfg.multi_agent.needs_frozen_server:
         return contextlib.nullcontext([]), None
-    from areal_core.rollout.launcher import EmbeddedBackend, server_seed
+    from areal_core.rollout.backends.embedded.launcher import EmbeddedBackend, server_seed
 
     (run_dir / "frozen").mkdir(parents=True, exist_ok=True)
     frozen = EmbeddedBackend(1, engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),

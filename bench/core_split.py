@@ -47,7 +47,7 @@ def _children(pid: int) -> list[int]:
 def _role(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline") as f:
         cmd = f.read().replace("\0", " ")
-    if "areal_core.rollout.server" in cmd:
+    if "areal_core.rollout.backends.embedded.server" in cmd:
         return "rollout server (generation)"
     if "distributed.Scheduler" in cmd:
         return "Dask scheduler"

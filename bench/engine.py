@@ -50,7 +50,7 @@ def prompts(bs: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(model, batch: list[list[int]], new: int) -> float:
-    from areal_core.rollout.engine import RolloutEngine
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
     eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch),
                         kv_capacity=PROMPT + new + 1)

@@ -43,11 +43,11 @@ def _length(rng: random.Random) -> int:
 
 async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, window_s: float,
                    seed: int) -> dict:
-    from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
     from areal_core.rollout.weight_transport import TensorTransport
 
-    gen = RolloutClient(url)
-    ctl = RolloutClient(url)
+    gen = EmbeddedClient(url)
+    ctl = EmbeddedClient(url)
     rng = random.Random(seed)
     stop = asyncio.Event()
     done_tokens = [0]
@@ -112,7 +112,7 @@ def _models(tmp: str) -> tuple[str, list]:
 
 
 def run(quick: bool) -> dict:
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
 
     reps = 1 if quick else 3
     warmup_s, window_s = (2.0, 5.0) if quick else (6.0, 30.0)

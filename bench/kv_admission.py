@@ -84,9 +84,9 @@ def _reset_peak(pid: int) -> None:
 
 
 async def _generate(url: str, jobs: list[tuple[list[int], int]]) -> int:
-    from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
 
-    client = RolloutClient(url, 600.0)
+    client = EmbeddedClient(url, 600.0)
     try:
         out = await client.generate_batch([p for p, _ in jobs], [_sampling(m) for _, m in jobs])
     finally:
@@ -96,8 +96,8 @@ async def _generate(url: str, jobs: list[tuple[list[int], int]]) -> int:
 
 def server_memory(folder: str, kind: str, budget: int | None, seed: int, log_dir: str) -> dict:
     """Peak RSS growth of a server over its post-warm-up RSS during one burst."""
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.config import EngineConfig, KVBudget
-    from areal_core.rollout.launcher import start_server
 
     engine = EngineConfig(max_running=256, kv_budget=None if budget is None else KVBudget(tokens=budget))
     log_path = os.path.join(log_dir, f"server-{kind}-{budget}-{seed}.log")
@@ -120,8 +120,8 @@ def server_memory(folder: str, kind: str, budget: int | None, seed: int, log_dir
 
 def engine_allocation(model, kind: str, budget: int | None, every: int = 0) -> dict:
     """Peak KV cache bytes of an engine over one burst; ``every`` > 0: one request per ``every`` steps."""
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
     from areal_core.rollout.config import KVBudget
-    from areal_core.rollout.engine import RolloutEngine
 
     kv_budget = None if budget is None else KVBudget(tokens=budget)
     eng = RolloutEngine(model, max_running=256, start=False, kv_budget=kv_budget)
@@ -141,8 +141,8 @@ def engine_allocation(model, kind: str, budget: int | None, every: int = 0) -> d
 
 
 def engine_tokens_per_s(model, jobs, budget: int | None) -> float:
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
     from areal_core.rollout.config import KVBudget
-    from areal_core.rollout.engine import RolloutEngine
 
     eng = RolloutEngine(model, max_running=256, start=False, seed=0,
                         kv_budget=None if budget is None else KVBudget(tokens=budget))

@@ -26,8 +26,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from areal_core.rollout.client import RolloutPool
-from areal_core.rollout.launcher import start_server
+from areal_core.rollout.backends.embedded.launcher import start_server
+from areal_core.rollout.pool import RolloutPool
 
 MB = 1 << 20
 

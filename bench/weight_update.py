@@ -35,9 +35,9 @@ from bench.common import Timer, format_table, median, progress, spread
 
 async def _cycle(url: str, version: int, load, stage=None) -> dict:
     """Time pause -> ``load(client)`` -> resume (and ``stage(client)`` before the pause, if given)."""
-    from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
 
-    c = RolloutClient(url)
+    c = EmbeddedClient(url)
     times = {}
     try:
         if stage is not None:
@@ -61,9 +61,9 @@ async def _cycle(url: str, version: int, load, stage=None) -> dict:
 
 
 async def _connect(url: str, transport) -> None:
-    from areal_core.rollout.client import RolloutClient
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
 
-    c = RolloutClient(url)
+    c = EmbeddedClient(url)
     try:
         await transport.connect([c])
     finally:
@@ -92,7 +92,7 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
                 transports: tuple[str, ...] = ("tensor", "distributed")) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.weight_transport import DistributedTransport, TensorTransport
     from areal_core.storage import CheckpointStore, ensure_bucket
     from bench import models

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from areal_core.data.records import RecordError, read_records
 from areal_core.experiment import ConfigError, load_config
-from areal_core.rollout.engine import RolloutEngine
-from areal_core.rollout.server import create_app
+from areal_core.rollout.backends.embedded.engine import RolloutEngine
+from areal_core.rollout.backends.embedded.server import create_app
 from areal_core.storage.checkpoints import (
     CheckpointStore,
     CorruptCheckpointError,

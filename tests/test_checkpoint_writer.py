@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from areal_core.rollout.kv_forward import read_weights
+from areal_core.rollout.backends.embedded.kv_forward import read_weights
 from areal_core.storage import CheckpointStore, CheckpointWriteError, CheckpointWriter, snapshot_model
 from areal_core.storage import checkpoints as ckpt_mod
 

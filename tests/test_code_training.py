@@ -190,7 +190,7 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
 
     from areal_core.buffer import ReplayBuffer
     from areal_core.reward.service import RewardService
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.weight_transport import DiskTransport
 
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

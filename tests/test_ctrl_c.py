@@ -64,7 +64,7 @@ def test_ctrl_c_stops_at_a_checkpoint_and_resume_finishes_exactly_once(tmp_path)
         assert len(children) >= 2, children  # a rollout server and the Dask processes at least
         # the Dask scheduler and nannies and the rollout servers each lead a group of their own (they
         # were in the terminal's group: its Ctrl-C killed them first, with tracebacks, and the run hung)
-        started = [c for c in children if any(w in " ".join(c.cmdline()) for w in ("dask spec", "rollout.server"))]
+        started = [c for c in children if any(w in " ".join(c.cmdline()) for w in ("dask spec", "embedded.server"))]
         assert len(started) >= 3 and all(os.getpgid(c.pid) == c.pid for c in started), started
         seen = out.stat().st_size
         t0 = time.monotonic()

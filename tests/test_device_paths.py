@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from areal_core.rollout.server import create_app
+from areal_core.rollout.backends.embedded.server import create_app
+from areal_core.rollout.backends.embedded.weight_receiver import DistributedReceiver
 from areal_core.rollout.weight_layout import TensorSpec
-from areal_core.rollout.weight_receiver import DistributedReceiver
 
 
 class _RecordingGroup:
@@ -50,7 +50,7 @@ def test_the_server_receives_on_the_engines_device(device):
 
 
 def test_a_real_engine_on_the_cpu_gives_a_cpu_receiver():
-    from areal_core.rollout.engine import RolloutEngine
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
     from tests.test_rollout_server import tiny_qwen2
 
     engine = RolloutEngine(tiny_qwen2(3), start=False)

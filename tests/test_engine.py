@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
-from areal_core.rollout.engine import RequestError, RolloutEngine
-from areal_core.rollout.engine_parts import prefill_groups
-from areal_core.rollout.kv_forward import UnsupportedModelError
-from areal_core.rollout.launcher import server_seed
+from areal_core.rollout.backends.embedded.engine import RequestError, RolloutEngine
+from areal_core.rollout.backends.embedded.engine_parts import prefill_groups
+from areal_core.rollout.backends.embedded.kv_forward import UnsupportedModelError
+from areal_core.rollout.backends.embedded.launcher import server_seed
 
 VOCAB = 64
 

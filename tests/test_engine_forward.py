@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from areal_core.rollout.kv_forward import KVForward, UnsupportedModelError, apply_weights
-from areal_core.rollout.sampling import BatchSampler, RowSampling
+from areal_core.rollout.backends.embedded.kv_forward import KVForward, UnsupportedModelError, apply_weights
+from areal_core.rollout.backends.embedded.sampling import BatchSampler, RowSampling
 from test_engine import tiny_model
 
 
@@ -140,7 +140,7 @@ def test_two_level_draw_is_the_one_level_draw():
     """Above 4 * CDF_BLOCK tokens the inverse CDF runs in two levels (block sums, then one block):
     with the same uniforms it picks the same tokens as a one-level float64 scan, never a token of
     probability 0 (here whole blocks and the tail block's edges), and reports the same logprobs."""
-    from areal_core.rollout import sampling
+    from areal_core.rollout.backends.embedded import sampling
 
     vocab, n = 4 * sampling.CDF_BLOCK + 77, 3000  # a partial tail block
     g = torch.Generator().manual_seed(11)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from areal_core.rollout.engine import EngineStopped, RolloutEngine
-from areal_core.rollout.server import create_app
+from areal_core.rollout.backends.embedded.engine import EngineStopped, RolloutEngine
+from areal_core.rollout.backends.embedded.server import create_app
 from areal_core.rollout.weight_transport import named_weights
 from tests.test_rollout_server import tiny_qwen2
 

@@ -28,9 +28,9 @@ import pytest
 import areal_core.run as run_module
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService
-from areal_core.rollout import launcher
-from areal_core.rollout.client import GENERATE, RolloutClient
-from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.backends.embedded import launcher
+from areal_core.rollout.backends.embedded.client import GENERATE, EmbeddedClient
+from areal_core.rollout.backends.embedded.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket
 from infra.s3 import MotoS3Server
@@ -66,7 +66,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
         steps, B = cfg.trainer.max_steps, cfg.trainer.batch_size
         seen_versions: list[list[int]] = []
         kill_armed = threading.Event()
-        original_call = RolloutClient._call
+        original_call = EmbeddedClient._call
 
         async def call_then_kill(self, method, path, body=None, **kw):
             """Once armed, the next generate call on server 0 is held on the server (generation paused,
@@ -89,7 +89,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
             os.kill(srv.pid, signal.SIGKILL)
             return await call
 
-        monkeypatch.setattr(RolloutClient, "_call", call_then_kill)
+        monkeypatch.setattr(EmbeddedClient, "_call", call_then_kill)
 
         def faults(row):
             step = row["step"]
@@ -299,7 +299,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
 
     def on_server(i: int, action: str) -> None:
         async def go():
-            c = RolloutClient(made["servers"].servers[i].url)
+            c = EmbeddedClient(made["servers"].servers[i].url)
             try:
                 await getattr(c, action)()
             finally:
@@ -318,7 +318,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
                 on_server(1, "resume")
 
     monkeypatch.setattr(launcher, "EmbeddedServers", Servers)
-    real_resend, real_call = WeightTransport.resend, RolloutClient._call
+    real_resend, real_call = WeightTransport.resend, EmbeddedClient._call
 
     async def slow_resend(self, clients, i):
         await asyncio.sleep(8.0)  # a large model's weights take a while to arrive (and a loaded machine is slow to
@@ -332,7 +332,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
         return await real_call(self, method, path, body, **kw)
 
     monkeypatch.setattr(WeightTransport, "resend", slow_resend)
-    monkeypatch.setattr(RolloutClient, "_call", recording_call)
+    monkeypatch.setattr(EmbeddedClient, "_call", recording_call)
 
     def kill(row):
         if row["step"] == 2:

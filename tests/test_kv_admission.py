@@ -15,10 +15,10 @@ import yaml
 from pydantic import ValidationError
 
 from areal_core.rollout.backend import Generation
-from areal_core.rollout.client import RolloutPool
+from areal_core.rollout.backends.embedded.engine import RequestError, RolloutEngine
+from areal_core.rollout.backends.embedded.server import create_app, parse_args
 from areal_core.rollout.config import EngineConfig, KVBudget, RolloutConfig
-from areal_core.rollout.engine import RequestError, RolloutEngine
-from areal_core.rollout.server import create_app, parse_args
+from areal_core.rollout.pool import RolloutPool
 from areal_core.rollout.weight_transport import named_weights
 from tests.test_rollout_server import tiny_qwen2
 

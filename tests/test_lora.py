@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from areal_core.export import ExportError, export_checkpoint
-from areal_core.rollout.engine import RolloutEngine
-from areal_core.rollout.weight_receiver import check_weights
+from areal_core.rollout.backends.embedded.engine import RolloutEngine
+from areal_core.rollout.backends.embedded.weight_receiver import check_weights
 from areal_core.rollout.weight_transport import DiskTransport, TensorTransport, named_weights
 from areal_core.run_checkpoints import restore_weights
 from areal_core.storage import CheckpointStore, CheckpointWriter
@@ -298,8 +298,8 @@ def test_transports_bring_a_server_the_merged_weights(tmp_path):
     """Adapters by the tensor and the distributed transports, and merged full weights by the
     distributed one (what SGLang's endpoint takes): the server ends with the trainer's merged weights
     bit for bit, version after version."""
-    from areal_core.rollout.client import RolloutClient
-    from areal_core.rollout.launcher import EmbeddedServers
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
+    from areal_core.rollout.backends.embedded.launcher import EmbeddedServers
     from areal_core.rollout.weight_transport import DistributedTransport
 
     base = llama(11)
@@ -308,7 +308,7 @@ def test_transports_bring_a_server_the_merged_weights(tmp_path):
     name = "model.layers.1.self_attn.o_proj.weight"
 
     async def push(transport, url, version):
-        c = RolloutClient(url)
+        c = EmbeddedClient(url)
         try:
             await transport.connect([c])
             transport.stage(model, version)

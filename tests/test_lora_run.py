@@ -20,9 +20,9 @@ from areal_core.datasets import load_records, to_prompts
 from areal_core.experiment import load_config
 from areal_core.export import export_checkpoint
 from areal_core.models import build_char_tokenizer
-from areal_core.rollout import launcher
-from areal_core.rollout.client import RolloutClient
-from areal_core.rollout.engine import RolloutEngine
+from areal_core.rollout.backends.embedded import launcher
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.backends.embedded.engine import RolloutEngine
 from areal_core.run import run_experiment
 from areal_core.storage import CheckpointStore
 from areal_core.trainer import lora
@@ -48,7 +48,7 @@ def lora_config(**overrides):
 
 async def _probe(url: str, version: int, timeout_s: float = 180.0) -> tuple[list[float], list[int], torch.Tensor]:
     """(logprobs, tokens, one merged weight) of the server at ``url`` once it serves ``version``."""
-    c = RolloutClient(url, timeout_s=60)
+    c = EmbeddedClient(url, timeout_s=60)
     try:
         deadline = time.monotonic() + timeout_s
         while not (await c.health() and (await c.info()).weight_version == version):

@@ -103,7 +103,7 @@ def test_trainer_and_engine_forwards_agree_on_a_mistral_decoder():
     with a non-default rope base) is one the engine serves, and both score a sequence as HF does."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    from areal_core.rollout.kv_forward import KVForward
+    from areal_core.rollout.backends.embedded.kv_forward import KVForward
 
     torch.manual_seed(1)
     m = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

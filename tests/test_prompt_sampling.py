@@ -157,7 +157,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
 
     from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings, RolloutController, Servers
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.weight_transport import TensorTransport
     from areal_core.types import Prompt
 

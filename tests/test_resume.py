@@ -182,7 +182,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
 
     from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings, RolloutController, Servers
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -229,7 +229,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
 
     from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings, RolloutController, Servers
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
     # big enough that 2 answers of 400 tokens take a few seconds to generate, so reads land mid-answer

@@ -11,10 +11,11 @@ import pytest
 from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.backends import make_backend
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.backends.embedded.launcher import EmbeddedBackend
 from areal_core.rollout.backends.external import ExternalBackend
 from areal_core.rollout.backends.sglang import SGLangBackend
-from areal_core.rollout.client import RolloutClient, RolloutServerError
-from areal_core.rollout.launcher import EmbeddedBackend
+from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.process import free_port
 from tests.test_rollout_server import hf_greedy, tiny_qwen2
 
@@ -68,7 +69,7 @@ def test_unreachable_external_server_fails_at_launch_naming_it(tmp_path):
 
 
 async def _model_info(url):
-    client = RolloutClient(url, 30.0)
+    client = EmbeddedClient(url, 30.0)
     try:
         return await client.model_info()
     finally:
@@ -76,7 +77,7 @@ async def _model_info(url):
 
 
 def test_engine_config_reaches_the_server_whole_and_bad_json_is_named():
-    from areal_core.rollout.server import parse_args
+    from areal_core.rollout.backends.embedded.server import parse_args
 
     cfg = _rollout(max_running=7, weight_update="drain", torch_threads=2).engine_config(seed=9, dtype="bfloat16")
     args = parse_args(["--model-path", "m", "--port", "1", "--engine-config", cfg.model_dump_json()])

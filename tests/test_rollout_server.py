@@ -14,9 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
-from areal_core.rollout.engine import RolloutEngine
-from areal_core.rollout.launcher import EmbeddedServers, server_seed, start_server
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.backends.embedded.engine import RolloutEngine
+from areal_core.rollout.backends.embedded.launcher import EmbeddedServers, server_seed, start_server
+from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.pool import RolloutPool
 
 VOCAB = 64
 
@@ -63,7 +65,7 @@ def run(coro):
 
 
 async def _with_client(url, fn):
-    client = RolloutClient(url, timeout_s=60)
+    client = EmbeddedClient(url, timeout_s=60)
     try:
         return await fn(client)
     finally:
@@ -86,7 +88,7 @@ def test_batched_generate_answers_each_prompt_in_order(server, models):
     for p, r in zip(prompts, resps):
         assert r.output_ids == hf_greedy(models["v0"][1], p, 12)  # each its own answer, not a neighbour's
 
-    async def bad(c: RolloutClient):
+    async def bad(c: EmbeddedClient):
         async with c._http().post(c.url + "/generate", json={"input_ids": [[5, 6], [7]], "rid": ["only-one"]}) as r:
             return r.status, (await r.json())["message"]
 
@@ -102,7 +104,7 @@ def test_sampling_seed_per_prompt_in_a_batch(server):
     def sp(seed):
         return {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": seed}
 
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         batch = await c.generate_batch([prompt] * 3, [sp(1), sp(1), sp(2)], rids=["a", "b", "c"])
         return batch, await c.generate(prompt, sp(1)), await c.generate(prompt, sp(2))
 
@@ -119,7 +121,7 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
     sampling = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
 
     async def ask(urls):
-        clients = [RolloutClient(u, timeout_s=60) for u in urls]
+        clients = [EmbeddedClient(u, timeout_s=60) for u in urls]
         try:
             return [(await c.generate([5, 6, 7, 8], sampling)).output_ids for c in clients]
         finally:
@@ -139,7 +141,7 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
 
 
 def test_32_concurrent_requests(server):
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         before = (await c.model_info()).generated_tokens
         reqs = [c.generate([i % VOCAB, 9, 10], {"max_new_tokens": 16, "ignore_eos": True, "sampling_seed": i},
                            rid=f"r{i}")
@@ -171,7 +173,7 @@ def test_pool_spreads_requests_and_broadcasts(server):
 
 
 def test_pause_and_continue(server):
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         await c.pause()
         task = asyncio.create_task(c.generate([4, 5], {"max_new_tokens": 8}))
         await asyncio.sleep(0.5)
@@ -262,20 +264,20 @@ def test_the_key_travels_in_the_environment_not_the_command_line(server):
 
 def test_a_server_without_a_key_does_not_start_unless_told(models, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "AREAL_ROLLOUT_API_KEY"}
-    r = subprocess.run([sys.executable, "-m", "areal_core.rollout.server", "--model-path", models["v0"][0],
+    r = subprocess.run([sys.executable, "-m", "areal_core.rollout.backends.embedded.server", "--model-path", models["v0"][0],
                         "--port", "9"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "no API key: set AREAL_ROLLOUT_API_KEY" in r.stderr
 
 
 def test_client_raises_with_the_servers_message(server):
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         with pytest.raises(RolloutServerError, match="vocabulary") as e:
             await c.generate([VOCAB + 1], {"max_new_tokens": 2})
         assert e.value.status == 400
         with pytest.raises(RolloutServerError, match="does not exist"):
             await c.update_weights_from_disk("/no/such/folder", 5)
         assert (await c.model_info()).weight_version == 0
-        dead = RolloutClient("http://127.0.0.1:9", timeout_s=2)
+        dead = EmbeddedClient("http://127.0.0.1:9", timeout_s=2)
         assert not await dead.health()
         with pytest.raises(RolloutServerError, match="unreachable"):
             await dead.model_info()
@@ -288,7 +290,7 @@ def test_update_weights_mid_generation(server, models):
     path0, _ = models["v0"]
     path1, m1 = models["v1"]
 
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         long = [asyncio.create_task(c.generate([i + 4, 7], {"max_new_tokens": 400, "ignore_eos": True}))
                 for i in range(8)]
         while (await c.model_info()).running < 8:  # noqa: ASYNC110 - polls the server over HTTP
@@ -340,7 +342,7 @@ def _gone(pid: int) -> bool:
 @pytest.mark.slow
 def test_server_exits_when_its_parent_dies(models, tmp_path):
     code = (
-        "import time; from areal_core.rollout.launcher import start_server; "
+        "import time; from areal_core.rollout.backends.embedded.launcher import start_server; "
         f"s = start_server({models['v0'][0]!r}, log_path={str(tmp_path / 'server.log')!r}, startup_timeout_s=60); "
         "print(s.pid, flush=True); time.sleep(600)"
     )
@@ -365,7 +367,7 @@ def test_server_exits_when_its_parent_dies(models, tmp_path):
 def test_partial_outputs_of_running_requests(server):
     """/get_requests shows what an unfinished request has so far; it is a prefix of the answer,
     and continuing from it (prompt + prefix, fewer tokens) is how a resumed run goes on."""
-    async def go(c: RolloutClient):
+    async def go(c: EmbeddedClient):
         task = asyncio.ensure_future(c.generate([5, 6, 7], {"max_new_tokens": 300, "ignore_eos": True,
                                                             "sampling_seed": 3}, rid="long-1"))
         seen = None

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from areal_core.rollout.sampling import BatchSampler, RowSampling
+from areal_core.rollout.backends.embedded.sampling import BatchSampler, RowSampling
 
 
 def _reference_logprob(row: list[float], token: int, temperature: float, top_p: float, top_k: int) -> float:

@@ -27,7 +27,7 @@ from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
 from areal_core.reward.sandbox import guarantees
 from areal_core.reward.service import RewardService
-from areal_core.rollout.launcher import start_server
+from areal_core.rollout.backends.embedded.launcher import start_server
 from tests.test_rollout_server import tiny_qwen2
 from tests.test_sandbox_hostile import _modes
 

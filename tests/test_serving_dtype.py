@@ -11,7 +11,8 @@ import torch
 
 from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.backends import make_backend
-from areal_core.rollout.client import RolloutClient, RolloutServerError
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.weight_transport import DistributedTransport, TensorTransport
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.trainer import Trainer
@@ -62,7 +63,7 @@ def _batch() -> list[Trajectory]:
 
 
 async def _push(transport, url: str, model, version: int) -> None:
-    client = RolloutClient(url)
+    client = EmbeddedClient(url)
     try:
         await transport.connect([client])
         transport.stage(model, version)

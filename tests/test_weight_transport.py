@@ -8,8 +8,9 @@ import asyncio
 import pytest
 import torch
 
-from areal_core.rollout.client import RolloutClient, RolloutServerError
-from areal_core.rollout.launcher import EmbeddedServers
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.backends.embedded.launcher import EmbeddedServers
+from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.weight_transport import (
     DiskTransport,
     DistributedTransport,
@@ -29,7 +30,7 @@ def two_servers(tmp_path_factory):
 
 
 async def _server_weights(url: str, names: list[str]) -> dict[str, torch.Tensor]:
-    c = RolloutClient(url)
+    c = EmbeddedClient(url)
     try:
         return {n: torch.tensor(await c.weights_by_name(n, truncate_size=1 << 20)) for n in names}
     finally:
@@ -37,7 +38,7 @@ async def _server_weights(url: str, names: list[str]) -> dict[str, torch.Tensor]
 
 
 async def _push(transport, urls: list[str], model, version: int) -> None:
-    clients = [RolloutClient(u) for u in urls]
+    clients = [EmbeddedClient(u) for u in urls]
     try:
         await transport.connect(clients)
         transport.stage(model, version)
@@ -78,7 +79,7 @@ def test_distributed_transport_pushes_again_and_rejoins(two_servers):
     model = tiny_qwen2(5)
 
     async def go():
-        clients = [RolloutClient(u) for u in servers.urls]
+        clients = [EmbeddedClient(u) for u in servers.urls]
         try:
             await t.connect(clients)
             for v in (31, 32):
@@ -107,7 +108,7 @@ def test_bad_updates_are_refused_and_leave_the_weights(two_servers):
     before = asyncio.run(_server_weights(url, ["lm_head.weight"]))
 
     async def go():
-        c = RolloutClient(url)
+        c = EmbeddedClient(url)
         try:
             with pytest.raises(RolloutServerError, match="does not exist on this host"):
                 from areal_core.rollout.weight_layout import TensorSpec
@@ -157,7 +158,7 @@ def test_distributed_resend_with_a_fixed_master_port(two_servers):
     model = tiny_qwen2(6)
 
     async def go():
-        clients = [RolloutClient(u) for u in servers.urls]
+        clients = [EmbeddedClient(u) for u in servers.urls]
         try:
             await t.connect(clients)
             t.stage(model, 41)
@@ -211,7 +212,7 @@ def test_a_recovering_server_never_loads_a_mix_of_two_versions(two_servers, kind
     names = list(want[50])
 
     async def go():
-        clients = [RolloutClient(u) for u in servers.urls]
+        clients = [EmbeddedClient(u) for u in servers.urls]
         try:
             await transport.connect(clients)
             transport.stage(old, 50)

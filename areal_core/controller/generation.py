@@ -19,7 +19,8 @@ from areal_core.agents import FROZEN, TRAINABLE
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.settings import ControllerSettings, Servers
 from areal_core.rollout.backend import Generation, Sampling
-from areal_core.rollout.client import RolloutPool, RolloutServerError
+from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.pool import RolloutPool
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)

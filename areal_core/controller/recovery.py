@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from areal_core.controller.settings import Restart
-from areal_core.rollout.client import RolloutPool, RolloutServerError
+from areal_core.rollout.client import RolloutServerError, wait_healthy
+from areal_core.rollout.pool import RolloutPool
 from areal_core.rollout.weight_transport import WeightTransport
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class ServerRecovery:
         if self.restart is not None:
             path = await asyncio.to_thread(self.restart_source)
             await asyncio.to_thread(self.restart, i, path, self.model_version)
-        await self._wait_healthy(client)
+        await wait_healthy(client, self.request_timeout_s, after=" after a restart")
         staged = self.transport.staged_version  # None: nothing newer than the checkpoint yet
         if staged is not None and (await client.info()).weight_version != staged:
             await self.transport.resend(self.trainable.clients, i)
@@ -124,13 +124,6 @@ class ServerRecovery:
                     return
                 if self.restart_frozen is not None:
                     await asyncio.to_thread(self.restart_frozen, i, self.frozen_model_path, self.frozen_version)
-                await self._wait_healthy(client)
+                await wait_healthy(client, self.request_timeout_s, after=" after a restart")
         finally:
             await pool.release(i)
-
-    async def _wait_healthy(self, client) -> None:
-        deadline = time.monotonic() + self.request_timeout_s
-        while not await client.health():
-            if time.monotonic() > deadline:
-                raise RolloutServerError(client.url, None, f"not healthy {self.request_timeout_s:.0f}s after a restart")
-            await asyncio.sleep(0.2)

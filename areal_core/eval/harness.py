@@ -167,7 +167,7 @@ async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]]
     """Generate every job (rid, input_ids, seed, max_new_tokens); ``on_done(index, response)`` as each finishes."""
     from tqdm import tqdm
 
-    from areal_core.rollout.client import RolloutPool
+    from areal_core.rollout.pool import RolloutPool
 
     pool = RolloutPool(urls, timeout_s=3600.0)
     bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
@@ -273,7 +273,7 @@ def evaluate_checkpoint(
     ``heldout``, temperature 0.6 and top-p 0.95 for the others. Returns the summary dict.
     """
     from areal_core.reward.service import RewardService
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from areal_core.rollout.backend import Sampling
-from areal_core.rollout.client import RolloutPool
+from areal_core.rollout.pool import RolloutPool
 
 
 async def _generate_all(urls, prompts, sampling, timeout_s, make_client):

@@ -87,8 +87,8 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
     from areal_core.eval.harness import load_tokenizer
     from areal_core.experiment import ExperimentConfig
     from areal_core.reward.service import RewardService
-    from areal_core.rollout.client import RolloutPool
-    from areal_core.rollout.launcher import start_server
+    from areal_core.rollout.backends.embedded.launcher import start_server
+    from areal_core.rollout.pool import RolloutPool
     from areal_core.storage import CheckpointStore
     from areal_core.storage.fsutil import read_json
 

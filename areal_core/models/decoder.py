@@ -1,7 +1,7 @@
 """The Llama-family decoders areal-flow runs its own forward passes over, and what those passes
 share: the one check that a model is such a decoder, and the one form of its rotary embedding.
 
-Two forwards exist because they do different jobs: the rollout engine's (``rollout/kv_forward.py``:
+Two forwards exist because they do different jobs: the rollout engine's (``rollout/backends/embedded/kv_forward.py``:
 prefill and decode over fused weight copies and a KV cache, no autograd) and the trainer's
 (``trainer/packed_forward.py``: one packed stream through the model's own modules, so gradients
 reach its parameters). Both accept exactly the models :func:`check_decoder` accepts and rotate

@@ -85,7 +85,7 @@ def read_weights(model: torch.nn.Module, folder: str) -> dict[str, torch.Tensor]
 def apply_weights(model: torch.nn.Module, staged: dict[str, torch.Tensor]) -> None:
     """Copy ``staged`` (from :func:`read_weights`) into ``model``'s parameters, in place.
 
-    A :class:`~areal_core.rollout.kv_forward.KVForward` over ``model`` keeps fused copies of
+    A :class:`~areal_core.rollout.backends.embedded.kv_forward.KVForward` over ``model`` keeps fused copies of
     some weights: call its ``weights_changed()`` afterwards.
     """
     params = dict(model.named_parameters())

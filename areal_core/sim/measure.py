@@ -68,7 +68,7 @@ def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 
 def _engine(model, max_running: int):
-    from areal_core.rollout.engine import RolloutEngine
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
     return RolloutEngine(model, max_running=max_running, start=False, kv_slots=max_running, kv_capacity=256)
 

@@ -24,7 +24,7 @@ BF16_MEAN_TOL, BF16_P99_TOL, FP32_MAX_TOL = 0.1, 0.6, 1e-3
 
 def run_engine(model, batch: list[list[int]], new: int) -> tuple[float, list]:
     """(seconds, responses) of one batch through a fresh engine driven in this thread."""
-    from areal_core.rollout.engine import RolloutEngine
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
     eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch),
                         kv_capacity=len(batch[0]) + new + 1, seed=len(batch))

@@ -15,7 +15,7 @@ def make_backend(rollout, *, engine, log_dir: str | Path, api_key: str | None = 
     it is given by URL use the key the config names (``auth.ServerAuthConfig``)."""
     cfg = rollout.backend
     if cfg.kind == "embedded":
-        from areal_core.rollout.launcher import EmbeddedBackend
+        from areal_core.rollout.backends.embedded.launcher import EmbeddedBackend
 
         return EmbeddedBackend(rollout.n_servers, engine, log_dir=log_dir, api_key=api_key)
     if cfg.kind == "external":

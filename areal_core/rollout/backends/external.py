@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from areal_core.rollout.client import RolloutClient, RolloutPool, RolloutServerError
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.pool import RolloutPool
 
 
 class ExternalBackend:
@@ -40,5 +42,5 @@ class ExternalBackend:
     def restart(self, index: int, model_path: str, version: int) -> None:
         raise RuntimeError(f"an external rollout server ({self.urls[index]}) cannot be restarted from here")
 
-    def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
-        return RolloutClient(url, timeout_s, api_key=self.api_key)
+    def client(self, url: str, timeout_s: float = 600.0) -> EmbeddedClient:
+        return EmbeddedClient(url, timeout_s, api_key=self.api_key)

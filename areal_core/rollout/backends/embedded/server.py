@@ -1,6 +1,6 @@
 """The embedded rollout server: the engine behind a subset of SGLang's HTTP API.
 
-    AREAL_ROLLOUT_API_KEY=<key> python -m areal_core.rollout.server --model-path PATH_OR_URL --port N \\
+    AREAL_ROLLOUT_API_KEY=<key> python -m areal_core.rollout.backends.embedded.server --model-path PATH_OR_URL --port N \\
         [--host 127.0.0.1] [--weight-version 0] [--parent-pid PID] [--allow-unauthenticated] \\
         [--engine-config '{"max_running": 256, "weight_update": "reprefill", "torch_threads": 1,
                            "dtype": "float32", "seed": 0, "kv_budget": {"tokens": 20000}}']
@@ -35,8 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.device import resolve_device
 from areal_core.rollout.auth import API_KEY_ENV, BearerAuth
+from areal_core.rollout.backends.embedded.engine import EngineStopped, RequestError, RolloutEngine
+from areal_core.rollout.backends.embedded.weight_receiver import DistributedReceiver, SharedMemoryReader
 from areal_core.rollout.config import EngineConfig
-from areal_core.rollout.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.protocol import (
     AbortRequest,
     GenerateBatchRequest,
@@ -49,13 +50,12 @@ from areal_core.rollout.protocol import (
     WeightsByNameRequest,
 )
 from areal_core.rollout.weight_layout import TensorSpec
-from areal_core.rollout.weight_receiver import DistributedReceiver, SharedMemoryReader
 
 TRANSPORTS = ["disk", "tensor", "distributed"]  # what this server can receive weights by
 
 
 SERVER_KEEP_ALIVE_S = 75  # idle keep-alive; clients expire theirs sooner (client.py)
-log = logging.getLogger("areal_core.rollout.server")
+log = logging.getLogger("areal_core.rollout.backends.embedded.server")
 
 MAX_BODY_BYTES = 8 << 20
 _LOAD_FORMATS = (None, "auto", "safetensors")
@@ -337,7 +337,7 @@ def _engine_config(text: str) -> EngineConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m areal_core.rollout.server", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m areal_core.rollout.backends.embedded.server", description=__doc__.splitlines()[0])
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder or fsspec URL")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)

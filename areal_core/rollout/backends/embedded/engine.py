@@ -61,13 +61,19 @@ from concurrent.futures import Future
 
 import torch
 
+from areal_core.rollout.backends.embedded.engine_parts import EngineStopped, prefill_groups, requests_snapshot
+from areal_core.rollout.backends.embedded.engine_parts import deliver as _deliver
+from areal_core.rollout.backends.embedded.kv_forward import (
+    KVForward,
+    apply_weights,
+    eos_token_ids,
+    load_model,
+    read_weights,
+)
+from areal_core.rollout.backends.embedded.sampling import BatchSampler, RequestError, Sequence, new_sequence
+from areal_core.rollout.backends.embedded.weight_receiver import check_weights
 from areal_core.rollout.config import KVBudget
-from areal_core.rollout.engine_parts import EngineStopped, prefill_groups, requests_snapshot
-from areal_core.rollout.engine_parts import deliver as _deliver
-from areal_core.rollout.kv_forward import KVForward, apply_weights, eos_token_ids, load_model, read_weights
 from areal_core.rollout.protocol import ModelInfo, SamplingParams
-from areal_core.rollout.sampling import BatchSampler, RequestError, Sequence, new_sequence
-from areal_core.rollout.weight_receiver import check_weights
 from areal_core.storage.localize import localize
 from areal_core.trainer.lora import AdapterMerger
 

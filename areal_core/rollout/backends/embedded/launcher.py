@@ -28,7 +28,8 @@ from pathlib import Path
 
 from areal_core.device import resolve_device
 from areal_core.rollout import auth
-from areal_core.rollout.client import RolloutClient, check_health_sync
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.client import check_health_sync
 from areal_core.rollout.config import EngineConfig
 from areal_core.rollout.process import ServerProcess, free_port
 
@@ -45,7 +46,7 @@ def server_seed(run_seed: int, index: int) -> int:
 
 
 def _command(model_path: str, port: int, weight_version: int, engine: EngineConfig) -> list[str]:
-    return [sys.executable, "-m", "areal_core.rollout.server", "--model-path", model_path, "--host", "127.0.0.1",
+    return [sys.executable, "-m", "areal_core.rollout.backends.embedded.server", "--model-path", model_path, "--host", "127.0.0.1",
             "--port", str(port), "--weight-version", str(weight_version), "--parent-pid", str(os.getpid()),
             "--engine-config", engine.model_dump_json()]
 
@@ -205,5 +206,5 @@ class EmbeddedBackend:
             raise RuntimeError("restart() outside launch(): no embedded servers are running")
         self._servers.restart(index, model_path, version)
 
-    def client(self, url: str, timeout_s: float = 600.0) -> RolloutClient:
-        return RolloutClient(url, timeout_s, api_key=self.api_key)
+    def client(self, url: str, timeout_s: float = 600.0) -> EmbeddedClient:
+        return EmbeddedClient(url, timeout_s, api_key=self.api_key)

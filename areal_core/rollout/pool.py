@@ -1,0 +1,153 @@
+"""``RolloutPool``: one policy's rollout servers as one, for any backend's client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from areal_core.rollout.backend import Generation, Sampling
+from areal_core.rollout.backends.embedded.client import EmbeddedClient, sampling_params
+from areal_core.rollout.client import run_all
+from areal_core.rollout.protocol import ModelInfo, SamplingParams
+
+
+class RolloutPool:
+    """``make_client(url, timeout_s)``: the backend's client (default: the embedded engine's).
+
+    ``kv_budget_tokens``: a client-side KV-cache limit per server, for servers that do not enforce
+    ``rollout.kv_budget`` themselves (external ones). A request reserves prompt (with what it
+    generated so far) + max_new_tokens positions on the server it goes to until it returns; requests
+    are admitted first come, first served (a later one never overtakes a waiting one), each to the
+    least busy server it fits on, and one larger than the whole budget is a ``ValueError`` naming
+    its size. Only this pool's requests are counted."""
+
+    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None,
+                 kv_budget_tokens: int | None = None):
+        if not urls:
+            raise ValueError("RolloutPool needs at least one server URL")
+        if kv_budget_tokens is not None and kv_budget_tokens <= 0:
+            raise ValueError(f"kv_budget_tokens must be positive, got {kv_budget_tokens}")
+        self.clients = [(make_client or EmbeddedClient)(u, timeout_s) for u in urls]
+        self.in_flight = [0] * len(self.clients)  # generate requests awaiting an answer, per server
+        self.sent = [0] * len(self.clients)
+        self._next = 0
+        self.kv_budget_tokens = kv_budget_tokens
+        self.kv_reserved = [0] * len(self.clients)  # KV positions reserved per server
+        self.kv_peak = 0  # the most reserved on one server at once
+        self.held = [0] * len(self.clients)  # > 0: out of service (being brought back), given no request
+        self._queue: asyncio.Lock | None = None  # the head of the line (asyncio.Lock wakes in FIFO order)
+        self._freed: asyncio.Condition | None = None  # KV released, or a server back in service
+
+    @property
+    def urls(self) -> list[str]:
+        return [c.url for c in self.clients]
+
+    def hold(self, i: int) -> None:
+        """Give server ``i`` no new request until as many ``release(i)``: it failed, and is being
+        brought back to the current weights (a restarted server is idle, so it would be picked
+        first, with whatever old weights it started from). Requests already sent are not touched."""
+        self.held[i] += 1
+
+    async def release(self, i: int) -> None:
+        self.held[i] -= 1
+        if self.held[i] == 0 and self._freed is not None:
+            async with self._freed:
+                self._freed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def _least_busy(self, n: int, kv_tokens: int = 0):
+        """The client of the server with the fewest requests in flight, among those in service,
+        counting ``n`` more on it (and, with a budget, reserving ``kv_tokens`` KV positions there)."""
+        i = await self._choose(kv_tokens)
+        self.in_flight[i] += n
+        self.sent[i] += n
+        try:
+            yield self.clients[i]
+        finally:
+            self.in_flight[i] -= n
+            if self.kv_budget_tokens is not None:
+                self.kv_reserved[i] -= kv_tokens
+                async with self._freed:
+                    self._freed.notify_all()
+
+    def _pick(self, fits=lambda j: True) -> int:
+        n = len(self.clients)
+        order = [j for j in ((self._next + k) % n for k in range(n)) if fits(j)]  # ties rotate over the servers
+        i = min(order, key=lambda j: self.in_flight[j])
+        self._next = (i + 1) % n
+        return i
+
+    async def _choose(self, need: int) -> int:
+        """Wait in line until a server in service has room for ``need`` KV positions (without a
+        budget: until one is in service); reserve them there and return it."""
+        budget = self.kv_budget_tokens
+        if budget is not None and need > budget:
+            raise ValueError(f"a request needing {need} KV positions (prompt + max_new_tokens) exceeds the whole "
+                             f"rollout.kv_budget of {budget} tokens per server")
+
+        def fits(j: int) -> bool:
+            return not self.held[j] and (budget is None or self.kv_reserved[j] + need <= budget)
+
+        n = len(self.clients)
+        if budget is None and not any(self.held):
+            return self._pick()  # the common case: no budget, every server in service
+        if self._queue is None:  # made on the loop that uses them
+            self._queue, self._freed = asyncio.Lock(), asyncio.Condition()
+        async with self._queue:
+            async with self._freed:
+                await self._freed.wait_for(lambda: any(fits(j) for j in range(n)))
+            i = self._pick(fits)
+            if budget is not None:
+                self.kv_reserved[i] += need
+                self.kv_peak = max(self.kv_peak, self.kv_reserved[i])
+            return i
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: dict | Sampling | SamplingParams | None = None,
+        rid: str | None = None,
+    ) -> Generation:
+        need = len(input_ids) + sampling_params(sampling).max_new_tokens if self.kv_budget_tokens else 0
+        async with self._least_busy(1, need) as client:
+            return await client.generate(input_ids, sampling, rid=rid)
+
+    async def generate_batch(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
+        rids: Sequence[str] | None = None,
+    ) -> list[Generation]:
+        """One batched request to one server (the least busy it fits on), responses in order."""
+        need = 0
+        if self.kv_budget_tokens:
+            per = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(input_ids)
+            sizes = [len(ids) + sampling_params(x).max_new_tokens for ids, x in zip(input_ids, per, strict=True)]
+            need = sum(sizes)
+            if need > self.kv_budget_tokens and len(input_ids) > 1:  # too big together: one request each
+                return list(await asyncio.gather(*(self.generate(ids, x, rid=rids[k] if rids else None)
+                                                   for k, (ids, x) in enumerate(zip(input_ids, per)))))
+        async with self._least_busy(len(input_ids), need) as client:
+            return await client.generate_batch(input_ids, sampling, rids=rids)
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        await run_all(c.update_weights_from_disk(model_path, version) for c in self.clients)
+
+    async def pause(self) -> None:
+        await run_all(c.pause() for c in self.clients)
+
+    async def resume(self) -> None:
+        await run_all(c.resume() for c in self.clients)
+
+    async def health(self) -> list[bool]:
+        return list(await asyncio.gather(*(c.health() for c in self.clients)))
+
+    async def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        await run_all(c.wait_healthy(timeout_s) for c in self.clients)
+
+    async def model_infos(self) -> list[ModelInfo]:
+        return await run_all(c.model_info() for c in self.clients)
+
+    async def aclose(self) -> None:
+        await run_all(c.aclose() for c in self.clients)
