@@ -8,6 +8,7 @@ from areal_core.configbase import Section
 from areal_core.rollout.auth import UNAUTHENTICATED_MESSAGE, ServerAuthConfig
 from areal_core.rollout.backends.sglang import SGLangConfig
 from areal_core.rollout.backends.vllm import VLLMConfig
+from areal_core.rollout.protocol import WeightUpdateMode
 
 _NEEDS_FULL = ("training needs the unfiltered distribution: the trainer recomputes logprobs over every "
                "token, and the kept set of a filter depends on the policy, so the importance weights "
@@ -104,7 +105,7 @@ class EngineConfig(Section):
     """Everything one embedded server's engine is configured with, built once from the run's
     config (``RolloutConfig.engine_config``) and handed to the server whole, as JSON."""
     max_running: int = Field(256, gt=0)  # sequences decoded together
-    weight_update: Literal["reprefill", "keep_kv", "drain"] = "reprefill"
+    weight_update: WeightUpdateMode = "reprefill"
     torch_threads: int = Field(1, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
@@ -144,7 +145,7 @@ class RolloutConfig(Section):
     max_running: int = Field(256, gt=0)  # sequences decoded together by one embedded server
     # what a weight update does to in-flight sequences: reprefill (AReaL: re-prefill them with the
     # new weights), keep_kv (PipelineRL: continue on the old KV cache), drain (finish them first)
-    weight_update: Literal["reprefill", "keep_kv", "drain"] = "reprefill"
+    weight_update: WeightUpdateMode = "reprefill"
     # how weights reach the servers; None: the fastest that works for the backend
     # (embedded servers on this host: tensor; external and SGLang servers: distributed; vLLM: disk)
     weight_transport: WeightTransportConfig | None = None

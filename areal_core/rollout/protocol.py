@@ -36,6 +36,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# How a server takes a weight update while it generates (``rollout.weight_update``; the embedded
+# engine's docstring says what each does). Declared once: the config, the wire and every backend use it.
+WeightUpdateMode = Literal["reprefill", "keep_kv", "drain"]
+
 MAX_TOKENS_PER_REQUEST = 1 << 16
 MAX_SEED = 1 << 63
 
@@ -166,7 +170,7 @@ class ModelInfo(_Body):
     running: int
     waiting: int
     paused: bool
-    weight_update: Literal["reprefill", "keep_kv", "drain"]
+    weight_update: WeightUpdateMode
     weight_transports: list[str] = ["disk"]  # how this server can receive weights
     generated_tokens: int  # since start
     eos_token_id: int | None

@@ -20,11 +20,13 @@ Entry point: `simulate(SimConfig) -> SimResult`.
 from __future__ import annotations
 
 import heapq
+import typing
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from areal_core.rollout.protocol import WeightUpdateMode
 from areal_core.sim.cost import (
     CostModel,
     Efficiency,
@@ -38,7 +40,7 @@ from areal_core.sim.lengths import LengthDist
 from areal_core.sim.server import Request, RolloutServer
 
 MODES = ("async", "sync")
-UPDATE_MODES = ("reprefill", "keep_kv", "drain")
+UPDATE_MODES = typing.get_args(WeightUpdateMode)
 
 
 def gate_allows(n_admitted: int, n_new: int, version: int, batch_size: int, eta: int) -> bool:

@@ -56,6 +56,7 @@ from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
+from areal_core.rollout.protocol import WeightUpdateMode
 
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODE_FOR_UPDATE: dict[str, PauseMode | None] = {"keep_kv": "in_place", "reprefill": "retract", "drain": None}
@@ -308,7 +309,7 @@ class SGLangBackend:
     implements areal_core.rollout.backend.RolloutBackend."""
     name = "sglang"
 
-    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: str = "reprefill",
+    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: WeightUpdateMode = "reprefill",
                  api_key: str | None = None):
         """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update;
         ``api_key``: what servers started here require (the run's; None: one made here)."""

@@ -60,10 +60,10 @@ from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
+from areal_core.rollout.protocol import WeightUpdateMode
 
 VENV = Path(__file__).resolve().parents[3] / "bench" / ".venvs" / "vllm"
 PAUSE_MODE = {"keep_kv": "keep", "reprefill": "abort", "drain": "wait"}
-WeightUpdate = Literal["reprefill", "keep_kv", "drain"]
 
 
 class VLLMConfig(Section):
@@ -96,7 +96,7 @@ def venv_python(cfg: VLLMConfig) -> str:
 
 
 def vllm_command(cfg: VLLMConfig, python: str, model_path: str, port: int, *, dtype: str, seed: int,
-                 weight_update: WeightUpdate) -> list[str]:
+                 weight_update: WeightUpdateMode) -> list[str]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", cfg.host,
            "--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-num-seqs", str(cfg.max_num_seqs),
            "--skip-tokenizer-init", "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
@@ -226,7 +226,7 @@ def _metric(text: str, name: str) -> int:
 class VLLMClient(HTTPClient):
     """One vLLM server (implements areal_core.rollout.backend.RolloutClient)."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, weight_update: WeightUpdate = "reprefill",
+    def __init__(self, url: str, timeout_s: float = 600.0, weight_update: WeightUpdateMode = "reprefill",
                  retries: int = 2, untie_lm_head: bool = True, api_key: str | None = None):
         super().__init__(url, timeout_s, retries, api_key)
         self.untie_lm_head = untie_lm_head
@@ -332,7 +332,7 @@ class VLLMBackend:
     name = "vllm"
     restartable = True
 
-    def __init__(self, cfg: VLLMConfig, *, weight_update: WeightUpdate = "reprefill", seed: int = 0,
+    def __init__(self, cfg: VLLMConfig, *, weight_update: WeightUpdateMode = "reprefill", seed: int = 0,
                  dtype: str = "float32", log_dir: str | None = None, api_key: str | None = None):
         self.cfg, self.weight_update, self.seed, self.dtype = cfg, weight_update, seed, dtype
         self.api_key = api_key or auth.new_key()  # the run's: every server requires it

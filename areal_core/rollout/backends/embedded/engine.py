@@ -56,6 +56,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import typing
 from collections import deque
 from concurrent.futures import Future
 
@@ -73,13 +74,13 @@ from areal_core.rollout.backends.embedded.kv_forward import (
 from areal_core.rollout.backends.embedded.sampling import BatchSampler, RequestError, Sequence, new_sequence
 from areal_core.rollout.backends.embedded.weight_receiver import check_weights
 from areal_core.rollout.config import KVBudget
-from areal_core.rollout.protocol import ModelInfo, SamplingParams
+from areal_core.rollout.protocol import ModelInfo, SamplingParams, WeightUpdateMode
 from areal_core.storage.localize import localize
 from areal_core.trainer.lora import AdapterMerger
 
 __all__ = ["WEIGHT_UPDATE_MODES", "EngineStopped", "RequestError", "RolloutEngine", "kv_reserve"]
 
-WEIGHT_UPDATE_MODES = ("reprefill", "keep_kv", "drain")
+WEIGHT_UPDATE_MODES = typing.get_args(WeightUpdateMode)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class RolloutEngine:
         *,
         model_path: str = "",
         max_running: int = 256,
-        weight_update: str = "reprefill",
+        weight_update: WeightUpdateMode = "reprefill",
         weight_version: int = 0,
         kv_slots: int | None = None,
         kv_capacity: int | None = None,
