@@ -18,7 +18,7 @@ docs/PLANNING.md describes the model, its assumptions and its validation.
 
 from areal_core.sim.calibrate import calibrate_from
 from areal_core.sim.cost import CostModel, Efficiency, build_cost_model
-from areal_core.sim.engine import SimConfig, SimResult, gate_allows, resolve, simulate
+from areal_core.sim.engine import SimConfig, SimResult, resolve, simulate
 from areal_core.sim.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
 from areal_core.sim.planner import Alternative, plan, recommend
@@ -38,7 +38,6 @@ __all__ = [
     "ValidationRow",
     "build_cost_model",
     "calibrate_from",
-    "gate_allows",
     "plan",
     "recommend",
     "resolve",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from areal_core.algo.staleness import staleness_allows
 from areal_core.rollout.protocol import WeightUpdateMode
 from areal_core.sim.cost import (
     CostModel,
@@ -41,13 +42,6 @@ from areal_core.sim.server import Request, RolloutServer
 
 MODES = ("async", "sync")
 UPDATE_MODES = typing.get_args(WeightUpdateMode)
-
-
-def gate_allows(n_admitted: int, n_new: int, version: int, batch_size: int, eta: int) -> bool:
-    """May `n_new` more requests start after `n_admitted`? The project's gate
-    (areal_core/algo/staleness.py, AReaL eq. 3): the N_r-th request (1-based) may start
-    only while floor((N_r - 1) / B) <= version + eta; for a group, its last request."""
-    return (n_admitted + n_new - 1) // batch_size <= version + eta
 
 
 @dataclass(frozen=True)
@@ -470,7 +464,9 @@ class _AsyncRun(_Run):
     def try_admit(self, t: float) -> None:
         cfg = self.cfg
         touched: set[int] = set()
-        while gate_allows(self.n_admitted, cfg.answers_per_prompt, self.gate_version, cfg.batch_size, cfg.eta):
+        # the run's own gate (algo/staleness.py, AReaL eq. 3), for a group's last request
+        while staleness_allows(self.n_admitted + cfg.answers_per_prompt - 1, self.gate_version, cfg.batch_size,
+                               cfg.eta):
             self.admit_group(self.gate_version, touched)
         self.touch_servers(t, touched)
 
