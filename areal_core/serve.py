@@ -52,6 +52,7 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
     if not Path(model_path, "config.json").is_file():
         raise FileNotFoundError(f"{model_path}: not a model folder (no config.json); give a checkpoint version "
                                 "folder (RUN/checkpoints/vN) or an HF model folder")
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
     dtype = dtype_name(model_dtype(cfg.model)[0])
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir, api_key=new_key())

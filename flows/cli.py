@@ -357,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="up: start the server, a worker and the deployments; down: stop them; status: show them")
     k.add_argument("--port", type=int, help="server port for `up` (default 4200, or a free one if taken)")
     k.set_defaults(func=cmd_stack)
+
+    from flows.tool_commands import add_parsers
+
+    add_parsers(sub, _add_set)
     return p
 
 

@@ -31,7 +31,3 @@ def report(run_dirs: list[str], out_dir: str, title: str = "areal-flow report") 
                              description=out["report"])
     print(f"report: {out['report']}")
     return out["report"]
-
-
-if __name__ == "__main__":
-    report(["runs/quickstart"], "runs/quickstart/report")

@@ -61,11 +61,3 @@ def rollout_servers(model_path: str, config_path: str = "configs/quickstart.yaml
                              on_up=publish, on_check=report)
     finally:
         Variable.unset(name)
-
-
-if __name__ == "__main__":  # python -m flows.serve MODEL [CONFIG]: serve until cancelled (SLURM recipe)
-    import sys
-
-    if not 2 <= len(sys.argv) <= 3:
-        sys.exit("usage: python -m flows.serve MODEL_FOLDER [CONFIG]")
-    rollout_servers(sys.argv[1], *sys.argv[2:3], hold_s=None)

@@ -132,3 +132,14 @@ def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch):
         t.join(60)
         assert seen and seen == result["urls"] and all(u.startswith("http://127.0.0.1:") for u in seen)
         assert Variable.get(name) is None  # removed once the servers stopped
+
+
+def test_serve_command_without_prefect_serves_for_hold_s_then_stops(model_dir, tmp_path, capsys):
+    from flows.cli import main
+
+    log_dir = tmp_path / "logs" / "new"  # made by the command
+    assert main(["serve", model_dir, "--config", CONFIG, "--hold-s", "2", "--no-prefect", "--log-dir",
+                 str(log_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "rollout servers up: http://127.0.0.1:" in out and '"restarts": 0' in out
+    assert (log_dir / "rollout_server_0.log").is_file()
