@@ -17,11 +17,13 @@ docs/PLANNING.md describes the model, its assumptions and its validation.
 """
 
 from areal_core.sim.calibrate import calibrate_from
+from areal_core.sim.config import SimConfig, resolve
 from areal_core.sim.cost import CostModel, Efficiency, build_cost_model
-from areal_core.sim.engine import SimConfig, SimResult, resolve, simulate
+from areal_core.sim.engine import simulate
 from areal_core.sim.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
 from areal_core.sim.planner import Alternative, plan, recommend
+from areal_core.sim.result import SimResult
 from areal_core.sim.validation import ValidationRow, validation_rows
 
 __all__ = [

@@ -15,248 +15,26 @@ Entry point: `simulate(SimConfig) -> SimResult`.
 * **sync** (the baseline): every device serves the step's batch, then every device
   trains on it (after moving the training state back), then the weights go to the
   servers, then the next step starts. Staleness is 0.
+
+The configuration and its validation live in `config.py`, the result and its aggregation
+in `result.py`; `SimConfig`, `SimResult`, `resolve` and the mode names are importable from
+here as well.
 """
 
 from __future__ import annotations
 
 import heapq
-import typing
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from areal_core.algo.staleness import staleness_allows
-from areal_core.rollout.protocol import WeightUpdateMode
-from areal_core.sim.cost import (
-    CostModel,
-    Efficiency,
-    build_cost_model,
-    check_rollout_fits,
-    check_trainer_fits,
-    smallest_rollout_tp,
-)
-from areal_core.sim.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
-from areal_core.sim.lengths import LengthDist
+from areal_core.sim.config import MODES, UPDATE_MODES, Setup, SimConfig, resolve
+from areal_core.sim.result import SimResult, collect_result
 from areal_core.sim.server import Request, RolloutServer
 
-MODES = ("async", "sync")
-UPDATE_MODES = typing.get_args(WeightUpdateMode)
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """One simulated run. Counts are devices (GPUs); lengths are tokens.
-
-    Attributes:
-        model: a `ModelSpec` or a preset name ("1.5B", "7B", "32B").
-        gpu: a `GPUSpec` or a preset name ("H800", "H100", "A100", "H200").
-        n_gpus: devices in all.
-        mode: "async" (devices split between rollout and trainer) or "sync".
-        n_rollout_gpus: async: devices serving (default: 3/4 of n_gpus, AReaL's split).
-        rollout_tp: devices per rollout server (default: the fewest that hold the model
-            and one full-length sequence).
-        eta: maximum staleness (async; sync is eta 0 by construction).
-        weight_update: what an update does to answers in flight: reprefill, keep_kv, drain.
-        prompts_per_step: prompts per training batch.
-        answers_per_prompt: answers per prompt (a group; admitted and trained whole).
-        prompt_tokens: prompt length.
-        lengths: the answer-length distribution (clipped at its max_new_tokens).
-        n_steps: training steps to simulate.
-        warmup_steps: steps left out of the effective throughput (pipeline fill).
-        seed: seeds the answer lengths (the same seed gives the same lengths in
-            admission order, whatever the mode).
-        efficiency: achieved fractions and overheads for the roofline cost model.
-        cost: a ready `CostModel` (e.g. from `calibrate_from`) used instead of the roofline.
-        max_running_per_server: continuous-batching cap on running requests per server.
-        admit_reserve_tokens: KV a server keeps free per running request when admitting.
-        util_bins: points in the utilisation time series.
-        train_shared_prompt: the trainer computes a group's prompt once (this project's
-            trainer does; AReaL's packs every answer with its own copy): the training
-            cost's token count holds each group's prompt once. The trained-token
-            throughput counts it per answer either way.
-    """
-
-    model: ModelSpec | str = "7B"
-    gpu: GPUSpec | str = "H800"
-    n_gpus: int = 64
-    mode: str = "async"
-    n_rollout_gpus: int | None = None
-    rollout_tp: int | None = None
-    eta: int = 4
-    weight_update: str = "reprefill"
-    prompts_per_step: int = 512
-    answers_per_prompt: int = 16
-    prompt_tokens: int = 1024
-    lengths: LengthDist = field(default_factory=lambda: LengthDist(max_new_tokens=15360, median=4000, sigma=0.9))
-    n_steps: int = 20
-    warmup_steps: int = 5
-    seed: int = 0
-    efficiency: Efficiency = field(default_factory=Efficiency)
-    cost: CostModel | None = None
-    max_running_per_server: int = 1024
-    admit_reserve_tokens: int = 512
-    util_bins: int = 100
-    train_shared_prompt: bool = False
-
-    @property
-    def batch_size(self) -> int:
-        return self.prompts_per_step * self.answers_per_prompt
-
-
-@dataclass(frozen=True)
-class Setup:
-    """A validated `SimConfig` with everything derived from it."""
-
-    model: ModelSpec
-    gpu: GPUSpec
-    tp: int
-    n_rollout_gpus: int
-    n_trainer_gpus: int
-    n_servers: int
-    cost: CostModel
-
-
-def resolve(cfg: SimConfig) -> Setup:
-    """Validate `cfg`; every error is a ValueError that names the field."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {cfg.mode!r}")
-    if cfg.weight_update not in UPDATE_MODES:
-        raise ValueError(f"weight_update must be one of {UPDATE_MODES}, got {cfg.weight_update!r}")
-    for name in ("n_gpus", "prompts_per_step", "answers_per_prompt", "n_steps", "max_running_per_server", "util_bins"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("eta", "prompt_tokens", "warmup_steps", "admit_reserve_tokens"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.warmup_steps >= cfg.n_steps:
-        raise ValueError(f"warmup_steps must be < n_steps ({cfg.n_steps}), got {cfg.warmup_steps}")
-    if not isinstance(cfg.lengths, LengthDist):
-        raise ValueError(f"lengths must be a LengthDist, got {type(cfg.lengths).__name__}")
-    model, gpu = model_spec(cfg.model), gpu_spec(cfg.gpu)
-    seq_tokens = cfg.prompt_tokens + cfg.lengths.max_new_tokens
-    if cfg.rollout_tp is None:
-        tp = smallest_rollout_tp(model, gpu, seq_tokens, cfg.efficiency)
-    elif cfg.rollout_tp < 1:
-        raise ValueError(f"rollout_tp must be >= 1, got {cfg.rollout_tp}")
-    else:
-        tp = cfg.rollout_tp
-    if cfg.mode == "sync":
-        n_rollout, n_trainer = cfg.n_gpus, cfg.n_gpus
-        if cfg.n_gpus % tp:
-            raise ValueError(f"n_gpus ({cfg.n_gpus}) must be a multiple of rollout_tp ({tp}) in sync mode")
-    else:
-        n_rollout = cfg.n_rollout_gpus if cfg.n_rollout_gpus is not None else _default_rollout(cfg.n_gpus, tp)
-        if n_rollout >= cfg.n_gpus:
-            raise ValueError(
-                f"n_rollout_gpus: {n_rollout} of n_gpus {cfg.n_gpus} leaves no trainer device (async needs both)"
-            )
-        if n_rollout < tp:
-            raise ValueError(
-                f"n_rollout_gpus: {n_rollout} leaves no rollout server (one needs rollout_tp = {tp} devices)"
-            )
-        if n_rollout % tp:
-            raise ValueError(f"n_rollout_gpus ({n_rollout}) must be a multiple of rollout_tp ({tp})")
-        n_trainer = cfg.n_gpus - n_rollout
-    check_rollout_fits(model, gpu, tp, seq_tokens, cfg.efficiency)
-    check_trainer_fits(model, gpu, n_trainer, cfg.efficiency, field="n_gpus" if cfg.mode == "sync" else "n_trainer_gpus")
-    switch_devices = cfg.n_gpus if cfg.mode == "sync" else 0
-    cost = cfg.cost or build_cost_model(model, gpu, tp, cfg.efficiency, train_devices_for_switch=switch_devices)
-    if cost.kv_capacity_tokens < seq_tokens:
-        raise ValueError(
-            f"cost.kv_capacity_tokens ({cost.kv_capacity_tokens}) is below one full sequence "
-            f"(prompt_tokens + lengths.max_new_tokens = {seq_tokens})"
-        )
-    return Setup(model, gpu, tp, n_rollout, n_trainer, n_rollout // tp, cost)
-
-
-def _default_rollout(n_gpus: int, tp: int) -> int:
-    n = (3 * n_gpus // 4) // tp * tp
-    return max(n, tp)
-
-
-@dataclass
-class SimResult:
-    """What one simulated run gives.
-
-    Attributes:
-        mode, eta, weight_update, n_rollout_gpus, n_trainer_gpus, rollout_tp: the setting.
-        wall_time_s: time at which the last step's training ended.
-        step_end_s: end time of every training step.
-        step_train_s: how long each step's training took (its trainer time).
-        trained_tokens: prompt + answer tokens trained over the run.
-        effective_throughput: trained tokens/s over the steps after `warmup_steps`.
-        effective_answer_throughput: the same counting answer tokens only (what the
-            project's `effective_train_tokens_per_s` counts).
-        overall_throughput: trained tokens / wall time.
-        generation_throughput: answer tokens generated / wall time (all servers).
-        staleness: per trained answer, the trainer's version minus the version of the
-            answer's oldest token.
-        util_t: bin centres of the utilisation series (s).
-        rollout_busy: share of rollout devices generating (decode or prefill), per bin.
-        trainer_busy: share of trainer devices training, per bin.
-        n_weight_updates: versions published to the servers.
-        n_retracted: requests pushed back to a queue because the KV cache was full.
-    """
-
-    mode: str
-    eta: int
-    weight_update: str
-    n_rollout_gpus: int
-    n_trainer_gpus: int
-    rollout_tp: int
-    wall_time_s: float
-    step_end_s: np.ndarray
-    step_train_s: np.ndarray
-    trained_tokens: int
-    effective_throughput: float
-    effective_answer_throughput: float
-    overall_throughput: float
-    generation_throughput: float
-    staleness: np.ndarray
-    util_t: np.ndarray
-    rollout_busy: np.ndarray
-    trainer_busy: np.ndarray
-    n_weight_updates: int
-    n_retracted: int
-
-    @property
-    def staleness_mean(self) -> float:
-        return float(self.staleness.mean()) if self.staleness.size else 0.0
-
-    @property
-    def staleness_max(self) -> int:
-        return int(self.staleness.max()) if self.staleness.size else 0
-
-    def staleness_histogram(self) -> dict[int, int]:
-        values, counts = np.unique(self.staleness, return_counts=True)
-        return {int(v): int(c) for v, c in zip(values, counts)}
-
-    @property
-    def rollout_util(self) -> float:
-        return float(self.rollout_busy.mean())
-
-    @property
-    def trainer_util(self) -> float:
-        return float(self.trainer_busy.mean())
-
-    def summary(self) -> dict:
-        return {
-            "mode": self.mode,
-            "eta": self.eta,
-            "weight_update": self.weight_update,
-            "n_rollout_gpus": self.n_rollout_gpus,
-            "n_trainer_gpus": self.n_trainer_gpus,
-            "rollout_tp": self.rollout_tp,
-            "wall_time_s": round(self.wall_time_s, 2),
-            "effective_throughput": round(self.effective_throughput, 1),
-            "effective_answer_throughput": round(self.effective_answer_throughput, 1),
-            "generation_throughput": round(self.generation_throughput, 1),
-            "staleness_mean": round(self.staleness_mean, 3),
-            "staleness_max": self.staleness_max,
-            "rollout_util": round(self.rollout_util, 3),
-            "trainer_util": round(self.trainer_util, 3),
-        }
+__all__ = ["MODES", "UPDATE_MODES", "Setup", "SimConfig", "SimResult", "resolve", "simulate"]
 
 
 @dataclass
@@ -399,52 +177,8 @@ class _Run:
         return dt
 
     def result(self) -> SimResult:
-        cfg, setup = self.cfg, self.setup
-        wall = self.step_end[-1]
-        ends = np.asarray(self.step_end)
-        tokens = np.asarray(self.step_tokens, dtype=np.float64)
-        w = cfg.warmup_steps
-        t0 = ends[w - 1] if w > 0 else 0.0
-        effective = tokens[w:].sum() / (ends[-1] - t0)
-        answers = np.asarray(self.step_answer_tokens, dtype=np.float64)
-        edges = np.linspace(0.0, wall, cfg.util_bins + 1)
-        rollout = np.zeros(cfg.util_bins)
-        for server in self.servers:
-            rollout += server.tp * _busy_per_bin(server.busy, edges)
-        rollout /= setup.n_rollout_gpus * np.diff(edges)
-        trainer = _busy_per_bin(self.train_intervals, edges) / np.diff(edges)
-        return SimResult(
-            mode=cfg.mode,
-            eta=cfg.eta if cfg.mode == "async" else 0,
-            weight_update=cfg.weight_update if cfg.mode == "async" else "drain",
-            n_rollout_gpus=setup.n_rollout_gpus,
-            n_trainer_gpus=setup.n_trainer_gpus,
-            rollout_tp=setup.tp,
-            wall_time_s=float(wall),
-            step_end_s=ends,
-            step_train_s=np.array([b - a for a, b in self.train_intervals]),
-            trained_tokens=int(tokens.sum()),
-            effective_throughput=float(effective),
-            effective_answer_throughput=float(answers[w:].sum() / (ends[-1] - t0)),
-            overall_throughput=float(tokens.sum() / wall),
-            generation_throughput=float(sum(s.generated_tokens for s in self.servers) / wall),
-            staleness=np.concatenate(self.staleness) if self.staleness else np.zeros(0, dtype=np.int64),
-            util_t=(edges[:-1] + edges[1:]) / 2,
-            rollout_busy=np.clip(rollout, 0.0, 1.0),
-            trainer_busy=np.clip(trainer, 0.0, 1.0),
-            n_weight_updates=self.n_updates,
-            n_retracted=sum(s.retracted for s in self.servers),
-        )
-
-
-def _busy_per_bin(intervals, edges: np.ndarray) -> np.ndarray:
-    """Busy seconds of a set of disjoint intervals in each bin."""
-    if not intervals:
-        return np.zeros(len(edges) - 1)
-    arr = np.asarray(intervals, dtype=np.float64)
-    start, length = arr[:, 0], arr[:, 1] - arr[:, 0]
-    covered = np.clip(edges[:, None] - start[None, :], 0.0, length[None, :]).sum(axis=1)
-    return np.diff(covered)
+        return collect_result(self.cfg, self.setup, self.servers, self.step_end, self.step_tokens,
+                              self.step_answer_tokens, self.train_intervals, self.staleness, self.n_updates)
 
 
 class _AsyncRun(_Run):

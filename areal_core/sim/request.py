@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from areal_core.sim.config import UPDATE_MODES
 from areal_core.sim.cost import Efficiency, smallest_rollout_tp
-from areal_core.sim.engine import UPDATE_MODES
 from areal_core.sim.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
 from areal_core.sim.planner import DEFAULT_ETAS, Alternative, format_plan, plan, recommend
