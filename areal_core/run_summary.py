@@ -115,14 +115,15 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
         (f"held-out accuracy ({s['n_eval_problems']} problems)",
          (f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
          f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")),
-        ("answer length (tokens)", (f"before: {_lengths(s['answer_length_before'])}   "
-                                   f"after: {_lengths(s['answer_length_after'])}")),
-        ("trained answers (tokens)", _lengths(s["trained_answer_length"])),
         ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
         ("max staleness seen", str(s["max_staleness_observed"])),
         ("effective training throughput", f"{s['effective_train_tokens_per_s']:.0f} tokens/s"),
         ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
     ]
+    if "answer_length_before" in s:  # (summaries written before these were recorded have none)
+        rows[1:1] = [("answer length (tokens)", (f"before: {_lengths(s['answer_length_before'])}   "
+                                                 f"after: {_lengths(s['answer_length_after'])}")),
+                     ("trained answers (tokens)", _lengths(s["trained_answer_length"]))]
     if not math.isnan(s.get("reward_wait_s", math.nan)):  # NaN: a multi-turn episode, not measured
         rows.append(("trainer waiting on grades alone",
                      f"{s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)"))

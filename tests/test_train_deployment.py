@@ -86,7 +86,10 @@ def deployed(tmp_path_factory):
             refused = _run("train/train", {**form, "run_dir": str(first_dir)})
             yield {"state": state, "runs": runs, "first": first, "second": second, "refused": refused,
                    "first_dir": first_dir, "before": before, "after": _hashes(first_dir),
-                   "evaluation": evaluation, "refused_logs": _logs(refused.id)}
+                   "evaluation": evaluation,
+                   # the flow run's logs reach the server in batches, after its state: wait for its error line
+                   "refused_logs": wait_for(lambda: (logs := _logs(refused.id)) and any(
+                       refused.state.message in line for line in logs) and logs, 60, "the refused run's error log")}
     finally:
         stack.down(log=print)
 
