@@ -1,5 +1,5 @@
 """Small pieces of the engine: its stop error, future delivery, the partial-output snapshot,
-the grouping of a prefill."""
+the grouping of a prefill, the KV positions a request reserves."""
 
 from __future__ import annotations
 
@@ -41,3 +41,9 @@ def prefill_groups(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
             groups.append(g := [])
         g.append(i)
     return groups
+
+
+def kv_reserve(s) -> int:
+    """KV positions ``s`` (``sampling.Sequence``) may hold before it ends: prompt + generated so
+    far + max remaining new tokens, which is prompt + max_new_tokens at every point of its life."""
+    return len(s.prompt) + s.max_new
