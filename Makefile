@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 
-.PHONY: demo test setup clean ui-browser bench-trl vllm-venv
+.PHONY: demo test test-unit setup clean ui-browser bench-trl vllm-venv
 
 # torch first, pinned to the CPU wheel: pip resolves `torch==2.13.0` from the index configured for
 # this machine (a CPU build here); installing it before anything else keeps a dependency from
@@ -39,7 +39,11 @@ test: $(FULL)
 	$(VENV)/bin/ruff check .
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25
 
-# The UI tests (tests/test_ui_screenshot.py, tests/test_train_deployment.py) need Debian's
+# tests/unit alone: no servers, processes or Prefect (about 2 min on 2 cores)
+test-unit: $(FULL)
+	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests/unit
+
+# The UI tests (tests/e2e/test_ui_screenshot.py, tests/e2e/test_train_deployment.py) need Debian's
 # chromium-headless-shell: a step of its own (README), never a side effect of `make test`; without
 # it those tests are reported as SKIPPED with the reason (never a silent pass).
 ui-browser:

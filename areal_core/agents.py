@@ -22,7 +22,7 @@ agent is moved to the frozen policy while it is generating (at most the (eta + 1
 gate lets be in flight). Only groups admitted after a selection follow it.
 
 :class:`AgentRouter` is the routing table, the moving averages and the selection rule, with no
-servers in it (tests/test_multi_agent.py drives it directly).
+servers in it (tests/e2e/test_multi_agent.py drives it directly).
 """
 
 from __future__ import annotations

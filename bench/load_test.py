@@ -7,7 +7,7 @@ tasks on the reward service. Reports errors, wall time, throughput and memory (R
 The server runs the quickstart's tiny model architecture with random weights (answers
 run to max_new_tokens, the worst case for the KV cache). Its RSS is sampled every 0.1 s;
 with several rounds, "bounded" means the peak of the last round is not above the first's
-by more than a few MB. tests/test_load.py runs the same functions with smaller counts.
+by more than a few MB. tests/e2e/test_load.py runs the same functions with smaller counts.
 """
 
 from __future__ import annotations

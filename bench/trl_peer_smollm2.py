@@ -8,7 +8,7 @@ and cached) and read one records file (the first 512 train records of the config
 task: "What is 47 plus 38?" and word problems, each with "Write the calculation, then 'The answer
 is' and the number."), each prompt one user message through the tokenizer's chat template (TRL:
 conversational prompts; areal-flow: ``encode_prompt``; the token ids agree, see
-tests/test_bench_trl_peer.py). From the config: 8 answers per prompt, 8 prompts per step (64
+tests/unit/test_bench_trl_peer.py). From the config: 8 answers per prompt, 8 prompts per step (64
 answers), 40 new tokens, temperature 0.6, lr 1e-5; the dtype is what ``model.dtype: auto`` picks
 here (float32 on an AVX2-only CPU, bfloat16 with AMX or AVX-512 BF16; TRL then bf16=True);
 reward +5 / -5 for the exact integer ("The answer is N") on both sides; 2 cores. TRL trains each

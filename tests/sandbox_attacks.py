@@ -1,4 +1,4 @@
-"""Attack programs against grading isolation, shared by the hostile tests (tests/test_sandbox_isolation.py runs
+"""Attack programs against grading isolation, shared by the hostile tests (tests/e2e/test_sandbox_isolation.py runs
 each through the batched and the single path, in both orders, in every mode; docs/EVALUATION.md tabulates the
 verdicts).
 

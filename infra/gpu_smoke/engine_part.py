@@ -7,7 +7,7 @@ warm-up. Output tokens/s = batch x new tokens / wall time (the GPU synchronised 
 Logprobs: the engine's behaviour logprob of every token it sampled against HF's own forward over the
 same prompt + answer, in the same dtype. Tolerances (per token, |engine - HF|):
 * the compute dtype (bfloat16 on a GPU): mean <= 0.1 and 99th percentile <= 0.6 (each side rounds
-  its own intermediate results, fused vs separate projections: tests/test_engine_forward.py; SmolLM2
+  its own intermediate results, fused vs separate projections: tests/unit/test_engine_forward.py; SmolLM2
   in bfloat16 on a CPU, 6 prompts x 16 tokens: mean 0.037, 99th percentile 0.17, max 0.20; a wrong
   position or mask moves the mean by tenths to whole nats);
 * float32, on a few short answers: max <= 1e-3.

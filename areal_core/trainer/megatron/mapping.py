@@ -1,6 +1,6 @@
 """A Hugging Face Llama / Qwen2 / Qwen3 decoder as a megatron-core ``GPTModel``, and the weights both ways.
 
-Layouts (per tensor-parallel rank ``r`` of ``tp``; round trips to the HF layout are checked bit-exact in tests/test_megatron.py):
+Layouts (per tensor-parallel rank ``r`` of ``tp``; round trips to the HF layout are checked bit-exact in tests/e2e/test_megatron.py):
 
 - ``linear_qkv``: per KV group ``g``, ``[q heads of g; k_g; v_g]``; rank r holds groups
   ``[r * G/tp, (r+1) * G/tp)`` (megatron splits the fused output dimension evenly);

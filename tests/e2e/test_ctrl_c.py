@@ -1,0 +1,126 @@
+"""Ctrl-C in the terminal that runs `areal-flow train`: the terminal signals its whole foreground
+process group, so the test does the same (os.killpg) to a run started as its own group.
+
+The run stops at a checkpoint of the step it was on, stops its servers and Dask itself, prints one
+line that says how to continue, and exits with 130; `--resume` then finishes the run with every
+trajectory trained exactly once. A second Ctrl-C exits at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = "tests/data/e2e.yaml"
+STEPS, EVERY = 100, 10
+
+
+def _start(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "flows.cli", "train", CONFIG, "--no-prefect", "--run-dir", str(run_dir),
+           "--max-steps", str(STEPS), "--set", f"storage.checkpoint_every={EVERY}", *extra]
+    with open(out, "ab") as f:  # its own process group: the terminal's foreground group, for the test
+        return subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"no {path} after {timeout_s:.0f}s"
+        time.sleep(0.1)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _alive(procs: list[psutil.Process]) -> list[str]:
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_at_a_checkpoint_and_resume_finishes_exactly_once(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out.txt"
+    proc = _start(run_dir, out)
+    try:
+        _wait_for(run_dir / "checkpoints" / f"v{EVERY}" / "manifest.json", proc, 300)  # training, mid-run
+        children = _descendants(proc.pid)
+        assert len(children) >= 2, children  # a rollout server and the Dask processes at least
+        # the Dask scheduler and nannies and the rollout servers each lead a group of their own (they
+        # were in the terminal's group: its Ctrl-C killed them first, with tracebacks, and the run hung)
+        started = [c for c in children if any(w in " ".join(c.cmdline()) for w in ("dask spec", "embedded.server"))]
+        assert len(started) >= 3 and all(os.getpgid(c.pid) == c.pid for c in started), started
+        seen = out.stat().st_size
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    tail = out.read_bytes()[seen:].decode(errors="replace")
+    assert rc == 130, (rc, tail)
+    assert took < 10, f"exited {took:.1f}s after Ctrl-C"
+    assert "Traceback" not in tail and "KeyboardInterrupt" not in tail, tail
+    lines = [ln for ln in tail.replace("\r", "\n").split("\n") if ln.strip() and not ln.startswith("RL e2e")]
+    assert len(lines) <= 3, lines  # (progress-bar redraws aside)
+    stopped = [ln for ln in lines if ln.startswith("stopped at step ")]
+    assert stopped and stopped[0].endswith("--resume") and f"--run-dir {run_dir}" in stopped[0], lines
+    step = int(stopped[0].split()[3].rstrip(";"))
+    assert EVERY <= step < STEPS
+    time.sleep(1)  # (the kernel reaps what the run killed last)
+    assert not _alive(children), f"left running: {_alive(children)}"
+    assert not (run_dir / "summary.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "flows.cli", "train", CONFIG, "--no-prefect", "--no-progress",
+                              "--run-dir", str(run_dir), "--max-steps", str(STEPS), "--set",
+                              f"storage.checkpoint_every={EVERY}", "--resume"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from checkpoint v{step}" in resumed.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == step and summary["steps"] == STEPS
+    assert summary["ledger_check"]["ok"], summary["ledger_check"]
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_exits_at_once(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out.txt"
+    proc = _start(run_dir, out, "--no-progress")
+    try:
+        _wait_for(run_dir / "checkpoints" / f"v{EVERY}" / "manifest.json", proc, 300)
+        children = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.2)  # (two signals at once would be delivered as one)
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = out.read_text()
+    assert rc == 130 and took < 2, (rc, took, text[-2000:])
+    assert "interrupted again: exiting now" in text and "stopped at step" not in text, text[-2000:]
+    deadline = time.monotonic() + 15  # what it started sees its parent gone, and exits
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(children), f"left running: {_alive(children)}"

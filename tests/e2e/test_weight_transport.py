@@ -1,0 +1,243 @@
+"""Weight transports against real server processes: every server ends up with the trainer's
+weights bit for bit, labelled with the pushed version; bad input is refused naming the problem."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.rollout.backends.embedded.launcher import EmbeddedServers
+from areal_core.rollout.client import RolloutServerError
+from areal_core.rollout.weight_transport import (
+    DiskTransport,
+    DistributedTransport,
+    TensorTransport,
+    TransportUnsupported,
+    named_weights,
+)
+from tests.e2e.test_rollout_server import tiny_qwen2
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("transport")
+    tiny_qwen2(21).save_pretrained(root / "v0")
+    with EmbeddedServers(str(root / "v0"), 2, log_paths=[str(root / f"s{k}.log") for k in range(2)]) as s:
+        yield s, root
+
+
+async def _server_weights(url: str, names: list[str]) -> dict[str, torch.Tensor]:
+    c = EmbeddedClient(url)
+    try:
+        return {n: torch.tensor(await c.weights_by_name(n, truncate_size=1 << 20)) for n in names}
+    finally:
+        await c.aclose()
+
+
+async def _push(transport, urls: list[str], model, version: int) -> None:
+    clients = [EmbeddedClient(u) for u in urls]
+    try:
+        await transport.connect(clients)
+        transport.stage(model, version)
+        with torch.no_grad():  # the trainer goes on: what was staged must not change
+            for p in model.parameters():
+                p.add_(1.0)
+        await transport.push(clients)
+        infos = [await c.model_info() for c in clients]
+        assert [i.weight_version for i in infos] == [version, version]
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tensor", "distributed", "disk"])
+def test_every_server_gets_the_staged_weights_bit_for_bit(two_servers, kind, tmp_path):
+    servers, _ = two_servers
+    model = tiny_qwen2(100 + len(kind))
+    expected = {n: t.clone().flatten() for n, t in named_weights(model).items()}
+    transport = {"tensor": TensorTransport, "distributed": DistributedTransport,
+                 "disk": lambda: DiskTransport(str(tmp_path / "w"))}[kind]()
+    version = 10 + len(kind)
+    try:
+        asyncio.run(_push(transport, servers.urls, model, version))
+    finally:
+        transport.close()
+    for url in servers.urls:
+        got = asyncio.run(_server_weights(url, list(expected)))
+        for name, want in expected.items():
+            assert torch.equal(got[name], want), f"{url}: {name} differs after the {kind} push"
+
+
+def test_distributed_transport_pushes_again_and_rejoins(two_servers):
+    """Several versions through one group, then a new group (what a server restart does)."""
+    servers, _ = two_servers
+    t = DistributedTransport()
+    model = tiny_qwen2(5)
+
+    async def go():
+        clients = [EmbeddedClient(u) for u in servers.urls]
+        try:
+            await t.connect(clients)
+            for v in (31, 32):
+                with torch.no_grad():
+                    next(model.parameters()).add_(0.5)
+                t.stage(model, v)
+                await t.push(clients)
+            await t.resend(clients, 1)  # joins a fresh group, pushes 32 again
+            return [(await c.model_info()).weight_version for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    try:
+        assert asyncio.run(go()) == [32, 32]
+    finally:
+        t.close()
+    name, want = next(iter(named_weights(model).items()))
+    for url in servers.urls:
+        assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], want.flatten())
+
+
+def test_bad_updates_are_refused_and_leave_the_weights(two_servers):
+    servers, _ = two_servers
+    url = servers.urls[0]
+    before = asyncio.run(_server_weights(url, ["lm_head.weight"]))
+
+    async def go():
+        c = EmbeddedClient(url)
+        try:
+            with pytest.raises(RolloutServerError, match="does not exist on this host"):
+                from areal_core.rollout.weight_layout import TensorSpec
+                await c.update_weights_from_shared_memory("no-such-segment", [TensorSpec("x", "float32", (2,))], 3)
+            with pytest.raises(RolloutServerError, match="no weight-update group 'nope'"):
+                from areal_core.rollout.weight_layout import TensorSpec
+                await c.update_weights_from_distributed([TensorSpec("lm_head.weight", "float32", (64, 64))], "nope", 3)
+        finally:
+            await c.aclose()
+
+    asyncio.run(go())
+    assert torch.equal(asyncio.run(_server_weights(url, ["lm_head.weight"]))["lm_head.weight"],
+                       before["lm_head.weight"])
+
+
+def test_a_model_of_another_shape_is_refused_by_name(two_servers):
+    servers, _ = two_servers
+    other = tiny_qwen2(1)
+    with torch.no_grad():
+        other.model.embed_tokens.weight = torch.nn.Parameter(torch.zeros(65, 64))
+    t = TensorTransport()
+    with pytest.raises(RolloutServerError, match=r"embed_tokens.weight has shape"):
+        try:
+            asyncio.run(_push(t, servers.urls[:1] * 2, other, 3))
+        finally:
+            t.close()
+
+
+def test_a_server_without_the_transport_is_named_at_connect():
+    class _Client:
+        url = "http://127.0.0.1:1"
+
+        async def weight_transports(self):
+            return ["disk"]
+
+    with pytest.raises(TransportUnsupported, match=r"http://127.0.0.1:1 cannot receive weights by the 'tensor'"):
+        asyncio.run(TensorTransport().connect([_Client()]))
+
+
+def test_distributed_resend_with_a_fixed_master_port(two_servers):
+    """A server restart with rollout.weight_transport.master_port set: the new group is made on the
+    same port (the store the first group used still holds it), and every server ends at the version."""
+    from areal_core.rollout.process import free_port
+
+    servers, _ = two_servers
+    t = DistributedTransport(master_port=free_port())
+    model = tiny_qwen2(6)
+
+    async def go():
+        clients = [EmbeddedClient(u) for u in servers.urls]
+        try:
+            await t.connect(clients)
+            t.stage(model, 41)
+            await t.push(clients)
+            with torch.no_grad():
+                next(model.parameters()).add_(0.25)
+            t.stage(model, 42)
+            await t.resend(clients, 0)  # a new group on the same port, then version 42 to everyone
+            await t.resend(clients, 1)  # and once more
+            return [(await c.model_info()).weight_version for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    try:
+        assert asyncio.run(go()) == [42, 42]
+    finally:
+        t.close()
+    name, want = next(iter(named_weights(model).items()))
+    for url in servers.urls:
+        assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], want.flatten())
+
+
+class _SlowStage:
+    """Stages the way the trainer does, one tensor at a time with a pause after each (a large model
+    takes seconds to copy); ``started`` is set once the first tensor of the new version is in."""
+
+    def __init__(self, transport, pause_s: float = 0.05):
+        import threading
+
+        self.t, self.pause_s, self.started = transport, pause_s, threading.Event()
+        self._real = type(transport)._stage
+
+    def __call__(self, named, version):
+        import time
+
+        for name, tensor in named.items():  # (the buffer exists: a version was staged before)
+            self._real(self.t, {name: tensor}, version)
+            self.started.set()
+            time.sleep(self.pause_s)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "distributed"])
+def test_a_recovering_server_never_loads_a_mix_of_two_versions(two_servers, kind):
+    """A server brought back while the trainer stages the next version: what it loads is one staged
+    version, whole, labelled as that version; after the next push the two servers hold identical weights."""
+    servers, _ = two_servers
+    transport = TensorTransport() if kind == "tensor" else DistributedTransport()
+    old, new = tiny_qwen2(70), tiny_qwen2(71)
+    want = {50: named_weights(old), 51: named_weights(new)}
+    names = list(want[50])
+
+    async def go():
+        clients = [EmbeddedClient(u) for u in servers.urls]
+        try:
+            await transport.connect(clients)
+            transport.stage(old, 50)
+            await transport.push(clients)
+            slow = _SlowStage(transport)
+            transport._stage = slow  # (an instance attribute: this transport only)
+            staging = asyncio.ensure_future(asyncio.to_thread(transport.stage, new, 51))
+            await asyncio.to_thread(slow.started.wait, 10)
+            await transport.resend(clients, 1)  # server 1 came back while version 51 is being staged
+            label = (await clients[1].model_info()).weight_version
+            got = await _server_weights(servers.urls[1], names)
+            await staging
+            await transport.push(clients)  # version 51 to every server, as the controller does next
+            after = [await _server_weights(u, names) for u in servers.urls]
+            return label, got, after
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    try:
+        label, got, after = asyncio.run(go())
+    finally:
+        transport.close()
+    assert label in want
+    mixed = [n for n in names if not torch.equal(got[n], want[label][n].flatten())]
+    assert not mixed, f"labelled {label}, but {len(mixed)} of {len(names)} tensors are not version {label}'s: {mixed[:3]}"
+    for n in names:
+        assert torch.equal(after[0][n], after[1][n]) and torch.equal(after[0][n], want[51][n].flatten())
