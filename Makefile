@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 
-.PHONY: demo test test-unit setup clean ui-browser bench-trl vllm-venv
+.PHONY: demo test test-unit test-nightly setup clean ui-browser bench-trl vllm-venv
 
 # torch first, pinned to the CPU wheel: pip resolves `torch==2.13.0` from the index configured for
 # this machine (a CPU build here); installing it before anything else keeps a dependency from
@@ -37,7 +37,12 @@ demo: $(BASE)
 TEST_WORKERS ?= 2
 test: $(FULL)
 	$(VENV)/bin/ruff check .
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
+
+# the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots):
+# about 8 min of test time; CI (.ci/run) runs them after make test
+test-nightly: $(FULL)
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m nightly
 
 # tests/unit alone: no servers, processes or Prefect (about 2 min on 2 cores)
 test-unit: $(FULL)

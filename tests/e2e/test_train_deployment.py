@@ -29,7 +29,7 @@ from tests.prefect_api import prefect_api, wait_for
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
 # the stack, three runs and an evaluation, each its own process: 4-6 min, over 10 on a busy machine
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.nightly]
 
 
 def _client():

@@ -19,6 +19,8 @@ from PIL import Image
 from infra.stack import Stack, free_port
 from tests.prefect_api import prefect_api
 
+pytestmark = pytest.mark.nightly  # the whole Prefect stack: make test-nightly (CI runs it)
+
 BROWSER = "chromium-headless-shell"
 
 
