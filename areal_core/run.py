@@ -35,7 +35,7 @@ from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
-from areal_core.eval.heldout import evaluate_prompts
+from areal_core.eval.heldout import evaluate_prompts, heldout_sampling
 from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
@@ -185,7 +185,6 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     runlog = RunLog(run_dir)
     version, before, saved = _start_or_resume(cfg, config, model, tokenizer, trainer, store, runlog, model_info,
                                               resume, steps, on_checkpoint)
-    max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
 
     # the servers compute as the trainer's model does
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
@@ -200,8 +199,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 
         def heldout(prompts=eval_prompts) -> dict:
-            return evaluate_prompts(urls, prompts, decode, rewards, make_client=backend.client,
-                                    temperature=cfg.eval.temperature, max_new_tokens=max_new)
+            return evaluate_prompts(urls, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client)
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)
@@ -218,7 +216,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         buffer = ReplayBuffer()
         settings = ControllerSettings(
             batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta, n_samples=cfg.rollout.n_samples,
-            sampling=cfg.rollout.sampling.model_dump(), reward_correct=cfg.trainer.reward_correct,
+            sampling=cfg.rollout.sampling.to_sampling(), reward_correct=cfg.trainer.reward_correct,
             reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),

@@ -43,6 +43,7 @@ def _length(rng: random.Random) -> int:
 
 async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, window_s: float,
                    seed: int) -> dict:
+    from areal_core.rollout.backend import Sampling
     from areal_core.rollout.backends.embedded.client import EmbeddedClient
     from areal_core.rollout.weight_transport import TensorTransport
 
@@ -56,8 +57,7 @@ async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, wi
     async def worker() -> None:
         while not stop.is_set():
             prompt = [rng.randrange(3, 60) for _ in range(rng.randint(*PROMPT_LEN))]
-            sp = {"temperature": 1.0, "max_new_tokens": _length(rng), "ignore_eos": True}
-            r = await gen.generate(prompt, sp)
+            r = await gen.generate(prompt, Sampling(temperature=1.0, max_new_tokens=_length(rng), ignore_eos=True))
             done_tokens[0] += len(r.output_ids)
 
     transport = TensorTransport()

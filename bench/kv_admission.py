@@ -65,6 +65,8 @@ def fitting_workload(seed: int) -> list[tuple[list[int], int]]:
 
 
 def _sampling(max_new: int) -> dict:
+    """An answer of exactly ``max_new`` tokens at temperature 1, as the engine takes it (a client
+    takes ``Sampling(**_sampling(max_new))``)."""
     return {"temperature": 1.0, "max_new_tokens": max_new, "ignore_eos": True}
 
 
@@ -84,11 +86,12 @@ def _reset_peak(pid: int) -> None:
 
 
 async def _generate(url: str, jobs: list[tuple[list[int], int]]) -> int:
+    from areal_core.rollout.backend import Sampling
     from areal_core.rollout.backends.embedded.client import EmbeddedClient
 
     client = EmbeddedClient(url, 600.0)
     try:
-        out = await client.generate_batch([p for p, _ in jobs], [_sampling(m) for _, m in jobs])
+        out = await client.generate_batch([p for p, _ in jobs], [Sampling(**_sampling(m)) for _, m in jobs])
     finally:
         await client.aclose()
     return sum(len(g.output_ids) for g in out)

@@ -26,6 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded.launcher import start_server
 from areal_core.rollout.pool import RolloutPool
 
@@ -70,7 +71,7 @@ class RssSampler:
 
 async def _generate_all(url: str, n: int, max_new_tokens: int) -> tuple[int, list[str], int]:
     pool = RolloutPool([url], timeout_s=1800)
-    sampling = {"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    sampling = Sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
 
     async def one(k: int):
         prompt = [2 + (k * 7 + j) % 20 for j in range(8 + k % 17)]

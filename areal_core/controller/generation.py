@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -68,7 +69,7 @@ class Generator:
         return float("inf") if limit is None else limit - len(traj.prompt_ids) - len(traj.output_ids)
 
     def _sampling(self, max_new: int, stop_token_ids: Sequence[int]) -> Sampling:
-        return Sampling(**{**self.s.sampling, "max_new_tokens": max_new, "stop_token_ids": tuple(stop_token_ids)})
+        return dataclasses.replace(self.s.sampling, max_new_tokens=max_new, stop_token_ids=tuple(stop_token_ids))
 
     async def turn(self, trajs: Sequence[Trajectory], max_new: int | None, stop_token_ids: Sequence[int] = ()) -> None:
         """One policy turn of each of ``trajs``: fresh ones in one batched request first; the turn
@@ -80,7 +81,7 @@ class Generator:
 
     async def _first_call(self, trajs: list[Trajectory], max_new: int | None, stop_token_ids: Sequence[int]) -> None:
         """All of a new group's answers in one request; what it does not finish, ``finish`` does."""
-        max_new = int(max_new or self.s.sampling["max_new_tokens"])
+        max_new = int(max_new or self.s.sampling.max_new_tokens)
         sizes = [min(max_new, self.room(t)) for t in trajs]  # what each trajectory's limit leaves
         for t in (t for t, n in zip(trajs, sizes) if n <= 0):
             t.finish_reason = "length"
@@ -119,7 +120,7 @@ class Generator:
         """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies);
         the turn that began at output position ``turn_start`` gets ``max_new`` tokens (default the config's)
         and ends at EOS or any of ``stop_token_ids``."""
-        max_new = int(max_new or self.s.sampling["max_new_tokens"])
+        max_new = int(max_new or self.s.sampling.max_new_tokens)
         resubmits = 0
         while not traj.finished:
             remaining = min(max_new - (len(traj.output_ids) - turn_start), self.room(traj))

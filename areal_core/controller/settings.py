@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_core.agents import AgentRouter
+from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt
 
 Restart = Callable[[int, str, int], None]  # (server index, model folder, version), blocking
@@ -16,7 +17,9 @@ class ControllerSettings:
     batch_size: int
     eta: int
     n_samples: int
-    sampling: dict
+    # what every request samples with; its max_new_tokens is a turn's default (each request gets its own
+    # max_new_tokens and stop tokens)
+    sampling: Sampling
     reward_correct: float
     reward_wrong: float
     shuffle: bool = True

@@ -9,6 +9,7 @@ answer arrives.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from areal_core.eval.passk import maj_at_k, pass_at_k
 from areal_core.metrics import write_parquet_atomic
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.result import RewardResult
+from areal_core.rollout.backend import Sampling
 from areal_core.storage.fsutil import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,11 @@ def run_folder_of(checkpoint: str) -> str | None:
     return str(p.parent.parent)
 
 
-def run_heldout(run_dir: str) -> tuple[Benchmark, dict]:
+def run_heldout(run_dir: str) -> tuple[Benchmark, Sampling]:
     """The held-out problems the run in ``run_dir`` measured itself on (``eval.n_problems`` of its
     data's held-out split), and the sampling it used for them (greedy by default)."""
     from areal_core.datasets import load_records
+    from areal_core.eval.heldout import heldout_sampling
     from areal_core.experiment import ExperimentConfig
     from areal_core.storage.fsutil import read_json
 
@@ -54,9 +57,7 @@ def run_heldout(run_dir: str) -> tuple[Benchmark, dict]:
     records = load_records(cfg.data)[1][: cfg.eval.n_problems]
     bench = Benchmark(HELDOUT, f"{cfg.name}'s held-out split ({len(records)} problems, the run's own settings)",
                       records[0].task, lambda: records, None)
-    sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
-                "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens}
-    return bench, sampling
+    return bench, heldout_sampling(cfg)
 
 
 def _cache_root() -> Path:
@@ -162,9 +163,10 @@ class _Grades:
         return self.results  # type: ignore[return-value]
 
 
-async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]], sampling: dict, progress: bool,
-                    desc: str, on_done) -> None:
-    """Generate every job (rid, input_ids, seed, max_new_tokens); ``on_done(index, response)`` as each finishes."""
+async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]], sampling: Sampling,
+                    progress: bool, desc: str, on_done) -> None:
+    """Generate every job (rid, input_ids, seed, max_new_tokens) with ``sampling``, each with its own seed
+    and max_new_tokens; ``on_done(index, response)`` as each finishes."""
     from tqdm import tqdm
 
     from areal_core.rollout.pool import RolloutPool
@@ -173,7 +175,7 @@ async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]]
     bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
 
     async def one(i: int, rid: str, ids: list[int], seed: int, max_new: int) -> None:
-        resp = await pool.generate(ids, {**sampling, "sampling_seed": seed, "max_new_tokens": max_new}, rid=rid)
+        resp = await pool.generate(ids, dataclasses.replace(sampling, seed=seed, max_new_tokens=max_new), rid=rid)
         on_done(i, resp)
         bar.update(1)
 
@@ -212,13 +214,13 @@ def _bench_summary(bench: Benchmark, df: pd.DataFrame, samples: int) -> dict:
 
 
 def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, rewards, *, samples: int,
-                    sampling: dict, progress: bool, context: int | None = None) -> pd.DataFrame:
+                    sampling: Sampling, progress: bool, context: int | None = None) -> pd.DataFrame:
     """``context``: the model's positions. An answer gets at most what is left of it after its prompt; a
     prompt that leaves no room is not generated and graded wrong (``finish_reason`` ``context``)."""
     jobs, meta, skipped = [], [], []
     for pi, rec in enumerate(records):
         ids = encode_prompt(tokenizer, rec, bench.instruction)
-        room = sampling["max_new_tokens"] if context is None else min(sampling["max_new_tokens"], context - len(ids))
+        room = sampling.max_new_tokens if context is None else min(sampling.max_new_tokens, context - len(ids))
         for s in range(samples):
             if room < 1:
                 skipped.append({"problem_id": rec.id, "sample": s, "response": "", "parsed": None, "correct": False,
@@ -307,17 +309,16 @@ def evaluate_checkpoint(
         rewards.warm_up({bench.task for bench in chosen})
         for bench in chosen:
             tb = time.perf_counter()
-            sampling = own[bench.name][1] if bench.name in own else {
-                "temperature": DEFAULT_TEMPERATURE, "top_p": DEFAULT_TOP_P, "top_k": 0,
-                "max_new_tokens": DEFAULT_MAX_NEW_TOKENS[bench.task]}
-            given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
-            sampling = {**sampling, **{k: v for k, v in given.items() if v is not None}}  # what the caller set
+            sampling = own[bench.name][1] if bench.name in own else Sampling(
+                temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P, max_new_tokens=DEFAULT_MAX_NEW_TOKENS[bench.task])
+            given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}  # None: not set
+            sampling = dataclasses.replace(sampling, **{k: v for k, v in given.items() if v is not None})
             df = _evaluate_bench(bench, problems[bench.name], [server.url], tokenizer, rewards, samples=samples,
                                  sampling=sampling, progress=progress, context=context)
             (out / bench.name).mkdir(exist_ok=True)
             write_parquet_atomic(df, out / bench.name / "results.parquet")
             summary["benchmarks"][bench.name] = {**_bench_summary(bench, df, samples),
-                                                 **{k: sampling[k] for k in ("temperature", "top_p", "max_new_tokens")},
+                                                 **{k: getattr(sampling, k) for k in given},
                                                  "wall_s": time.perf_counter() - tb}
             write_json_atomic(str(out / "summary.json"), summary)  # after each bench: partial results survive
     summary["wall_s"] = time.perf_counter() - t0

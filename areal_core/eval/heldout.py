@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from areal_core.rollout.backend import Sampling
 from areal_core.rollout.pool import RolloutPool
+
+if TYPE_CHECKING:
+    from areal_core.experiment import ExperimentConfig
+
+
+def heldout_sampling(cfg: ExperimentConfig) -> Sampling:
+    """How a run samples its held-out answers: at ``eval.temperature`` (0: greedy), up to
+    ``eval.max_new_tokens`` (default ``rollout.sampling.max_new_tokens``) tokens, unfiltered."""
+    return Sampling(temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens)
 
 
 async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
@@ -16,11 +27,9 @@ async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
         await pool.aclose()
 
 
-def evaluate_prompts(urls, prompts, decode, rewards, *, temperature=0.0, max_new_tokens=128, timeout_s=600.0,
-                     make_client=None) -> dict:
-    """Generate one answer per prompt, grade them on the reward service; accuracy in 0..1.
-    ``make_client``: the rollout backend's client (default: the embedded engine's)."""
-    sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens)
+def evaluate_prompts(urls, prompts, decode, rewards, sampling: Sampling, *, timeout_s=600.0, make_client=None) -> dict:
+    """Generate one answer per prompt with ``sampling``, grade them on the reward service; accuracy in
+    0..1. ``make_client``: the rollout backend's client (default: the embedded engine's)."""
     responses = asyncio.run(_generate_all(urls, prompts, sampling, timeout_s, make_client))
     texts = [decode(r.output_ids) for r in responses]
     by_task: dict[str, list[int]] = {}

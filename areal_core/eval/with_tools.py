@@ -9,33 +9,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 from collections.abc import Sequence
 
 from areal_core.reward.result import RewardResult
+from areal_core.rollout.backend import Sampling
 from areal_core.types import Trajectory
 
 
 class PoolContext:
     """An :class:`EpisodeContext` on rollout servers (a ``RolloutPool``) and the reward service, for
-    evaluation: no training, no weight updates (so no aborted requests to continue)."""
+    evaluation: no training, no weight updates (so no aborted requests to continue). Every request
+    samples with ``sampling``, whose ``max_new_tokens`` is a turn's default."""
 
     version = 0
 
-    def __init__(self, pool, rewards, tokenizer, temperature: float = 0.0, max_new_tokens: int = 96,
+    def __init__(self, pool, rewards, tokenizer, sampling: Sampling,
                  tests: dict[str, list[dict] | None] | None = None):
         self.pool, self.rewards, self.tokenizer = pool, rewards, tokenizer
-        self.temperature, self.max_new_tokens, self.tests = temperature, max_new_tokens, tests or {}
+        self.sampling, self.tests = sampling, tests or {}
         self._n = 0
 
     async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
                        stop_token_ids: Sequence[int] = ()) -> None:
-        from areal_core.rollout.backend import Sampling
-
         async def one(t: Trajectory) -> None:
-            budget = int(max_new_tokens or self.max_new_tokens)
+            budget = int(max_new_tokens or self.sampling.max_new_tokens)
             start = len(t.output_ids) if t.output_mask else 0
             while not t.finished:
                 left = budget - (len(t.output_ids) - start)
@@ -43,10 +44,8 @@ class PoolContext:
                     t.finish_reason = "length"
                     break
                 self._n += 1
-                g = await self.pool.generate(t.prompt_ids + t.output_ids,
-                                             Sampling(max_new_tokens=left, temperature=self.temperature,
-                                                      stop_token_ids=tuple(stop_token_ids)),
-                                             rid=f"{t.traj_id}-r{self._n}")
+                sampling = dataclasses.replace(self.sampling, max_new_tokens=left, stop_token_ids=tuple(stop_token_ids))
+                g = await self.pool.generate(t.prompt_ids + t.output_ids, sampling, rid=f"{t.traj_id}-r{self._n}")
                 t.output_ids += g.output_ids
                 t.output_logprobs += g.logprobs
                 t.output_versions += g.versions
@@ -85,6 +84,7 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
     from areal_core.datasets import load_records, to_prompts
     from areal_core.episodes.config import make_episode
     from areal_core.eval.harness import load_tokenizer
+    from areal_core.eval.heldout import heldout_sampling
     from areal_core.experiment import ExperimentConfig
     from areal_core.reward.service import RewardService
     from areal_core.rollout.backends.embedded.launcher import start_server
@@ -101,7 +101,6 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
         if latest is None:
             raise ValueError(f"{run_dir}: no checkpoint")
         versions = sorted({0, latest})
-    max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
     out: dict = {}
     with RewardService(cfg.reward) as rewards:
         for v in versions:
@@ -112,7 +111,7 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
             with start_server(folder, max_running=512) as server:
                 async def main(url=server.url, tokenizer=tokenizer, prompts=prompts, v=v):
                     pool = RolloutPool([url])
-                    ctx = PoolContext(pool, rewards, tokenizer, cfg.eval.temperature, max_new,
+                    ctx = PoolContext(pool, rewards, tokenizer, heldout_sampling(cfg),
                                       {f"eval-{p.id}": p.tests for p in prompts})
                     gate = asyncio.Semaphore(concurrency)
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
 from areal_core.rollout.auth import UNAUTHENTICATED_MESSAGE, ServerAuthConfig
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.sglang import SGLangConfig
 from areal_core.rollout.backends.vllm import VLLMConfig
 from areal_core.rollout.protocol import WeightUpdateMode
@@ -35,6 +37,13 @@ class SamplingConfig(Section):
         if v > 0:
             raise ValueError(f"rollout.sampling.top_k must be 0 (no top-k filtering): {_NEEDS_FULL}")
         return v
+
+    def to_sampling(self, **changes) -> Sampling:
+        """These settings as the :class:`Sampling` a rollout client takes, with ``changes`` (any of
+        its fields, e.g. ``max_new_tokens`` or ``stop_token_ids``) in place of the configured ones."""
+        base = Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                        top_k=self.top_k)
+        return dataclasses.replace(base, **changes)
 
 
 class DiskTransportConfig(Section):

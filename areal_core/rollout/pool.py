@@ -7,9 +7,9 @@ import contextlib
 from collections.abc import Sequence
 
 from areal_core.rollout.backend import Generation, Sampling
-from areal_core.rollout.backends.embedded.client import EmbeddedClient, sampling_params
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.client import run_all
-from areal_core.rollout.protocol import ModelInfo, SamplingParams
+from areal_core.rollout.protocol import ModelInfo
 
 
 class RolloutPool:
@@ -103,31 +103,21 @@ class RolloutPool:
                 self.kv_peak = max(self.kv_peak, self.kv_reserved[i])
             return i
 
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling: dict | Sampling | SamplingParams | None = None,
-        rid: str | None = None,
-    ) -> Generation:
-        need = len(input_ids) + sampling_params(sampling).max_new_tokens if self.kv_budget_tokens else 0
+    async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str | None = None) -> Generation:
+        need = len(input_ids) + sampling.max_new_tokens if self.kv_budget_tokens else 0
         async with self._least_busy(1, need) as client:
             return await client.generate(input_ids, sampling, rid=rid)
 
-    async def generate_batch(
-        self,
-        input_ids: Sequence[Sequence[int]],
-        sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
-        rids: Sequence[str] | None = None,
-    ) -> list[Generation]:
-        """One batched request to one server (the least busy it fits on), responses in order."""
+    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
+                             rids: Sequence[str] | None = None) -> list[Generation]:
+        """One batched request to one server (the least busy it fits on), ``sampling`` one per prompt;
+        responses in order."""
         need = 0
         if self.kv_budget_tokens:
-            per = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(input_ids)
-            sizes = [len(ids) + sampling_params(x).max_new_tokens for ids, x in zip(input_ids, per, strict=True)]
-            need = sum(sizes)
+            need = sum(len(ids) + s.max_new_tokens for ids, s in zip(input_ids, sampling, strict=True))
             if need > self.kv_budget_tokens and len(input_ids) > 1:  # too big together: one request each
-                return list(await asyncio.gather(*(self.generate(ids, x, rid=rids[k] if rids else None)
-                                                   for k, (ids, x) in enumerate(zip(input_ids, per)))))
+                return list(await asyncio.gather(*(self.generate(ids, s, rid=rids[k] if rids else None)
+                                                   for k, (ids, s) in enumerate(zip(input_ids, sampling)))))
         async with self._least_busy(len(input_ids), need) as client:
             return await client.generate_batch(input_ids, sampling, rids=rids)
 

@@ -41,9 +41,14 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_core.sim.calibrate import calibrate_from, fit_errors
 from areal_core.sim.cost import CostModel
+
+if TYPE_CHECKING:
+    from areal_core.rollout.config import SamplingConfig
+    from areal_core.rollout.protocol import SamplingParams
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 DEFAULT_OUT = "areal_core/sim/data/calibration_quickstart.json"
@@ -73,12 +78,21 @@ def _engine(model, max_running: int):
     return RolloutEngine(model, max_running=max_running, start=False, kv_slots=max_running, kv_capacity=256)
 
 
-def measure_decode(model, sampling: dict, vocab: int, reps: int, batches=DECODE_BATCHES) -> list[dict]:
+def _engine_sampling(sampling: SamplingConfig, max_new_tokens: int) -> SamplingParams:
+    """The engine's sampling params for the configured ``sampling``, ignoring EOS: each request
+    generates exactly ``max_new_tokens``."""
+    from areal_core.rollout.protocol import SamplingParams
+
+    return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          max_new_tokens=max_new_tokens, ignore_eos=True)
+
+
+def measure_decode(model, sampling: SamplingConfig, vocab: int, reps: int, batches=DECODE_BATCHES) -> list[dict]:
     """Mean decode step time per chunk of steps; the batch's sequences start from prompts of
     mixed lengths, as a run's do (the engine's attention reads up to the longest row)."""
     rng = random.Random(0)
     engine = _engine(model, max(batches))
-    sp = {**sampling, "max_new_tokens": DECODE_NEW, "ignore_eos": True}
+    sp = _engine_sampling(sampling, DECODE_NEW)
     points = []
     for b in batches:
         prompts = [_tokens(rng, rng.randint(*DECODE_PROMPT), vocab) for _ in range(b)]
@@ -101,10 +115,10 @@ def measure_decode(model, sampling: dict, vocab: int, reps: int, batches=DECODE_
     return points
 
 
-def measure_prefill(model, sampling: dict, vocab: int, reps: int) -> list[dict]:
+def measure_prefill(model, sampling: SamplingConfig, vocab: int, reps: int) -> list[dict]:
     rng = random.Random(1)
     engine = _engine(model, max(PREFILL_N))
-    sp = {**sampling, "max_new_tokens": 1, "ignore_eos": True}
+    sp = _engine_sampling(sampling, 1)
     points = []
     for n in PREFILL_N:
         for length in PREFILL_LEN:
@@ -203,14 +217,13 @@ def measure(config_path: str = DEFAULT_CONFIG, quick: bool = False) -> dict:
 
     cores = os.cpu_count() or 1
     reps = 1 if quick else 3
-    sampling = {k: v for k, v in cfg.rollout.sampling.model_dump().items() if k != "max_new_tokens"}
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.rollout.torch_threads)
     engine_model = make_model()
-    decode = measure_decode(engine_model, sampling, vocab, reps)
-    prefill = measure_prefill(engine_model, sampling, vocab, reps)
+    decode = measure_decode(engine_model, cfg.rollout.sampling, vocab, reps)
+    prefill = measure_prefill(engine_model, cfg.rollout.sampling, vocab, reps)
     updates = measure_weight_update(engine_model, 5 if quick else 10)
     train = measure_train(make_model, cfg, vocab, sorted({1, cores}), 2 if quick else 5)
     max_positions = cfg.model.tiny.max_position_embeddings

@@ -14,6 +14,7 @@ from areal_core.data.records import Record
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
 from areal_core.reward.result import RewardResult
+from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt, Trajectory
 
 PROGRAM = "def f(x): return x*2"
@@ -59,7 +60,7 @@ class _Recorder:
 def _controller(prompts, rewards, reward_correct=5.0, reward_wrong=-5.0):
     from areal_core.buffer import ReplayBuffer
 
-    settings = ControllerSettings(batch_size=2, eta=0, n_samples=2, sampling={"max_new_tokens": 8},
+    settings = ControllerSettings(batch_size=2, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=8),
                                   reward_correct=reward_correct, reward_wrong=reward_wrong)
     return RolloutController(Servers(["http://127.0.0.1:1"]), prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(),
                              settings, transport=None)
@@ -199,7 +200,7 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     prompts = [Prompt(id="doubles", task="code", input_ids=[5, 6, 7], reference="", tests=DOUBLES),
                Prompt(id="half", task="code", input_ids=[5, 6, 8], reference="", tests=HALF)]
-    settings = ControllerSettings(batch_size=4, eta=0, n_samples=2, sampling={"max_new_tokens": 6},
+    settings = ControllerSettings(batch_size=4, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=6),
                                   reward_correct=1.0, reward_wrong=-1.0, shuffle=False)
     buffer = ReplayBuffer()
     # the model's answers are random tokens: every answer "is" PROGRAM, so each prompt's tests decide

@@ -20,6 +20,7 @@ from areal_core.datasets import load_records, to_prompts
 from areal_core.experiment import load_config
 from areal_core.export import export_checkpoint
 from areal_core.models import build_char_tokenizer
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded import launcher
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.backends.embedded.engine import RolloutEngine
@@ -54,7 +55,7 @@ async def _probe(url: str, version: int, timeout_s: float = 180.0) -> tuple[list
         while not (await c.health() and (await c.info()).weight_version == version):
             assert time.monotonic() < deadline, f"{url} did not reach version {version}"
             await asyncio.sleep(0.1)
-        g = await c.generate(PROBE, {"max_new_tokens": PROBE_NEW, "temperature": 0.0, "ignore_eos": True})
+        g = await c.generate(PROBE, Sampling(max_new_tokens=PROBE_NEW, temperature=0.0, ignore_eos=True))
         assert g.versions == [version] * PROBE_NEW  # sampled by exactly this version's weights
         w = torch.tensor(await c.weights_by_name(WEIGHT, truncate_size=1 << 20))
         return g.logprobs, g.output_ids, w

@@ -16,7 +16,7 @@ from areal_core.controller import AgentSetup, ControllerSettings, RolloutControl
 from areal_core.experiment import ConfigError, load_config, parse_config
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.reward.result import RewardResult
-from areal_core.rollout.backend import Generation, ServerInfo
+from areal_core.rollout.backend import Generation, Sampling, ServerInfo
 from areal_core.rollout.weight_transport import WeightTransport
 from areal_core.types import Prompt, Trajectory
 
@@ -221,7 +221,7 @@ class _ByAgent:
 def _controller(agents: AgentRouter, servers: dict, transport, buffer, B=8, n=2, eta=1):
     names = {v: k for k, v in AGENT_TOKEN.items()}
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(40)]
-    settings = ControllerSettings(batch_size=B, eta=eta, n_samples=n, sampling={"max_new_tokens": 4},
+    settings = ControllerSettings(batch_size=B, eta=eta, n_samples=n, sampling=Sampling(max_new_tokens=4),
                                   reward_correct=5.0, reward_wrong=-5.0)
 
     def make_client(url, timeout_s=0):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from areal_core.prompt_sampling import BucketCurriculum, PromptStream, describe_mix
+from areal_core.rollout.backend import Sampling
 
 
 def _prompts(n: int) -> list[SimpleNamespace]:
@@ -168,7 +169,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them(tmp_pat
     model.save_pretrained(tmp_path / "m")
     prompts = [Prompt(id=f"{kind}{i}", task="chain", input_ids=[5, 6, i], reference=kind, bucket=kind)
                for kind in ("easy", "mixed", "hard") for i in range(10)]
-    settings = ControllerSettings(batch_size=8, eta=0, n_samples=2, sampling={"max_new_tokens": 2, "ignore_eos": True},
+    settings = ControllerSettings(batch_size=8, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=2, ignore_eos=True),
                                   reward_correct=1.0, reward_wrong=-1.0, curriculum={"ema": 0.5, "floor": 0.02})
     buffer = ReplayBuffer()
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=16) as srv:

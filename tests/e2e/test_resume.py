@@ -19,6 +19,7 @@ import pytest
 from areal_core.datasets import load_records
 from areal_core.experiment import load_config
 from areal_core.prompt_sampling import PromptStream
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.weight_transport import DiskTransport
 from areal_core.run import run_experiment
 from areal_core.storage import CheckpointStore, run_state
@@ -200,7 +201,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
             {**base, "traj_id": "e0-pA-s1", "seq_no": 1, "output_ids": [20, 3], "output_logprobs": [-1.0, -1.0],
              "output_versions": [4, 4], "finish_reason": "stop"}]}]}
     buffer = ReplayBuffer()
-    settings = ControllerSettings(batch_size=2, eta=1, n_samples=2, sampling={"max_new_tokens": 12, "ignore_eos": True},
+    settings = ControllerSettings(batch_size=2, eta=1, n_samples=2, sampling=Sampling(max_new_tokens=12, ignore_eos=True),
                                   reward_correct=1.0, reward_wrong=-1.0)
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i % 60], reference="r") for i in range(8)]
     with start_server(str(tmp_path / "m"), weight_version=5, max_running=8) as srv:
@@ -239,7 +240,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     buffer = ReplayBuffer()
     settings = ControllerSettings(batch_size=2, eta=0, n_samples=2,
-                                  sampling={"max_new_tokens": 400, "ignore_eos": True},
+                                  sampling=Sampling(max_new_tokens=400, ignore_eos=True),
                                   reward_correct=1.0, reward_wrong=-1.0)
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.backends.embedded.engine import RolloutEngine
 from areal_core.rollout.backends.embedded.launcher import EmbeddedServers, server_seed, start_server
@@ -74,7 +75,7 @@ async def _with_client(url, fn):
 
 def test_generate_matches_hf_greedy(server, models):
     prompt = [5, 6, 7, 8]
-    resp = run(_with_client(server.url, lambda c: c.generate(prompt, {"temperature": 0.0, "max_new_tokens": 20},
+    resp = run(_with_client(server.url, lambda c: c.generate(prompt, Sampling(temperature=0.0, max_new_tokens=20),
                                                              rid="greedy-1")))
     assert resp.output_ids == hf_greedy(models["v0"][1], prompt, 20)
     assert len(resp.logprobs) == len(resp.output_ids) and resp.finish_reason == "length"
@@ -83,8 +84,8 @@ def test_generate_matches_hf_greedy(server, models):
 
 def test_batched_generate_answers_each_prompt_in_order(server, models):
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
-    greedy = {"temperature": 0.0, "max_new_tokens": 12}
-    resps = run(_with_client(server.url, lambda c: c.generate_batch(prompts, greedy, rids=["a", "b", "c"])))
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    resps = run(_with_client(server.url, lambda c: c.generate_batch(prompts, [greedy] * 3, rids=["a", "b", "c"])))
     for p, r in zip(prompts, resps):
         assert r.output_ids == hf_greedy(models["v0"][1], p, 12)  # each its own answer, not a neighbour's
 
@@ -102,7 +103,7 @@ def test_sampling_seed_per_prompt_in_a_batch(server):
     prompt = [5, 6, 7, 8]
 
     def sp(seed):
-        return {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": seed}
+        return Sampling(temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=seed)
 
     async def go(c: EmbeddedClient):
         batch = await c.generate_batch([prompt] * 3, [sp(1), sp(1), sp(2)], rids=["a", "b", "c"])
@@ -123,7 +124,7 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
     async def ask(urls):
         clients = [EmbeddedClient(u, timeout_s=60) for u in urls]
         try:
-            return [(await c.generate([5, 6, 7, 8], sampling)).output_ids for c in clients]
+            return [(await c.generate([5, 6, 7, 8], Sampling(**sampling))).output_ids for c in clients]
         finally:
             for c in clients:
                 await c.aclose()
@@ -143,7 +144,7 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
 def test_32_concurrent_requests(server):
     async def go(c: EmbeddedClient):
         before = (await c.model_info()).generated_tokens
-        reqs = [c.generate([i % VOCAB, 9, 10], {"max_new_tokens": 16, "ignore_eos": True, "sampling_seed": i},
+        reqs = [c.generate([i % VOCAB, 9, 10], Sampling(max_new_tokens=16, ignore_eos=True, seed=i),
                            rid=f"r{i}")
                 for i in range(32)]
         resps = await asyncio.gather(*reqs)
@@ -159,7 +160,7 @@ def test_pool_spreads_requests_and_broadcasts(server):
     async def go():
         pool = RolloutPool([server.url, server.url + "/"], timeout_s=60)
         try:
-            resps = await asyncio.gather(*(pool.generate([1, 2], {"max_new_tokens": 4}) for _ in range(8)))
+            resps = await asyncio.gather(*(pool.generate([1, 2], Sampling(max_new_tokens=4)) for _ in range(8)))
             await pool.pause()
             paused = [i.paused for i in await pool.model_infos()]
             await pool.resume()
@@ -175,7 +176,7 @@ def test_pool_spreads_requests_and_broadcasts(server):
 def test_pause_and_continue(server):
     async def go(c: EmbeddedClient):
         await c.pause()
-        task = asyncio.create_task(c.generate([4, 5], {"max_new_tokens": 8}))
+        task = asyncio.create_task(c.generate([4, 5], Sampling(max_new_tokens=8)))
         await asyncio.sleep(0.5)
         info = await c.model_info()
         assert not task.done()
@@ -272,7 +273,7 @@ def test_a_server_without_a_key_does_not_start_unless_told(models, tmp_path):
 def test_client_raises_with_the_servers_message(server):
     async def go(c: EmbeddedClient):
         with pytest.raises(RolloutServerError, match="vocabulary") as e:
-            await c.generate([VOCAB + 1], {"max_new_tokens": 2})
+            await c.generate([VOCAB + 1], Sampling(max_new_tokens=2))
         assert e.value.status == 400
         with pytest.raises(RolloutServerError, match="does not exist"):
             await c.update_weights_from_disk("/no/such/folder", 5)
@@ -291,14 +292,14 @@ def test_update_weights_mid_generation(server, models):
     path1, m1 = models["v1"]
 
     async def go(c: EmbeddedClient):
-        long = [asyncio.create_task(c.generate([i + 4, 7], {"max_new_tokens": 400, "ignore_eos": True}))
+        long = [asyncio.create_task(c.generate([i + 4, 7], Sampling(max_new_tokens=400, ignore_eos=True)))
                 for i in range(8)]
         while (await c.model_info()).running < 8:  # noqa: ASYNC110 - polls the server over HTTP
             await asyncio.sleep(0.01)
         await c.update_weights_from_disk(path1, 1)
         info = await c.model_info()
         resps = await asyncio.gather(*long)
-        greedy = await c.generate([5, 6, 7, 8], {"temperature": 0.0, "max_new_tokens": 20})
+        greedy = await c.generate([5, 6, 7, 8], Sampling(temperature=0.0, max_new_tokens=20))
         await c.update_weights_from_disk(path0, 2)  # leave the shared server as the other tests expect it
         return info, resps, greedy
 
@@ -368,8 +369,8 @@ def test_partial_outputs_of_running_requests(server):
     """/get_requests shows what an unfinished request has so far; it is a prefix of the answer,
     and continuing from it (prompt + prefix, fewer tokens) is how a resumed run goes on."""
     async def go(c: EmbeddedClient):
-        task = asyncio.ensure_future(c.generate([5, 6, 7], {"max_new_tokens": 300, "ignore_eos": True,
-                                                            "sampling_seed": 3}, rid="long-1"))
+        task = asyncio.ensure_future(c.generate([5, 6, 7], Sampling(max_new_tokens=300, ignore_eos=True, seed=3),
+                                                rid="long-1"))
         seen = None
         for _ in range(500):
             snap = await c.requests()
@@ -379,8 +380,8 @@ def test_partial_outputs_of_running_requests(server):
                 break
             await asyncio.sleep(0.01)
         resp = await task
-        cont = await c.generate([5, 6, 7] + seen.output_ids, {"max_new_tokens": 300 - len(seen.output_ids),
-                                                             "ignore_eos": True}, rid="long-1")
+        cont = await c.generate([5, 6, 7] + seen.output_ids,
+                                Sampling(max_new_tokens=300 - len(seen.output_ids), ignore_eos=True), rid="long-1")
         return seen, resp, cont, await c.requests()
 
     seen, resp, cont, after = run(_with_client(server.url, go))

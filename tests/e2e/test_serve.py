@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from areal_core.experiment import load_config
+from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.serve import serve_rollout
 from tests.e2e.test_rollout_server import tiny_qwen2
@@ -33,7 +34,7 @@ def _listener(url: str) -> psutil.Process:
 async def _generate(url: str) -> list[int]:
     client = EmbeddedClient(url, 60.0)
     try:
-        out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 6, "temperature": 1.0})
+        out = await client.generate([5, 6, 7, 8], Sampling(max_new_tokens=6, temperature=1.0))
     finally:
         await client.aclose()
     return out.output_ids

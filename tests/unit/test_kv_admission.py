@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from areal_core.rollout.backend import Generation
+from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.backends.embedded.engine import RequestError, RolloutEngine
 from areal_core.rollout.backends.embedded.server import create_app, parse_args
 from areal_core.rollout.config import EngineConfig, KVBudget, RolloutConfig
@@ -324,10 +324,10 @@ class _SlowServer:
         return [Generation([1], [0.0], [0], "length") for _ in range(n)]
 
     async def generate(self, ids, sampling, rid=None):
-        return (await self._serve(len(ids) + sampling["max_new_tokens"], 1))[0]
+        return (await self._serve(len(ids) + sampling.max_new_tokens, 1))[0]
 
     async def generate_batch(self, ids, sampling, rids=None):
-        return await self._serve(sum(len(x) + sampling["max_new_tokens"] for x in ids), len(ids))
+        return await self._serve(sum(len(x) + s.max_new_tokens for x, s in zip(ids, sampling, strict=True)), len(ids))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -344,8 +344,8 @@ def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
         for _ in range(60):
             n = rng.choice([1, 1, 4])
             prompts = [[0] * rng.randint(1, 60) for _ in range(n)]
-            samp = {"max_new_tokens": rng.randint(1, 100)}
-            jobs.append(pool.generate(prompts[0], samp) if n == 1 else pool.generate_batch(prompts, samp))
+            samp = Sampling(max_new_tokens=rng.randint(1, 100))
+            jobs.append(pool.generate(prompts[0], samp) if n == 1 else pool.generate_batch(prompts, [samp] * n))
         return await asyncio.gather(*jobs)
 
     out = asyncio.run(burst())
@@ -353,7 +353,7 @@ def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
     assert 0 < pool.kv_peak <= budget and pool.kv_reserved == [0, 0]
     assert {u for u, _ in log} == {"http://s0", "http://s1"}
     with pytest.raises(ValueError, match=r"needing 401 KV positions .*kv_budget of 400 tokens"):
-        asyncio.run(pool.generate([0] * 301, {"max_new_tokens": 100}))
+        asyncio.run(pool.generate([0] * 301, Sampling(max_new_tokens=100)))
     # the control: the same burst without the limit overfills the servers
     pool = RolloutPool([f"http://s{i}" for i in range(2)], make_client=lambda u, t: _SlowServer(u, t, budget, rng, log))
     with pytest.raises(AssertionError, match="holds"):

@@ -374,12 +374,14 @@ def test_measure_decode_times_the_engine():
     torch = pytest.importorskip("torch")
     from areal_core.experiment import load_config
     from areal_core.models import build_char_tokenizer, build_tiny
+    from areal_core.rollout.config import SamplingConfig
     from areal_core.sim.measure import DECODE_CHUNK, DECODE_NEW, measure_decode
 
     torch.set_num_threads(1)
     cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs/quickstart.yaml"))
     tok = build_char_tokenizer()
-    points = measure_decode(build_tiny(cfg.model.tiny, tok, 0), {"temperature": 1.0}, len(tok), reps=1, batches=(1, 4))
+    points = measure_decode(build_tiny(cfg.model.tiny, tok, 0), SamplingConfig(temperature=1.0), len(tok), reps=1,
+                            batches=(1, 4))
     assert len(points) == 2 * (DECODE_NEW // DECODE_CHUNK)
     assert all(0 < p["step_s"] < 1 for p in points)
     for b in (1, 4):  # the context grows by the batch every step

@@ -58,30 +58,18 @@ class EmbeddedClient(HTTPClient):
             raise RolloutServerError(self.url, 200, st.message or f"{path} failed")
         return st
 
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling: dict | Sampling | SamplingParams | None = None,
-        rid: str | None = None,
-    ) -> Generation:
-        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=sampling_params(sampling),
+    async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str | None = None) -> Generation:
+        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling),
                               rid=rid)
         return to_generation(GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req)))
 
-    async def generate_batch(
-        self,
-        input_ids: Sequence[Sequence[int]],
-        sampling: dict | Sampling | SamplingParams | Sequence[dict | Sampling | SamplingParams] | None = None,
-        rids: Sequence[str] | None = None,
-    ) -> list[Generation]:
-        """Several prompts in one request (they are admitted together); responses in order.
-        ``sampling``: one for all prompts, or a list with one per prompt."""
-        if isinstance(sampling, (list, tuple)):
-            sp = [sampling_params(s) for s in sampling]
-        else:
-            sp = sampling_params(sampling)
+    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
+                             rids: Sequence[str] | None = None) -> list[Generation]:
+        """Several prompts in one request (they are admitted together), ``sampling`` one per prompt;
+        responses in order."""
         req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids],
-                                   sampling_params=sp, rid=list(rids) if rids is not None else None)
+                                   sampling_params=[_sampling_params(s) for s in sampling],
+                                   rid=list(rids) if rids is not None else None)
         return [to_generation(r) for r in _RESPONSES.validate_json(await self._call("POST", GENERATE, req))]
 
     async def pause(self) -> None:
@@ -152,14 +140,10 @@ class _Empty(pydantic.BaseModel):
 _RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
 
 
-def sampling_params(sampling: dict | Sampling | SamplingParams | None) -> SamplingParams:
-    if isinstance(sampling, SamplingParams):
-        return sampling
-    if isinstance(sampling, Sampling):
-        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                              max_new_tokens=sampling.max_new_tokens, stop_token_ids=list(sampling.stop_token_ids),
-                              ignore_eos=sampling.ignore_eos, sampling_seed=sampling.seed)
-    return SamplingParams.model_validate(sampling or {})
+def _sampling_params(s: Sampling) -> SamplingParams:
+    """``s`` as the server's wire model (the seed under SGLang's name ``sampling_seed``)."""
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+                          stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, sampling_seed=s.seed)
 
 
 def to_generation(resp: GenerateResponse) -> Generation:
