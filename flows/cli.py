@@ -20,27 +20,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before pre
 # Prefect's 20 s for its ephemeral server to start is too short on a busy 2-core machine
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
-
-class UsageError(Exception):
-    """Bad command-line input: printed as one `error:` line, rc 2."""
-
-
-def _overrides(pairs: list[str]) -> dict:
-    from areal_core.experiment import ConfigError, parse_overrides
-
-    try:
-        return parse_overrides(pairs)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-
-
-def _load(config: str, overrides: dict):
-    from areal_core.experiment import ConfigError, load_config
-
-    try:
-        return load_config(config, overrides)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
+from flows.cli_input import UsageError, _load, _overrides
 
 
 def _positive_int(text: str) -> int:

@@ -11,7 +11,7 @@ def cmd_report(args) -> int:
 
     missing = [r for r in args.runs if "://" not in r and not Path(r, "summary.json").is_file()]
     if missing:
-        from flows.cli import UsageError
+        from flows.cli_input import UsageError
 
         raise UsageError(f"not a finished run folder (no summary.json): {', '.join(missing)}")
     out = args.out or str(Path(args.runs[0]) / "report")
@@ -27,7 +27,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from flows.cli import _load, _overrides
+    from flows.cli_input import _load, _overrides
 
     overrides = _overrides(args.set)
     cfg = _load(args.config, overrides)
@@ -59,7 +59,7 @@ def cmd_runs(args) -> int:
     try:
         entries = list_runs(root)
     except FileNotFoundError as e:
-        from flows.cli import UsageError
+        from flows.cli_input import UsageError
 
         raise UsageError(str(e)) from None
     if not entries:

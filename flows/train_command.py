@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from flows.cli import UsageError, _load, _overrides
+from flows.cli_input import UsageError, _load, _overrides
 
 
 def _check_run(cfg, run_dir: Path, resume: bool) -> None:
