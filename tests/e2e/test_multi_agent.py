@@ -4,7 +4,6 @@ frozen policy's server never gets weights; per-agent metrics; a state saved with
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pandas as pd
@@ -16,9 +15,9 @@ from areal_core.controller import AgentSetup, ControllerSettings, RolloutControl
 from areal_core.experiment import ConfigError, load_config, parse_config
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.reward.result import RewardResult
-from areal_core.rollout.backend import Generation, Sampling, ServerInfo
-from areal_core.rollout.weight_transport import WeightTransport
+from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt, Trajectory
+from tests.fake_servers import RecordingTransport, ScriptedServer
 
 # --- the router: moving averages, the selection rule, the table ---------------------------------
 
@@ -151,58 +150,6 @@ def test_agent_prompter_puts_the_prefix_before_the_prompt_text():
 AGENT_TOKEN = {"good": 50, "bad": 51, "mid": 52}  # the prefix each agent puts before a prompt
 
 
-class _Transport(WeightTransport):
-    """Records which servers each push reached."""
-
-    def __init__(self):
-        self.pushed_to: list[list[str]] = []
-
-    async def connect(self, clients) -> None:
-        self.connected = [c.url for c in clients]
-
-    def _stage(self, weights, version: int) -> None:
-        pass
-
-    def stage(self, model, version: int) -> None:
-        self.staged_version = version
-
-    async def _push(self, clients, version: int) -> None:
-        self.pushed_to.append([c.url for c in clients])
-        for c in clients:
-            c.version = version
-
-
-class _Server:
-    """A scripted server: echoes the prompt's first token, then EOS; counts what it was asked."""
-
-    def __init__(self, url: str, timeout_s: float = 0):
-        self.url, self.version, self.prompts = url, 0, []
-
-    async def generate_batch(self, input_ids, sampling, rids=None):
-        return [await self.generate(ids, sampling) for ids in input_ids]
-
-    async def generate(self, input_ids, sampling, rid=None):
-        self.prompts.append(list(input_ids))
-        await asyncio.sleep(0.001)
-        return Generation(output_ids=[input_ids[0], 3], logprobs=[-0.1, -0.1], versions=[self.version] * 2,
-                          finish_reason="stop")
-
-    async def health(self):
-        return True
-
-    async def info(self):
-        return ServerInfo(weight_version=self.version, running=0, waiting=0, paused=False)
-
-    async def partial_outputs(self):
-        return {}
-
-    async def abort_request(self, rid):
-        pass
-
-    async def aclose(self):
-        pass
-
-
 class _ByAgent:
     """good: always right, bad: always wrong, mid: every other answer right (the echoed token says who)."""
 
@@ -225,7 +172,7 @@ def _controller(agents: AgentRouter, servers: dict, transport, buffer, B=8, n=2,
                                   reward_correct=5.0, reward_wrong=-5.0)
 
     def make_client(url, timeout_s=0):
-        servers[url] = _Server(url)
+        servers[url] = ScriptedServer(url)
         return servers[url]
 
     return RolloutController(Servers(["http://trainable:1"], make_client=make_client), prompts,
@@ -238,7 +185,7 @@ def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_g
     # "bad" is first in the config, so it starts on the trainable policy; the selection at step 3
     # moves the trainable slot to "good" (highest moving average)
     agents = AgentRouter(["bad", "good", "mid"], top_k=1, every_steps=3, window=16)
-    servers, transport, buffer = {}, _Transport(), ReplayBuffer()
+    servers, transport, buffer = {}, RecordingTransport(), ReplayBuffer()
     c = _controller(agents, servers, transport, buffer)
     c.start()
     batches, tables = [], []
@@ -280,7 +227,7 @@ def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_g
 
 def test_a_state_saved_without_agents_restores_with_the_initial_table():
     agents = AgentRouter(["bad", "good"], top_k=1, every_steps=3, window=16)
-    c = _controller(agents, {}, _Transport(), ReplayBuffer())
+    c = _controller(agents, {}, RecordingTransport(), ReplayBuffer())
     old_row = {"traj_id": "e0-p1-s0", "group_id": "e0-p1", "seq_no": 0, "admit_version": 0, "prompt_ids": [5, 6, 1],
                "output_ids": [1, 3], "output_logprobs": [-1.0, -1.0], "output_versions": [0, 0],
                "finish_reason": "stop", "reward": 5.0, "correct": True}  # a row from before agent_id & co
