@@ -1,4 +1,5 @@
-"""The `areal-flow` command, all of it: train, eval, export, sweep, campaign, stack.
+"""The `areal-flow` command: train, eval, export, sweep, campaign, stack, plan, and runs, report, serve
+(``tool_commands.py``); ``train`` itself is ``train_command.py``.
 
 `train` runs as a Prefect flow (reported to the server at PREFECT_API_URL when set, see
 `areal-flow stack up`, else to Prefect's ephemeral server); `train --no-prefect` runs the same
