@@ -285,7 +285,7 @@ def test_batches_submitted_while_the_worker_is_busy_go_out_as_one_task():
 
 @pytest.mark.slow
 def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(tmp_path, monkeypatch):
-    """kill -9 of rollout server 0 at step 2 of a run whose only checkpoint is v0 (eta 1, two servers, a
+    """kill -9 of rollout server 0 at step 2 or soon after of a run whose only checkpoint is v0 (eta 1, two servers, a
     multi-turn episode): the server is restarted from v0, and the current weights reach it a few seconds
     later (the resend is slowed down by 8 s here). Meanwhile server 1 finishes answers whose next turns need a
     server (it was paused at the kill and goes on once server 0 is up again, so the turns come just then).
@@ -334,10 +334,21 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     monkeypatch.setattr(WeightTransport, "resend", slow_resend)
     monkeypatch.setattr(EmbeddedClient, "_call", recording_call)
 
-    def kill(row):
-        if row["step"] == 2:
+    def running_on(i: int) -> int:
+        async def ask():
+            c = EmbeddedClient(made["servers"].servers[i].url)
+            try:
+                return (await c.info()).running
+            finally:
+                await c.aclose()
+        return asyncio.run(ask())
+
+    def kill(row):  # at the first step from 2 on where server 1 has answers in flight, whose next turns
+        # then come while server 0 waits for its weights (with none in flight nothing would be sent)
+        if row["step"] >= 2 and "killed" not in times and running_on(1) > 0:
             on_server(1, "pause")
             os.kill(made["servers"].servers[0].pid, signal.SIGKILL)
+            times["killed"] = time.monotonic()
 
     eta = 1
     cfg = load_config(HERE / "data/e2e.yaml", {
@@ -345,6 +356,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
         "episode": {"kind": "retry", "max_turns": 3}, "rollout.sampling.max_new_tokens": 24})
     summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"),
                                         on_step=kill)
+    assert "killed" in times, "server 1 never had answers in flight at a step boundary: nothing to test"
     assert made["servers"].restarts >= 1 and "resent" in times
     url0 = made["servers"].servers[0].url
     window = [(u, t) for u, t in calls if times["restarted"] <= t < times["resent"]]
