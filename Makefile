@@ -40,11 +40,11 @@ test: $(FULL)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
 
 # the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots):
-# about 8 min of test time; CI (.ci/run) runs them after make test
+# about 7 min on 2 cores; CI (.ci/run) runs them after make test
 test-nightly: $(FULL)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m nightly
 
-# tests/unit alone: no servers, processes or Prefect (about 2 min on 2 cores)
+# tests/unit alone: no servers, processes or Prefect (about 1 min on 2 cores)
 test-unit: $(FULL)
 	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests/unit
 
