@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 import areal_core.run as run_module
+from areal_core.controller.generation import Generator
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService
 from areal_core.rollout.backends.embedded import launcher
@@ -288,8 +289,9 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     """kill -9 of rollout server 0 at step 2 or soon after of a run whose only checkpoint is v0 (eta 1, two servers, a
     multi-turn episode): the server is restarted from v0, and the current weights reach it a few seconds
     later (the resend is slowed down by 8 s here). Meanwhile server 1 finishes answers whose next turns need a
-    server (it was paused at the kill and goes on once server 0 is up again, so the turns come just then).
-    No request goes to server 0 before its weights are in, and no trained token is staler than eta (the
+    server (it was paused at the kill and goes on once server 0 is up again, so the turns come just then), and
+    three requests of the test's own go through the controller's pool. No request goes to server 0 before its
+    weights are in, and no trained token is staler than eta (the
     ledger check says so for every run)."""
     from areal_core.rollout.weight_transport import WeightTransport
 
@@ -320,11 +322,23 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     monkeypatch.setattr(launcher, "EmbeddedServers", Servers)
     real_resend, real_call = WeightTransport.resend, EmbeddedClient._call
 
+    real_open = Generator.open
+
+    def recording_open(self, *a, **k):
+        real_open(self, *a, **k)
+        made["pool"] = self.pool  # the trainable servers' pool, as the controller routes with it
+
     async def slow_resend(self, clients, i):
-        await asyncio.sleep(8.0)  # a large model's weights take a while to arrive (and a loaded machine is slow to
-        # send the next turns of the answers server 1 finishes meanwhile, the calls this test watches)
+        # A few requests of our own through the controller's pool while server 0 waits for its weights: the
+        # run's own calls in this window depend on timing (which answers server 1 still has in flight, and
+        # whether the staleness gate lets new groups in while the push is pending), these never do.
+        sampling = cfg.rollout.sampling.to_sampling(max_new_tokens=4)
+        probes = [asyncio.ensure_future(made["pool"].generate([1, 2, 3], sampling, rid=f"probe-{k}"))
+                  for k in range(3)]
+        await asyncio.sleep(8.0)  # a large model's weights take a while to arrive
         await real_resend(self, clients, i)
         times.setdefault("resent", time.monotonic())
+        await asyncio.gather(*probes)
 
     async def recording_call(self, method, path, body=None, **kw):
         if path == GENERATE:
@@ -332,6 +346,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
         return await real_call(self, method, path, body, **kw)
 
     monkeypatch.setattr(WeightTransport, "resend", slow_resend)
+    monkeypatch.setattr(Generator, "open", recording_open)
     monkeypatch.setattr(EmbeddedClient, "_call", recording_call)
 
     def running_on(i: int) -> int:
@@ -360,7 +375,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     assert made["servers"].restarts >= 1 and "resent" in times
     url0 = made["servers"].servers[0].url
     window = [(u, t) for u, t in calls if times["restarted"] <= t < times["resent"]]
-    assert window, "no generate call while server 0 waited for its weights: the test did not exercise it"
+    assert len(window) >= 3, "the probes sent while server 0 waited for its weights were not seen"
     early = [t - times["restarted"] for u, t in window if u == url0]
     assert not early, f"{len(early)} generate call(s) reached the restarted server before its weights did"
     ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
