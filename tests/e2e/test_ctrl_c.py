@@ -20,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "tests/data/e2e.yaml"
-STEPS, EVERY = 100, 10
+STEPS, EVERY = 30, 4  # room after the checkpoint of step 4 for Ctrl-C to land mid-run
 
 
 def _start(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
