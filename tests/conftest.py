@@ -6,6 +6,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -17,3 +18,13 @@ def pytest_collection_modifyitems(config, items):
     at the end balance the two workers (no worker is left alone with a long test at the end)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort: file order kept within each part
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server (its own temporary database) for every test of this pytest process that
+    needs one (starting it takes 10-20 s); the Prefect client of this process talks to it."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -153,11 +153,11 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_grading_survives_worker_killed_mid_batch():
-    """kill -9 of the only Dask worker while it works through 2,000 queued gradings: its
+    """kill -9 of the only Dask worker while it works through 500 queued gradings: its
     nanny starts a new one and the scheduler runs the lost tasks again."""
     from areal_core.reward.config import RewardConfig
 
-    n, results, errors = 2000, [], []
+    n, results, errors = 500, [], []
     done = threading.Event()
     lock = threading.Lock()
 

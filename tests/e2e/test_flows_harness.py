@@ -11,19 +11,12 @@ import pytest
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.campaign import campaign
 from tasks.events import CHECKPOINT_EVENT
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 CONFIG = str(HERE / "data/campaign_tiny.yaml")
-
-
-@pytest.fixture(scope="module")
-def harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 async def _flow_runs():
@@ -45,7 +38,7 @@ async def _events(name: str):
 
 
 @pytest.mark.slow
-def test_campaign_end_to_end(harness, tmp_path):
+def test_campaign_end_to_end(prefect_harness, tmp_path):
     out = tmp_path / "campaign"
     result = campaign(config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8,
                       evaluate_every=1, cache_dir=str(tmp_path / "cache"))
@@ -123,7 +116,7 @@ def test_campaign_end_to_end(harness, tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_command_prints_report_last(harness, tmp_path, capsys):
+def test_sweep_command_prints_report_last(prefect_harness, tmp_path, capsys):
     from flows.cli import main
 
     out = tmp_path / "sweep"
@@ -139,7 +132,7 @@ def test_sweep_command_prints_report_last(harness, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_sweep_compares_several_configs(harness, tmp_path, capsys):
+def test_sweep_compares_several_configs(prefect_harness, tmp_path, capsys):
     """Several configs: one run per config as it is (its own eta and objective), labelled by its name,
     each from its own frozen copy, one report over them."""
     from flows.cli import main
@@ -159,7 +152,7 @@ def test_sweep_compares_several_configs(harness, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_command_is_a_flow_run(harness, tmp_path, capsys):
+def test_train_command_is_a_flow_run(prefect_harness, tmp_path, capsys):
     """`areal-flow train` (what `make demo` runs) runs as a Prefect flow run."""
     from flows.cli import main
 
@@ -181,7 +174,7 @@ def test_bad_sweep_value_fails_before_running(capsys):
 
 
 @pytest.mark.slow
-def test_provision_with_s3_credentials_from_a_block(harness, monkeypatch):
+def test_provision_with_s3_credentials_from_a_block(prefect_harness, monkeypatch):
     from prefect.blocks.system import Secret
 
     from areal_core.storage.fsutil import filesystem
@@ -202,7 +195,7 @@ def test_provision_with_s3_credentials_from_a_block(harness, monkeypatch):
         assert fs.exists("provisioned") and not fs.ls("provisioned")  # bucket made, probe removed
 
 
-def test_train_task_retry_resumes(harness, tmp_path, monkeypatch):
+def test_train_task_retry_resumes(prefect_harness, tmp_path, monkeypatch):
     """A failed training task is retried once, and the retry asks run_experiment to resume."""
     import areal_core.run
     from flows.train import train

@@ -75,22 +75,22 @@ def test_model_names_carrying_a_size():
 
 
 @pytest.mark.slow
-def test_plan_flow_publishes_table_and_plot_artifacts(tmp_path):
+def test_plan_flow_publishes_table_and_plot_artifacts(tmp_path, prefect_harness):
     import asyncio
 
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.plan import plan
 
-    async def artifacts():
+    async def artifacts():  # (the test server is shared with other tests: only the plan's keys)
         async with get_client() as c:
-            return {a.key: a for a in await c.read_artifacts(limit=50)}
+            keys = ArtifactFilter(key=ArtifactFilterKey(any_=["plan", "plan-alternatives"]))
+            return {a.key: a for a in await c.read_artifacts(artifact_filter=keys, limit=50)}
 
-    with prefect_test_harness(server_startup_timeout=120):
-        out = plan(model="1.5B", n_gpus=8, context=2048, prompt_tokens=128, answer_median=300.0, etas=[2],
-                   ratios=["3:1"], prompts_per_step=8, answers_per_prompt=4, n_steps=9, out_dir=str(tmp_path))
-        found = asyncio.run(artifacts())
+    out = plan(model="1.5B", n_gpus=8, context=2048, prompt_tokens=128, answer_median=300.0, etas=[2],
+               ratios=["3:1"], prompts_per_step=8, answers_per_prompt=4, n_steps=9, out_dir=str(tmp_path))
+    found = asyncio.run(artifacts())
     assert out["recommended"]["label"] and (tmp_path / "plan_ratio.png").is_file()
     assert found["plan-alternatives"].type == "table"
     assert "data:image/png;base64," in found["plan"].data and "Recommended" in found["plan"].data

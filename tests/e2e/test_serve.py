@@ -109,8 +109,7 @@ def test_hold_counts_from_when_the_servers_are_up(model_dir, tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch):
-    from prefect.testing.utilities import prefect_test_harness
+def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch, prefect_harness):
     from prefect.variables import Variable
 
     import flows.serve
@@ -119,20 +118,19 @@ def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch):
     seen_event = threading.Event()  # the pool stays up until the test has read the Variable (or 120 s)
     real = flows.serve.serve_rollout
     monkeypatch.setattr(flows.serve, "serve_rollout", lambda *a, **k: real(*a, **k, should_stop=seen_event.is_set))
-    with prefect_test_harness(server_startup_timeout=120):
-        name = urls_variable("e2e")
-        seen, result = [], {}
-        t = threading.Thread(target=lambda: result.update(rollout_servers(
-            model_dir, CONFIG, hold_s=120.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
-        t.start()
-        deadline = time.monotonic() + 180
-        while t.is_alive() and not seen and time.monotonic() < deadline:
-            seen = Variable.get(name) or []
-            time.sleep(0.3)
-        seen_event.set()
-        t.join(60)
-        assert seen and seen == result["urls"] and all(u.startswith("http://127.0.0.1:") for u in seen)
-        assert Variable.get(name) is None  # removed once the servers stopped
+    name = urls_variable("e2e")
+    seen, result = [], {}
+    t = threading.Thread(target=lambda: result.update(rollout_servers(
+        model_dir, CONFIG, hold_s=120.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 180
+    while t.is_alive() and not seen and time.monotonic() < deadline:
+        seen = Variable.get(name) or []
+        time.sleep(0.3)
+    seen_event.set()
+    t.join(60)
+    assert seen and seen == result["urls"] and all(u.startswith("http://127.0.0.1:") for u in seen)
+    assert Variable.get(name) is None  # removed once the servers stopped
 
 
 def test_serve_command_without_prefect_serves_for_hold_s_then_stops(model_dir, tmp_path, capsys):
