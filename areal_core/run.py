@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -50,6 +49,7 @@ from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.run_folder import check_run_folder
 from areal_core.run_loop import Loop, WeightPublisher, train_steps
 from areal_core.run_summary import build_summary
+from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
 from areal_core.trainer.backends import make_trainer
@@ -89,25 +89,6 @@ def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str
     frozen = EmbeddedBackend(1, engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),
                              log_dir=run_dir / "frozen", api_key=api_key)
     return frozen.launch(model_path, 0), frozen
-
-
-@contextlib.contextmanager
-def entered_together(*managers):
-    """Enter ``managers`` at once, each in a thread of its own (starting Dask and the servers is
-    mostly waiting for processes: together the run starts seconds sooner), yield what they gave,
-    and exit them in reverse order as nested ``with`` blocks would. If one fails to enter (or the
-    wait is interrupted), the others are exited once they are up, and the first error is raised."""
-    with contextlib.ExitStack() as stack:
-        pool = ThreadPoolExecutor(len(managers), thread_name_prefix="start")
-        futures = [pool.submit(m.__enter__) for m in managers]
-        try:
-            wait(futures)
-        finally:
-            pool.shutdown(wait=True)  # nothing half-started is left behind, even on Ctrl-C
-            for m, f in zip(managers, futures, strict=True):
-                if f.exception() is None:
-                    stack.push(m)  # its __exit__, in order: the last one entered exits first
-        yield tuple(f.result() for f in futures)
 
 
 def _weight_versions(urls: list[str], make_client) -> list[int]:
@@ -214,7 +195,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     # LoRA: servers start (and restart) from the base, v0; the adapters are staged before the first step
     serve_from = 0 if lora_cfg is not None else version
-    with entered_together(RewardService(cfg.reward), backend.launch(store.local_copy(serve_from), serve_from),
+    with entered_together(made_on_enter(RewardService, cfg.reward), backend.launch(store.local_copy(serve_from), serve_from),
                           frozen_launch) as (rewards, urls, frozen_urls):
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 

@@ -27,6 +27,7 @@ from areal_core.metrics import write_parquet_atomic
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
+from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage.fsutil import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -304,8 +305,9 @@ def evaluate_checkpoint(
                      "max_new_tokens": max_new_tokens},
         "benchmarks": {},
     }
-    with start_server(folder, log_path=str(out / "rollout_server.log"), max_running=512) as server, \
-            RewardService(RewardConfig(scheduler_address=scheduler_address)) as rewards:
+    with entered_together(made_on_enter(start_server, folder, log_path=str(out / "rollout_server.log"), max_running=512),
+                          made_on_enter(RewardService, RewardConfig(scheduler_address=scheduler_address))) \
+            as (server, rewards):
         rewards.warm_up({bench.task for bench in chosen})
         for bench in chosen:
             tb = time.perf_counter()

@@ -1,4 +1,4 @@
-"""run.entered_together: the run starts Dask and its servers at once; what started is stopped
+"""startup.entered_together: a run starts Dask and its servers at once; what started is stopped
 whatever fails, in the order nested ``with`` blocks would stop it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from areal_core.run import entered_together
+from areal_core.startup import entered_together, made_on_enter
 
 
 class Part:
@@ -58,3 +58,12 @@ def test_an_error_in_the_body_exits_every_part():
     with pytest.raises(KeyError), entered_together(Part("a", log), Part("b", log)):
         raise KeyError("boom")
     assert log[-2:] == ["exit b", "exit a"]
+
+
+def test_made_on_enter_makes_nothing_until_entered():
+    log: list[str] = []
+    lazy = made_on_enter(Part, "late", log)
+    assert log == []
+    with lazy as value:
+        assert value == "LATE" and log == ["enter late"]
+    assert log == ["enter late", "exit late"]
