@@ -28,3 +28,10 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory) -> str:
+    """A warm-start cache for the runs of this pytest process: the tiny model's supervised warm start
+    is made once per config, not once per test (an entry is written under a temp name and renamed)."""
+    return str(tmp_path_factory.mktemp("warmstart-cache"))

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parents[1]  # tests/
 
 
 @pytest.mark.slow
-def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch):
+def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch, warm_cache):
     with MotoS3Server() as s3:
         for k, v in s3.env().items():
             monkeypatch.setenv(k, v)
@@ -27,7 +27,7 @@ def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch):
         cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url, "storage.format": "delta",
                                                    "storage.full_every": 2})
         steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
-        summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+        summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
 
         # checkpoints on the cadence (0, 3, 6, 8), all complete on S3; 6 is a delta against 3
         store = CheckpointStore(url, cache_dir=str(tmp_path / "dl"))

@@ -106,7 +106,7 @@ def test_unknown_benchmark_fails_before_starting_anything(tmp_path):
 
 
 @pytest.mark.slow
-def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path):
+def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache):
     """Evaluating a run's final checkpoint without further settings scores the run's own held-out
     problems with its own sampling: the number `train` printed, problem for problem."""
     from areal_core.experiment import load_config
@@ -114,7 +114,7 @@ def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path):
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml")
     run = tmp_path / "run"
-    s = run_experiment(cfg, run, progress=False, cache_dir=str(tmp_path / "cache"))
+    s = run_experiment(cfg, run, progress=False, cache_dir=warm_cache)
     ckpt = str(run / "checkpoints" / f"v{s['final_version']}")
     summary = evaluate_checkpoint(ckpt, ["heldout"], out_dir=str(tmp_path / "eval"), progress=False)
     got = summary["benchmarks"]["heldout"]

@@ -41,7 +41,7 @@ S3_OUTAGE_S = 3.0
 
 
 @pytest.mark.slow
-def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
+def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch, warm_cache):
     made: dict[str, object] = {}
 
     class Servers(EmbeddedServers):
@@ -118,7 +118,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch):
             seen_versions.append(CheckpointStore(url).versions() if step >= 7 else [])  # (S3 is down in step 6's hook)
 
         summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False,
-                                            cache_dir=str(tmp_path / "cache"), on_step=faults)
+                                            cache_dir=warm_cache, on_step=faults)
         events["backstop"].cancel()
         s3.resume()
 
@@ -285,7 +285,7 @@ def test_batches_submitted_while_the_worker_is_busy_go_out_as_one_task():
 
 
 @pytest.mark.slow
-def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(tmp_path, monkeypatch):
+def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(tmp_path, monkeypatch, warm_cache):
     """kill -9 of rollout server 0 at step 2 or soon after of a run whose only checkpoint is v0 (eta 1, two servers, a
     multi-turn episode): the server is restarted from v0, and the current weights reach it a few seconds
     later (the resend is slowed down by 8 s here). Meanwhile server 1 finishes answers whose next turns need a
@@ -369,7 +369,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
     cfg = load_config(HERE / "data/e2e.yaml", {
         "rollout.n_servers": 2, "trainer.eta": eta, "trainer.max_steps": 6, "storage.checkpoint_every": 100,
         "episode": {"kind": "retry", "max_turns": 3}, "rollout.sampling.max_new_tokens": 24})
-    summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"),
+    summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache,
                                         on_step=kill)
     assert "killed" in times, "server 1 never had answers in flight at a step boundary: nothing to test"
     assert made["servers"].restarts >= 1 and "resent" in times

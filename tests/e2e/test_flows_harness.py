@@ -38,10 +38,10 @@ async def _events(name: str):
 
 
 @pytest.mark.slow
-def test_campaign_end_to_end(prefect_harness, tmp_path):
+def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     out = tmp_path / "campaign"
     result = campaign(config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8,
-                      evaluate_every=1, cache_dir=str(tmp_path / "cache"))
+                      evaluate_every=1, cache_dir=warm_cache)
     run_dir = out / "tiny"
     assert result["run_dirs"] == [str(run_dir)]
 

@@ -75,7 +75,7 @@ def trainer_merged(model: torch.nn.Module, tokens: list[int]) -> tuple[torch.Ten
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory, request):
+def lora_run(tmp_path_factory, request, warm_cache):
     """5 steps, 2 embedded servers, server 1 killed (SIGKILL) after step 2; every step each server
     is probed at the version just pushed and compared with the trainer's merged model."""
     mp = pytest.MonkeyPatch()
@@ -111,7 +111,7 @@ def lora_run(tmp_path_factory, request):
     run_dir = tmp_path_factory.mktemp("lora") / "run"
     cfg = lora_config(**{"rollout.n_servers": 2, "trainer.max_steps": 5})
     summary = run_experiment(cfg, run_dir, progress=False, on_step=on_step,
-                             cache_dir=str(tmp_path_factory.getbasetemp() / "warm"))
+                             cache_dir=warm_cache)
     return {"summary": summary, "probes": probes, "run_dir": run_dir, "made": made, "cfg": cfg}
 
 
@@ -201,7 +201,7 @@ def test_export_round_trips_through_plain_transformers(lora_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_run_resumes_exactly_once(tmp_path):
+def test_lora_run_resumes_exactly_once(tmp_path, warm_cache):
     """A synchronous LoRA run stopped after the checkpoint of step 2 resumes: trainer base from v0,
     adapters and optimizer from v2, servers given the adapters before generating (eta 0: every
     token of step 3's batch is version 2's; one sampled by the base would be labelled 0)."""
@@ -214,12 +214,12 @@ def test_lora_run_resumes_exactly_once(tmp_path):
             raise SimulatedCrash("stop after step 2")
 
     with pytest.raises(SimulatedCrash):
-        run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "warm"), on_step=crash)
+        run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, on_step=crash)
     store = CheckpointStore(str(run_dir / "checkpoints"))
     assert store.versions() == [0, 2] and store.read_manifest(2)["meta"]["format"] == "lora"
     v2 = load_safetensors(store.read_file(2, lora.ADAPTER_FILE))
 
-    summary = run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "warm"), resume=True)
+    summary = run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, resume=True)
     assert summary["resumed_from_step"] == 2 and summary["final_version"] == 4
     assert summary["ledger_check"]["ok"], summary["ledger_check"]
     ledger = pd.read_parquet(run_dir / "ledger.parquet")

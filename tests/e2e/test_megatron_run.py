@@ -18,10 +18,10 @@ MEGATRON_TP2 = {"kind": "megatron", "tensor_parallel_size": 2, "processes": 2}
 
 
 @pytest.mark.slow
-def test_short_run_with_megatron_tp2_on_two_processes(tmp_path):
+def test_short_run_with_megatron_tp2_on_two_processes(tmp_path, warm_cache):
     cfg = load_config(HERE / "data/e2e.yaml", {"trainer.backend": MEGATRON_TP2, "trainer.max_steps": 3})
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["ledger_check"]["ok"], summary["ledger_check"]
     assert summary["steps"] == 3 and summary["max_staleness_observed"] <= cfg.trainer.eta
     assert summary["trainer_backend"] == "megatron"

@@ -1,4 +1,5 @@
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from areal_core.models.config import ModelConfig, TinyArch, WarmStart
 from areal_core.models.warmstart import chain_length_weights, collate, default_cache_dir
 
 SMALL = TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+ARCH = TinyArch(hidden_size=64, intermediate_size=256)  # the warm-start tests' model
 
 
 @pytest.fixture(scope="module")
@@ -295,36 +297,38 @@ def _generate_greedy_exact(model, tok, pairs):
     return hits / len(pairs)
 
 
-@pytest.mark.slow
-def test_greedy_exact_match_agrees_with_greedy_generation(records):
-    from areal_core.models.warmstart import _encode_pairs, greedy_exact_match
-
-    tok = build_char_tokenizer()
-    model = build_tiny(TinyArch(hidden_size=64, intermediate_size=256), tok, seed=0)
-    train = [(r.prompt, r.solution) for r in records[0]]
-    warm_start(model, tok, train, WarmStart(steps=250, batch_size=32, lr=3e-3), seed=0,
-               progress=False, weights=chain_length_weights([int(r.meta["k"]) for r in records[0]], 3.0))
-    held = [(r.prompt, r.solution) for r in records[1] if r.meta["k"] <= 3][:60]  # the lengths it partly learned
-    want = _generate_greedy_exact(model, tok, held)
-    assert 0.0 < want < 1.0  # partly trained: the comparison means something
-    assert greedy_exact_match(model, _encode_pairs(tok, held), tok.pad_token_id, chunk=16) == want
-
-
-@pytest.mark.slow
-def test_warm_start_stops_when_validation_accuracy_reaches_the_target(records):
+@pytest.fixture(scope="module")
+def trained(records):
+    """A tiny model after 250 warm-start steps on 1,500 problems, validated every 25 steps on chains
+    of up to 3 links (the lengths it partly learns), and what warm_start returned: the next two tests share it."""
     tok = build_char_tokenizer()
     pairs = [(r.prompt, r.solution) for r in records[0][:1500]]
-    val = [(r.prompt, r.solution) for r in records[0][1500:] if r.meta["k"] <= 3][:200]  # learnt in 250 steps
-    arch = TinyArch(hidden_size=64, intermediate_size=256)
+    val = [(r.prompt, r.solution) for r in records[0][1500:] if r.meta["k"] <= 3][:200]
     weights = chain_length_weights([int(r.meta["k"]) for r in records[0][:1500]], 3.0)
-    full = warm_start(build_tiny(arch, tok, 0), tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3,
-                      stop_at_accuracy=1.0, check_every=25), seed=0, progress=False,
-                      weights=weights, val_pairs=val)
-    assert full["steps"] == 250 and len(full["val_curve"]) == 10  # 1.0 is out of reach: every step ran
+    model = build_tiny(ARCH, tok, 0)
+    full = warm_start(model, tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=1.0,
+                      check_every=25), seed=0, progress=False, weights=weights, val_pairs=val)
+    return SimpleNamespace(tok=tok, model=model, full=full, pairs=pairs, val=val, weights=weights)
+
+
+@pytest.mark.slow
+def test_greedy_exact_match_agrees_with_greedy_generation(records, trained):
+    from areal_core.models.warmstart import _encode_pairs, greedy_exact_match
+
+    held = [(r.prompt, r.solution) for r in records[1] if r.meta["k"] <= 3][:60]  # the lengths it partly learned
+    want = _generate_greedy_exact(trained.model, trained.tok, held)
+    assert 0.0 < want < 1.0  # partly trained: the comparison means something
+    assert greedy_exact_match(trained.model, _encode_pairs(trained.tok, held), trained.tok.pad_token_id, chunk=16) == want
+
+
+@pytest.mark.slow
+def test_warm_start_stops_when_validation_accuracy_reaches_the_target(trained):
+    full = trained.full  # 1.0 is out of reach: every step ran
+    assert full["steps"] == 250 and len(full["val_curve"]) == 10
     target = next(a for _, a in full["val_curve"] if a > 0.1)  # a level the curve reaches part way
-    stopped = warm_start(build_tiny(arch, tok, 0), tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3,
-                         stop_at_accuracy=target, check_every=25), seed=0, progress=False,
-                         weights=weights, val_pairs=val)
+    stopped = warm_start(build_tiny(ARCH, trained.tok, 0), trained.tok, trained.pairs,
+                         WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=target, check_every=25),
+                         seed=0, progress=False, weights=trained.weights, val_pairs=trained.val)
     first = next(s for s, a in full["val_curve"] if a >= target)
     assert stopped["steps"] == first < 250
     assert stopped["val_curve"] == full["val_curve"][: first // 25]  # checks change nothing in training

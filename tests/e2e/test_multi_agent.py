@@ -262,7 +262,7 @@ class _Crash(Exception):
 
 
 @pytest.mark.slow
-def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch):
+def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch, warm_cache):
     from areal_core.run import run_experiment
     from areal_core.trainer.trainer import Trainer
 
@@ -283,7 +283,7 @@ def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch):
                                               "storage.checkpoint_every": 2,
                                               "multi_agent": {"agents": agents, "top_k": 1, "every_steps": 2,
                                                               "window": 32}})
-    run, cache = tmp_path / "run", str(tmp_path / "cache")
+    run, cache = tmp_path / "run", warm_cache
     with pytest.raises(_Crash):
         run_experiment(cfg, run, progress=False, cache_dir=cache, on_step=crash)
     s = run_experiment(cfg, run, progress=False, cache_dir=cache, resume=True)

@@ -347,7 +347,7 @@ def test_the_config_and_the_example_chain_agent():
 
 
 @pytest.mark.slow
-def test_a_short_real_run_through_the_controller(tmp_path):
+def test_a_short_real_run_through_the_controller(tmp_path, warm_cache):
     """The tiny model on the chain task with the example agent: embedded server, Dask grading, the
     trainer; every answer took two calls, with the agent's "|" masked, and the ledger holds."""
     import pandas as pd
@@ -358,7 +358,7 @@ def test_a_short_real_run_through_the_controller(tmp_path):
     cfg = load_config("tests/data/e2e.yaml", {
         "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent"},
         "trainer.max_steps": 2, "rollout.sampling.max_new_tokens": 24})
-    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
     m = pd.read_parquet(tmp_path / "run/metrics.parquet")
     assert (m["turns_mean"] == 2).all() and (m["environment_tokens"] > 0).all()
@@ -410,7 +410,7 @@ def test_a_request_the_rollout_server_refuses_ends_that_conversation_only():
 
 
 @pytest.mark.slow
-def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path):
+def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path, warm_cache):
     """The example agent's second call repeats the first answer, so with a tight
     trainer.max_tokens_per_microbatch some conversations no longer fit: their calls are clamped to what
     is left or refused, those answers are graded wrong, and the run trains every step with no trajectory
@@ -426,7 +426,7 @@ def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path
                     "on_agent_error": "wrong"},
         "trainer.max_steps": 2, "rollout.sampling.max_new_tokens": 24,
         "trainer.max_tokens_per_microbatch": budget})
-    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
     ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")
     assert len(ledger) == 2 * cfg.trainer.batch_size

@@ -127,7 +127,7 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
+def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache):
     """eta 0 (synchronous): the trained set is fixed by the data stream, so a run that
     crashed after step 2 and resumed trains exactly the uninterrupted run's ids, step by step."""
     cfg = load_config(HERE / "data/e2e.yaml", {"trainer.eta": 0, "rollout.weight_update": "drain",
@@ -140,10 +140,10 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path):
             raise SimulatedCrash("stop after step 2")
 
     with pytest.raises(SimulatedCrash):
-        run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), on_step=crash)
+        run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, on_step=crash)
     with pytest.raises(Exception, match=r"already holds a run.s checkpoints .*add --resume"):  # no silent restart
-        run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"))
-    summary = run_experiment(cfg, run_dir, progress=False, cache_dir=str(tmp_path / "cache"), resume=True)
+        run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache)
+    summary = run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, resume=True)
     assert summary["resumed_from_step"] == 2  # the checkpoint of the crashed step was finished, not lost
     ledger = check_run(run_dir, summary, steps, B, 0, every=2)
     expected = stream_ids(cfg, steps * B // n)

@@ -246,7 +246,7 @@ def test_heldout_with_tools_command():
 
 
 @pytest.mark.slow
-def test_tool_episode_runs_end_to_end(tmp_path):
+def test_tool_episode_runs_end_to_end(tmp_path, warm_cache):
     from areal_core.experiment import load_config
     from areal_core.run import run_experiment
 
@@ -256,7 +256,7 @@ def test_tool_episode_runs_end_to_end(tmp_path):
         "model.warm_start": {"steps": 150, "batch_size": 32, "lr": 0.003},
         "episode": {"kind": "tool", "max_calls": 1, "timeout_s": 1.0},
         "trainer.max_steps": 3, "rollout.sampling.max_new_tokens": 32, "eval.n_problems": 16})
-    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=str(tmp_path / "cache"))
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 3 and summary["ledger_check"]["ok"], summary["ledger_check"]
     m = pd.read_parquet(tmp_path / "run/metrics.parquet")
     # the warm-started policy writes calls: they ran, and their outputs came back as masked text
