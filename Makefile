@@ -31,7 +31,7 @@ demo: $(BASE)
 	$(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir runs/quickstart
 
 # two pytest-xdist workers that steal tests from each other's queue: most tests wait on servers, Prefect
-# and subprocesses, so two workers fit 2 cores (one process: 24.5 min here; two: 15-17 min)
+# and subprocesses, so two workers fit 2 cores (about 82 % busy: a third worker only slows each test)
 # ruff first ([tool.ruff] in pyproject.toml): a finding fails the target before any test runs;
 # --durations: the 25 slowest tests are listed at the end
 TEST_WORKERS ?= 2
@@ -39,8 +39,8 @@ test: $(FULL)
 	$(VENV)/bin/ruff check .
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
 
-# the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots):
-# about 7 min on 2 cores; CI (.ci/run) runs them after make test
+# the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots),
+# the load tests and the real 135M model's load-and-publish test; CI (.ci/run) runs them after make test
 test-nightly: $(FULL)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m nightly
 
