@@ -34,14 +34,15 @@ SETTINGS = {
        for eta in ETAS for objective in ("decoupled", "naive")},
     # AReaL drops tokens whose behaviour weight pi_prox / pi_behav passes a cap (its configs use 5)
     f"eta{ETAS[-1]}-decoupled-cap{CAP}": (f"trainer.eta={ETAS[-1]}", "trainer.objective=decoupled",
-                                          f"trainer.behav_weight_cap={CAP}"),
+                                          "trainer.off_policy.kind=cap", f"trainer.off_policy.cap={CAP}"),
     "sync": SYNC,
     # 4 PPO minibatches per step (so pi_prox differs from the policy being updated, and the policy
     # moves 4 optimizer steps per version): naive, decoupled with the cap, and sync, at the same setting
     **{f"eta{eta}-naive-mb4": (f"trainer.eta={eta}", "trainer.objective=naive", "trainer.ppo_minibatches=4")
        for eta in ETAS},
     **{f"eta{eta}-decoupled-cap{CAP}-mb4": (f"trainer.eta={eta}", "trainer.objective=decoupled",
-                                            f"trainer.behav_weight_cap={CAP}", "trainer.ppo_minibatches=4")
+                                            "trainer.off_policy.kind=cap", f"trainer.off_policy.cap={CAP}",
+                                            "trainer.ppo_minibatches=4")
        for eta in ETAS},
     "sync-mb4": SYNC + ("trainer.ppo_minibatches=4",),
     # naive PPO with a tight trust region (docs/RL_TUNING.md 7.3, fifth setting): at the default eps 0.2 the clip around the

@@ -5,7 +5,9 @@ Both losses share one implementation, :func:`_clipped_objective`. Per token
 
     loss_t = -w * min(u * A, clip(u, 1 - eps, 1 + eps) * A)
 
-The naive loss is the special case ``prox_logp = behav_logp`` (so ``w = 1``).
+The naive loss is the special case ``prox_logp = behav_logp`` (so ``w = 1``). An off-policy
+correction (``off_policy.py``, ``trainer.off_policy``) replaces ``w`` by its own weight ``c``:
+truncated, or 0 for the tokens or whole sequences it drops.
 
 Tie convention: the clipped branch is "active" only when it is *strictly*
 smaller, i.e. ``A > 0 and u > 1 + eps`` or ``A < 0 and u < 1 - eps``. At the
@@ -16,16 +18,27 @@ from __future__ import annotations
 
 import math
 from numbers import Real
+from typing import TYPE_CHECKING
 
 import torch
 
+from areal_core.algo.off_policy import off_policy_correction
+
+if TYPE_CHECKING:
+    from areal_core.trainer.config import OffPolicyConfig
+
+# keys ending in "_max" are maxima: a step takes the largest over its micro-batches (the
+# others are token-weighted means)
 STAT_KEYS = (
     "clip_fraction",
     "behav_weight_mean",
     "behav_weight_max",
-    "capped_fraction",
     "approx_kl",
     "importance_weight_mean",
+    "offpolicy_masked_fraction",
+    "offpolicy_truncated_fraction",
+    "offpolicy_ess",
+    "offpolicy_weight_max",
 )
 
 
@@ -77,15 +90,12 @@ def _clipped_objective(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps_clip: float,
-    behav_weight_cap: float | None,
+    off_policy: OffPolicyConfig | None,
+    seq_lens,
     n_tokens,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Shared body of both losses; see the module docstring for the formula."""
     eps = _check_eps(eps_clip)
-    if behav_weight_cap is not None and (
-        not isinstance(behav_weight_cap, Real) or math.isnan(behav_weight_cap) or behav_weight_cap <= 0
-    ):
-        raise ValueError(f"behav_weight_cap must be a number > 0 or None, got {behav_weight_cap!r}")
     valid = _as_bool_mask(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
 
@@ -96,13 +106,14 @@ def _clipped_objective(
     adv = torch.where(valid, advantages.detach().to(logp.dtype), zero)
     log_ratio = torch.where(valid, logp - prox, zero)
     u = torch.exp(log_ratio)
-    w = torch.exp(torch.where(valid, prox - behav, zero))
+    log_w = torch.where(valid, prox - behav, zero)
+    w = torch.exp(log_w)
+    corr = off_policy_correction(off_policy, log_w, valid, seq_lens)
 
     clipped = ((adv > 0) & (u > 1.0 + eps)) | ((adv < 0) & (u < 1.0 - eps))
     surrogate = torch.where(clipped, torch.clamp(u, 1.0 - eps, 1.0 + eps) * adv, u * adv)
-    capped = (w > behav_weight_cap) & valid if behav_weight_cap is not None else torch.zeros_like(valid)
-    contributes = valid & ~capped
-    per_token = torch.where(contributes, -w * surrogate, zero)
+    # a dropped token's weight is 0 itself (not only its term), so a huge w cannot give 0 * inf
+    per_token = torch.where(valid & ~corr.masked, -corr.weight * surrogate, zero)
 
     n_valid = float(valid.sum().item())
     denom = _denominator(n_tokens, n_valid)
@@ -112,13 +123,18 @@ def _clipped_objective(
     with torch.no_grad():
         if n_valid > 0:
             vf = valid.to(logp.dtype)
+            c = corr.weight * vf
+            c_sq = float((c * c).sum().item())
             stats = {
                 "clip_fraction": float((clipped & valid).sum().item()) / n_valid,
                 "behav_weight_mean": float((w * vf).sum().item()) / n_valid,
                 "behav_weight_max": float(w[valid].max().item()),
-                "capped_fraction": float(capped.sum().item()) / n_valid,
                 "approx_kl": float((-log_ratio).sum().item()) / n_valid,
                 "importance_weight_mean": float((u * vf).sum().item()) / n_valid,
+                "offpolicy_masked_fraction": float(corr.masked.sum().item()) / n_valid,
+                "offpolicy_truncated_fraction": float(corr.truncated.sum().item()) / n_valid,
+                "offpolicy_ess": float(c.sum().item()) ** 2 / (n_valid * c_sq) if c_sq > 0 else 0.0,
+                "offpolicy_weight_max": float(c[valid].max().item()),
             }
         else:
             stats = dict.fromkeys(STAT_KEYS, 0.0)
@@ -132,32 +148,39 @@ def decoupled_ppo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps_clip: float = 0.2,
-    behav_weight_cap: float | None = None,
+    off_policy: OffPolicyConfig | None = None,
     n_tokens: float | int | torch.Tensor | None = None,
+    seq_lens: list[int] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO loss (AReaL): clip around the proximal policy, reweight by behaviour.
 
     All tensors share one shape; ``mask`` is bool or 0/1. Only ``logp`` receives
     gradient (``prox_logp``, ``behav_logp`` and ``advantages`` are detached).
-    Tokens whose behaviour weight ``w = exp(prox - behav)`` exceeds
-    ``behav_weight_cap`` contribute 0 but still count in the denominator.
+    ``off_policy`` (a ``trainer.off_policy`` config, None for ``none``) replaces the behaviour
+    weight ``w = exp(prox - behav)`` by its correction (``off_policy.py``); the tokens it drops
+    contribute 0 but still count in the denominator. The sequence-level corrections need the
+    sequences: the rows of ``[batch, T]`` inputs, or ``seq_lens`` (one length per sequence) for
+    packed 1-D inputs.
     The loss is ``sum(masked per-token loss) / denom`` with ``denom = n_tokens``
     if given (e.g. the global-batch token count, so micro-batch losses add up to
     the full-batch loss) else ``mask.sum()``; ``denom == 0`` gives a zero loss
     that still has a (zero) gradient.
 
-    Stats (python floats, means over masked tokens, 0.0 if none):
+    Stats (python floats over masked tokens, 0.0 if none):
     ``clip_fraction`` (clipped branch strictly active, so zero gradient),
-    ``behav_weight_mean``/``behav_weight_max`` (of ``w``, before capping),
-    ``capped_fraction``, ``approx_kl`` (mean ``prox_logp - logp``) and
-    ``importance_weight_mean`` (mean ``u = exp(logp - prox_logp)``).
+    ``behav_weight_mean``/``behav_weight_max`` (of ``w``, before any correction),
+    ``approx_kl`` (mean ``prox_logp - logp``), ``importance_weight_mean`` (mean
+    ``u = exp(logp - prox_logp)``), and of the correction: ``offpolicy_masked_fraction`` (tokens
+    dropped), ``offpolicy_truncated_fraction`` (tokens whose weight was lowered but kept),
+    ``offpolicy_ess`` (``(sum c)^2 / (n * sum c^2)`` of the applied weights ``c``, dropped tokens
+    as 0: 1 when all weights are equal, 0 when all are dropped) and ``offpolicy_weight_max``.
     """
     _check_inputs(
         logp,
         {"prox_logp": prox_logp, "behav_logp": behav_logp, "advantages": advantages, "mask": mask},
     )
     return _clipped_objective(
-        logp, prox_logp, behav_logp, advantages, mask, eps_clip, behav_weight_cap, n_tokens
+        logp, prox_logp, behav_logp, advantages, mask, eps_clip, off_policy, seq_lens, n_tokens
     )
 
 
@@ -171,10 +194,11 @@ def naive_ppo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Standard PPO clipped around the behaviour policy (``u = exp(logp - behav_logp)``).
 
-    Same normalisation and stats keys as :func:`decoupled_ppo_loss`; the
-    behaviour weight is identically 1 (so ``behav_weight_*`` are 1.0 and
-    ``capped_fraction`` 0.0 when any token is valid) and ``approx_kl`` is the
-    mean of ``behav_logp - logp``.
+    Same normalisation and stats keys as :func:`decoupled_ppo_loss`, with no off-policy
+    correction: the behaviour weight is identically 1 (so ``behav_weight_*``,
+    ``offpolicy_ess`` and ``offpolicy_weight_max`` are 1.0 and the masked and truncated
+    fractions 0.0 when any token is valid) and ``approx_kl`` is the mean of
+    ``behav_logp - logp``.
     """
     _check_inputs(logp, {"behav_logp": behav_logp, "advantages": advantages, "mask": mask})
-    return _clipped_objective(logp, behav_logp, behav_logp, advantages, mask, eps_clip, None, n_tokens)
+    return _clipped_objective(logp, behav_logp, behav_logp, advantages, mask, eps_clip, None, None, n_tokens)

@@ -61,6 +61,58 @@ class LoraConfig(Section):
         return self
 
 
+class OffPolicyNone(Section):
+    """The plain decoupled objective: each token weighted by w = pi_prox / pi_behav."""
+    kind: Literal["none"] = "none"
+
+
+class OffPolicyCap(Section):
+    """Tokens with w > cap contribute 0 (AReaL's behaviour-weight cap)."""
+    kind: Literal["cap"] = "cap"
+    cap: float = Field(5.0, gt=1)  # C: the largest w a token may have and still count
+
+
+class OffPolicyTIS(Section):
+    """Token-level truncated importance sampling: each token weighted by min(w, cap)."""
+    kind: Literal["tis"] = "tis"
+    cap: float = Field(2.0, gt=1)  # C: the largest weight a token gets
+
+
+class OffPolicyMIS(Section):
+    """Sequence-level masked importance sampling: every token of a sequence weighted by the
+    sequence's ratio rho = prod w over its trained tokens; sequences with rho > cap contribute 0."""
+    kind: Literal["mis"] = "mis"
+    cap: float = Field(2.0, gt=1)  # C: the largest sequence ratio that still counts
+
+
+class OffPolicyGeoMask(Section):
+    """Whole sequences whose geometric-mean ratio exp(mean log w) is outside [lo, hi] contribute 0."""
+    kind: Literal["geo_mask"] = "geo_mask"
+    lo: float = Field(0.999, gt=0, lt=1)  # lower end of the kept band
+    hi: float = Field(1.001, gt=1)  # upper end of the kept band
+
+
+class OffPolicyIcePop(Section):
+    """IcePop: tokens with w outside [lo, hi] contribute 0, the others keep w."""
+    kind: Literal["icepop"] = "icepop"
+    lo: float = Field(0.5, gt=0, lt=1)  # lower end of the kept band
+    hi: float = Field(5.0, gt=1)  # upper end of the kept band
+
+
+class OffPolicyM2PO(Section):
+    """M2PO: the tokens with the largest (log w)^2 contribute 0, as few as bring the mean of
+    (log w)^2 over the kept tokens of a micro-batch to <= tau."""
+    kind: Literal["m2po"] = "m2po"
+    tau: float = Field(0.04, gt=0)  # tau_M2: the largest second moment of log w kept
+
+
+OffPolicyConfig = Annotated[
+    OffPolicyNone | OffPolicyCap | OffPolicyTIS | OffPolicyMIS | OffPolicyGeoMask | OffPolicyIcePop
+    | OffPolicyM2PO,
+    Field(discriminator="kind"),
+]
+
+
 class TrainerConfig(Section):
     # {kind: torch} (shorthand `backend: torch`) or {kind: megatron, tensor_parallel_size, processes}
     backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = \
@@ -70,7 +122,10 @@ class TrainerConfig(Section):
     max_steps: int = Field(100, gt=0)
     objective: Literal["decoupled", "naive"] = "decoupled"
     eps_clip: float = Field(0.2, gt=0, lt=1)
-    behav_weight_cap: float | None = Field(None, gt=1)
+    # what replaces the decoupled objective's behaviour weight w = pi_prox / pi_behav
+    # (areal_core/algo/off_policy.py, docs/RL_TUNING.md): {kind: none | cap | tis | mis | geo_mask |
+    # icepop | m2po, and the kind's settings}; shorthand `off_policy: icepop` (the kind's defaults)
+    off_policy: OffPolicyConfig = OffPolicyNone()
     reward_correct: float = 5.0
     reward_wrong: float = -5.0
     adv_norm: Literal["batch", "group", "none"] = "batch"
@@ -93,9 +148,20 @@ class TrainerConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _backend_shorthand(cls, data):
-        if isinstance(data, dict) and isinstance(data.get("backend"), str):
-            data = {**data, "backend": {"kind": data["backend"]}}
+    def _shorthands(cls, data):
+        if not isinstance(data, dict):
+            return data
+        if "behav_weight_cap" in data:
+            cap = data["behav_weight_cap"]
+            if cap is not None:
+                raise ValueError(f"trainer.behav_weight_cap was replaced by trainer.off_policy: write "
+                                 f"`off_policy: {{kind: cap, cap: {cap}}}` (or --set trainer.off_policy.kind=cap "
+                                 f"--set trainer.off_policy.cap={cap})")
+            # null, as the saved configs of earlier runs hold it, is the default: no correction
+            data = {k: v for k, v in data.items() if k != "behav_weight_cap"}
+        for key in ("backend", "off_policy"):
+            if isinstance(data.get(key), str):
+                data = {**data, key: {"kind": data[key]}}
         return data
 
     @model_validator(mode="after")
@@ -103,4 +169,11 @@ class TrainerConfig(Section):
         if self.prox_logp != "recompute" and self.objective != "decoupled":
             raise ValueError(f"trainer.prox_logp = {self.prox_logp!r} needs trainer.objective = 'decoupled' "
                              f"(the {self.objective!r} objective has no proximal policy)")
+        return self
+
+    @model_validator(mode="after")
+    def _off_policy_needs_decoupled(self):
+        if self.off_policy.kind != "none" and self.objective != "decoupled":
+            raise ValueError(f"trainer.off_policy.kind = {self.off_policy.kind!r} needs trainer.objective = "
+                             f"'decoupled' (the {self.objective!r} objective has no behaviour weight to correct)")
         return self

@@ -78,7 +78,9 @@ def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBa
         p = loglinear_prox_logp(b, logp.detach(), torch.cat([versions[i] for i in idx]).to(logp.device), version)
     else:  # one minibatch: the weights before this step are the ones of this forward
         p = logp.detach()
-    return decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.behav_weight_cap, n_tokens=n_tokens)
+    # logp holds the answers of idx one after another: the sequences of the off-policy correction
+    return decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.off_policy, n_tokens=n_tokens,
+                              seq_lens=[prep.n_out[i] for i in idx])
 
 
 def batch_stats(batch: list[Trajectory], prep: PreparedBatch, version: int) -> dict:

@@ -30,9 +30,11 @@ GROUP = 8
 def trainer_config(s: Setup, check: bool = False):
     """The config's trainer settings, one minibatch, micro-batches of ``microbatch_tokens``; ``check``:
     no advantage normalisation (the check batch's rewards are all +5)."""
+    from areal_core.trainer.config import OffPolicyNone
+
     t = s.cfg.trainer
     update = {"microbatching": "dynamic", "ppo_minibatches": 1, "lora": None, "objective": "decoupled",
-              "behav_weight_cap": None,
+              "off_policy": OffPolicyNone(),
               "max_tokens_per_microbatch": max(s.args.microbatch_tokens, s.args.seq_len, s.args.check_len)}
     if check:
         update["adv_norm"] = "none"

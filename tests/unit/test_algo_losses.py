@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from areal_core.algo import decoupled_ppo_loss, naive_ppo_loss
+from areal_core.trainer.config import OffPolicyCap
 
 F64 = torch.float64
+
+
+def capped(cap):
+    """The ``cap`` correction at ``cap`` (None: no correction)."""
+    return None if cap is None else OffPolicyCap(cap=cap)
 
 
 def reference(logp, prox, behav, adv, mask, eps, cap=None, n_tokens=None):
@@ -77,7 +83,7 @@ def test_decoupled_matches_reference(shape, cap, float_mask):
     logp, prox, behav, adv, mask = make_inputs(shape, seed=sum(shape) + (cap is None))
     lp = logp.clone().requires_grad_(True)
     m = mask.to(F64) if float_mask else mask
-    loss, stats = decoupled_ppo_loss(lp, prox, behav, adv, m, eps_clip=0.2, behav_weight_cap=cap)
+    loss, stats = decoupled_ppo_loss(lp, prox, behav, adv, m, eps_clip=0.2, off_policy=capped(cap))
     loss.backward()
     ref_loss, ref_grad, n_clip, ws, us, kls = reference(logp, prox, behav, adv, mask, 0.2, cap)
     n = int(mask.sum())
@@ -90,7 +96,8 @@ def test_decoupled_matches_reference(shape, cap, float_mask):
         assert stats["importance_weight_mean"] == pytest.approx(np.mean(us))
         assert stats["approx_kl"] == pytest.approx(np.mean(kls))
         n_capped = sum(w > cap for w in ws) if cap is not None else 0
-        assert stats["capped_fraction"] == pytest.approx(n_capped / n)
+        assert stats["offpolicy_masked_fraction"] == pytest.approx(n_capped / n)
+        assert stats["offpolicy_truncated_fraction"] == 0.0
     assert all(isinstance(v, float) for v in stats.values())
 
 
@@ -108,7 +115,8 @@ def test_naive_matches_reference(shape):
     assert stats["approx_kl"] == pytest.approx(np.mean(kls))
     assert stats["importance_weight_mean"] == pytest.approx(np.mean(us))
     assert stats["behav_weight_mean"] == 1.0 and stats["behav_weight_max"] == 1.0
-    assert stats["capped_fraction"] == 0.0
+    assert stats["offpolicy_masked_fraction"] == 0.0 and stats["offpolicy_truncated_fraction"] == 0.0
+    assert stats["offpolicy_ess"] == 1.0 and stats["offpolicy_weight_max"] == 1.0
 
 
 def test_reference_exercises_both_branches_and_weights():
@@ -125,7 +133,7 @@ def test_gradcheck_float64(cap):
     assert ((u - 1.2).abs().min() > 1e-4) and ((u - 0.8).abs().min() > 1e-4)
     lp = logp.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda x: decoupled_ppo_loss(x, prox, behav, adv, mask, behav_weight_cap=cap)[0], (lp,)
+        lambda x: decoupled_ppo_loss(x, prox, behav, adv, mask, off_policy=capped(cap))[0], (lp,)
     )
     assert torch.autograd.gradcheck(lambda x: naive_ppo_loss(x, behav, adv, mask)[0], (lp,))
 
@@ -182,12 +190,13 @@ def test_cap_masks_numerator_but_not_denominator():
     adv = torch.tensor([1.0, -2.0, 0.5, 4.0], dtype=F64)
     lp = torch.zeros(4, dtype=F64, requires_grad=True)  # u = 1 everywhere: unclipped
     mask = torch.ones(4, dtype=torch.bool)
-    loss, stats = decoupled_ppo_loss(lp, prox, behav, adv, mask, behav_weight_cap=2.0)
+    loss, stats = decoupled_ppo_loss(lp, prox, behav, adv, mask, off_policy=OffPolicyCap(cap=2.0))
     loss.backward()
     assert loss.item() == pytest.approx(-(0.5 * 1.0 + 1.0 * -2.0) / 4)
     np.testing.assert_allclose(lp.grad.numpy(), [-0.5 / 4, 2.0 / 4, 0.0, 0.0], rtol=1e-12)
-    assert stats["capped_fraction"] == 0.5
+    assert stats["offpolicy_masked_fraction"] == 0.5
     assert stats["behav_weight_max"] == pytest.approx(5.0)
+    assert stats["offpolicy_weight_max"] == pytest.approx(1.0)  # the largest weight kept
     assert stats["behav_weight_mean"] == pytest.approx(2.375)
 
 
@@ -198,7 +207,7 @@ def test_decoupled_equals_naive_when_prox_is_behav(shape):
     for fn in ("decoupled", "naive"):
         lp = logp.clone().requires_grad_(True)
         if fn == "decoupled":
-            loss, stats = decoupled_ppo_loss(lp, behav, behav, adv, mask, behav_weight_cap=1.0)
+            loss, stats = decoupled_ppo_loss(lp, behav, behav, adv, mask, off_policy=OffPolicyCap(cap=1.01))
         else:
             loss, stats = naive_ppo_loss(lp, behav, adv, mask)
         loss.backward()
@@ -216,7 +225,7 @@ def test_n_tokens_split_equals_whole_batch(which):
     def run(lp, sl, n_tokens):
         if which == "decoupled":
             return decoupled_ppo_loss(lp[sl], prox[sl], behav[sl], adv[sl], mask[sl],
-                                      behav_weight_cap=1.5, n_tokens=n_tokens)[0]
+                                      off_policy=OffPolicyCap(cap=1.5), n_tokens=n_tokens)[0]
         return naive_ppo_loss(lp[sl], behav[sl], adv[sl], mask[sl], n_tokens=n_tokens)[0]
 
     lp_whole = logp.clone().requires_grad_(True)
@@ -281,7 +290,7 @@ def test_input_errors():
         naive_ppo_loss(x, x, x, x, eps_clip=-0.1)
     with pytest.raises(ValueError, match="n_tokens"):
         naive_ppo_loss(x, x, x, x, n_tokens=-1)
-    with pytest.raises(ValueError, match="behav_weight_cap"):
-        decoupled_ppo_loss(x, x, x, x, x, behav_weight_cap=0)
+    with pytest.raises(TypeError, match=r"off_policy must be a trainer\.off_policy config"):
+        decoupled_ppo_loss(x, x, x, x, x, 0.2, 5.0)  # a bare number where the correction goes
     with pytest.raises(TypeError, match="floating-point"):
         naive_ppo_loss(torch.zeros(2, dtype=torch.long), x, x, x)
