@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,13 @@ MAX_RESUBMITS = 8  # per trajectory: a request that keeps killing servers fails 
 # The policy the current task generates with (multi-agent runs): a group's task sets it, the turns it
 # runs (and their tasks) inherit it, so generation and recovery use that policy's servers.
 ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("areal_route", default=TRAINABLE)
+
+
+def trajectory_seed(run_seed: int, traj_id: str) -> int:
+    """The sampling seed of trajectory ``traj_id`` in a run seeded ``run_seed`` (63 bits of a SHA-256):
+    the engine draws its token at position p from (this seed, p), see ``keyed_uniform``."""
+    digest = hashlib.sha256(f"{run_seed}/{traj_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class Generator:
@@ -68,8 +76,11 @@ class Generator:
         limit = self.s.max_trajectory_tokens
         return float("inf") if limit is None else limit - len(traj.prompt_ids) - len(traj.output_ids)
 
-    def _sampling(self, max_new: int, stop_token_ids: Sequence[int]) -> Sampling:
-        return dataclasses.replace(self.s.sampling, max_new_tokens=max_new, stop_token_ids=tuple(stop_token_ids))
+    def _sampling(self, traj: Trajectory, max_new: int, stop_token_ids: Sequence[int]) -> Sampling:
+        """A request's sampling: its own random stream, keyed by the run's seed and the trajectory
+        (:func:`trajectory_seed`), so an answer's tokens do not depend on what else the server ran."""
+        return dataclasses.replace(self.s.sampling, max_new_tokens=max_new, stop_token_ids=tuple(stop_token_ids),
+                                   seed=trajectory_seed(self.s.seed, traj.traj_id))
 
     async def turn(self, trajs: Sequence[Trajectory], max_new: int | None, stop_token_ids: Sequence[int] = ()) -> None:
         """One policy turn of each of ``trajs``: fresh ones in one batched request first; the turn
@@ -90,7 +101,7 @@ class Generator:
             return
         try:
             resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   [self._sampling(n, stop_token_ids) for n in sizes],
+                                                   [self._sampling(t, n, stop_token_ids) for t, n in zip(trajs, sizes)],
                                                    rids=[t.traj_id for t in trajs])
         except RolloutServerError as e:
             if not e.server_down:
@@ -129,7 +140,7 @@ class Generator:
                 break
             try:
                 resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
-                                                self._sampling(remaining, stop_token_ids), rid=traj.traj_id)
+                                                self._sampling(traj, remaining, stop_token_ids), rid=traj.traj_id)
             except RolloutServerError as e:
                 if not e.server_down or resubmits >= MAX_RESUBMITS:
                     raise

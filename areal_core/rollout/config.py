@@ -120,6 +120,7 @@ class EngineConfig(Section):
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # areal_core/device.py
     kv_budget: KVBudget | None = None  # None: admission limited by max_running alone
+    batch_invariant: bool = False  # each sequence's arithmetic independent of its neighbours (kv_forward.py)
 
 
 class EmbeddedBackendConfig(Section):
@@ -166,6 +167,10 @@ class RolloutConfig(Section):
     # servers enforce it; for others the rollout client keeps it, tokens only); a request waits (FIFO)
     # until its prompt + max_new_tokens fit; None: no limit but max_running
     kv_budget: KVBudget | None = None
+    # embedded servers: each answer's arithmetic independent of the answers decoded beside it, so its
+    # tokens and logprobs repeat bit for bit whatever else ran (at the cost docs/PERFORMANCE.md gives);
+    # what makes synchronous runs repeat exactly (docs/OPERATIONS.md, "Debugging a run")
+    batch_invariant: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -218,7 +223,7 @@ class RolloutConfig(Section):
         """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
         return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,
                             torch_threads=self.torch_threads, dtype=dtype, seed=seed, device=device,
-                            kv_budget=self.kv_budget)
+                            kv_budget=self.kv_budget, batch_invariant=self.batch_invariant)
 
     def transport(self) -> WeightTransportConfig:
         """The configured weight transport, or the default for the backend."""

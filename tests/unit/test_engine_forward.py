@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_core.rollout.backends.embedded.kv_forward import KVForward, UnsupportedModelError, apply_weights
-from areal_core.rollout.backends.embedded.sampling import BatchSampler, RowSampling
+from areal_core.rollout.backends.embedded.sampling import BatchSampler, RowSampling, stream_key
 from tests.unit.test_engine import tiny_model
 
 
@@ -129,11 +129,17 @@ def test_seeded_rows_repeat_and_mix_with_unseeded_ones():
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(2))
 
     def rows():
-        seeded = [RowSampling(1.0, 1.0, 0, torch.Generator().manual_seed(7 + i)) for i in range(3)]
+        seeded = [RowSampling(1.0, 1.0, 0, stream_key(7 + i)) for i in range(3)]
         return seeded + _rows(3)
 
-    draws = [BatchSampler(rows(), vocab, torch.Generator().manual_seed(s)).sample(logits)[0] for s in (0, 1)]
+    positions = [10, 11, 12, 0, 0, 0]
+    draws = [BatchSampler(rows(), vocab, torch.Generator().manual_seed(s)).sample(logits, positions)[0] for s in (0, 1)]
     assert torch.equal(draws[0][:3], draws[1][:3])  # seeded rows ignore the engine's generator
+    moved = BatchSampler(rows(), vocab, torch.Generator().manual_seed(0)).sample(logits, [p + 1 for p in positions])[0]
+    assert not torch.equal(moved[:3], draws[0][:3]) or not torch.equal(
+        BatchSampler(rows(), vocab, torch.Generator()).sample(logits, [p + 5 for p in positions])[0][:3], draws[0][:3])
+    with pytest.raises(ValueError, match="position"):
+        BatchSampler(rows(), vocab, torch.Generator()).sample(logits)
 
 
 def test_two_level_draw_is_the_one_level_draw():

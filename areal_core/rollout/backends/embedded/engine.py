@@ -109,6 +109,7 @@ class RolloutEngine(BatchSteps):
         prefill_tokens: int = 8192,
         seed: int = 0,
         kv_budget: KVBudget | None = None,
+        batch_invariant: bool = False,
         start: bool = True,
     ):
         if max_running < 1:
@@ -121,7 +122,8 @@ class RolloutEngine(BatchSteps):
             kv_slots = 16 if kv_budget is None else 1
         if kv_capacity is None:
             kv_capacity = 256 if kv_budget is None else 1
-        self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity)
+        self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity,
+                            batch_invariant=batch_invariant)
         self.kv_bytes_per_token = kv_bytes_per_token(self.kv)
         self.kv_budget = kv_budget
         self.kv_budget_tokens: int | None = None if kv_budget is None else kv_budget.in_tokens(self.kv_bytes_per_token)
@@ -219,7 +221,8 @@ class RolloutEngine(BatchSteps):
         return_logprob: bool = True,
     ) -> Future:
         """Queue a request; the future resolves to a :class:`GenerateResponse`. A request with
-        ``sampling_seed`` draws from its own generator, the others from the engine's (``seed``).
+        ``sampling_seed`` draws each token from its seed and position (keyed sampling, ``sampling.py``),
+        the others from the engine's generator (``seed``).
 
         Raises :class:`RequestError` for a request that cannot run here.
         """

@@ -71,7 +71,7 @@ class BatchSteps:
                 s.cache_len = len(toks[i])
                 s.needs_prefill = False
             sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator, self.device)
-            tokens, logprobs = sampler.sample(logits[src] if len(src) > len(g) else logits)
+            tokens, logprobs = sampler.sample(logits[src] if len(src) > len(g) else logits, next_positions(sampler, seqs))
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
         self._sampler = None  # the decode batch's tensors are rebuilt from the sequences
@@ -95,7 +95,7 @@ class BatchSteps:
         logits = self.kv.decode(self._tokens, self._lens, self._max_len + 1)
         self._lens += 1
         self._max_len += 1
-        self._tokens, logprobs = self._sampler.sample(logits)
+        self._tokens, logprobs = self._sampler.sample(logits, next_positions(self._sampler, run))
         self._record(run, self._tokens.tolist(), logprobs.tolist(), cached=1)
 
     def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float], cached: int = 0) -> None:
@@ -190,3 +190,8 @@ class BatchSteps:
         err = error if isinstance(error, EngineStopped) else RuntimeError(f"generation failed in the engine: {error!r}")
         for s in running:
             _deliver(s.future, error=err)
+
+
+def next_positions(sampler: BatchSampler, seqs: list[Sequence]) -> list[int] | None:
+    """Each sequence's absolute position of its next token, where a row is seeded (keyed sampling)."""
+    return [len(s.prompt) + len(s.out) for s in seqs] if sampler.seeded else None

@@ -26,6 +26,15 @@ row up to the longest. When it saves at least half of that (:meth:`KVForward._sp
 all rows attend to the first ``Ls`` positions (a view of the cache) and only the rows longer
 than that to the rest (a gathered copy); the two partial softmaxes are merged by their maxima
 and sums, as split-K attention kernels do.
+
+Batch-invariant mode (``batch_invariant``): each sequence's arithmetic does not depend on the
+sequences beside it, so its logits are bit for bit the same alone or in any batch. CPU GEMM
+kernels pick their code path by the number of rows (on the machines measured: one row, two or
+three, four and more, each rounding differently), so every projection's rows are padded to at
+least ``INVARIANT_MIN_ROWS``; decode attention reads every row to a multiple of
+``INVARIANT_BLOCK`` positions (trailing masked positions add exact zeros) and is never split;
+each sequence is prefilled on its own. ``tests/unit/test_batch_invariance.py`` checks it on the
+machine that runs it; docs/PERFORMANCE.md gives its cost.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from areal_core.rollout.model_io import (  # noqa: F401 - re-exported: the engin
 )
 
 _NEG_INF = float("-inf")
+INVARIANT_MIN_ROWS = 16  # batch-invariant mode: projections see at least this many rows
+INVARIANT_BLOCK = 128  # batch-invariant mode: decode attention spans a multiple of this many positions
 _STANDARD_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")
 
 
@@ -88,6 +99,7 @@ class KVForward:
         init_slots: int = 8,
         init_capacity: int = 256,
         attn_chunk_bytes: int = 64 << 20,
+        batch_invariant: bool = False,
     ):
         check_supported(model)
         cfg = model.config
@@ -115,6 +127,7 @@ class KVForward:
         self.init_capacity = max(1, min(init_capacity, self.max_positions))
         self.attn_chunk_bytes = attn_chunk_bytes
         self.split_min_positions = 8192  # decode attention is split only above this many padded positions
+        self.batch_invariant = batch_invariant
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer] = []
         self.weights_changed()
@@ -163,17 +176,31 @@ class KVForward:
         return FusedLayer(norms[0], qkv.contiguous(), qkv_bias, attn.o_proj.weight.t(), attn.o_proj.bias,
                           norms[1], gate_up.contiguous(), gate_up_bias, mlp.down_proj.weight.t(), mlp.down_proj.bias)
 
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear`` over the rows of 2-D ``x``; batch-invariant: over at least INVARIANT_MIN_ROWS rows."""
+        n = x.shape[0]
+        if not self.batch_invariant or n >= INVARIANT_MIN_ROWS:
+            return F.linear(x, w, b)
+        return F.linear(F.pad(x, (0, 0, 0, INVARIANT_MIN_ROWS - n)), w, b)[:n]
+
+    def _add_matmul(self, h: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor) -> None:
+        """``h += x @ w_t`` in place (2-D); batch-invariant: the product over padded rows, then added."""
+        if not self.batch_invariant:
+            h.addmm_(x, w_t)
+        else:
+            h.add_(self._linear(x, w_t.t()))
+
     def _mlp(self, f: FusedLayer, h: torch.Tensor) -> None:
         """``h += mlp(norm2(h))`` in place; ``h`` is 2-D."""
-        gu = F.linear(f.norm2(h), f.gate_up, f.gate_up_bias)
+        gu = self._linear(f.norm2(h), f.gate_up, f.gate_up_bias)
         half = gu.shape[-1] // 2
-        h.addmm_(self.act(gu[:, :half]).mul_(gu[:, half:]), f.down_t)
+        self._add_matmul(h, self.act(gu[:, :half]).mul_(gu[:, half:]), f.down_t)
         if f.down_bias is not None:
             h.add_(f.down_bias)
 
     def _out_proj(self, f: FusedLayer, h: torch.Tensor, o: torch.Tensor) -> None:
         """``h += o_proj(o)`` in place; both 2-D."""
-        h.addmm_(o, f.o_t)
+        self._add_matmul(h, o, f.o_t)
         if f.o_bias is not None:
             h.add_(f.o_bias)
 
@@ -230,7 +257,10 @@ class KVForward:
         self.mask[d] = self.mask[s]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self._final_norm(h)).float()
+        x = self._final_norm(h)
+        if self.batch_invariant:
+            return self._linear(x, self.lm_head.weight, self.lm_head.bias).float()
+        return self.lm_head(x).float()
 
     # decode ------------------------------------------------------------------
     @torch.no_grad()
@@ -242,6 +272,8 @@ class KVForward:
         Returns float32 logits ``[n, vocab]`` for the next tokens.
         """
         n = tokens.shape[0]
+        if self.batch_invariant:  # every row over a multiple of the block (at most the model's context)
+            max_len = min(self.max_positions, -(-max_len // INVARIANT_BLOCK) * INVARIANT_BLOCK)
         self.ensure(n, max_len)
         kv, g, hd, L = self.n_kv, self.groups, self.head_dim, max_len
         h = F.embedding(tokens, self.embed.weight)  # [n, hidden]
@@ -249,13 +281,13 @@ class KVForward:
         cos, sin = rope[:, None, None, 0], rope[:, None, None, 1]  # [n, 1, 1, hd]
         write = (self._row_base[:n] + lengths[:, None]).view(-1)  # [n * kv]
         self.mask.view(-1).index_fill_(0, write, 0.0)
-        split = self._split_at(lengths, L)
+        split = None if self.batch_invariant else self._split_at(lengths, L)
         if split is not None:
             Ls, long_rows = split
             L = Ls
         mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
         for f, cache in zip(self.fused, self.kv):
-            y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
+            y = self._linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
             apply_rope(y[:, :, : g + 1], cos, sin, inplace=True)  # the queries and the key
             cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
             rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
@@ -316,6 +348,8 @@ class KVForward:
         The caller must have made room with :meth:`ensure`.
         """
         m = len(seqs)
+        if self.batch_invariant and m > 1:  # each on its own: its padding and chunks are its own
+            return torch.cat([self.prefill([r], [s]) for r, s in zip(rows, seqs)])
         lens = [len(s) for s in seqs]
         L = max(lens)
         ids = torch.zeros((m, L), dtype=torch.long)  # filled on the CPU, moved in one copy
@@ -335,7 +369,7 @@ class KVForward:
         # queries per chunk so that the scores stay under attn_chunk_bytes
         chunk = max(1, self.attn_chunk_bytes // max(1, m * self.n_heads * L * 4))
         for f, cache in zip(self.fused, self.kv):
-            y = F.linear(f.norm1(h), f.qkv, f.qkv_bias).view(m, L, kv, g + 2, hd)
+            y = self._linear(f.norm1(h), f.qkv, f.qkv_bias).view(m, L, kv, g + 2, hd)
             apply_rope(y[..., : g + 1, :], cos, sin, inplace=True)
             cache.view(self.slots, kv, self.capacity, 2, hd)[row_t, :, :L] = y[..., g:, :].transpose(1, 2)
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]

@@ -15,7 +15,12 @@ as much as the model's LM head at a 50k vocabulary): ``probs = exp(logp)`` (filt
 have 0), ``cdf = cumsum(probs)`` in float64, ``u ~ Uniform[0, 1)``, and the token is the
 first index with ``cdf > u * cdf[-1] * (1 - 2^-52)``. A token of probability 0 can never be drawn
 (its cdf equals its predecessor's) and the target stays strictly below ``cdf[-1]``.
-A row with a seed draws its uniform from its own generator. Above ``4 * CDF_BLOCK`` tokens the
+A row with a seed (``sampling_seed``) draws the uniform for its output token at absolute position
+``pos`` (prompt tokens included) from a counter-based hash, ``keyed_uniform(seed, pos)``: not
+from a stream it consumes. So a seeded answer's tokens depend only on the logits at each
+position and its seed: not on which other requests ran beside it, nor on whether it was
+continued from a prefix (after a weight update's re-prefill, or on another server after its
+first one died). Rows without a seed draw from the engine's generator. Above ``4 * CDF_BLOCK`` tokens the
 cdf is found in two levels, which avoids a float64 scan of the whole vocabulary (a tenth of
 SmolLM2-135M's decode step at batch 64): float64 sums of blocks of ``CDF_BLOCK`` tokens, their
 cumulative sum picks the block, and a scan of that block alone picks the token; the same
@@ -34,8 +39,29 @@ import torch
 from areal_core.rollout.protocol import FinishReason, GenerateResponse, MetaInfo, SamplingParams
 
 _NEG_INF = float("-inf")
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
 _BELOW_ONE = 1.0 - 2.0**-52
 CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF (see the module docstring)
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int) -> int:
+    """A request seed's 64-bit stream key (what :func:`keyed_uniform` combines with a position)."""
+    return _mix64((seed + _GOLDEN) & _M64)
+
+
+def keyed_uniform(key: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (``key``, ``position``): 53 bits of
+    ``mix64(key + (position + 1) * golden)``, SplitMix64's output for the key's stream at that
+    counter. Plain integer arithmetic: the same on every machine and device."""
+    return (_mix64((key + (position + 1) * _GOLDEN) & _M64) >> 11) * 2.0**-53
 
 
 class RequestError(ValueError):
@@ -47,7 +73,7 @@ class RowSampling:
     temperature: float
     top_p: float
     top_k: int  # 0: off
-    generator: torch.Generator | None  # per-request seed, else the engine's generator
+    key: int | None  # stream_key of the request's seed (keyed_uniform), else None: the engine's generator
 
 
 class BatchSampler:
@@ -55,8 +81,8 @@ class BatchSampler:
 
     def __init__(self, rows: list[RowSampling], vocab_size: int, default_generator: torch.Generator,
                  device: torch.device | str = "cpu"):
-        """``device``: where the logits are. Uniforms are drawn on the CPU (seeded generators are
-        CPU generators, so a seed gives the same answer on any device) and moved there."""
+        """``device``: where the logits are. Uniforms are drawn on the CPU (a seeded row's is plain
+        integer arithmetic, so a seed gives the same answer on any device) and moved there."""
         self.n = len(rows)
         self.device = torch.device(device)
         self.vocab_size = vocab_size
@@ -73,7 +99,8 @@ class BatchSampler:
         self.top_k = torch.tensor(ks, dtype=torch.long, device=device)[:, None]
         self.use_top_p = any(r.top_p < 1.0 for r in rows)
         self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)[:, None]
-        self.seeded = [(i, r.generator) for i, r in enumerate(rows) if r.generator is not None]
+        self.seeded = [(i, r.key) for i, r in enumerate(rows) if r.key is not None]
+        self._positions: list[int] | None = None
 
     def _filtered(self, logp: torch.Tensor) -> torch.Tensor:
         """``logp`` with tokens outside each row's top-k / top-p nucleus set to -inf."""
@@ -91,10 +118,14 @@ class BatchSampler:
         return torch.full_like(logp, _NEG_INF).scatter_(-1, order, sorted_lp)
 
     def _uniform(self) -> torch.Tensor:
-        """float64 ``[n, 1]`` uniforms in [0, 1); seeded rows draw theirs from their own generator."""
-        u = torch.rand((self.n, 1), generator=self.default_generator, dtype=torch.float64)
-        for i, g in self.seeded:
-            u[i] = torch.rand(1, generator=g, dtype=torch.float64)
+        """float64 ``[n, 1]`` uniforms in [0, 1); seeded rows get theirs from their key and the
+        position of the token being drawn (``sample``'s ``positions``)."""
+        if len(self.seeded) == self.n:
+            u = torch.tensor([[keyed_uniform(k, self._positions[i])] for i, k in self.seeded], dtype=torch.float64)
+        else:
+            u = torch.rand((self.n, 1), generator=self.default_generator, dtype=torch.float64)
+            for i, k in self.seeded:
+                u[i, 0] = keyed_uniform(k, self._positions[i])
         return u if self.device.type == "cpu" else u.to(self.device)
 
     def _draw_from(self, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +156,12 @@ class BatchSampler:
         """One token per row from the distribution ``exp(logp)``."""
         return self._draw_from(logp.exp())[0][:, 0]
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``logits [n, vocab]`` -> (tokens ``[n]`` long, behaviour logprobs ``[n]`` float32)."""
+    def sample(self, logits: torch.Tensor, positions: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``logits [n, vocab]`` -> (tokens ``[n]`` long, behaviour logprobs ``[n]`` float32).
+        ``positions``: each row's absolute position of the token drawn (needed with seeded rows)."""
+        if self.seeded and (positions is None or len(positions) != self.n):
+            raise ValueError("seeded rows need the position of each row's next token")
+        self._positions = positions
         logits = logits[:, : self.vocab_size]
         if self.all_greedy:
             tokens = torch.argmax(logits, dim=-1)
@@ -218,7 +253,6 @@ def new_sequence(
             f"the model's context of {max_positions} positions"
         )
     seed = sampling.sampling_seed
-    gen = None if seed is None else torch.Generator().manual_seed(seed)
     stop = set(sampling.stop_token_ids)
     if not sampling.ignore_eos:
         stop.update(eos_ids)
@@ -227,7 +261,8 @@ def new_sequence(
         prompt=ids,
         max_new=sampling.max_new_tokens,
         stop=frozenset(stop),
-        sampling=RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, gen),
+        sampling=RowSampling(sampling.temperature, sampling.top_p, sampling.top_k,
+                             None if seed is None else stream_key(seed)),
         return_logprob=return_logprob,
         future=future,
     )
