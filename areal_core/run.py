@@ -49,6 +49,7 @@ from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.run_folder import check_run_folder
 from areal_core.run_loop import Loop, WeightPublisher, train_steps
 from areal_core.run_summary import build_summary
+from areal_core.schedule import ScheduleLog
 from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
@@ -255,7 +256,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     config=config, before=before, batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta,
                     warmup_steps=cfg.trainer.warmup_steps_for_throughput, agents=agents,
                     curriculum_by=curriculum.by if curriculum else None, on_step=on_step, stop=stop,
-                    progress=progress)
+                    progress=progress, schedule=ScheduleLog(run_dir, {"total_steps": steps,
+                                                                      "trainer_threads": trainer_threads}))
         done = train_steps(loop, version, steps)
         if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
             raise RunStopped(done.last_step)

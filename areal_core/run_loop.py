@@ -27,9 +27,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from areal_core.agents import FROZEN, AgentRouter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import RolloutController
+from areal_core.controller.generation import trajectory_seed
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.prompt_sampling import describe_mix
 from areal_core.run_checkpoints import RunCheckpoints
+from areal_core.schedule import CHECKPOINT_FILE, ScheduleLog, weights_sha256
 from areal_core.storage import run_state
 from areal_core.trainer.base import StepResult, TrainEngine
 from areal_core.types import Trajectory
@@ -113,6 +115,7 @@ class Loop:
     on_step: Callable[[dict], None] | None = None
     stop: object = None  # anything with is_set(): the step under way is the last, checkpointed
     progress: bool = True
+    schedule: ScheduleLog | None = None  # records what entered each step (schedule.py), for replays
 
 
 @dataclass
@@ -176,13 +179,16 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                 if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
                     raise RuntimeError("a frozen-policy trajectory reached the trainer")
                 result = loop.trainer.step(batch, version)
+                recorded = record_schedule(loop, step, version, batch)
                 version += 1
                 with clock.part("publish_time_s"):
                     loop.publisher.publish(loop.model, version, clock)  # servers get it while we go on
                     row = {**step_row(step, version, result, batch, loop,
-                                      loop.controller.generated_tokens - generated_before), **clock.s}
+                                      loop.controller.generated_tokens - generated_before), **clock.s,
+                           "schedule_bytes": recorded}
                     loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
                     if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                        row["weights_sha256"] = weights_sha256(loop.model)
                         clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
                             step, loop.model, resume_files(loop, step), final=step == steps)
                     else:
@@ -211,10 +217,23 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
     return out
 
 
+def record_schedule(loop: Loop, step: int, version: int, batch: list[Trajectory]) -> int:
+    """Record step ``step``'s batch (trained by ``version``) in the run's schedule; its bytes (0 without one)."""
+    if loop.schedule is None:
+        return 0
+    seed = loop.config["seed"]
+    return loop.schedule.record(step, version, batch, [trajectory_seed(seed, t.traj_id) for t in batch],
+                                getattr(loop.trainer, "last_plan", None))
+
+
 def resume_files(loop: Loop, step: int) -> dict[str, bytes]:
-    """A checkpoint's resume state as of ``step``: sampler, untrained answers, trainer, metrics."""
-    return run_state.encode(step, loop.config, loop.controller.snapshot(), loop.trainer.state_dict(),
-                            loop.runlog.to_parquet_bytes(), loop.before)
+    """A checkpoint's resume state as of ``step``: sampler, untrained answers, trainer, metrics; and
+    the schedule of the steps since the previous checkpoint."""
+    files = run_state.encode(step, loop.config, loop.controller.snapshot(), loop.trainer.state_dict(),
+                             loop.runlog.to_parquet_bytes(), loop.before)
+    if loop.schedule is not None:
+        files[CHECKPOINT_FILE] = loop.schedule.checkpoint_bytes()
+    return files
 
 
 def _writes_to_terminal(handler: logging.Handler) -> bool:

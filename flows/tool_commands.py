@@ -1,4 +1,4 @@
-"""``areal-flow report``, ``serve`` and ``runs``: the tools around training runs."""
+"""``areal-flow report``, ``serve``, ``runs`` and ``replay``: the tools around training runs."""
 
 from __future__ import annotations
 
@@ -73,6 +73,30 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_replay(args) -> int:
+    from flows.cli_input import UsageError, _overrides
+
+    overrides = _overrides(args.set)
+    if args.no_prefect:
+        from areal_core.replay import ReplayError, replay
+
+        try:
+            summary = replay(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
+                             overrides=overrides)
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
+    else:
+        from flows.replay import replay_run
+
+        summary = replay_run(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
+                             overrides=overrides or None)
+    r = summary["replay"]
+    kind = "counterfactual replay" if r["counterfactual"] else "replay"
+    print(f"{kind} of {r['of']} steps {r['from_step'] + 1}..{r['to_step']} in {summary['wall_time_s']:.1f} s "
+          f"-> {args.out} (replay.png compares loss, grad norm and clip fraction)")
+    return 0 if r["counterfactual"] or summary["all_match"] else 1
+
+
 def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
     r = sub.add_parser("report", help="compare finished runs: a table, plots and their checkpoint evaluations")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run folders (local or s3://)")
@@ -94,3 +118,14 @@ def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
                        "or stopped at its last checkpoint, which --resume continues from)")
     n.add_argument("root", nargs="?", help="where to look (default: $AREAL_RUNS_DIR or runs/)")
     n.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("replay", help="train a run's recorded steps again from a checkpoint, with no rollout "
+                       "server: checks every later checkpoint's weights bit for bit, or (--set) trains the same "
+                       "data under another trainer setting")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the original run's folder")
+    p.add_argument("--out", required=True, metavar="OUT_DIR", help="the replay's run folder (new)")
+    p.add_argument("--from-step", type=int, default=0, metavar="A", help="start from the run's checkpoint vA (default 0)")
+    p.add_argument("--to-step", type=int, metavar="B", help="stop after step B (default: the run's last step)")
+    add_set(p)
+    p.add_argument("--no-prefect", action="store_true", help="replay without a Prefect flow run")
+    p.set_defaults(func=cmd_replay)

@@ -73,6 +73,7 @@ class Trainer:
             self.masters, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
+        self.last_plan: dict | None = None  # the last step's minibatches and micro-batches (indices into its batch)
 
     def named_masters(self) -> dict[str, torch.Tensor]:
         """The float32 weights the optimizer steps on, by parameter name."""
@@ -176,11 +177,13 @@ class Trainer:
         sums: dict[str, float] = {}
         n_forward = 0
         grad_norms = []
+        self.last_plan = {"minibatches": [list(m) for m in minibatches], "microbatches": []}
         for mbatch in minibatches:
             n_tokens = sum(prep.n_trained[i] for i in mbatch)
             self.optimizer.zero_grad(set_to_none=True)
             for local in self.microbatches([batch[i].prompt_ids for i in mbatch], [n_out[i] for i in mbatch]):
                 idx = [mbatch[j] for j in local]
+                self.last_plan["microbatches"].append(idx)
                 logp = self._logprobs(seqs, starts, idx)
                 loss, st = ppo_loss(cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version,
                                     n_tokens=n_tokens)

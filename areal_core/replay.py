@@ -1,0 +1,200 @@
+"""``areal-flow replay``: train a finished (or stopped) run's recorded steps again, with no rollout server.
+
+From checkpoint A of the original run (its weights and optimizer state), each step B > A takes
+the batch the schedule recorded (``schedule.py``: the same trajectories in the same order) and
+runs the same trainer on it, with the original's trainer thread count and lr schedule. The
+trainer has no random state, so on the same machine type every later checkpoint's weights come
+out bit for bit: the replay prints ``v<N> <sha256> match`` (or ``DIFFERS``) for each checkpoint
+the original holds a hash of. With ``--set trainer.<key>=...`` the same data is trained under
+another setting: a counterfactual replay, not an on-policy run, and its folder says so.
+
+The output folder is a run folder like any other: ``checkpoints/v*/``, ``metrics.parquet``,
+``summary.json`` (``replay`` says of what, from where and whether counterfactual) and
+``replay.png`` (loss, grad norm and clip fraction against the original's, step by step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from areal_core.experiment import ConfigError, ExperimentConfig, apply_overrides
+from areal_core.metrics import RunLog
+from areal_core.models.loading import model_dtype
+from areal_core.rollout.model_io import load_model
+from areal_core.run_checkpoints import RunCheckpoints, restore_weights
+from areal_core.schedule import ScheduleError, read_meta, read_step, weights_sha256
+from areal_core.storage import CheckpointStore, run_state, write_json_atomic
+from areal_core.trainer import lora
+from areal_core.trainer.backends import make_trainer
+
+# what a counterfactual may change: the trainer's objective and optimisation, not what was trained
+FIXED_TRAINER_KEYS = ("trainer.batch_size", "trainer.eta", "trainer.max_steps", "trainer.lora", "trainer.backend")
+COMPARED = ("loss", "grad_norm", "clip_fraction")
+
+
+class ReplayError(ValueError):
+    """A replay that cannot run as asked (printed as one error line)."""
+
+
+def _config(original: dict, overrides: dict) -> ExperimentConfig:
+    for key in overrides:
+        if not key.startswith("trainer.") or any(key == k or key.startswith(k + ".") for k in FIXED_TRAINER_KEYS):
+            raise ReplayError(f"--set {key}: a replay trains the recorded batches again, so it may change the "
+                              f"trainer's settings only (trainer.*, except {', '.join(FIXED_TRAINER_KEYS)})")
+    try:
+        return ExperimentConfig.model_validate(apply_overrides(original, overrides))
+    except (ConfigError, ValueError) as e:
+        raise ReplayError(f"--set: {e}") from None
+
+
+def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int) -> torch.nn.Module:
+    """The trainer's model at checkpoint ``version``, built from the checkpoints alone (no warm start)."""
+    dtype, _ = model_dtype(cfg.model)
+    model = load_model(store.local_copy(0 if cfg.trainer.lora is not None else version), dtype)
+    if cfg.trainer.lora is not None:
+        lc = cfg.trainer.lora
+        lora.apply_lora(model, lc.rank, lc.alpha, lc.targets, seed=cfg.seed)
+        restore_weights(store, model, version)
+    return model
+
+
+def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_step: int | None = None,
+           overrides: dict | None = None, say: Callable[[str], None] = print) -> dict:
+    """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
+    step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``)."""
+    t0 = time.perf_counter()
+    run_dir, out_dir, overrides = Path(run_dir), Path(out_dir), dict(overrides or {})
+    if out_dir.resolve() == run_dir.resolve():
+        raise ReplayError("--out must be a new folder, not the original run's")
+    if (out_dir / "summary.json").exists():
+        raise ReplayError(f"{out_dir} already holds a run (summary.json); choose another --out")
+    try:
+        original = json.loads((run_dir / "config.json").read_text())
+        meta = read_meta(run_dir)
+    except (FileNotFoundError, ScheduleError) as e:
+        raise ReplayError(f"{run_dir}: not a run folder that can be replayed ({e})") from None
+    cfg = _config(original, overrides)
+    counterfactual = bool(overrides)
+    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
+    if from_step not in store.versions():
+        raise ReplayError(f"--from-step {from_step}: the run has no checkpoint v{from_step} "
+                          f"(it has {', '.join(f'v{v}' for v in store.versions()) or 'none'})")
+    orig_metrics = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").exists() else None
+    last = int(orig_metrics["step"].max()) if orig_metrics is not None and len(orig_metrics) else from_step
+    to_step = last if to_step is None else to_step
+    if not from_step < to_step <= last:
+        raise ReplayError(f"--to-step {to_step}: the run recorded steps 1..{last}; give a step after "
+                          f"--from-step {from_step} and at most {last}")
+    hashes = {} if orig_metrics is None or "weights_sha256" not in orig_metrics else {
+        int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
+
+    torch.set_num_threads(int(meta["trainer_threads"]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = cfg.model_dump(mode="json")
+    write_json_atomic(str(out_dir / "config.json"), config)
+    model = _model(cfg, store, from_step)
+    out_store = CheckpointStore.from_config(cfg.storage.model_copy(update={"url": None, "format": "full",
+                                                                          "keep_last": None}), str(out_dir))
+    runlog = RunLog(out_dir)
+    checks: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        trainer = make_trainer(cfg, model, int(meta["total_steps"]), out_dir, stack)
+        trainer.load_state_dict(torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)),
+                                           weights_only=True))
+        _take_optim_settings(trainer, cfg)
+        with lora.without_adapters(model):
+            out_store.publish(from_step, model, None, meta={"step": from_step, "replay_of": str(run_dir)})
+        ckpts = RunCheckpoints(out_store, cfg.storage.model_copy(update={"format": "full"}), None,
+                               last_step=from_step, on_written=lambda r: None)
+        with ckpts:
+            for step in range(from_step + 1, to_step + 1):
+                batch, step_meta = read_step(run_dir, step)
+                if step_meta["version"] != step - 1:
+                    raise ReplayError(f"schedule step {step} was trained by version {step_meta['version']}, "
+                                      f"expected {step - 1}")
+                result = trainer.step(batch, step - 1)
+                row = {"step": step, "version": step, **result.metrics}
+                if step in hashes or step == to_step:
+                    digest = weights_sha256(model)
+                    row["weights_sha256"] = digest
+                    ckpts.write(step, model, {})
+                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say))
+                runlog.log_step(row, [], flush=False)
+        runlog.flush()
+    wall = time.perf_counter() - t0
+    summary = {
+        "replay": {"of": str(run_dir), "from_step": from_step, "to_step": to_step, "counterfactual": counterfactual,
+                   "overrides": overrides,
+                   "note": ("a counterfactual replay: the original run's trajectories trained under another "
+                            "setting; not an on-policy run") if counterfactual else
+                           "an exact replay of the original run's training steps"},
+        "name": f"{cfg.name}-replay", "steps": to_step, "checkpoints": checks,
+        "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
+        "wall_time_s": wall, **_original_times(run_dir),
+    }
+    write_json_atomic(str(out_dir / "summary.json"), summary)
+    if orig_metrics is not None:
+        plot_comparison(orig_metrics, pd.DataFrame(runlog.metrics), out_dir / "replay.png", counterfactual)
+    return summary
+
+
+def _take_optim_settings(trainer, cfg: ExperimentConfig) -> None:
+    """The optimizer's saved state carries the original's hyperparameters: a counterfactual's
+    ``trainer.optim`` settings replace them (the moments stay)."""
+    o, opt = cfg.trainer.optim, getattr(trainer, "optimizer", None)
+    if opt is None:
+        return
+    for group in opt.param_groups:
+        group.update(betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    trainer.scheduler.base_lrs = [o.lr] * len(opt.param_groups)
+    for group, factor in zip(opt.param_groups, [f(trainer.scheduler.last_epoch) for f in trainer.scheduler.lr_lambdas]):
+        group["lr"] = o.lr * factor
+
+
+def _check(step: int, digest: str, original: str | None, counterfactual: bool, say) -> dict:
+    match = original is not None and digest == original
+    if original is None:
+        verdict = "(the original recorded no hash at this step)"
+    elif counterfactual:
+        verdict = "same as the original" if match else "differs from the original (counterfactual)"
+    else:
+        verdict = "match" if match else "DIFFERS"
+    say(f"v{step} {digest} {verdict}")
+    return {"version": step, "sha256": digest, "original_sha256": original, "match": match}
+
+
+def _original_times(run_dir: Path) -> dict:
+    """The original run's wall time and its training loop's (None for a run that did not finish)."""
+    path = run_dir / "summary.json"
+    s = json.loads(path.read_text()) if path.exists() else {}
+    return {"original_wall_time_s": s.get("wall_time_s"), "original_rl_time_s": s.get("rl_time_s")}
+
+
+def plot_comparison(original: pd.DataFrame, replayed: pd.DataFrame, path: Path, counterfactual: bool) -> None:
+    """Loss, grad norm and clip fraction per step: the original and the replay, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(COMPARED), figsize=(4.2 * len(COMPARED), 3.2))
+    label = "counterfactual replay" if counterfactual else "replay"
+    for ax, key in zip(axes, COMPARED):
+        for df, name, style in ((original, "original", "-"), (replayed, label, "--")):
+            if key in df:
+                ax.plot(df["step"], df[key].astype(float), style, label=name)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
