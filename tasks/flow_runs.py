@@ -142,6 +142,10 @@ def report_run_name() -> str:
     return f"report-{str(_params().get('out_dir', '')).rstrip('/').rsplit('/', 1)[-1]}"
 
 
+def replay_run_name() -> str:
+    return f"replay-{str(_params().get('out_dir', '')).rstrip('/').rsplit('/', 1)[-1]}"
+
+
 def provision_run_name() -> str:
     return f"provision-{_stem(_params().get('config_path'))}"
 

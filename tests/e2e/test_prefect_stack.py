@@ -18,7 +18,7 @@ pytestmark = pytest.mark.nightly  # the whole Prefect stack: make test-nightly (
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
-EXPECTED_DEPLOYMENTS = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers"}
+EXPECTED_DEPLOYMENTS = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers", "replay"}
 
 
 async def _deployments():
