@@ -34,4 +34,4 @@ LEARNING = (
     "rl_vs_sft",
 )
 
-DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab")
+DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism")

@@ -21,6 +21,13 @@ def model():
     return tiny_model("llama", hidden_size=128, intermediate_size=256, vocab_size=64)
 
 
+@pytest.fixture(scope="module")
+def wide_groups():
+    """Six query heads per KV head (more than one attention call takes in the mode)."""
+    return tiny_model("llama", hidden_size=192, intermediate_size=256, vocab_size=64, num_attention_heads=12,
+                      num_key_value_heads=2)
+
+
 def generate(model, jobs, late=(), after=0, invariant=True):
     """Run ``jobs``; ``late`` ones join after ``after`` engine steps (a batch that changes under them)."""
     engine = RolloutEngine(model, start=False, max_running=64, batch_invariant=invariant)
@@ -57,9 +64,11 @@ def test_keyed_uniform_depends_on_key_and_position_only():
 
 
 @pytest.mark.parametrize("threads", [1])  # the engine's default torch_threads
-def test_a_seeded_answer_is_the_same_in_any_batch(model, threads):
+@pytest.mark.parametrize("which", ["model", "wide_groups"])
+def test_a_seeded_answer_is_the_same_in_any_batch(request, which, threads):
     """Alone, among 1-30 others of other lengths, with others joining mid-way: the same tokens and the
     same logprobs bit for bit (batch-invariant mode)."""
+    model = request.getfixturevalue(which)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

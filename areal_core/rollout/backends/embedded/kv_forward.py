@@ -32,8 +32,10 @@ sequences beside it, so its logits are bit for bit the same alone or in any batc
 kernels pick their code path by the number of rows (on the machines measured: one row, two or
 three, four and more, each rounding differently), so every projection's rows are padded to at
 least ``INVARIANT_MIN_ROWS``; decode attention reads every row to a multiple of
-``INVARIANT_BLOCK`` positions (trailing masked positions add exact zeros) and is never split;
-each sequence is prefilled on its own. ``tests/unit/test_batch_invariance.py`` checks it on the
+``INVARIANT_BLOCK`` positions (trailing masked positions then add exact zeros), is never split,
+and takes at most ``INVARIANT_MAX_QUERY_ROWS`` query heads per call (above that the kernels'
+summation order followed the length); prefill attention runs per sequence over its own length
+(its projections stay batched). ``tests/unit/test_batch_invariance.py`` checks it on the
 machine that runs it; docs/PERFORMANCE.md gives its cost.
 """
 
@@ -56,7 +58,8 @@ from areal_core.rollout.model_io import (  # noqa: F401 - re-exported: the engin
 
 _NEG_INF = float("-inf")
 INVARIANT_MIN_ROWS = 16  # batch-invariant mode: projections see at least this many rows
-INVARIANT_BLOCK = 128  # batch-invariant mode: decode attention spans a multiple of this many positions
+INVARIANT_BLOCK = 64  # batch-invariant mode: decode attention spans a multiple of this many positions
+INVARIANT_MAX_QUERY_ROWS = 3  # batch-invariant mode: decode attention's query heads per call, at most
 _STANDARD_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")
 
 
@@ -292,15 +295,28 @@ class KVForward:
             cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
             rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
             q = y[:, :, :g].reshape(n * kv, g, hd)
-            scores = torch.baddbmm(mask, q, rows[..., :hd].transpose(1, 2), alpha=self.scale)  # [n*kv, g, L]
-            if split is None:
-                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
-                o = torch.bmm(probs, rows[..., hd:])
+            if self.batch_invariant and g > INVARIANT_MAX_QUERY_ROWS:
+                o = self._attention_by_head_chunks(mask, q, rows)
+            elif split is None:
+                o = self._attention(mask, q, rows)
             else:
+                scores = torch.baddbmm(mask, q, rows[..., :hd].transpose(1, 2), alpha=self.scale)  # [n*kv, g, L]
                 o = self._merged_attention(scores, rows, q, cache, long_rows, Ls, max_len)
             self._out_proj(f, h, o.view(n, -1))
             self._mlp(f, h)
         return self._logits(h)
+
+    def _attention(self, mask, q, rows) -> torch.Tensor:
+        """Softmax attention of ``q [n*kv, g, hd]`` over ``rows [n*kv, L, 2*hd]`` (K then V), ``mask [n*kv, 1, L]``."""
+        hd = self.head_dim
+        scores = torch.baddbmm(mask, q, rows[..., :hd].transpose(1, 2), alpha=self.scale)  # [n*kv, g, L]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+        return torch.bmm(probs, rows[..., hd:])
+
+    def _attention_by_head_chunks(self, mask, q, rows) -> torch.Tensor:
+        """:meth:`_attention` for at most INVARIANT_MAX_QUERY_ROWS query heads per call (batch-invariant mode)."""
+        step = INVARIANT_MAX_QUERY_ROWS
+        return torch.cat([self._attention(mask, q[:, j : j + step], rows) for j in range(0, q.shape[1], step)], dim=1)
 
     def _split_at(self, lengths: torch.Tensor, L: int) -> tuple[int, torch.Tensor] | None:
         """Where to split the decode attention (see the module docstring): ``(Ls, long rows)``, or
@@ -348,8 +364,6 @@ class KVForward:
         The caller must have made room with :meth:`ensure`.
         """
         m = len(seqs)
-        if self.batch_invariant and m > 1:  # each on its own: its padding and chunks are its own
-            return torch.cat([self.prefill([r], [s]) for r, s in zip(rows, seqs)])
         lens = [len(s) for s in seqs]
         L = max(lens)
         ids = torch.zeros((m, L), dtype=torch.long)  # filled on the CPU, moved in one copy
@@ -375,15 +389,27 @@ class KVForward:
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
             kt = y[..., g, :].permute(0, 2, 3, 1)[:, :, None]  # [m, kv, 1, hd, L]
             v = y[..., g + 1, :].transpose(1, 2)[:, :, None]  # [m, kv, 1, L, hd]
-            outs = []
-            for c0 in range(0, L, chunk):
-                c1 = min(L, c0 + chunk)  # keys past c1 are in the future of these queries
-                s = torch.matmul(q[:, :, :, c0:c1], kt[..., :c1]).float()
-                s.masked_fill_(hidden[:, None, None, c0:c1, :c1], _NEG_INF)
-                p = torch.softmax(s, dim=-1).to(self.dtype)
-                outs.append(torch.matmul(p, v[:, :, :, :c1]))
-            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)  # [m, kv, g, L, hd]
+            if self.batch_invariant:  # each sequence's attention over its own length alone
+                o = torch.zeros_like(q)
+                for j, n in enumerate(lens):
+                    o[j : j + 1, :, :, :n] = self._prefill_attention(
+                        q[j : j + 1, :, :, :n], kt[j : j + 1, ..., :n], v[j : j + 1, :, :, :n], hidden[j : j + 1, :n, :n],
+                        max(1, self.attn_chunk_bytes // max(1, self.n_heads * n * 4)))
+            else:
+                o = self._prefill_attention(q, kt, v, hidden, chunk)
             self._out_proj(f, h, o.permute(0, 3, 1, 2, 4).reshape(m * L, -1))
             self._mlp(f, h)
         last = h.view(m, L, -1)[torch.arange(m, device=self.device), lens_t - 1]  # [m, hidden]
         return self._logits(last)
+
+    def _prefill_attention(self, q, kt, v, hidden, chunk: int) -> torch.Tensor:
+        """Causal attention of ``q [m, kv, g, L, hd]`` over ``kt [m, kv, 1, hd, L]`` / ``v [m, kv, 1, L, hd]``
+        (``hidden [m, L, L]``: True where a query may not look), ``chunk`` queries at a time."""
+        L, outs = q.shape[3], []
+        for c0 in range(0, L, chunk):
+            c1 = min(L, c0 + chunk)  # keys past c1 are in the future of these queries
+            s = torch.matmul(q[:, :, :, c0:c1], kt[..., :c1]).float()
+            s.masked_fill_(hidden[:, None, None, c0:c1, :c1], _NEG_INF)
+            p = torch.softmax(s, dim=-1).to(self.dtype)
+            outs.append(torch.matmul(p, v[:, :, :, :c1]))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)  # [m, kv, g, L, hd]
