@@ -220,6 +220,12 @@ def _validate(data, source: str, places: dict[tuple, str], overrides: dict[str, 
         raise ConfigError(format_validation_error(e, source, places, overrides)) from None
 
 
+def upgraded_config(saved: dict) -> dict:
+    """A saved run's config (config.json, a checkpoint's) as this areal-flow reads it: keys added since
+    take their defaults. Raises a ValueError for one that is no longer valid."""
+    return ExperimentConfig.model_validate(saved).model_dump(mode="json")
+
+
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     """Set dotted keys (``trainer.eta``) in a raw config mapping; returns a new mapping."""
     import copy

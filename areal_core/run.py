@@ -36,7 +36,7 @@ from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
 from areal_core.eval.heldout import evaluate_prompts, heldout_sampling
-from areal_core.experiment import ExperimentConfig
+from areal_core.experiment import ExperimentConfig, upgraded_config
 from areal_core.metrics import RunLog
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
@@ -289,7 +289,7 @@ def _start_or_resume(cfg: ExperimentConfig, config: dict, model, tokenizer, trai
     """(version, accuracy before RL or None, the saved state or None): a fresh run publishes v0 (the
     base model, also for LoRA); a resumed one loads the latest checkpoint's weights, trainer state,
     metrics and ledger."""
-    saved = run_state.load_latest(store, config) if resume else None
+    saved = run_state.load_latest(store, config, upgrade=upgraded_config) if resume else None
     if saved is None:
         if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
             trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))

@@ -41,6 +41,7 @@ def check_run_folder(cfg, run_dir: str | os.PathLike, resume: bool, *, how_resum
     the run may start: a store that already holds checkpoints is continued only with ``resume``, and
     then only if its state matches ``cfg``. ``how_resume`` / ``how_new``: what the user does to
     continue that run or to start a new one (a CLI flag, a flow parameter), said in the message."""
+    from areal_core.experiment import upgraded_config
     from areal_core.storage import CheckpointStore
     from areal_core.storage.run_state import ResumeError, check_resumable
 
@@ -54,7 +55,7 @@ def check_run_folder(cfg, run_dir: str | os.PathLike, resume: bool, *, how_resum
         raise RunFolderError(f"{where} already holds a run's checkpoints (latest v{latest}), and a new run "
                              f"would overwrite them: {how_resume} to continue that run, or {other}")
     try:
-        check_resumable(store, cfg.model_dump(mode="json"))
+        check_resumable(store, cfg.model_dump(mode="json"), upgrade=upgraded_config)
     except ResumeError as e:
         raise RunFolderError(f"cannot resume {where}: {e}") from None
     return latest

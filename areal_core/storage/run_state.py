@@ -85,13 +85,14 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS + REMOVED_KEYS)]
 
 
-def check_resumable(store: CheckpointStore, config: dict) -> tuple[int, dict] | None:
+def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple[int, dict] | None:
     """(version, run state) of the newest complete version, or None if the store has none; reads
     only the small JSON state, so a caller can check before anything starts.
 
     Raises ResumeError if that version has no run state (written by an older
     areal-flow, or by something else), or if ``config`` differs from the stopped
-    run's in a key that a resume may not change."""
+    run's in a key that a resume may not change. ``upgrade(saved config)``: the saved config as
+    this areal-flow reads it (keys added since get their defaults); a ValueError keeps it as saved."""
     version = store.latest()
     if version is None:
         return None
@@ -107,16 +108,22 @@ def check_resumable(store: CheckpointStore, config: dict) -> tuple[int, dict] | 
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("step") != version:
         raise ResumeError(f"{store.version_url(version)}/{STATE}: not a run state of step {version} "
                           f"(format {state.get('format') if isinstance(state, dict) else None!r})")
-    diff = config_differences(state["config"], config)
+    saved = state["config"]
+    if upgrade is not None:
+        try:
+            saved = upgrade(saved)
+        except ValueError:  # no longer a valid config: compared as saved, so its differences show
+            pass
+    diff = config_differences(saved, config)
     if diff:
         raise ResumeError(f"the config differs from the stopped run's in {', '.join(diff[:10])}; "
                           f"a resumed run may change only {', '.join(MUTABLE_KEYS)}")
     return version, state
 
 
-def load_latest(store: CheckpointStore, config: dict) -> RunState | None:
+def load_latest(store: CheckpointStore, config: dict, upgrade=None) -> RunState | None:
     """The state of the newest complete version (see :func:`check_resumable`), or None."""
-    found = check_resumable(store, config)
+    found = check_resumable(store, config, upgrade)
     if found is None:
         return None
     version, state = found

@@ -1,5 +1,6 @@
 """Config errors fail before anything starts and name file, line, key and expectation."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,20 @@ def test_shipped_configs_that_extend_others_load():
     assert lora.trainer.lora is not None and base.trainer.lora is None
     assert lora.trainer.optim.lr != base.trainer.optim.lr
     assert lora.data == base.data and lora.rollout == base.rollout
+
+
+def test_a_run_saved_before_a_key_was_added_still_resumes():
+    """A checkpoint's config from before ``trainer.off_policy`` existed (it had ``behav_weight_cap: null``)
+    reads as the current default; one whose cap was set does not (it trained otherwise)."""
+    from areal_core.experiment import load_config, upgraded_config
+    from areal_core.storage.run_state import config_differences
+
+    current = load_config("configs/quickstart.yaml").model_dump(mode="json")
+    saved = json.loads(json.dumps(current))
+    del saved["trainer"]["off_policy"]
+    saved["trainer"]["behav_weight_cap"] = None
+    assert config_differences(saved, current)  # compared as saved, the new key differs
+    assert config_differences(upgraded_config(saved), current) == []
+    saved["trainer"]["behav_weight_cap"] = 5.0
+    with pytest.raises(ValueError):
+        upgraded_config(saved)
