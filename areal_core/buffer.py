@@ -50,7 +50,10 @@ class _Group:
 
 
 class ReplayBuffer:
-    def __init__(self) -> None:
+    def __init__(self, ordered: bool = False) -> None:
+        """``ordered``: each batch is the oldest admitted groups, waiting for any not yet rewarded
+        (``rollout.deterministic``: batch composition follows admission order, not timing)."""
+        self.ordered = ordered
         self._cond = threading.Condition()
         self._groups: dict[str, _Group] = {}  # admitted, not yet handed out
         self._error: BaseException | None = None
@@ -118,6 +121,14 @@ class ReplayBuffer:
                 f"trajectories are due than batches of {n_traj} can take before their deadlines; "
                 "were requests admitted without the staleness gate?"
             )
+        if self.ordered:  # the oldest groups, in order, once all of them are ready
+            picked, count = [], 0
+            for g in groups:
+                if count >= n_traj:
+                    break
+                picked.append(g)
+                count += g.size
+            return picked if count == n_traj and all(ready(g) for g in picked) else None
         due = [g for g in groups if g.admit_version <= version - eta]
         if any(not ready(g) for g in due):
             return None

@@ -85,6 +85,9 @@ class ExperimentConfig(Section):
             raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
                              f"data.dataset: synthetic (got {self.data.dataset!r})")
         ma = self.multi_agent
+        if r.deterministic and not (r.batch_invariant and r.backend.kind == "embedded" and ma is None):
+            raise ValueError("rollout.deterministic repeats runs only where each answer's arithmetic is its own: it "
+                             "needs rollout.batch_invariant: true on embedded servers, and no multi_agent")
         if ma is not None and ma.needs_frozen_server:
             if r.backend.kind != "embedded":
                 raise ValueError(f"multi_agent: agents routed to the frozen policy run on an embedded server of "

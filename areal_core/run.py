@@ -215,7 +215,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                 before["per_agent"] = per_agent_accuracy()
         log.info("held-out accuracy before RL: %.3f", before["accuracy"])
 
-        buffer = ReplayBuffer()
+        buffer = ReplayBuffer(ordered=cfg.rollout.deterministic)
         settings = ControllerSettings(
             batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta, n_samples=cfg.rollout.n_samples,
             sampling=cfg.rollout.sampling.to_sampling(), reward_correct=cfg.trainer.reward_correct,
@@ -224,6 +224,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
             # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
             max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
+            deterministic=cfg.rollout.deterministic,
         )
         transport = make_transport(cfg.rollout.transport(), str(run_dir),
                                    adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)

@@ -32,6 +32,7 @@ LEARNING = (
     "smollm2_seeds",
     "objective_ablation",
     "rl_vs_sft",
+    "repeatability",
 )
 
 DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism")

@@ -1,6 +1,12 @@
 """Admission: which prompt goes next (the prompt sampler, with its curriculum) and when (the staleness
 gate). A group of n answers is admitted only once the last of its n requests passes the gate, so no
-trained token can be staler than eta (``algo.staleness``)."""
+trained token can be staler than eta (``algo.staleness``).
+
+Deterministic mode (``rollout.deterministic``): wave k (the trajectories with seq_no in [kB, (k+1)B),
+the batch of step k + 1) is admitted at version max(0, k - eta) and, since the controller pushes
+version v + 1 only once waves up to v + eta are rewarded, generated entirely at that version. The
+curriculum learns from finished groups in admission order: before wave k is drawn it has seen
+exactly the groups of waves up to k - eta - 1 (all trained by then), whatever order they finished in."""
 
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ class Admission:
         self.n_groups = 0  # prompts drawn from the stream: its position
         self.version = version  # the servers' weight version the gate last confirmed
         self._gate: asyncio.Condition | None = None
+        self._deferred: dict[int, tuple] = {}  # deterministic mode: first seq_no -> a finished group's tally
+        self._first_seq: dict[str, int] = {}  # deterministic mode: group id -> its first seq_no
 
     async def wait(self) -> None:
         """Until one more group of n passes the gate (the last of its n requests must)."""
@@ -43,10 +51,14 @@ class Admission:
 
     def draw(self, trainable: bool) -> tuple[str, Prompt]:
         """The next prompt and its group id; a group on the trainable policy is tallied for the curriculum."""
+        if self.s.deterministic:
+            self._observe_through((self.n_submitted // self.s.batch_size) - self.s.eta - 1)
         epoch, prompt = self.sampler.next()
         gid = group_id(epoch, prompt.id)
         if trainable:  # the curriculum follows the trained policy's results
             self.tally[gid] = [prompt.id, 0, 0]
+            if self.s.deterministic:
+                self._first_seq[gid] = self.n_submitted
         self.n_groups += 1
         return gid, prompt
 
@@ -58,7 +70,15 @@ class Admission:
         if tally[2] == self.s.n_samples:
             del self.tally[traj.group_id]
             if tally[0] is not None:
-                self.sampler.observe(tally[0], tally[1], tally[2])
+                if self.s.deterministic:
+                    self._deferred[self._first_seq.pop(traj.group_id, traj.seq_no)] = tuple(tally)
+                else:
+                    self.sampler.observe(tally[0], tally[1], tally[2])
+
+    def _observe_through(self, wave: int) -> None:
+        """Deterministic mode: the curriculum learns, in admission order, every finished group of waves <= ``wave``."""
+        for first in sorted(f for f in self._deferred if f // self.s.batch_size <= wave):
+            self.sampler.observe(*self._deferred.pop(first))
 
     def state(self) -> dict:
         return {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,

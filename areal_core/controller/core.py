@@ -141,8 +141,19 @@ class RolloutController:
         return asyncio.run_coroutine_threadsafe(self._update_weights(version), self._loop)
 
     async def _update_weights(self, version: int) -> None:
+        if self.s.deterministic:  # waves up to (version - 1) + eta are generated at version - 1
+            await self._waves_rewarded((version + self.s.eta) * self.s.batch_size)
         await self.recovery.push(version)
         await self.admission.advance(version)
+
+    async def _waves_rewarded(self, bound: int) -> None:
+        """Until the trajectories with seq_no < ``bound`` are all admitted and rewarded."""
+        def done() -> bool:
+            with self._lock:
+                return self.admission.n_submitted >= bound and all(t.seq_no >= bound for t in self._live.values())
+
+        while not done():  # noqa: ASYNC110 - rewards arrive on Dask threads; a short poll is simplest
+            await asyncio.sleep(0.002)
 
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
         """A newer checkpoint for servers that must be restarted: ``local_copy()`` gives its folder

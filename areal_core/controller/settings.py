@@ -29,6 +29,9 @@ class ControllerSettings:
     # prompt + answer of one trajectory at most (trajectory_budget.py); every request's max_new_tokens is
     # clamped to what it leaves. None: no limit
     max_trajectory_tokens: int | None = None
+    # rollout.deterministic: admission waves generated at fixed versions, curriculum fed in order
+    # (admission.py, core.py); the buffer is then ordered too (buffer.py)
+    deterministic: bool = False
 
 
 @dataclass

@@ -171,6 +171,11 @@ class RolloutConfig(Section):
     # tokens and logprobs repeat bit for bit whatever else ran (at the cost docs/PERFORMANCE.md gives);
     # what makes synchronous runs repeat exactly (docs/OPERATIONS.md, "Debugging a run")
     batch_invariant: bool = False
+    # asynchronous runs that repeat: wave k (the batch of step k + 1) is generated entirely at version
+    # max(0, k - eta) (a new version reaches the servers only once the waves it must not touch are
+    # rewarded) and batches follow admission order; costs throughput (docs/PERFORMANCE.md); needs
+    # batch_invariant
+    deterministic: bool = False
 
     @model_validator(mode="before")
     @classmethod

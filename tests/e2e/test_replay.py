@@ -100,3 +100,18 @@ def test_a_synchronous_run_repeats_bit_for_bit(tmp_path, warm_cache, servers):
     timing = [c for c in a.columns if c.endswith("_s") or "per_s" in c or c == "generated_tokens"]
     assert len(a.columns) - len(timing) > 20
     assert a.drop(columns=timing).equals(b.drop(columns=timing))
+
+
+@pytest.mark.nightly
+def test_a_deterministic_async_run_repeats_bit_for_bit(tmp_path, warm_cache):
+    """rollout.deterministic at eta 2 with in-flight weight updates: two runs with one seed train the
+    same trajectories at the same versions, so every checkpoint's weights are equal, and the
+    staleness still reaches eta (asynchronous, not synchronous)."""
+    det = {"rollout.deterministic": True, "rollout.batch_invariant": True, "rollout.n_servers": 2}
+    a, b = (train(tmp_path / f"run{i}", warm_cache, **det) for i in (1, 2))
+    hashes = a["weights_sha256"].dropna().tolist()
+    assert len(hashes) == 3 and hashes == b["weights_sha256"].dropna().tolist()
+    assert a["staleness_max"].max() == 2
+    la, lb = (pd.read_parquet(tmp_path / f"run{i}/ledger.parquet") for i in (1, 2))
+    assert la[["trajectory_id", "step", "min_token_version", "max_token_version"]].equals(
+        lb[["trajectory_id", "step", "min_token_version", "max_token_version"]])
