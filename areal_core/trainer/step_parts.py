@@ -22,6 +22,7 @@ class PreparedBatch:
     adv: list[torch.Tensor]  # advantages per answer token, per trajectory
     mask: list[torch.Tensor]  # bool per answer token: the policy's own (trained) or environment text
     n_trained: list[int]  # policy tokens per trajectory: what the loss averages over
+    versions: list[torch.Tensor]  # the version that sampled each answer token, per trajectory
 
 
 def trained_mask(t: Trajectory) -> torch.Tensor:
@@ -51,7 +52,8 @@ def prepare_batch(batch: list[Trajectory], adv_norm: str) -> PreparedBatch:
         seqs=[t.prompt_ids + t.output_ids for t in batch], starts=[len(t.prompt_ids) for t in batch], n_out=n_out,
         rewards=rewards, behav=[torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch],
         adv=[torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())],
-        mask=mask, n_trained=[int(m.sum()) for m in mask])
+        mask=mask, n_trained=[int(m.sum()) for m in mask],
+        versions=[torch.tensor(t.output_versions) for t in batch])
 
 
 def prox_path(cfg: TrainerConfig, n_minibatches: int) -> str:
@@ -79,8 +81,21 @@ def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBa
     else:  # one minibatch: the weights before this step are the ones of this forward
         p = logp.detach()
     # logp holds the answers of idx one after another: the sequences of the off-policy correction
-    return decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.off_policy, n_tokens=n_tokens,
-                              seq_lens=[prep.n_out[i] for i in idx])
+    loss, stats = decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.off_policy, n_tokens=n_tokens,
+                                     seq_lens=[prep.n_out[i] for i in idx])
+    if path in ("recompute", "current_forward"):  # p: the weights before this step, exactly
+        stats.update(logprob_gap(p, b, mask & (torch.cat([prep.versions[i] for i in idx]).to(mask.device) == version)))
+    return loss, stats
+
+
+def logprob_gap(trainer_logp: torch.Tensor, behav: torch.Tensor, same_version: torch.Tensor) -> dict:
+    """Engine against trainer at the behaviour version: over the policy tokens the servers sampled
+    with the weights the trainer holds now (``same_version``), ``|trainer logprob - engine logprob|``
+    measures the numerics mismatch alone, apart from staleness. As sums (``*_sum`` keys add up over
+    a step's micro-batches; the trainer reports the mean, ``logprob_gap_mean``)."""
+    gap = (trainer_logp.detach().double() - behav.double()).abs()[same_version]
+    return {"logprob_gap_sum": float(gap.sum()), "logprob_gap_tokens_sum": float(gap.numel()),
+            "logprob_gap_max": float(gap.max()) if gap.numel() else 0.0}
 
 
 def batch_stats(batch: list[Trajectory], prep: PreparedBatch, version: int) -> dict:

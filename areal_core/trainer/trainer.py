@@ -195,11 +195,15 @@ class Trainer:
                 for k, v in st.items():
                     if k.endswith("_max"):
                         sums[k] = max(sums.get(k, -math.inf), v)
+                    elif k.endswith("_sum"):
+                        sums[k] = sums.get(k, 0.0) + v
                     else:
                         sums[k] = sums.get(k, 0.0) + v * share
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.masters, cfg.optim.grad_clip)))
             self.optimizer.step()
             self._round_into_model()
+        if sums.get("logprob_gap_tokens_sum"):  # engine vs trainer at the behaviour version (step_parts.logprob_gap)
+            sums["logprob_gap_mean"] = sums["logprob_gap_sum"] / sums["logprob_gap_tokens_sum"]
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return StepResult.of({

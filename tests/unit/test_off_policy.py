@@ -300,7 +300,8 @@ def test_ppo_loss_takes_each_trajectory_as_a_sequence():
     seqs[0]["bh"] = [p - 0.3 for p in seqs[0]["px"]]  # rho = e^1.2 > 1.5: dropped
     prep = PreparedBatch(seqs=[], starts=[], n_out=[len(s["lp"]) for s in seqs], rewards=torch.zeros(4),
                          behav=[torch.tensor(s["bh"]) for s in seqs], adv=[torch.tensor(s["adv"]) for s in seqs],
-                         mask=[torch.tensor(s["valid"]) for s in seqs], n_trained=[sum(s["valid"]) for s in seqs])
+                         mask=[torch.tensor(s["valid"]) for s in seqs], n_trained=[sum(s["valid"]) for s in seqs],
+                         versions=[torch.zeros(len(s["lp"]), dtype=torch.long) for s in seqs])
     idx = [2, 0, 3]  # micro-batching reorders the trajectories
     cfg = TrainerConfig(off_policy={"kind": "mis", "cap": 1.5})
     logp = torch.tensor([x for i in idx for x in seqs[i]["lp"]], requires_grad=True)

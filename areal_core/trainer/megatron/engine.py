@@ -219,8 +219,9 @@ class MegatronEngine:
 
         self.module.train()
         total = sum(prep.n_trained)  # policy tokens: environment tokens in multi-turn answers are not trained
-        sums = {k: 0.0 for k in ("loss", *STAT_KEYS) if not k.endswith("_max")}
-        maxes = {k: -math.inf for k in STAT_KEYS if k.endswith("_max")}
+        # (logprob_gap_*: step_parts.logprob_gap, present whatever the path so every rank reduces the same keys)
+        sums = {k: 0.0 for k in ("loss", *STAT_KEYS, "logprob_gap_sum", "logprob_gap_tokens_sum") if not k.endswith("_max")}
+        maxes = {**{k: -math.inf for k in STAT_KEYS if k.endswith("_max")}, "logprob_gap_max": 0.0}
         n_forward, grad_norms = 0, []
         for mbatch, my in zip(minibatches, mine):
             n_tokens = sum(prep.n_trained[i] for i in mbatch)  # the whole minibatch's, over all ranks
@@ -236,6 +237,8 @@ class MegatronEngine:
                 for k, v in st.items():
                     if k in maxes:
                         maxes[k] = max(maxes[k], v)
+                    elif k.endswith("_sum"):
+                        sums[k] += v
                     else:
                         sums[k] += v * share
             shims.finalize_model_grads(list(zip(self._names, self._params)), lay.dp_group, lay.tp_group)
@@ -246,6 +249,8 @@ class MegatronEngine:
 
         sums.update(forward_passes=float(n_forward), prox_forward_passes=float(n_prox))
         sums, maxes = parallel.reduce_stats(sums, maxes, lay)
+        if sums["logprob_gap_tokens_sum"]:
+            sums["logprob_gap_mean"] = sums["logprob_gap_sum"] / sums["logprob_gap_tokens_sum"]
         return {
             **{k: v for k, v in sums.items() if k not in ("forward_passes", "prox_forward_passes")}, **maxes,
             **batch_stats(batch, prep, version),
