@@ -20,11 +20,13 @@ def results_dir(quick: bool):
     return RESULTS_DIR / "quick" if quick else RESULTS_DIR
 
 
-def run_one(name: str, quick: bool) -> dict:
+def run_one(name: str, quick: bool, model: str | None = None) -> dict:
     mod = importlib.import_module(f"bench.{name}")
     print(f"\n=== {name}{' (quick)' if quick else ''} ===", flush=True)
     t0 = time.perf_counter()
-    result = mod.run(quick)
+    result = mod.run(quick) if model is None else mod.run(quick, model=model)
+    if model is not None:
+        name = f"{name}_{model}"
     wall = time.perf_counter() - t0
     path = save(name, quick, result, wall, results_dir(quick))
     update_summary(name, quick, result, wall, results_dir(quick))
@@ -36,14 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("name", choices=("all",) + BENCHMARKS + LEARNING + DIAGNOSTICS)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps (same outputs)")
+    ap.add_argument("--model", choices=("smollm2",), help="objective_ablation: on SmolLM2-135M instead of the tiny model")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     names = BENCHMARKS if args.name == "all" else (args.name,)
+    if args.model is not None and args.name != "objective_ablation":
+        ap.error("--model goes with objective_ablation only")
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
     for name in names:
         try:
-            run_one(name, args.quick)
+            run_one(name, args.quick, args.model)
         except Exception as e:  # reported, recorded and reflected in the exit code
             if len(names) == 1:
                 raise
