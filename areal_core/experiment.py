@@ -16,6 +16,7 @@ from pydantic import ValidationError, model_validator
 
 from areal_core.agents import MultiAgentConfig
 from areal_core.configbase import Section
+from areal_core.costs import CostConfig
 from areal_core.data.config import DataConfig
 from areal_core.episodes.config import EpisodeConfig, SingleTurnConfig
 from areal_core.eval.config import EvalConfig
@@ -44,6 +45,7 @@ class ExperimentConfig(Section):
     eval: EvalConfig = EvalConfig()
     episode: EpisodeConfig = SingleTurnConfig()  # what one rollout of a prompt group is (areal_core/episodes)
     multi_agent: MultiAgentConfig | None = None  # several agents, reward-gated routing (areal_core/agents.py)
+    cost: CostConfig = CostConfig()  # prices and a budget for the cost ledger (areal_core/costs.py)
 
     @model_validator(mode="after")
     def _cross_checks(self):

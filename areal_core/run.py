@@ -31,6 +31,8 @@ from tqdm.auto import tqdm
 from areal_core.agents import AgentRouter, agent_prompter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.costs import CostLedger
+from areal_core.costs import write_parquet as write_costs
 from areal_core.data.prompting import decode_response
 from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.device import resolve_device
@@ -59,11 +61,13 @@ from areal_core.trajectory_budget import check_agent_budget, check_trajectory_bu
 log = logging.getLogger(__name__)
 
 class RunStopped(Exception):
-    """The run was asked to stop (``stop``, e.g. Ctrl-C) and did: ``step`` was trained and checkpointed."""
+    """The run was asked to stop (``stop``, e.g. Ctrl-C) or spent its ``cost.budget_usd``, and did:
+    ``step`` was trained and checkpointed."""
 
-    def __init__(self, step: int):
-        super().__init__(f"stopped at step {step}")
-        self.step = step
+    def __init__(self, step: int, budget: float | None = None):
+        why = "" if budget is None else f": cost.budget_usd ({budget:g} USD) spent; raise it to continue"
+        super().__init__(f"stopped at step {step}{why}")
+        self.step, self.budget = step, budget
 
 
 def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
@@ -258,10 +262,11 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     warmup_steps=cfg.trainer.warmup_steps_for_throughput, agents=agents,
                     curriculum_by=curriculum.by if curriculum else None, on_step=on_step, stop=stop,
                     progress=progress, schedule=ScheduleLog(run_dir, {"total_steps": steps,
-                                                                      "trainer_threads": trainer_threads}))
+                                                                      "trainer_threads": trainer_threads}),
+                    costs=CostLedger(cfg.cost))
         done = train_steps(loop, version, steps)
         if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
-            raise RunStopped(done.last_step)
+            raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None)
         phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
         after = heldout()
         multi_agent = None
@@ -282,6 +287,7 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     if multi_agent is not None:
         summary["multi_agent"] = multi_agent
     write_json_atomic(str(run_dir / "summary.json"), summary)
+    write_costs(runlog.metrics, run_dir / "costs.parquet")
     return summary
 
 

@@ -28,6 +28,7 @@ from areal_core.agents import FROZEN, AgentRouter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import RolloutController
 from areal_core.controller.generation import trajectory_seed
+from areal_core.costs import CostLedger
 from areal_core.metrics import RunLog, ledger_rows
 from areal_core.prompt_sampling import describe_mix
 from areal_core.run_checkpoints import RunCheckpoints
@@ -116,6 +117,7 @@ class Loop:
     stop: object = None  # anything with is_set(): the step under way is the last, checkpointed
     progress: bool = True
     schedule: ScheduleLog | None = None  # records what entered each step (schedule.py), for replays
+    costs: CostLedger | None = None  # the cost ledger's step columns and the budget (costs.py)
 
 
 @dataclass
@@ -123,6 +125,7 @@ class LoopResult:
     version: int
     last_step: int
     stopped: bool = False
+    budget_spent: bool = False  # stopped because cost.budget_usd was spent
     tokens: int = 0  # trained by this process
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
@@ -167,12 +170,16 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
     with loop.checkpoints, logs_above_the_bar(loop.progress):
         try:
             loop.controller.start()
+            if loop.costs is not None:
+                loop.costs.start(loop.controller.pool_figures())
             for step in range(first_step, steps + 1):
                 clock = StepClock()
                 generated_before = loop.controller.generated_tokens
                 with clock.part("wait_time_s"):
                     batch = loop.buffer.take(loop.batch_size, version, loop.eta)  # staleness-bounded
-                out.stopped = loop.stop is not None and loop.stop.is_set()  # this step is the last, checkpointed
+                out.budget_spent = loop.costs is not None and loop.costs.budget_spent(loop.runlog.metrics)
+                # this step is the last, checkpointed
+                out.stopped = (loop.stop is not None and loop.stop.is_set()) or out.budget_spent
                 checkpointing = loop.checkpoints.due(step, final=step == steps) or out.stopped
                 if checkpointing:
                     loop.controller.refresh_partials()  # for the resume state, read while we train
@@ -197,6 +204,9 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                             **loop.publisher.figures(), "step_time_s": clock.elapsed,
                             "train_tokens_per_s": result.tokens_trained / clock.elapsed,
                             "elapsed_s": time.perf_counter() - out.start})
+                if loop.costs is not None:
+                    row.update(loop.costs.step_row(row, loop.controller.pool_figures(),
+                                                   loop.controller.generated_tokens - generated_before))
                 loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
                 out.tokens += result.tokens_trained
                 out.version, out.last_step = version, step

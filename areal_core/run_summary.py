@@ -10,6 +10,8 @@ from typing import TypedDict
 
 import torch
 
+from areal_core.costs import describe as cost_line
+from areal_core.costs import summary as cost_summary
 from areal_core.experiment import ExperimentConfig
 from areal_core.metrics import RunLog, check_ledger
 from areal_core.rollout.weight_layout import dtype_name
@@ -61,6 +63,7 @@ class RunSummary(TypedDict, total=False):
     checkpoint_writes: list[dict]
     checkpoint_bytes_per_step: float
     multi_agent: dict
+    cost: dict  # the cost ledger's totals (costs.py)
 
 
 def percentiles(xs: list[int]) -> Percentiles:
@@ -102,6 +105,10 @@ def build_summary(cfg: ExperimentConfig, *, steps: int, loop: LoopResult, first_
         ledger_check=check_ledger(frame, steps, cfg.trainer.batch_size, cfg.trainer.eta),
         checkpoints=store.url, checkpoint_writes=checkpoints.written,
         checkpoint_bytes_per_step=sum(w["bytes"] for w in checkpoints.written) / max(1, steps - first_step + 1),
+        cost=cost_summary([r for r in m if r["step"] >= first_step], wall_s=time.perf_counter() - t_start,
+                          setup_s=loop.start - t_start, rl_s=rl_time, tokens_trained=loop.tokens,
+                          generated_tokens=controller.generated_tokens, cfg=cfg.cost,
+                          n_servers=m[-1].get("cost_rollout_devices", cfg.rollout.n_servers)),
     )
 
 
@@ -129,6 +136,8 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
                      f"{s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)"))
     rows.append(("ledger", "every trajectory trained exactly once" if s["ledger_check"]["ok"]
                  else str(s["ledger_check"])))
+    if s.get("cost"):  # (summaries written before the cost ledger have none)
+        rows.append(("where the time went", cost_line(s["cost"])))
     if s.get("resumed_from_step") is not None:
         rows.append(("resumed from step", str(s["resumed_from_step"])))
     return rows

@@ -11,6 +11,7 @@ exactly the groups of waves up to k - eta - 1 (all trained by then), whatever or
 from __future__ import annotations
 
 import asyncio
+import time
 
 from areal_core.algo import staleness_allows
 from areal_core.controller.settings import ControllerSettings, group_id
@@ -32,14 +33,19 @@ class Admission:
         self._gate: asyncio.Condition | None = None
         self._deferred: dict[int, tuple] = {}  # deterministic mode: first seq_no -> a finished group's tally
         self._first_seq: dict[str, int] = {}  # deterministic mode: group id -> its first seq_no
+        self.gate_wait_s = 0.0  # time admission spent held at the gate (the cost ledger's "gate")
 
     async def wait(self) -> None:
         """Until one more group of n passes the gate (the last of its n requests must)."""
         if self._gate is None:
             self._gate = asyncio.Condition()
         n, B, eta = self.s.n_samples, self.s.batch_size, self.s.eta
+        allowed = lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta)  # noqa: E731
         async with self._gate:
-            await self._gate.wait_for(lambda: staleness_allows(self.n_submitted + n - 1, self.version, B, eta))
+            if not allowed():
+                t0 = time.perf_counter()
+                await self._gate.wait_for(allowed)
+                self.gate_wait_s += time.perf_counter() - t0
 
     async def advance(self, version: int) -> None:
         """Every server holds ``version``: the gate moves."""

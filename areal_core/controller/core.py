@@ -155,6 +155,13 @@ class RolloutController:
         while not done():  # noqa: ASYNC110 - rewards arrive on Dask threads; a short poll is simplest
             await asyncio.sleep(0.002)
 
+    def pool_figures(self) -> dict:
+        """For the cost ledger: the servers' generating seconds and re-prefilled positions since they
+        started (None if unknown), the time admission was held at the gate, and the server count."""
+        busy, again = asyncio.run_coroutine_threadsafe(self.generator.busy(), self._loop).result(timeout=30)
+        return {"busy_s": busy, "reprefilled_tokens": again, "gate_wait_s": self.admission.gate_wait_s,
+                "n_servers": len(self.generator.pools[TRAINABLE].urls)}
+
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
         """A newer checkpoint for servers that must be restarted: ``local_copy()`` gives its folder
         (a download, made only when a server restarts)."""

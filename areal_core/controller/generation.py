@@ -169,6 +169,21 @@ class Generator:
         else:
             await self.recovery.recover(url, self._version)
 
+    async def busy(self) -> tuple[float | None, int | None]:
+        """The trainable servers' time generating and positions re-prefilled, summed since they started
+        (None where a server does not report it, or could not be asked)."""
+        busy, again = 0.0, 0
+        for client in self.pools[TRAINABLE].clients:
+            try:
+                info = await client.info()
+            except RolloutServerError as e:  # down: its share is unknown this time
+                log.warning("no busy time from %s: %s", client.url, e)
+                return None, None
+            if info.busy_s is None:
+                return None, None
+            busy, again = busy + info.busy_s, again + (info.reprefilled_tokens or 0)
+        return busy, again
+
     async def partial_outputs(self, asked_at: dict[str, int]) -> dict:
         """What the trainable servers hold of the answers in ``asked_at`` (traj id -> output length
         held when asking): traj id -> (that length, the partial output)."""

@@ -51,6 +51,8 @@ class ServerInfo:
     running: int  # requests being decoded
     waiting: int  # requests queued
     paused: bool
+    busy_s: float | None = None  # seconds spent generating since start (None: the server does not say)
+    reprefilled_tokens: int | None = None  # positions prefilled again after weight updates, since start
 
 
 class RolloutClient(Protocol):

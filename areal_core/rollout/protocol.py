@@ -176,6 +176,8 @@ class ModelInfo(_Body):
     eos_token_id: int | None
     # seconds the engine loop spent applying the last weight update (generation stops only then)
     last_update_stall_s: float | None = None
+    busy_s: float = 0.0  # seconds the engine spent generating and applying weights, since start
+    reprefilled_tokens: int = 0  # positions prefilled again after weight updates (reprefill mode), since start
 
 
 class PartialOutput(_Body):

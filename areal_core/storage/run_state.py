@@ -37,7 +37,9 @@ MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward
                 "reward.tls_ca_file", "reward.tls_client_cert", "reward.tls_client_key", "rollout.backend.urls",
                 "rollout.backend.api_key_file", "rollout.backend.api_key_env", "rollout.backend.allow_unauthenticated",
                 "rollout.urls", "rollout.request_timeout_s", "storage.keep_last",
-                "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every")
+                "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every",
+                # a run stopped by its budget continues once the budget is raised
+                "cost")
 REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
 
 

@@ -121,7 +121,8 @@ class EmbeddedClient(HTTPClient):
 
     async def info(self) -> ServerInfo:
         m = await self.model_info()
-        return ServerInfo(weight_version=m.weight_version, running=m.running, waiting=m.waiting, paused=m.paused)
+        return ServerInfo(weight_version=m.weight_version, running=m.running, waiting=m.waiting, paused=m.paused,
+                          busy_s=m.busy_s, reprefilled_tokens=m.reprefilled_tokens)
 
     async def requests(self) -> RequestsSnapshot:
         """Partial outputs of the unfinished requests (a protocol extension, see protocol.py)."""

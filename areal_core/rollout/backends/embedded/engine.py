@@ -157,6 +157,8 @@ class RolloutEngine(BatchSteps):
         self._paused = False
         self._closed = False
         self.last_update_stall_s: float | None = None  # the engine loop's time in the last update
+        self.busy_s = 0.0  # the engine loop's time prefilling, decoding and applying weights (cost ledger)
+        self.reprefilled_tokens = 0  # positions prefilled again because an update replaced the K/V under them
         self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first one
         self._thread: threading.Thread | None = None
         if start:
@@ -207,6 +209,8 @@ class RolloutEngine(BatchSteps):
             generated_tokens=self.generated_tokens,
             eos_token_id=self.eos_ids[0] if self.eos_ids else None,
             last_update_stall_s=self.last_update_stall_s,
+            busy_s=self.busy_s,
+            reprefilled_tokens=self.reprefilled_tokens,
         )
 
     def alive(self) -> bool:
@@ -357,6 +361,7 @@ class RolloutEngine(BatchSteps):
             return False
         self._admit()
         if self._running:
+            t0 = time.perf_counter()
             try:
                 if self._needs_prefill:
                     self._prefill_step()
@@ -365,6 +370,7 @@ class RolloutEngine(BatchSteps):
             except Exception as e:  # not swallowed: every running request gets the error
                 log.exception("engine step failed; failing %d running requests", len(self._running))
                 self._fail_running(e)
+            self.busy_s += time.perf_counter() - t0
             self._retire()
             self._apply_ready_updates()
         blocked = self._drains and bool(self._updates)
@@ -398,6 +404,7 @@ class RolloutEngine(BatchSteps):
             self.kv.weights_changed()
             self.version, self.model_path = version, path
             if self._running and self.weight_update == "reprefill":  # the cache holds the old weights' K/V
+                self.reprefilled_tokens += sum(s.cache_len for s in self._running)
                 self.kv.release()
                 for s in self._running:
                     s.needs_prefill = True
@@ -405,5 +412,6 @@ class RolloutEngine(BatchSteps):
             if self.device.type == "cuda":  # the copies are queued, not done: time what the loop will wait for
                 torch.cuda.synchronize(self.device)
             self.last_update_stall_s = time.perf_counter() - t0
+            self.busy_s += self.last_update_stall_s
             log.debug("weights of version %d live (%d sequences in flight, %s)", version, len(self._running), self.weight_update)
             _deliver(fut, None)
