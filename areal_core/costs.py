@@ -21,10 +21,14 @@ run keeps them); ``costs.parquet`` is those columns; summary.json holds the tota
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
 from areal_core.configbase import Section
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TRAINER_STAGES = ("training", "weight_sync", "waiting_grades", "waiting_rollout", "checkpoint", "other")
 ROLLOUT_STAGES = ("generating", "gate", "idle")
@@ -118,6 +122,28 @@ def describe(c: dict) -> str:
         return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005 * total)
     usd = "" if c["usd"] is None else f"; {c['usd']:.2f} USD"
     return f"trainer: {shares(c['trainer_s'])} | rollout: {shares(c['rollout_s'])}{usd}"
+
+
+def plot(costs: pd.DataFrame, path=None):
+    """Stacked areas per step, one panel per pool: where its seconds went (``costs.parquet``'s
+    columns); saved to ``path`` if given; returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharex=True)
+    for ax, pool, stages in ((axes[0], "trainer", TRAINER_STAGES), (axes[1], "rollout", ROLLOUT_STAGES)):
+        cols = [f"cost_{pool}_{k}_s" for k in stages]
+        ax.stackplot(costs["step"], *[costs[c].fillna(0.0) for c in cols], labels=stages, alpha=0.85)
+        ax.set_title(f"{pool} pool: seconds per step" + (" (x servers)" if pool == "rollout" else ""))
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def _delta(now, before):

@@ -17,6 +17,7 @@ Cancelled, at a checkpoint that ``resume`` continues from.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -151,4 +152,27 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
     create_markdown_artifact(result_markdown(summary, str(run_dir), evaluate_every),
                              key=artifact_key("train-result", run_dir),
                              description=f"result of training {cfg.name} -> {run_dir}")
+    if "cost" in summary and (Path(run_dir) / "costs.parquet").is_file():  # (absent with no step trained)
+        create_markdown_artifact(costs_markdown(summary, run_dir), key=artifact_key("train-costs", run_dir),
+                                 description=f"where the time of {cfg.name} went (cost ledger)")
     return summary
+
+
+def costs_markdown(s: dict, run_dir) -> str:
+    """The cost ledger's artifact: each pool's stages per step (stacked) and the totals."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from areal_core.costs import describe, plot
+    from areal_core.report_ui import md_image, md_table, png_bytes
+
+    fig = plot(pd.read_parquet(Path(run_dir) / "costs.parquet"))
+    image = md_image("seconds per step by stage", png_bytes(fig))
+    plt.close(fig)
+    c = s["cost"]
+    rows = [(f"{pool} {k}", f"{v:.1f} s") for pool in ("trainer", "rollout") for k, v in c[f"{pool}_s"].items()]
+    rows += [(f"phase {k}", f"{v:.1f} s") for k, v in c["phases_s"].items()]
+    rows += [(f"tokens {k}", str(v)) for k, v in c["tokens"].items()]
+    if c["usd"] is not None:
+        rows.append(("USD (wall time x devices x price)", f"{c['usd']:.2f}"))
+    return "\n".join([f"### {s['name']}: {describe(c)}", "", image, "", md_table(("measure", "value"), rows)])

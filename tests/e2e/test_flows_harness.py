@@ -95,6 +95,8 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     curves = next(a for a in arts if a.key == "train-curves-tiny")
     assert "![learning curves of tiny](data:image/png;base64," in curves.data and "step 2 of 2" in curves.data
     assert "](data:image/png;base64," in evaluation.data and "pass@1" in evaluation.data
+    costs = next(a for a in arts if (a.key or "").startswith("train-costs-tiny"))  # the cost ledger, stacked
+    assert "![seconds per step by stage](data:image/png;base64," in costs.data and "| trainer training |" in costs.data
     report_md = next(a for a in arts if a.key == "report")
     assert report_md.data.count("](data:image/png;base64,") == 5  # the report's plots, inside it
 
