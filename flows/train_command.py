@@ -85,15 +85,21 @@ def run_train_command(args) -> int:
 
     run_dir = Path(args.run_dir or default_run_dir(describe_run(args.config, overrides, args.max_steps)))
     _check_run(cfg, run_dir, args.resume)
+    budget = None
     with CtrlC() as stop:  # the first Ctrl-C stops at a checkpoint, a second exits at once
         try:
             summary = _train(args, cfg, overrides, run_dir, stop)
-        except (RunStopped, KeyboardInterrupt):
+        except RunStopped as e:
+            summary, budget = None, e.budget
+        except KeyboardInterrupt:
             summary = None
+    if summary is None and budget is not None:
+        step = _latest_checkpoint(cfg, run_dir)
+        print(f"stopped at step {step}: cost.budget_usd ({budget:g} USD) spent; continue with "
+              f"{_again(args, run_dir)} --resume --set cost.budget_usd=<more>", file=sys.stderr)
+        return EXIT_STATUS
     if summary is None:
-        from areal_core.storage import CheckpointStore
-
-        latest = CheckpointStore.from_config(cfg.storage, str(run_dir)).latest()
+        latest = _latest_checkpoint(cfg, run_dir)
         print(f"stopped before the first checkpoint; start again with {_again(args, run_dir)}" if latest is None
               else f"stopped at step {latest}; continue with {_again(args, run_dir)} --resume", file=sys.stderr)
         return EXIT_STATUS
@@ -101,6 +107,12 @@ def run_train_command(args) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
+
+
+def _latest_checkpoint(cfg, run_dir) -> int | None:
+    from areal_core.storage import CheckpointStore
+
+    return CheckpointStore.from_config(cfg.storage, str(run_dir)).latest()
 
 
 def _submit_to_deployment(args, overrides: dict) -> int:
