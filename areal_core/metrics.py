@@ -21,7 +21,9 @@ LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version"
                   # the agent (multi-agent runs; "" otherwise), the behaviour version (the oldest policy
                   # token's) and the version the trainer used as the proximal policy (None: the naive
                   # objective has none). A ledger saved before these columns existed reads them as missing.
-                  "agent_id", "policy_version", "prox_version"]
+                  "agent_id", "policy_version", "prox_version",
+                  # the Dask worker that graded it (its address)
+                  "graded_by"]
 
 
 def _policy_versions(t) -> list[int]:
@@ -39,7 +41,8 @@ def ledger_rows(batch, step: int, version: int, prox_version: int | None = None)
         rows.append({"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
                      "admit_version": t.admit_version, "min_token_version": min(versions),
                      "max_token_version": max(versions), "n_tokens": len(t.output_ids), "reward": t.reward,
-                     "agent_id": t.agent_id, "policy_version": min(versions), "prox_version": prox_version})
+                     "agent_id": t.agent_id, "policy_version": min(versions), "prox_version": prox_version,
+                     "graded_by": t.reward_info.get("graded_by", "")})
     return rows
 
 
@@ -91,11 +94,12 @@ class RunLog:
 
 
 def _with_new_columns(row: dict) -> dict:
-    """A ledger row saved before the multi-agent columns: no agent, the behaviour version its
-    oldest token's, the proximal version unknown (None)."""
+    """A ledger row saved before the newer columns: no agent, the behaviour version its oldest
+    token's, the proximal version unknown (None), the grading worker unknown ("")."""
     row.setdefault("agent_id", "")
     row.setdefault("policy_version", row.get("min_token_version"))
     row.setdefault("prox_version", None)
+    row.setdefault("graded_by", "")
     return row
 
 

@@ -200,7 +200,8 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     # LoRA: servers start (and restart) from the base, v0; the adapters are staged before the first step
     serve_from = 0 if lora_cfg is not None else version
-    with entered_together(made_on_enter(RewardService, cfg.reward), backend.launch(store.local_copy(serve_from), serve_from),
+    start = store.loadable_url(serve_from) if backend.reads_store_urls else store.local_copy(serve_from)
+    with entered_together(made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from),
                           frozen_launch) as (rewards, urls, frozen_urls):
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 

@@ -30,9 +30,10 @@ from areal_core.controller import RolloutController
 from areal_core.controller.generation import trajectory_seed
 from areal_core.costs import CostLedger
 from areal_core.metrics import RunLog, ledger_rows
+from areal_core.models.digest import weights_sha256
 from areal_core.prompt_sampling import describe_mix
 from areal_core.run_checkpoints import RunCheckpoints
-from areal_core.schedule import CHECKPOINT_FILE, ScheduleLog, weights_sha256
+from areal_core.schedule import CHECKPOINT_FILE, ScheduleLog
 from areal_core.storage import run_state
 from areal_core.trainer.base import StepResult, TrainEngine
 from areal_core.types import Trajectory

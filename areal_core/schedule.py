@@ -15,14 +15,12 @@ given the batch and its order, its step is a function of the weights and optimiz
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from areal_core.storage import write_json_atomic
 from areal_core.storage.fsutil import write_bytes_atomic
@@ -32,17 +30,6 @@ SCHEDULE_DIR = "schedule"
 META_FILE = "meta.json"
 CHECKPOINT_FILE = "resume/schedule.parquet"
 FORMAT = "areal-schedule/1"
-
-
-def weights_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 over the model's tensors (name, dtype, shape and bytes, in name order): equal exactly
-    when every weight is equal bit for bit, whatever file format holds them."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def step_file(step: int) -> str:

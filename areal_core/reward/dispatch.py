@@ -110,7 +110,20 @@ def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s:
     rest = [i for i in range(len(items)) if i not in batched]
     for i, r in zip(rest, _grade_in_order([items[i] for i in rest], timeout_s, grader)):
         batched[i] = r
+    where = _worker_address()
+    for r in batched.values():
+        r.graded_by = where
     return [batched[i] for i in range(len(items))]
+
+
+def _worker_address() -> str:
+    """The address of the Dask worker running this (the ledger's ``graded_by``); "" outside one."""
+    from distributed import get_worker
+
+    try:
+        return get_worker().address
+    except ValueError:  # not in a worker's task
+        return ""
 
 
 def _grade_functional_together(items: list[tuple], code_reward: str) -> dict[int, RewardResult]:

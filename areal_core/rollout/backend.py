@@ -82,6 +82,9 @@ class RolloutBackend(Protocol):
     server serving ``model_path`` as ``version``; leaving its context stops what it started."""
     name: str
     restartable: bool  # whether ``restart`` can bring back a server that died
+    # its servers may run on other hosts: ``launch`` gets the version's URL in the checkpoint store
+    # (s3://...: each server reads it from there), else a copy on this host's disk
+    reads_store_urls: bool
     api_key: str | None  # what its clients send as a bearer token (None: servers that take none); auth.py
 
     def launch(self, model_path: str, version: int) -> contextlib.AbstractContextManager[list[str]]: ...

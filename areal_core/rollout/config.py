@@ -121,6 +121,9 @@ class EngineConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # areal_core/device.py
     kv_budget: KVBudget | None = None  # None: admission limited by max_running alone
     batch_invariant: bool = False  # each sequence's arithmetic independent of its neighbours (kv_forward.py)
+    # hash every version's weights as it goes live (models/digest.py), listed in /model_info's
+    # weight_hashes: proof that every server holds the trainer's bytes; one pass over the weights per update
+    weight_hashes: bool = False
 
 
 class EmbeddedBackendConfig(Section):

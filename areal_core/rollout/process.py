@@ -23,6 +23,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def address_towards(host: str, port: int) -> str:
+    """This host's address on the route to ``host``:``port`` (the interface the kernel would send
+    from; a UDP connect sends nothing). Where a host has several networks, the one a peer reaches."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.connect(sockaddr)
+        return s.getsockname()[0]
+
+
 def _tail(path: str, n_bytes: int = 4000) -> str:
     try:
         with open(path, "rb") as f:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 
 import torch
@@ -64,12 +65,22 @@ def views_of(buf, specs: list[TensorSpec], where: str) -> dict[str, torch.Tensor
 
 
 def make_process_group(backend: str, store: dist.Store, rank: int, world_size: int,
-                       timeout_s: float) -> dist.ProcessGroup:
+                       timeout_s: float, address: str | None = None) -> dist.ProcessGroup:
     """A process group of its own (the default group stays free for the trainer's parallelism):
-    gloo on CPU, NCCL on GPU, the same calls either way."""
+    gloo on CPU, NCCL on GPU, the same calls either way.
+
+    ``address``: this process's address on the network the group spans (the trainer: the
+    transport's master_address; a server: its address on the route to it), where gloo listens
+    for its peers. Without it (or with ``GLOO_SOCKET_IFNAME`` set) gloo takes the address its host
+    name resolves to, which on a host with several networks may be one the peers cannot reach."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        if address is None or os.environ.get("GLOO_SOCKET_IFNAME"):
+            return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+        opts._timeout = timeout
+        return dist.ProcessGroupGloo(store, rank, world_size, opts)
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise ValueError("weight-update backend 'nccl' needs CUDA, which this process does not have")

@@ -220,7 +220,7 @@ class DistributedTransport(WeightTransport):
                                         wait_for_workers=False, timeout=datetime.timedelta(seconds=self.timeout_s))
         port = self._store.port
         store = dist.PrefixStore(self._group, self._store)
-        join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s)
+        join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s, self.address)
         results = await run_all([join] + [c.init_weights_update_group(
             self.address, port, k + 1, world, self._group, self.backend) for k, c in enumerate(clients)])
         self._pg = results[0]

@@ -243,6 +243,13 @@ class CheckpointStore:
         build = materialise if kind == "delta" else adapters.materialise
         return build(raw, self.local_copy(base), dest)
 
+    def loadable_url(self, version: int) -> str:
+        """Where a process on another host loads ``version`` from (from_pretrained, or a rollout
+        server's load from disk): the version's URL when it is stored whole; a delta or LoRA version,
+        which needs its base, as this host's materialised copy (``local_copy``)."""
+        kind = self.read_manifest(version)["meta"].get("format")
+        return self.local_copy(version) if kind in ("delta", adapters.FORMAT) else self.version_url(version)
+
     def _url_key(self, version: int) -> str:
         return hashlib.sha256(self.version_url(version).encode()).hexdigest()[:16]
 

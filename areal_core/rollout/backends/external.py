@@ -1,6 +1,7 @@
 """Servers someone else started that speak the embedded engine's protocol (``protocol.py``):
 ``rollout.backend: external`` with ``rollout.urls``. Nothing is started or stopped; on launch
-every server is checked and loads the run's starting weights from a folder it can read. Their API
+every server is checked and loads the run's starting weights from the checkpoint store's URL
+(``storage.url``: with s3:// the servers may be on any host that reaches the store). Their API
 key comes from the config (``api_key_file`` / ``api_key_env``; ``allow_unauthenticated``: none)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from areal_core.rollout.pool import RolloutPool
 class ExternalBackend:
     name = "external"
     restartable = False
+    reads_store_urls = True  # servers elsewhere read the starting version from the checkpoint store
 
     def __init__(self, urls: list[str], api_key: str | None = None):
         """``api_key``: the servers' (None: servers that take none, which the config must allow)."""

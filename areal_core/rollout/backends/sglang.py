@@ -316,6 +316,7 @@ class SGLangBackend:
         self.cfg = cfg
         self.pause_mode = PAUSE_MODE_FOR_UPDATE[weight_update]
         self.restartable = not cfg.urls
+        self.reads_store_urls = False  # (SGLang loads a folder path its own host can read)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sglang-logs-")
         self.api_key = cfg.resolve("the SGLang servers in rollout.backend.urls") if cfg.urls \
             else api_key or auth.new_key()

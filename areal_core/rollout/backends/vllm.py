@@ -331,6 +331,7 @@ class VLLMBackend:
     logging to ``log_dir/vllm-<i>.log``); implements areal_core.rollout.backend.RolloutBackend."""
     name = "vllm"
     restartable = True
+    reads_store_urls = False
 
     def __init__(self, cfg: VLLMConfig, *, weight_update: WeightUpdateMode = "reprefill", seed: int = 0,
                  dtype: str = "float32", log_dir: str | None = None, api_key: str | None = None):

@@ -66,6 +66,7 @@ from concurrent.futures import Future
 
 import torch
 
+from areal_core.models.digest import weights_sha256
 from areal_core.rollout.backends.embedded.engine_batch import BatchSteps
 from areal_core.rollout.backends.embedded.engine_parts import EngineStopped, kv_reserve, requests_snapshot
 from areal_core.rollout.backends.embedded.engine_parts import deliver as _deliver
@@ -110,6 +111,7 @@ class RolloutEngine(BatchSteps):
         seed: int = 0,
         kv_budget: KVBudget | None = None,
         batch_invariant: bool = False,
+        weight_hashes: bool = False,
         start: bool = True,
     ):
         if max_running < 1:
@@ -160,6 +162,8 @@ class RolloutEngine(BatchSteps):
         self.busy_s = 0.0  # the engine loop's time prefilling, decoding and applying weights (cost ledger)
         self.reprefilled_tokens = 0  # positions prefilled again because an update replaced the K/V under them
         self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first one
+        # version -> weights_sha256 of what went live (EngineConfig.weight_hashes); None: not hashed
+        self.weight_hashes: dict[int, str] | None = {weight_version: weights_sha256(model)} if weight_hashes else None
         self._thread: threading.Thread | None = None
         if start:
             self.start()
@@ -211,6 +215,7 @@ class RolloutEngine(BatchSteps):
             last_update_stall_s=self.last_update_stall_s,
             busy_s=self.busy_s,
             reprefilled_tokens=self.reprefilled_tokens,
+            weight_hashes=dict(self.weight_hashes or {}),
         )
 
     def alive(self) -> bool:
@@ -403,6 +408,8 @@ class RolloutEngine(BatchSteps):
             apply_weights(self.kv.model, staged)
             self.kv.weights_changed()
             self.version, self.model_path = version, path
+            if self.weight_hashes is not None:
+                self.weight_hashes[version] = weights_sha256(self.kv.model)
             if self._running and self.weight_update == "reprefill":  # the cache holds the old weights' K/V
                 self.reprefilled_tokens += sum(s.cache_len for s in self._running)
                 self.kv.release()

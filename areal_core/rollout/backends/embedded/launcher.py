@@ -182,6 +182,7 @@ class EmbeddedBackend:
     requiring ``api_key`` (the run's; None: one made here)."""
     name = "embedded"
     restartable = True
+    reads_store_urls = False
 
     def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike,
                  api_key: str | None = None):

@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = RolloutEngine.from_pretrained(
         args.model_path, dtype=_DTYPES[eng.dtype], device=resolve_device(eng.device), max_running=eng.max_running,
         weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed, kv_budget=eng.kv_budget,
-        batch_invariant=eng.batch_invariant,
+        batch_invariant=eng.batch_invariant, weight_hashes=eng.weight_hashes,
     )
     log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
              args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,

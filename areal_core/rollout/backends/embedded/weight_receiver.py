@@ -17,6 +17,7 @@ from multiprocessing import resource_tracker, shared_memory
 import torch
 import torch.distributed as dist
 
+from areal_core.rollout.process import address_towards
 from areal_core.rollout.weight_layout import TensorSpec, make_process_group, views_of
 from areal_core.trainer.lora import check_adapters, is_adapter_name
 
@@ -107,8 +108,8 @@ class DistributedReceiver:
                              f"runs on {self.device}: use backend 'gloo'")
         store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
-        self._groups[group_name] = make_process_group(backend, dist.PrefixStore(group_name, store),
-                                                      rank_offset, world_size, timeout_s)
+        self._groups[group_name] = make_process_group(backend, dist.PrefixStore(group_name, store), rank_offset,
+                                                      world_size, timeout_s, address_towards(master_address, master_port))
 
     def buffer(self, spec: TensorSpec) -> torch.Tensor:
         """An uninitialised tensor for ``spec`` on this server's device."""
