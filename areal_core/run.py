@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from areal_core.agents import AgentRouter, agent_prompter
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.controller.elastic import url_list
 from areal_core.costs import CostLedger
 from areal_core.costs import write_parquet as write_costs
 from areal_core.data.prompting import decode_response
@@ -61,13 +62,16 @@ from areal_core.trajectory_budget import check_agent_budget, check_trajectory_bu
 log = logging.getLogger(__name__)
 
 class RunStopped(Exception):
-    """The run was asked to stop (``stop``, e.g. Ctrl-C) or spent its ``cost.budget_usd``, and did:
+    """The run was asked to stop (``stop``, e.g. Ctrl-C), spent its ``cost.budget_usd`` or has fewer
+    rollout servers than ``rollout.min_servers``, and did:
     ``step`` was trained and checkpointed."""
 
-    def __init__(self, step: int, budget: float | None = None):
+    def __init__(self, step: int, budget: float | None = None, servers_short: str | None = None):
         why = "" if budget is None else f": cost.budget_usd ({budget:g} USD) spent; raise it to continue"
+        if servers_short:
+            why = f": {servers_short}; resume once servers are back"
         super().__init__(f"stopped at step {step}{why}")
-        self.step, self.budget = step, budget
+        self.step, self.budget, self.servers_short = step, budget, servers_short
 
 
 def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
@@ -200,13 +204,16 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
     # LoRA: servers start (and restart) from the base, v0; the adapters are staged before the first step
     serve_from = 0 if lora_cfg is not None else version
-    start = store.loadable_url(serve_from) if backend.reads_store_urls else store.local_copy(serve_from)
+    server_copy = store.loadable_url if backend.reads_store_urls else store.local_copy  # what servers load
+    start = server_copy(serve_from)
     with entered_together(made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from),
                           frozen_launch) as (rewards, urls, frozen_urls):
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 
+        serving = list(urls)  # the servers there are (after training: those left in an elastic pool)
+
         def heldout(prompts=eval_prompts) -> dict:
-            return evaluate_prompts(urls, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client)
+            return evaluate_prompts(serving, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client)
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)
@@ -229,13 +236,14 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
             # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
             max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
-            deterministic=cfg.rollout.deterministic,
+            deterministic=cfg.rollout.deterministic, min_servers=cfg.rollout.min_servers,
         )
         transport = make_transport(cfg.rollout.transport(), str(run_dir),
                                    adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)
-        servers = Servers(urls, model_path=store.local_copy(serve_from), make_client=backend.client,
+        servers = Servers(urls, model_path=start, make_client=backend.client,
                           restart=backend.restart if backend.restartable else None,
-                          request_timeout_s=cfg.rollout.request_timeout_s)
+                          request_timeout_s=cfg.rollout.request_timeout_s,
+                          discover=url_list(cfg.rollout.join_from) if cfg.rollout.join_from else None)
         frozen = Servers(frozen_urls, model_path=store.local_copy(0), make_client=backend.client,
                          restart=frozen_backend.restart, request_timeout_s=cfg.rollout.request_timeout_s) \
             if frozen_urls else None
@@ -247,14 +255,14 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             controller.restore(saved.state["controller"])
         publisher = WeightPublisher(transport, controller)
         if lora_cfg is not None:
-            controller.restart_from(lambda: store.local_copy(0), 0)  # restarts: the base, then the adapters
+            controller.restart_from(lambda: server_copy(0), 0)  # restarts: the base, then the adapters
             publisher.stage(model, version)
 
         def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
             if on_checkpoint:
                 on_checkpoint(result.version, result.url)
             if lora_cfg is None:
-                controller.restart_from(lambda: store.local_copy(result.version), result.version)
+                controller.restart_from(lambda: server_copy(result.version), result.version)
 
         loop = Loop(name=cfg.name, model=model, trainer=trainer, buffer=buffer, controller=controller,
                     publisher=publisher, runlog=runlog,
@@ -267,8 +275,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
                     costs=CostLedger(cfg.cost))
         done = train_steps(loop, version, steps)
         if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
-            raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None)
+            raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None, done.servers_short)
         phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
+        serving[:] = controller.live_urls()
         after = heldout()
         multi_agent = None
         if agents is not None:

@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from areal_core.agents import FROZEN, AgentRouter
-from areal_core.buffer import ReplayBuffer
+from areal_core.buffer import BufferClosed, ReplayBuffer
 from areal_core.controller import RolloutController
+from areal_core.controller.elastic import ServersShort
 from areal_core.controller.generation import trajectory_seed
 from areal_core.costs import CostLedger
 from areal_core.metrics import RunLog, ledger_rows
@@ -38,6 +39,7 @@ from areal_core.storage import run_state
 from areal_core.trainer.base import StepResult, TrainEngine
 from areal_core.types import Trajectory
 
+log = logging.getLogger(__name__)
 METRICS_FLUSH_S = 5.0  # metrics.parquet / ledger.parquet are rewritten at most this often during a run (and at its end)
 
 
@@ -127,6 +129,8 @@ class LoopResult:
     last_step: int
     stopped: bool = False
     budget_spent: bool = False  # stopped because cost.budget_usd was spent
+    servers_short: str | None = None  # stopped because fewer than rollout.min_servers are left (why)
+    checkpointed: int | None = None  # the last step checkpointed by this loop
     tokens: int = 0  # trained by this process
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
@@ -166,7 +170,7 @@ def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
 def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
     """Train from ``version`` to step ``steps`` (or to a stop); the servers hold the last version after."""
     first_step = version + 1
-    out = LoopResult(version=version, last_step=version)
+    out = LoopResult(version=version, last_step=version, checkpointed=version)  # (the start is a checkpoint)
     bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {loop.name}", unit="step", disable=not loop.progress)
     with loop.checkpoints, logs_above_the_bar(loop.progress):
         try:
@@ -177,7 +181,9 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                 clock = StepClock()
                 generated_before = loop.controller.generated_tokens
                 with clock.part("wait_time_s"):
-                    batch = loop.buffer.take(loop.batch_size, version, loop.eta)  # staleness-bounded
+                    batch = _take_or_pause(loop, version, out)  # staleness-bounded
+                if batch is None:
+                    break
                 out.budget_spent = loop.costs is not None and loop.costs.budget_spent(loop.runlog.metrics)
                 # this step is the last, checkpointed
                 out.stopped = (loop.stop is not None and loop.stop.is_set()) or out.budget_spent
@@ -196,6 +202,7 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                            "schedule_bytes": recorded}
                     loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
                     if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                        out.checkpointed = step
                         row["weights_sha256"] = weights_sha256(loop.model)
                         clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
                             step, loop.model, resume_files(loop, step), final=step == steps)
@@ -226,6 +233,27 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
             loop.publisher.transport.close()
     out.end = time.perf_counter()
     return out
+
+
+def _take_or_pause(loop: Loop, version: int, out: LoopResult) -> list[Trajectory] | None:
+    """The next batch; None when the elastic pool has fewer servers than ``rollout.min_servers``
+    (``controller/elastic.py``): the last step trained is then checkpointed, if it is not yet, with
+    every untrained answer (what the servers left had generated of it included), and the run stops."""
+    try:
+        return loop.buffer.take(loop.batch_size, version, loop.eta)
+    except BufferClosed as e:
+        if not isinstance(e.__cause__, ServersShort):
+            raise
+        out.servers_short, out.stopped = str(e.__cause__), True
+    log.warning("%s: stopping at step %d", out.servers_short, out.last_step)
+    step = out.last_step
+    if out.checkpointed != step:
+        loop.controller.read_partials_now()
+        row = loop.runlog.metrics[-1]
+        row["checkpoint"], row["weights_sha256"] = True, weights_sha256(loop.model)
+        loop.checkpoints.write(step, loop.model, resume_files(loop, step), final=False)
+        out.checkpointed = step
+    return None
 
 
 def record_schedule(loop: Loop, step: int, version: int, batch: list[Trajectory]) -> int:

@@ -48,6 +48,9 @@ class RunSummary(TypedDict, total=False):
     resumed_from_step: int | None
     warm_start: dict | None  # the tiny model's supervised warm start: steps, val_accuracy, wall_s, cached
     rollout_resubmits: int
+    # the trainable pool's changes (elastic pools): servers that left (died) and joined, by URL, and the
+    # tokens dead servers had generated that their answers kept (continued elsewhere from there)
+    rollout_pool: dict
     grading_resubmits: int
     grading_tasks: int
     grading_timeouts: int
@@ -96,7 +99,8 @@ def build_summary(cfg: ExperimentConfig, *, steps: int, loop: LoopResult, first_
         max_staleness_observed=max(r["staleness_max"] for r in m), effective_train_tokens_per_s=eff,
         throughput_steps=throughput_steps, tokens_trained=int(sum(trained_lengths)), resumed_from_step=resumed_from,
         warm_start={k: ws.get(k) for k in ("steps", "val_accuracy", "wall_s", "cached")} if ws else None,
-        rollout_resubmits=controller.resubmitted, grading_resubmits=rewards.n_resubmitted,
+        rollout_resubmits=controller.resubmitted, rollout_pool=controller.pool_changes(),
+        grading_resubmits=rewards.n_resubmitted,
         grading_tasks=rewards.n_tasks, grading_timeouts=rewards.n_timed_out, rl_time_s=rl_time,
         reward_wait_s=reward_wait, reward_wait_share=reward_wait / max(rl_time, 1e-9),
         wall_time_s=time.perf_counter() - t_start,

@@ -44,18 +44,19 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
                   check_every_s: float = 30.0, version: int = 0,
                   on_up: Callable[[list[str]], None] = lambda urls: None,
                   on_check: Callable[[list[bool]], None] = lambda ok: None,
-                  should_stop: Callable[[], bool] = lambda: False) -> dict:
+                  should_stop: Callable[[], bool] = lambda: False, api_key: str | None = None) -> dict:
     """Serve ``model_path`` (an HF folder or checkpoint version folder) for ``hold_s`` seconds after
     the servers are up (None: until ``should_stop``); returns the URLs, the file holding their API key
     (``api_key_file``, None for servers given by URL: their key is the config's), how long they were
-    up and the restarts made."""
+    up and the restarts made. ``api_key``: the key the servers require (a running run's, for servers
+    that join it); None: one made for the pool."""
     if not Path(model_path, "config.json").is_file():
         raise FileNotFoundError(f"{model_path}: not a model folder (no config.json); give a checkpoint version "
                                 "folder (RUN/checkpoints/vN) or an HF model folder")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     dtype = dtype_name(model_dtype(cfg.model)[0])
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
-    backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir, api_key=new_key())
+    backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir, api_key=api_key or new_key())
     restarts = 0
     started_here = not getattr(cfg.rollout.backend, "urls", None)  # (servers given by URL keep the config's key)
     key_file = Path(log_dir, KEY_FILE)

@@ -85,14 +85,18 @@ def run_train_command(args) -> int:
 
     run_dir = Path(args.run_dir or default_run_dir(describe_run(args.config, overrides, args.max_steps)))
     _check_run(cfg, run_dir, args.resume)
-    budget = None
+    budget = short = None
     with CtrlC() as stop:  # the first Ctrl-C stops at a checkpoint, a second exits at once
         try:
             summary = _train(args, cfg, overrides, run_dir, stop)
         except RunStopped as e:
-            summary, budget = None, e.budget
+            summary, budget, short = None, e.budget, e.servers_short
         except KeyboardInterrupt:
             summary = None
+    if summary is None and short is not None:
+        print(f"stopped at step {_latest_checkpoint(cfg, run_dir)}: {short}; once enough servers are up, continue "
+              f"with {_again(args, run_dir)} --resume", file=sys.stderr)
+        return EXIT_STATUS
     if summary is None and budget is not None:
         step = _latest_checkpoint(cfg, run_dir)
         print(f"stopped at step {step}: cost.budget_usd ({budget:g} USD) spent; continue with "

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from areal_core.agents import FROZEN, TRAINABLE
 from areal_core.buffer import ReplayBuffer
 from areal_core.controller.admission import Admission
+from areal_core.controller.elastic import watch_pool
 from areal_core.controller.generation import ROUTE, Generator
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.routing import FrozenGroups
@@ -34,6 +35,7 @@ from areal_core.controller.settings import AgentSetup, ControllerSettings, Serve
 from areal_core.episodes import Episode, SingleTurn
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
+from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.weight_transport import WeightTransport
 from areal_core.types import Prompt, Trajectory
 
@@ -69,7 +71,8 @@ class RolloutController:
         # weight pushes and server recovery; a restarted server loads model_path (version), then the weights
         self.recovery = ServerRecovery(transport, servers.request_timeout_s, servers.restart, servers.model_path,
                                        version, frozen.restart if frozen else None,
-                                       frozen.model_path if frozen else "", agents.frozen_version if agents else 0)
+                                       frozen.model_path if frozen else "", agents.frozen_version if agents else 0,
+                                       elastic=settings.min_servers is not None)
         self.admission = Admission(prompts, settings, version)
         self.generator = Generator(settings, self.recovery, lambda: self.admission.version)
         self.frozen = FrozenGroups(settings, agents.router) if agents is not None else None
@@ -80,7 +83,6 @@ class RolloutController:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
-        self._partials: dict = {}  # traj id -> (output length held when asked, partial output)
         self._tasks: set[asyncio.Task] = set()  # the groups being rolled out (the loop holds tasks weakly)
 
     @property
@@ -160,18 +162,31 @@ class RolloutController:
         started (None if unknown), the time admission was held at the gate, and the server count."""
         busy, again = asyncio.run_coroutine_threadsafe(self.generator.busy(), self._loop).result(timeout=30)
         return {"busy_s": busy, "reprefilled_tokens": again, "gate_wait_s": self.admission.gate_wait_s,
-                "n_servers": len(self.generator.pools[TRAINABLE].urls)}
+                "n_servers": len(self.generator.pools[TRAINABLE].live())}
+
+    def live_urls(self) -> list[str]:
+        """The trainable servers in the pool now (an elastic pool's change as servers leave and join)."""
+        return [c.url for c in self.generator.pools[TRAINABLE].live()]
+
+    def pool_changes(self) -> dict:
+        """The servers that left and joined the trainable pool, and the tokens kept of dead servers' answers."""
+        return {"left": list(self.recovery.left), "joined": list(self.recovery.joined),
+                "prefix_kept_tokens": self.generator.prefix_kept}
 
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
         """A newer checkpoint for servers that must be restarted: ``local_copy()`` gives its folder
         (a download, made only when a server restarts)."""
         self.recovery.restart_from(local_copy, version)
 
+    def read_partials_now(self) -> None:
+        """``refresh_partials``, waiting for the answers."""
+        self._call(self.read_partials())
+
     def refresh_partials(self) -> None:
         """Ask the servers, in the background, for the partial output of the answers they
         are generating; the next ``snapshot()`` includes what has come back by then."""
         assert self._loop is not None, "controller not started"
-        fut = asyncio.run_coroutine_threadsafe(self._refresh_partials(), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self.read_partials(), self._loop)
         fut.add_done_callback(_log_refresh_error)
 
     def snapshot(self) -> dict:
@@ -223,10 +238,18 @@ class RolloutController:
         for trajs in groups.values():
             self._spawn(trajs, fresh=False)
         self._restored = []
+        if self.s.min_servers is not None or self.servers.discover is not None:  # an elastic pool
+            make = self.servers.make_client or EmbeddedClient
+            self.spawn(watch_pool(self, self.servers.discover, self.s.min_servers,
+                                  lambda url: make(url, self.servers.request_timeout_s)))
         await self._admit_loop()
 
     def _spawn(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
-        t = self._loop.create_task(self._run_group(trajs, fresh, route))
+        self.spawn(self._run_group(trajs, fresh, route))
+
+    def spawn(self, coro) -> None:
+        """Run ``coro`` as a task of this loop (cancelled when the controller stops)."""
+        t = self._loop.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
@@ -369,17 +392,17 @@ class RolloutController:
             return self.admission.sampler.estimates()
 
     # resume ------------------------------------------------------------------
-    async def _refresh_partials(self) -> None:
+    async def read_partials(self) -> None:
         with self._lock:
             asked_at = {tid: len(t.output_ids) for tid, t in self._live.items() if not t.finished}
-        self._partials = await self.generator.partial_outputs(asked_at)
+        self.generator.partials = await self.generator.partial_outputs(asked_at)
 
     async def _snapshot(self) -> dict:
         # A partial output read from a server is a prefix of that request's answer for as long as
         # the request runs (generation only appends), so one read during the training step is as
         # good as one read now. It applies only while we still hold what we held when asking:
         # once the answer came back (or was resubmitted), it is superseded.
-        partials = self._partials
+        partials = self.generator.partials
         with self._lock:  # no await below: admission and generation (this loop) cannot interleave
             groups = self.buffer.snapshot()
             live = {}

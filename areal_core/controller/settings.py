@@ -32,6 +32,9 @@ class ControllerSettings:
     # rollout.deterministic: admission waves generated at fixed versions, curriculum fed in order
     # (admission.py, core.py); the buffer is then ordered too (buffer.py)
     deterministic: bool = False
+    # rollout.min_servers: an elastic pool (controller/elastic.py); servers that die leave it, and with fewer
+    # left than this the run stops at a checkpoint. None: dead servers are restarted or waited for
+    min_servers: int | None = None
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Servers:
     make_client: Callable | None = None
     """The rollout backend's client for a URL (None: the embedded server's)."""
     request_timeout_s: float = 600.0
+    discover: Callable[[], list[str]] | None = None
+    """The base URLs of servers announced to join the run, read every few seconds (controller/elastic.py);
+    None: no server joins."""
 
 
 @dataclass

@@ -179,6 +179,15 @@ class RolloutConfig(Section):
     # rewarded) and batches follow admission order; costs throughput (docs/PERFORMANCE.md); needs
     # batch_invariant
     deterministic: bool = False
+    # an elastic pool (servers on preemptible hosts; docs/OPERATIONS.md, "Elastic rollout pools"): a
+    # server this run did not start that dies leaves the pool, its answers continue on the others from
+    # what it had generated; with fewer than this many left the run stops at a checkpoint (resume with
+    # --resume once servers are back). None: a dead server is restarted (embedded) or waited for
+    min_servers: int | None = Field(None, gt=0)
+    # servers that join the running run: a file (path or fsspec URL, e.g. s3://...) listing base URLs,
+    # one per line, read every 2 s; a URL added there joins once it holds the current weights (the
+    # serve flow's join_run parameter appends its servers). None: the pool keeps its first servers
+    join_from: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +212,15 @@ class RolloutConfig(Section):
         if b.kind == "vllm" and t is not None and t.kind != "disk":
             raise ValueError(f"rollout.weight_transport kind {t.kind!r} is not supported by rollout.backend kind "
                              "'vllm' (its servers reload from a folder: use 'disk')")
+        return self
+
+    @model_validator(mode="after")
+    def _enough_servers(self):
+        first = len(getattr(self.backend, "urls", None) or []) or getattr(self.backend, "num_servers", None) \
+            or self.n_servers
+        if self.min_servers is not None and not self.join_from and self.min_servers > first:
+            raise ValueError(f"rollout.min_servers ({self.min_servers}) is more than the {first} server(s) the run "
+                             "starts with, and none can join (rollout.join_from is not set)")
         return self
 
     @model_validator(mode="after")

@@ -20,7 +20,10 @@ class RolloutPool:
     generated so far) + max_new_tokens positions on the server it goes to until it returns; requests
     are admitted first come, first served (a later one never overtakes a waiting one), each to the
     least busy server it fits on, and one larger than the whole budget is a ``ValueError`` naming
-    its size. Only this pool's requests are counted."""
+    its size. Only this pool's requests are counted.
+
+    Elastic pools: a server ``join``s (held out of service until it holds the current weights) and
+    ``leave``s (it is gone: no request, no weights; its index stays, so indices never move)."""
 
     def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None,
                  kv_budget_tokens: int | None = None):
@@ -36,12 +39,40 @@ class RolloutPool:
         self.kv_reserved = [0] * len(self.clients)  # KV positions reserved per server
         self.kv_peak = 0  # the most reserved on one server at once
         self.held = [0] * len(self.clients)  # > 0: out of service (being brought back), given no request
+        self.gone = [False] * len(self.clients)  # left the pool (``leave``): never used again
         self._queue: asyncio.Lock | None = None  # the head of the line (asyncio.Lock wakes in FIFO order)
         self._freed: asyncio.Condition | None = None  # KV released, or a server back in service
 
     @property
     def urls(self) -> list[str]:
         return [c.url for c in self.clients]
+
+    def live(self) -> list:
+        """The clients of the servers that have not left (in service or being brought back)."""
+        return [c for c, gone in zip(self.clients, self.gone) if not gone]
+
+    def index(self, url: str) -> int:
+        """The index of the server at ``url`` that has not left (else its last one)."""
+        found = [i for i, c in enumerate(self.clients) if c.url == url]
+        if not found:
+            raise ValueError(f"{url} is not a server of this pool")
+        return next((i for i in reversed(found) if not self.gone[i]), found[-1])
+
+    def join(self, client) -> int:
+        """Add the server of ``client``, held out of service (``release`` it once it holds the
+        current weights); returns its index."""
+        self.clients.append(client)
+        for counts in (self.in_flight, self.sent, self.kv_reserved):
+            counts.append(0)
+        self.held.append(1)
+        self.gone.append(False)
+        return len(self.clients) - 1
+
+    def leave(self, i: int) -> None:
+        """Server ``i`` is gone for good (preempted, host lost): it gets nothing from now on."""
+        if not self.gone[i]:
+            self.gone[i] = True
+            self.held[i] += 1  # out of service for ever (the matching release never comes)
 
     def hold(self, i: int) -> None:
         """Give server ``i`` no new request until as many ``release(i)``: it failed, and is being
@@ -89,14 +120,13 @@ class RolloutPool:
         def fits(j: int) -> bool:
             return not self.held[j] and (budget is None or self.kv_reserved[j] + need <= budget)
 
-        n = len(self.clients)
         if budget is None and not any(self.held):
             return self._pick()  # the common case: no budget, every server in service
         if self._queue is None:  # made on the loop that uses them
             self._queue, self._freed = asyncio.Lock(), asyncio.Condition()
         async with self._queue:
             async with self._freed:
-                await self._freed.wait_for(lambda: any(fits(j) for j in range(n)))
+                await self._freed.wait_for(lambda: any(fits(j) for j in range(len(self.clients))))
             i = self._pick(fits)
             if budget is not None:
                 self.kv_reserved[i] += need
@@ -122,22 +152,22 @@ class RolloutPool:
             return await client.generate_batch(input_ids, sampling, rids=rids)
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
-        await run_all(c.update_weights_from_disk(model_path, version) for c in self.clients)
+        await run_all(c.update_weights_from_disk(model_path, version) for c in self.live())
 
     async def pause(self) -> None:
-        await run_all(c.pause() for c in self.clients)
+        await run_all(c.pause() for c in self.live())
 
     async def resume(self) -> None:
-        await run_all(c.resume() for c in self.clients)
+        await run_all(c.resume() for c in self.live())
 
     async def health(self) -> list[bool]:
-        return list(await asyncio.gather(*(c.health() for c in self.clients)))
+        return list(await asyncio.gather(*(c.health() for c in self.live())))
 
     async def wait_healthy(self, timeout_s: float = 60.0) -> None:
-        await run_all(c.wait_healthy(timeout_s) for c in self.clients)
+        await run_all(c.wait_healthy(timeout_s) for c in self.live())
 
     async def model_infos(self) -> list[ModelInfo]:
-        return await run_all(c.model_info() for c in self.clients)
+        return await run_all(c.model_info() for c in self.live())
 
     async def aclose(self) -> None:
         await run_all(c.aclose() for c in self.clients)

@@ -4,7 +4,8 @@ Checkpoints are a separate concern (storage/): a transport only moves the curren
 
     stage(model, version)      the trainer's thread, between two steps: take a consistent copy
     await push(clients)        the controller's loop: every server serves the staged version on return
-    await resend(clients, i)   server i came back (restarted): give it the staged version
+    await resend(clients, i)   server i came back (restarted) or joined: give it the staged version
+    await members_changed(clients)  a server left or joined an elastic pool: ``clients`` are the servers now
 
 The caller stages version v+1 only after the push of v has returned, so a transport keeps one
 send buffer, and ``staged_version`` labels what it holds. A resend, though, comes whenever a
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
-from areal_core.rollout.client import run_all
+from areal_core.rollout.client import RolloutServerError, run_all
 from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
 from areal_core.trainer import lora
@@ -112,6 +113,10 @@ class WeightTransport(ABC):
     async def _resend(self, clients: list[EmbeddedClient], i: int, version: int) -> None:
         await self._push([clients[i]], version)
 
+    async def members_changed(self, clients: list[EmbeddedClient]) -> None:  # noqa: B027 - optional
+        """The pool's servers are now ``clients`` (one left, or joined and was resent the weights):
+        nothing to do for a transport that sends to each server on its own."""
+
     @abstractmethod
     def _stage(self, weights, version: int) -> None: ...
 
@@ -191,6 +196,23 @@ class TensorTransport(WeightTransport):
             self._shm = None
 
 
+async def _unless_one_is_lost(coros) -> list:
+    """``run_all``, except that a server lost meanwhile raises at once: the group's other members
+    would wait for it until the group's timeout. (Their waits end with that timeout; the next
+    push goes to a new group of the servers left, ``members_changed``.)"""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        lost = [f.exception() for f in done if isinstance(f.exception(), RolloutServerError)
+                and f.exception().server_down]
+        if lost:
+            for t in pending:
+                t.cancel()
+            raise lost[0]
+    return await run_all(tasks)
+
+
 class DistributedTransport(WeightTransport):
     """A torch.distributed broadcast from the trainer (rank 0) to every server (ranks 1..n), through
     SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``; gloo on CPU,
@@ -241,12 +263,16 @@ class DistributedTransport(WeightTransport):
     async def _push(self, clients: list[EmbeddedClient], version: int) -> None:
         if self._pg is None:
             raise RuntimeError("distributed transport: connect() comes before push()")
-        await run_all([asyncio.to_thread(self._broadcast)]
-                   + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients])
+        await _unless_one_is_lost([asyncio.to_thread(self._broadcast)]
+                                  + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients])
 
     async def _resend(self, clients: list[EmbeddedClient], i: int, version: int) -> None:
         await self.connect(clients)  # the group has a fixed membership: everyone joins a new one
         await self._push(clients, version)
+
+    async def members_changed(self, clients: list[EmbeddedClient]) -> None:
+        if clients:
+            await self.connect(clients)  # a new group of the servers there are now
 
     def close(self) -> None:
         self._pg = None

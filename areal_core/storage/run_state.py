@@ -36,7 +36,8 @@ MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward
                 # where the servers and the cluster are, and how the run authenticates to them
                 "reward.tls_ca_file", "reward.tls_client_cert", "reward.tls_client_key", "rollout.backend.urls",
                 "rollout.backend.api_key_file", "rollout.backend.api_key_env", "rollout.backend.allow_unauthenticated",
-                "rollout.urls", "rollout.request_timeout_s", "storage.keep_last",
+                "rollout.urls", "rollout.request_timeout_s", "rollout.min_servers", "rollout.join_from",
+                "storage.keep_last",
                 "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every",
                 # a run stopped by its budget continues once the budget is raised
                 "cost")
