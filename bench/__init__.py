@@ -33,6 +33,7 @@ LEARNING = (
     "objective_ablation",
     "rl_vs_sft",
     "repeatability",
+    "preemption",
 )
 
 DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism")

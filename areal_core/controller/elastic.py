@@ -7,8 +7,9 @@ controller's loop every ``every_s`` seconds:
 
 1. it reads every server's partial outputs (``Generator.partials``), so an answer whose server
    dies continues elsewhere from what it had generated a few seconds before, not from scratch;
-2. it reads the announced URLs (``discover()``) and has each new one join (``ServerRecovery.join``:
-   held until it holds the current weights);
+2. it reads the announced URLs (``discover()``) and has each one not in the pool join
+   (``ServerRecovery.join``: held until it holds the current weights; one that does not answer,
+   such as a dead server still listed, is tried again at the next round);
 3. with fewer than ``min_servers`` servers left it stops the trainer (:class:`ServersShort`, through
    the buffer): the run checkpoints the last step and stops, resumable once servers are back.
 """

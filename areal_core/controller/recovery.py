@@ -133,8 +133,12 @@ class ServerRecovery:
     async def join(self, client) -> bool:
         """Add the server of ``client`` to the trainable pool: it serves once it holds the current
         weights (the staged version; before the first push, the latest checkpoint). False (and a
-        warning) if it could not be brought there: it is then not part of the pool."""
+        warning) if it could not be brought there, or quietly if it does not answer now (a URL still
+        listed after its server died): it is then not part of the pool."""
         pool = self.trainable
+        if not await client.health():
+            await client.aclose()
+            return False
         i = pool.join(client)
         try:
             await wait_healthy(client, self.request_timeout_s, after=" after joining")
