@@ -68,9 +68,13 @@ def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int) -> torch
 
 
 def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_step: int | None = None,
-           overrides: dict | None = None, say: Callable[[str], None] = print) -> dict:
+           overrides: dict | None = None, threads: int | None = None, say: Callable[[str], None] = print) -> dict:
     """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
-    step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``)."""
+    step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``).
+
+    ``threads``: the trainer's torch threads. None: the original trainer's count, which an exact
+    replay needs in general (a matrix product's sums may be split by thread); more are faster, and
+    every checkpoint's hash still says whether the weights came out the same."""
     t0 = time.perf_counter()
     run_dir, out_dir, overrides = Path(run_dir), Path(out_dir), dict(overrides or {})
     if out_dir.resolve() == run_dir.resolve():
@@ -97,7 +101,7 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
     hashes = {} if orig_metrics is None or "weights_sha256" not in orig_metrics else {
         int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
 
-    torch.set_num_threads(int(meta["trainer_threads"]))
+    torch.set_num_threads(int(threads or meta["trainer_threads"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(out_dir / "config.json"), config)
@@ -139,7 +143,8 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
                            "an exact replay of the original run's training steps"},
         "name": f"{cfg.name}-replay", "steps": to_step, "checkpoints": checks,
         "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
-        "wall_time_s": wall, **_original_times(run_dir),
+        "wall_time_s": wall, "threads": torch.get_num_threads(), "original_threads": int(meta["trainer_threads"]),
+        **_original_times(run_dir),
     }
     write_json_atomic(str(out_dir / "summary.json"), summary)
     if orig_metrics is not None:

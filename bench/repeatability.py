@@ -2,9 +2,10 @@
 
 1. Spread: the quickstart as shipped (asynchronous, eta 4), 5 runs with seed 0, against the 5
    seeds of ``bench/results/quickstart_seeds.json``: held-out accuracy after RL, mean and spread.
-2. Replay: ``areal-flow replay`` of the first repeat (300 steps) and of a code-quickstart run:
-   the final checkpoint's weight hash against the original's, and the replay's wall time against
-   the original run's (its training loop, and the whole command).
+2. Replay: ``areal-flow replay`` of the first repeat (300 steps) and of a code-quickstart run, with
+   the original trainer's threads and with every core (``--threads``): the final checkpoint's weight
+   hash against the original's, and the replay's wall time against the original run's (its training
+   loop, and the whole command).
 3. Deterministic asynchronous mode: the quickstart for 60 steps, default against
    ``rollout.deterministic`` (+ ``rollout.batch_invariant``), alternating, 3 repetitions: effective
    training tokens/s and their ratio; the deterministic runs' final weight hashes, which must agree.
@@ -15,6 +16,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -32,8 +35,10 @@ def _final_hash(run_dir: Path) -> str:
     return m["weights_sha256"].dropna().iloc[-1]
 
 
-def replay(run_dir: Path, out: Path) -> dict:
+def replay(run_dir: Path, out: Path, threads: int | None = None) -> dict:
     cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "replay", str(run_dir), "--out", str(out), "--no-prefect"]
+    cmd += ["--threads", str(threads)] if threads else []
+    shutil.rmtree(out, ignore_errors=True)
     say(" ".join(cmd[1:]))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
@@ -62,10 +67,14 @@ def run(quick: bool) -> dict:
     print(format_table(["runs", "n", "held-out after: mean", "std", "min", "max"], spread_rows,
                        title="quickstart: held-out accuracy after RL, one seed repeated against several seeds"))
 
-    replays = {"quickstart": replay(root / "repeat0", root / "replay-repeat0")}
+    cores = os.cpu_count()
+    replays = {"quickstart": replay(root / "repeat0", root / "replay-repeat0"),
+               f"quickstart, {cores} threads": replay(root / "repeat0", root / "replay-repeat0-all-cores", cores)}
     if not quick:
         code = train("code-seed0", 0, (), root, config="configs/code_quickstart.yaml")
-        replays["code_quickstart"] = {**replay(Path(code["run_dir"]), root / "replay-code-seed0")}
+        replays["code_quickstart"] = replay(Path(code["run_dir"]), root / "replay-code-seed0")
+        replays[f"code_quickstart, {cores} threads"] = replay(Path(code["run_dir"]),
+                                                              root / "replay-code-seed0-all-cores", cores)
     print(format_table(["run", "final hash", "replay (s)", "original RL loop (s)", "original command (s)",
                         "replay / RL loop"],
                        [(k, "match" if r["final_match"] else "DIFFERS", r["command_wall_s"], r["original_rl_s"],

@@ -11,7 +11,7 @@ from tasks.flow_runs import artifact_key, replay_run_name, ui_link
 
 @flow(name="replay", log_prints=True, flow_run_name=replay_run_name)
 def replay_run(run_dir: str, out_dir: str, from_step: int = 0, to_step: int | None = None,
-               overrides: dict | None = None) -> dict:
+               overrides: dict | None = None, threads: int | None = None) -> dict:
     """Train a run's recorded steps again from one of its checkpoints and compare the weights.
 
     Args:
@@ -21,10 +21,12 @@ def replay_run(run_dir: str, out_dir: str, from_step: int = 0, to_step: int | No
         to_step: Stop after this step (None: the original's last).
         overrides: Trainer settings to change, e.g. {"trainer.objective": "naive"}: a counterfactual
             replay of the same data (None: an exact replay, checked bit for bit).
+        threads: The trainer's torch threads (None: the original trainer's; more are faster, and
+            every checkpoint's hash still says whether the weights came out the same).
     """
     from areal_core.replay import replay
 
-    summary = replay(run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides)
+    summary = replay(run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides, threads=threads)
     create_markdown_artifact(replay_markdown(summary, out_dir), key=artifact_key("replay", out_dir),
                              description=f"replay of {run_dir}")
     return summary

@@ -82,14 +82,14 @@ def cmd_replay(args) -> int:
 
         try:
             summary = replay(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
-                             overrides=overrides)
+                             overrides=overrides, threads=args.threads)
         except ReplayError as e:
             raise UsageError(str(e)) from None
     else:
         from flows.replay import replay_run
 
         summary = replay_run(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
-                             overrides=overrides or None)
+                             overrides=overrides or None, threads=args.threads)
     r = summary["replay"]
     kind = "counterfactual replay" if r["counterfactual"] else "replay"
     print(f"{kind} of {r['of']} steps {r['from_step'] + 1}..{r['to_step']} in {summary['wall_time_s']:.1f} s "
@@ -126,6 +126,9 @@ def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
     p.add_argument("--out", required=True, metavar="OUT_DIR", help="the replay's run folder (new)")
     p.add_argument("--from-step", type=int, default=0, metavar="A", help="start from the run's checkpoint vA (default 0)")
     p.add_argument("--to-step", type=int, metavar="B", help="stop after step B (default: the run's last step)")
+    p.add_argument("--threads", type=int, metavar="N", help="the trainer's torch threads (default: the original "
+                   "trainer's, which an exact replay needs in general; more are faster, and the hashes say "
+                   "whether the weights still came out the same)")
     add_set(p)
     p.add_argument("--no-prefect", action="store_true", help="replay without a Prefect flow run")
     p.set_defaults(func=cmd_replay)

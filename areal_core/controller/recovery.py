@@ -120,8 +120,12 @@ class ServerRecovery:
         """Elastic pools (caller holds the lock): the servers that do not answer their health check
         leave; the transport then serves those left. Returns the URLs that left."""
         pool = self.trainable
-        alive = await asyncio.gather(*(pool.clients[i].health() for i in range(len(pool.clients))))
-        dead = [i for i, ok in enumerate(alive) if not ok and not pool.gone[i]]
+        dead = [i for i in range(len(pool.clients)) if not pool.gone[i]]
+        for attempt in range(2):  # a busy server gets a second chance; a dead one fails both at once
+            if attempt:
+                await asyncio.sleep(1.0)
+            alive = await asyncio.gather(*(pool.clients[i].health() for i in dead))
+            dead = [i for i, ok in zip(dead, alive) if not ok]
         for i in dead:
             pool.leave(i)
             self.left.append(pool.clients[i].url)
