@@ -153,6 +153,22 @@ def _delta(now, before):
     return now - before if now >= before else now
 
 
+def shares(totals: dict) -> dict[str, dict[str, float]]:
+    """A run's totals (``summary``'s result, summary.json's ``cost``) as each pool's share of its time
+    by stage; stages not measured (NaN) left out."""
+    out = {}
+    for pool, key in (("rollout", "rollout_s"), ("trainer", "trainer_s")):
+        known = {k: v for k, v in totals[key].items() if v is not None and not math.isnan(v)}
+        total = sum(known.values())
+        out[pool] = {k: v / total for k, v in known.items()} if total else {}
+    return out
+
+
+def describe_shares(by_pool: dict[str, dict[str, float]]) -> str:
+    """``rollout: generating 62%, gate 20%, idle 18%; trainer: training 70%, ...``"""
+    return "; ".join(f"{pool}: " + ", ".join(f"{k} {v:.0%}" for k, v in s.items()) for pool, s in by_pool.items())
+
+
 def summary(rows: list[dict], *, wall_s: float, setup_s: float, rl_s: float, tokens_trained: int,
             generated_tokens: int, cfg: CostConfig, n_servers: int) -> dict:
     """The run's totals: each pool's seconds by stage, the phases outside the steps, tokens and USD.

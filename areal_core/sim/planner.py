@@ -142,7 +142,8 @@ def recommend(alternatives: list[Alternative], tolerance: float = 0.05) -> Alter
 
 def format_plan(alternatives: list[Alternative]) -> str:
     lines = [
-        "| alternative | tokens/s | vs sync | staleness mean / max | rollout busy | trainer busy |",
+        # the busy shares under the cost ledger's stage names (areal_core/costs.py)
+        "| alternative | tokens/s | vs sync | staleness mean / max | rollout generating | trainer training |",
         "|---|---|---|---|---|---|",
     ]
     for a in alternatives:

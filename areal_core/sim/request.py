@@ -114,6 +114,7 @@ class PlanRequest:
     warmup_steps: int = 10
     seed: int = 0
     efficiency: Efficiency = field(default_factory=Efficiency)
+    from_run: str | None = None  # the run the lengths came from: its cost ledger is shown beside the plan
 
     def describe(self) -> str:
         return (f"{self.model.name} on {self.n_gpus} x {self.gpu.name}, context {self.context:,} "
@@ -163,7 +164,7 @@ def build_request(*, model: str = "7B", gpu: str = "H800", n_gpus: int = 64, con
         lengths=lengths, lengths_source=source, etas=etas,
         ratios=tuple(parse_ratio(r) for r in ratios) if ratios else None, prompts_per_step=prompts_per_step,
         answers_per_prompt=answers_per_prompt, weight_update=weight_update, n_steps=n_steps,
-        warmup_steps=warmup_steps, seed=seed,
+        warmup_steps=warmup_steps, seed=seed, from_run=from_run,
     )
     if req.ratios:  # a bad split fails here, before any simulation
         rollout_counts(n_gpus, _server_devices(req), req.ratios)
@@ -196,6 +197,19 @@ class PlanOutcome:
         }
 
 
+def _ledger_lines(run_dir: str) -> str:
+    """The cost ledger of the run the lengths came from, in the stages the plan's columns name."""
+    from areal_core.costs import describe_shares, shares
+
+    path = Path(run_dir, "summary.json")
+    totals = json.loads(path.read_text()).get("cost") if path.is_file() else None
+    if not totals:
+        return f"{run_dir} has no cost ledger (summary.json's cost): only its answer lengths were used."
+    return (f"**{run_dir}, measured** (its cost ledger, summary.json; each pool's time by stage, the stages the "
+            f"columns above simulate as `generating` and `training`): {describe_shares(shares(totals))}. The plan "
+            f"simulates the cluster asked for, not that run's machine.")
+
+
 def run_plan(req: PlanRequest, out_dir: str | Path | None = None) -> PlanOutcome:
     """Simulate every alternative; with `out_dir`, write plan.json and plan_ratio.png there."""
     tp = _server_devices(req)
@@ -211,6 +225,8 @@ def run_plan(req: PlanRequest, out_dir: str | Path | None = None) -> PlanOutcome
     if not any(a.mode == "async" for a in alternatives):
         lines.append("No asynchronous split leaves its trainer enough memory for the training state: "
                      "only the synchronous setting fits.")
+    if req.from_run:
+        lines += ["", _ledger_lines(req.from_run)]
     outcome = PlanOutcome(req, alternatives, best, "\n".join(lines))
     if out_dir is not None:
         from areal_core.sim.figures import plot_ratio

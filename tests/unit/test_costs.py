@@ -60,3 +60,22 @@ def test_budget_and_summary():
 def test_a_budget_needs_prices():
     with pytest.raises(ValidationError, match=r"budget_usd needs cost\.usd_per_device_hour"):
         CostConfig(budget_usd=5.0)
+
+
+def test_the_planner_shows_a_runs_ledger_in_its_own_stage_names(tmp_path):
+    import json
+
+    from areal_core.costs import describe_shares, shares
+    from areal_core.sim.request import _ledger_lines
+
+    totals = {"rollout_s": {"generating": 60.0, "gate": 30.0, "idle": 10.0},
+              "trainer_s": {"training": 75.0, "weight_sync": 5.0, "waiting_grades": 0.0, "waiting_rollout": 20.0,
+                            "checkpoint": 0.0, "other": float("nan")}}
+    by_pool = shares(totals)
+    assert by_pool["rollout"] == {"generating": 0.6, "gate": 0.3, "idle": 0.1}
+    assert by_pool["trainer"]["training"] == 0.75 and "other" not in by_pool["trainer"]  # unmeasured: left out
+    assert describe_shares(by_pool).startswith("rollout: generating 60%, gate 30%, idle 10%; trainer: training 75%")
+    (tmp_path / "summary.json").write_text(json.dumps({"cost": totals}))
+    assert "rollout: generating 60%" in _ledger_lines(str(tmp_path))
+    (tmp_path / "summary.json").write_text(json.dumps({}))
+    assert "has no cost ledger" in _ledger_lines(str(tmp_path))
