@@ -34,7 +34,7 @@ def test_bad_input_is_an_error_message_with_rc_2(argv, words, capsys):
 
 def test_every_command_is_in_the_one_parser():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"train", "eval", "export", "sweep", "campaign", "stack", "plan", "report", "serve", "runs"}
+    assert set(sub.choices) == {"train", "eval", "export", "sweep", "campaign", "stack", "plan", "report", "serve", "runs", "replay"}
     t = build_parser().parse_args(["train", CONFIG, "--no-prefect", "--resume"])
     assert t.no_prefect and t.resume and t.evaluate_every == 50
 

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parents[1]  # tests/
 KEY_ENV = "AF_TEST_ELASTIC_KEY"
 KEY = "elastic-test-key"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly  # (two runs with servers killed; CI runs the nightly tests after make test)
 
 
 @pytest.fixture
