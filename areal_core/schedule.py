@@ -71,7 +71,9 @@ def to_table(step: int, batch: list[Trajectory], seeds: list[int | None]) -> pa.
     rows = []
     for order, (t, seed) in enumerate(zip(batch, seeds)):
         row = t.to_row()
-        row["reward_info"] = json.dumps(row["reward_info"], default=str)
+        # (where it was graded is the ledger's; left out, a schedule depends on what was trained alone)
+        info = {k: v for k, v in row["reward_info"].items() if k != "graded_by"}
+        row["reward_info"] = json.dumps(info, default=str)
         rows.append({"step": step, "order": order, "sampling_seed": seed, **row})
     return pa.Table.from_pylist(rows)
 
