@@ -2,7 +2,7 @@
 
 A pool is elastic when the run sets ``rollout.min_servers`` (servers it cannot restart then leave
 the pool when they die, ``recovery.py``) or lists where joining servers are announced
-(``rollout.join_from``, or the train flow's Prefect Variable). :func:`watch_pool` runs on the
+(``rollout.join_from``; the serve flow's ``join_run`` writes there). :func:`watch_pool` runs on the
 controller's loop every ``every_s`` seconds:
 
 1. it reads every server's partial outputs (``Generator.partials``), so an answer whose server
@@ -50,7 +50,7 @@ def url_list(path: str) -> Callable[[], list[str]]:
 def announce(path: str, urls: list[str], present: bool = True) -> None:
     """Add ``urls`` to the join list at ``path`` (``rollout.join_from``), or with ``present=False``
     take them out; the file is rewritten whole (atomically). One writer at a time."""
-    now = url_list(path)()
+    now, urls = url_list(path)(), [u.rstrip("/") for u in urls]  # (as url_list reads them)
     new = now + [u for u in urls if u not in now] if present else [u for u in now if u not in urls]
     write_text_atomic(path, "".join(f"{u}\n" for u in new))
 
