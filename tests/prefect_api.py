@@ -9,6 +9,10 @@ from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+# every deployment prefect.yaml declares (tests/unit/test_deployments.py holds prefect.yaml to this list)
+DEPLOYMENTS = frozenset({"campaign", "sweep", "train", "evaluate", "report", "replay", "provision",
+                         "prepare-data", "plan", "rollout-servers"})
+
 
 @contextlib.contextmanager
 def prefect_api(url: str):

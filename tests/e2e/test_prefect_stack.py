@@ -12,13 +12,13 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentUpdate
 
 from infra.stack import Stack, free_port
-from tests.prefect_api import prefect_api, wait_for
+from tests.prefect_api import DEPLOYMENTS, prefect_api, wait_for
 
 pytestmark = pytest.mark.nightly  # the whole Prefect stack: make test-nightly (CI runs it)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "tests/data/campaign_tiny.yaml")
-EXPECTED_DEPLOYMENTS = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers", "replay"}
+EXPECTED_DEPLOYMENTS = DEPLOYMENTS
 
 
 async def _deployments():

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from infra.stack import Stack, free_port
-from tests.prefect_api import prefect_api
+from tests.prefect_api import DEPLOYMENTS, prefect_api
 
 pytestmark = pytest.mark.nightly  # the whole Prefect stack: make test-nightly (CI runs it)
 
@@ -94,7 +94,7 @@ def test_flow_runs_page_screenshot(tmp_path):
     assert stack.state() is None
 
 
-EXPECTED = {"campaign", "sweep", "train", "evaluate", "report", "provision", "prepare-data", "plan", "rollout-servers"}
+EXPECTED = DEPLOYMENTS
 
 
 async def _deployments():
