@@ -40,7 +40,8 @@ test: $(FULL)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
 
 # the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots),
-# the load tests and the real 135M model's load-and-publish test; CI (.ci/run) runs them after make test
+# the load tests, the real 135M model's load-and-publish test, and the longer whole runs of optional
+# parts (pyproject's `nightly` marker lists them); CI (.ci/run) runs them after make test
 test-nightly: $(FULL)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m nightly
 

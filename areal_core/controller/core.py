@@ -8,17 +8,12 @@ task the moment its last answer is in, without waiting for it (the buffer hands 
 grading them one by one would only cost scheduler round trips). Rewarded trajectories land in the
 replay buffer. Multi-agent runs route some groups to a frozen policy (``routing.py``).
 
-``snapshot()`` is a consistent cut of everything admitted and not trained (rewarded groups in the
-buffer, answers being graded, and the partial output of answers being generated, as the servers
-reported it at the last ``refresh_partials()``) plus the prompt stream position. ``restore()`` puts
-it back before ``start()``: rewarded answers go to the buffer, finished ones to grading, partial
-ones are continued.
+``snapshot()`` and ``restore()`` (``resume.py``) carry what was admitted and not trained across a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -26,6 +21,7 @@ from concurrent.futures import Future
 
 from areal_core.agents import FROZEN, TRAINABLE
 from areal_core.buffer import ReplayBuffer
+from areal_core.controller import resume
 from areal_core.controller.admission import Admission
 from areal_core.controller.elastic import watch_pool
 from areal_core.controller.generation import ROUTE, Generator
@@ -199,18 +195,7 @@ class RolloutController:
         """Put back a ``snapshot()`` (before ``start()``)."""
         if self._loop is not None:
             raise RuntimeError("restore() must come before start()")
-        self.admission.restore(state)
-        if self.agents is not None and state.get("agents"):  # (a state saved without agents has none)
-            self.agents.router.restore(state["agents"])
-        for g in state["groups"]:
-            self.buffer.admit(g["group_id"], g["first_seq_no"], g["admit_version"], g["size"])
-            for row in g["trajectories"]:
-                traj = Trajectory.from_row(copy.deepcopy(row))  # generation extends its lists
-                if traj.reward is not None:
-                    self.buffer.put(traj)
-                else:
-                    self._live[traj.traj_id] = traj
-                    self._restored.append(traj)
+        resume.restore(self, state)
 
     def _call(self, coro):
         assert self._loop is not None, "controller not started"
@@ -398,35 +383,7 @@ class RolloutController:
         self.generator.partials = await self.generator.partial_outputs(asked_at)
 
     async def _snapshot(self) -> dict:
-        # A partial output read from a server is a prefix of that request's answer for as long as
-        # the request runs (generation only appends), so one read during the training step is as
-        # good as one read now. It applies only while we still hold what we held when asking:
-        # once the answer came back (or was resubmitted), it is superseded.
-        partials = self.generator.partials
-        with self._lock:  # no await below: admission and generation (this loop) cannot interleave
-            groups = self.buffer.snapshot()
-            live = {}
-            for tid, t in self._live.items():
-                row = copy.deepcopy(t.to_row())  # generation goes on extending t's lists
-                asked, p = partials.get(tid, (None, None))
-                if p is not None and not t.finished and asked == len(t.output_ids):
-                    row["output_ids"] = row["output_ids"] + p.output_ids
-                    row["output_logprobs"] = row["output_logprobs"] + p.logprobs
-                    row["output_versions"] = row["output_versions"] + p.versions
-                    if row["output_mask"]:
-                        row["output_mask"] = row["output_mask"] + [1] * len(p.output_ids)
-                live.setdefault(t.group_id, []).append(row)
-            # the sampler has seen every finished group; the tallies hold the others' answers so far
-            state = self.admission.state()
-            # the agents' records hold every answer rewarded so far (those in the buffer too); frozen
-            # groups in flight are left out (evaluation only: a resumed run does not redo them)
-            if self.agents is not None:
-                state["agents"] = self.agents.router.state()
-        for g in groups:
-            g["trajectories"] = g.pop("done") + live.pop(g["group_id"], [])
-        if live:
-            raise RuntimeError(f"snapshot: answers of groups {sorted(live)[:5]} are not in the buffer")
-        return {**state, "groups": groups}
+        return resume.snapshot(self)  # on the loop, so admission and generation cannot interleave
 
     async def _shutdown(self) -> None:
         # every task of this loop: admission, generation, and a partial-output read still running

@@ -18,6 +18,7 @@ PRICED = {"cost.usd_per_device_hour": {"rollout": 3600.0, "trainer": 0.0}, "trai
           "storage.checkpoint_every": 2}
 
 
+@pytest.mark.nightly
 def test_a_budget_stops_at_a_checkpoint_and_a_raised_one_resumes(tmp_path, warm_cache):
     run = tmp_path / "run"
     cfg = load_config(HERE / "data/e2e.yaml", {**PRICED, "cost.budget_usd": 0.01})

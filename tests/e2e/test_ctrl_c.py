@@ -101,6 +101,7 @@ def test_ctrl_c_stops_at_a_checkpoint_and_resume_finishes_exactly_once(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_a_second_ctrl_c_exits_at_once(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "out.txt"
     proc = _start(run_dir, out, "--no-progress")

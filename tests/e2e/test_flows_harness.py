@@ -38,6 +38,7 @@ async def _events(name: str):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     out = tmp_path / "campaign"
     result = campaign(config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8,
@@ -118,6 +119,7 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_sweep_command_prints_report_last(prefect_harness, tmp_path, capsys):
     from flows.cli import main
 
@@ -134,6 +136,7 @@ def test_sweep_command_prints_report_last(prefect_harness, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_sweep_compares_several_configs(prefect_harness, tmp_path, capsys):
     """Several configs: one run per config as it is (its own eta and objective), labelled by its name,
     each from its own frozen copy, one report over them."""

@@ -29,6 +29,8 @@ from areal_core.storage import CheckpointStore
 from areal_core.trainer import lora
 from areal_core.trainer.packed_forward import response_logprobs
 
+pytestmark = pytest.mark.nightly  # a LoRA run with servers and its resume: make test-nightly (CI runs it)
+
 HERE = Path(__file__).resolve().parents[1]  # tests/
 LORA = {"rank": 4, "alpha": 8.0}
 PROBE = [5, 9, 12, 7, 20, 14, 11]  # a fixed prompt every server answers greedily at every version

@@ -18,6 +18,7 @@ MEGATRON_TP2 = {"kind": "megatron", "tensor_parallel_size": 2, "processes": 2}
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_short_run_with_megatron_tp2_on_two_processes(tmp_path, warm_cache):
     cfg = load_config(HERE / "data/e2e.yaml", {"trainer.backend": MEGATRON_TP2, "trainer.max_steps": 3})
     before = {p.pid for p in psutil.Process().children(recursive=True)}

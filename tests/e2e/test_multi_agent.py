@@ -262,6 +262,7 @@ class _Crash(Exception):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch, warm_cache):
     from areal_core.run import run_experiment
     from areal_core.trainer.trainer import Trainer

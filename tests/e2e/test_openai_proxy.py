@@ -410,6 +410,7 @@ def test_a_request_the_rollout_server_refuses_ends_that_conversation_only():
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path, warm_cache):
     """The example agent's second call repeats the first answer, so with a tight
     trainer.max_tokens_per_microbatch some conversations no longer fit: their calls are clamped to what

@@ -41,6 +41,7 @@ async def _generate(url: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_pool_serves_restarts_a_dead_server_and_stops(model_dir, tmp_path):
     cfg = load_config(CONFIG, {"rollout.n_servers": 2})
     up, checks, stop, result = [], [], threading.Event(), {}
