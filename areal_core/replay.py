@@ -2,10 +2,11 @@
 
 From checkpoint A of the original run (its weights and optimizer state), each step B > A takes
 the batch the schedule recorded (``schedule.py``: the same trajectories in the same order) and
-runs the same trainer on it, with the original's trainer thread count and lr schedule. The
-trainer has no random state, so on the same machine type every later checkpoint's weights come
-out bit for bit: the replay prints ``v<N> <sha256> match`` (or ``DIFFERS``) for each checkpoint
-the original holds a hash of. With ``--set trainer.<key>=...`` the same data is trained under
+runs the same trainer on it, with the original's lr schedule. The trainer has no random state
+and its arithmetic does not depend on its thread count (``trainer/packed_forward.py``), so on
+the same machine type every later checkpoint's weights come out bit for bit on all the cores the
+replay has, however many the original trainer had: the replay prints ``v<N> <sha256> match`` (or
+``DIFFERS``) for each checkpoint the original holds a hash of. With ``--set trainer.<key>=...`` the same data is trained under
 another setting: a counterfactual replay, not an on-policy run, and its folder says so.
 
 The output folder is a run folder like any other: ``checkpoints/v*/``, ``metrics.parquet``,
@@ -20,6 +21,7 @@ import io
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -72,9 +74,8 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
     """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
     step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``).
 
-    ``threads``: the trainer's torch threads. None: the original trainer's count, which an exact
-    replay needs in general (a matrix product's sums may be split by thread); more are faster, and
-    every checkpoint's hash still says whether the weights came out the same."""
+    ``threads``: the trainer's torch threads (None: torch's default, the machine's cores). The
+    torch trainer's results do not depend on it; every checkpoint's hash says so for this replay."""
     t0 = time.perf_counter()
     run_dir, out_dir, overrides = Path(run_dir), Path(out_dir), dict(overrides or {})
     if out_dir.resolve() == run_dir.resolve():
@@ -101,7 +102,6 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
     hashes = {} if orig_metrics is None or "weights_sha256" not in orig_metrics else {
         int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
 
-    torch.set_num_threads(int(threads or meta["trainer_threads"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(out_dir / "config.json"), config)
@@ -111,6 +111,10 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
     runlog = RunLog(out_dir)
     checks: list[dict] = []
     with contextlib.ExitStack() as stack:
+        if threads:  # (torch's thread count is the process's: put back what it was)
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(int(threads))
+        used_threads = torch.get_num_threads()
         trainer = make_trainer(cfg, model, int(meta["total_steps"]), out_dir, stack)
         trainer.load_state_dict(torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)),
                                            weights_only=True))
@@ -119,9 +123,13 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
             out_store.publish(from_step, model, None, meta={"step": from_step, "replay_of": str(run_dir)})
         ckpts = RunCheckpoints(out_store, cfg.storage.model_copy(update={"format": "full"}), None,
                                last_step=from_step, on_written=lambda r: None)
-        with ckpts:
+        with ckpts, ThreadPoolExecutor(1, thread_name_prefix="schedule-reader") as reader:
+            # the next step's batch is read while this one trains (parquet decoding leaves the GIL)
+            ahead = reader.submit(read_step, run_dir, from_step + 1)
             for step in range(from_step + 1, to_step + 1):
-                batch, step_meta = read_step(run_dir, step)
+                batch, step_meta = ahead.result()
+                if step < to_step:
+                    ahead = reader.submit(read_step, run_dir, step + 1)
                 if step_meta["version"] != step - 1:
                     raise ReplayError(f"schedule step {step} was trained by version {step_meta['version']}, "
                                       f"expected {step - 1}")
@@ -131,7 +139,8 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
                     digest = weights_sha256(model)
                     row["weights_sha256"] = digest
                     ckpts.write(step, model, {})
-                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say))
+                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say,
+                                         hint=_threads_hint(cfg, meta)))
                 runlog.log_step(row, [], flush=False)
         runlog.flush()
     wall = time.perf_counter() - t0
@@ -143,7 +152,7 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
                            "an exact replay of the original run's training steps"},
         "name": f"{cfg.name}-replay", "steps": to_step, "checkpoints": checks,
         "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
-        "wall_time_s": wall, "threads": torch.get_num_threads(), "original_threads": int(meta["trainer_threads"]),
+        "wall_time_s": wall, "threads": used_threads, "original_threads": int(meta["trainer_threads"]),
         **_original_times(run_dir),
     }
     write_json_atomic(str(out_dir / "summary.json"), summary)
@@ -165,14 +174,23 @@ def _take_optim_settings(trainer, cfg: ExperimentConfig) -> None:
         group["lr"] = o.lr * factor
 
 
-def _check(step: int, digest: str, original: str | None, counterfactual: bool, say) -> dict:
+def _threads_hint(cfg: ExperimentConfig, meta: dict) -> str:
+    """What to try when an exact replay differs: the original's thread count, where this one ran another
+    (a trainer other than the torch one may round by thread)."""
+    original = int(meta["trainer_threads"])
+    if torch.get_num_threads() == original:
+        return ""
+    return f" (the original {cfg.trainer.backend.kind} trainer ran {original} thread(s): try --threads {original})"
+
+
+def _check(step: int, digest: str, original: str | None, counterfactual: bool, say, hint: str = "") -> dict:
     match = original is not None and digest == original
     if original is None:
         verdict = "(the original recorded no hash at this step)"
     elif counterfactual:
         verdict = "same as the original" if match else "differs from the original (counterfactual)"
     else:
-        verdict = "match" if match else "DIFFERS"
+        verdict = "match" if match else "DIFFERS" + hint
     say(f"v{step} {digest} {verdict}")
     return {"version": step, "sha256": digest, "original_sha256": original, "match": match}
 

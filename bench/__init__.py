@@ -34,6 +34,7 @@ LEARNING = (
     "rl_vs_sft",
     "repeatability",
     "preemption",
+    "replay_speed",
 )
 
 DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism")

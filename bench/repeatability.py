@@ -3,7 +3,7 @@
 1. Spread: the quickstart as shipped (asynchronous, eta 4), 5 runs with seed 0, against the 5
    seeds of ``bench/results/quickstart_seeds.json``: held-out accuracy after RL, mean and spread.
 2. Replay: ``areal-flow replay`` of the first repeat (300 steps) and of a code-quickstart run, with
-   the original trainer's threads and with every core (``--threads``): the final checkpoint's weight
+   every core (the default) and with the original trainer's one thread (``--threads 1``): the final checkpoint's weight
    hash against the original's, and the replay's wall time against the original run's (its training
    loop, and the whole command).
 3. Deterministic asynchronous mode: the quickstart for 60 steps, default against
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -67,14 +66,12 @@ def run(quick: bool) -> dict:
     print(format_table(["runs", "n", "held-out after: mean", "std", "min", "max"], spread_rows,
                        title="quickstart: held-out accuracy after RL, one seed repeated against several seeds"))
 
-    cores = os.cpu_count()
     replays = {"quickstart": replay(root / "repeat0", root / "replay-repeat0"),
-               f"quickstart, {cores} threads": replay(root / "repeat0", root / "replay-repeat0-all-cores", cores)}
+               "quickstart, 1 thread": replay(root / "repeat0", root / "replay-repeat0-1-thread", 1)}
     if not quick:
         code = train("code-seed0", 0, (), root, config="configs/code_quickstart.yaml")
         replays["code_quickstart"] = replay(Path(code["run_dir"]), root / "replay-code-seed0")
-        replays[f"code_quickstart, {cores} threads"] = replay(Path(code["run_dir"]),
-                                                              root / "replay-code-seed0-all-cores", cores)
+        replays["code_quickstart, 1 thread"] = replay(Path(code["run_dir"]), root / "replay-code-seed0-1-thread", 1)
     print(format_table(["run", "final hash", "replay (s)", "original RL loop (s)", "original command (s)",
                         "replay / RL loop"],
                        [(k, "match" if r["final_match"] else "DIFFERS", r["command_wall_s"], r["original_rl_s"],

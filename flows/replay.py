@@ -21,8 +21,8 @@ def replay_run(run_dir: str, out_dir: str, from_step: int = 0, to_step: int | No
         to_step: Stop after this step (None: the original's last).
         overrides: Trainer settings to change, e.g. {"trainer.objective": "naive"}: a counterfactual
             replay of the same data (None: an exact replay, checked bit for bit).
-        threads: The trainer's torch threads (None: the original trainer's; more are faster, and
-            every checkpoint's hash still says whether the weights came out the same).
+        threads: The trainer's torch threads (None: the machine's cores; the torch trainer's
+            results do not depend on the count, and every checkpoint's hash says so).
     """
     from areal_core.replay import replay
 

@@ -126,9 +126,8 @@ def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
     p.add_argument("--out", required=True, metavar="OUT_DIR", help="the replay's run folder (new)")
     p.add_argument("--from-step", type=int, default=0, metavar="A", help="start from the run's checkpoint vA (default 0)")
     p.add_argument("--to-step", type=int, metavar="B", help="stop after step B (default: the run's last step)")
-    p.add_argument("--threads", type=int, metavar="N", help="the trainer's torch threads (default: the original "
-                   "trainer's, which an exact replay needs in general; more are faster, and the hashes say "
-                   "whether the weights still came out the same)")
+    p.add_argument("--threads", type=int, metavar="N", help="the trainer's torch threads (default: the machine's cores; "
+                   "the torch trainer's results do not depend on the count, and the hashes say so)")
     add_set(p)
     p.add_argument("--no-prefect", action="store_true", help="replay without a Prefect flow run")
     p.set_defaults(func=cmd_replay)

@@ -110,17 +110,17 @@ def response_logprobs(
         v = attn.v_proj(x).view(T, -1, d)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if gather is not None:  # each answer's segment: its prompt's tokens, then its own
-            q, k, v = q[gather], k[gather], v[gather]
+            q, k, v = q.index_select(0, gather), k.index_select(0, gather), v.index_select(0, gather)
         o = packed_causal_attention(q, k, v, lay.segments, attn.scaling)
         if scatter is not None:
-            o = o[scatter]
+            o = o.index_select(0, scatter)
         h = h + attn.o_proj(o.reshape(T, -1))[None]
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = inner.norm(h)[0]
 
     pred = torch.tensor(lay.pred, device=dev)
     targets = torch.tensor(lay.targets, device=dev)
-    logits = model.lm_head(h[pred]).float()
+    logits = model.lm_head(h.index_select(0, pred)).float()
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from areal_core.experiment import load_config
 from areal_core.run import run_experiment
@@ -47,6 +48,10 @@ def test_an_async_run_replays_bit_for_bit(original, tmp_path, capsys):
         assert a[key].tolist() == b[key].tolist(), key  # every step, exactly
     assert (original / "schedule/step-000008.parquet").is_file() and (a["schedule_bytes"] > 0).all()
     assert (tmp_path / "r/checkpoints/v8").is_dir() and (tmp_path / "r/replay.png").stat().st_size > 5000
+    # on two threads where the original trainer had one: the same weights (its arithmetic does not
+    # depend on the thread count), and the test process's own thread count is left as it was
+    rc, lines2 = replay(capsys, original, "--out", tmp_path / "r2", "--threads", 2)
+    assert rc == 0 and lines2 == lines and torch.get_num_threads() == 1
     # a middle checkpoint as the start
     rc, lines = replay(capsys, original, "--out", tmp_path / "mid", "--from-step", 3, "--to-step", 6)
     assert rc == 0 and lines == [lines[0]] and lines[0].startswith("v6 ") and lines[0].endswith(" match")

@@ -92,6 +92,33 @@ def test_shared_prompts_match_hf(model):
         torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
+def test_gradients_do_not_depend_on_the_thread_count():
+    """Several answers to one prompt are scored from the same hidden state; their gradients meet there.
+    Summed by advanced-indexing backward, the sum's order followed the thread split; index_select's
+    backward adds them in stream order on any number of threads, so a replay on more threads than the
+    original trainer had (``areal-flow replay``) reproduces its weights bit for bit."""
+    model = _models()[0]
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 50, (30,), generator=g).tolist() for _ in range(16)]
+    seqs = [p + torch.randint(0, 50, (int(torch.randint(10, 40, (1,), generator=g)),), generator=g).tolist()
+            for p in prompts for _ in range(8)]
+    starts = [30] * len(seqs)
+    weights = torch.randn(sum(len(s) - 30 for s in seqs), generator=g)
+    before = torch.get_num_threads()
+    grads = []
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            model.zero_grad()
+            (response_logprobs(model, seqs, starts, 1.0) * weights).sum().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    finally:
+        torch.set_num_threads(before)
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[2][n]), n  # (the same run twice)
+        assert torch.equal(grads[0][n], grads[1][n]), f"{n}: 1 and 2 threads give different gradients"
+
+
 def test_response_start_outside_the_sequence_is_an_error():
     model = _models()[0]
     with pytest.raises(ValueError, match="sequence 1: response start 4"):
