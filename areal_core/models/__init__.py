@@ -1,23 +1,27 @@
-"""Policy models: the tiny Qwen2 + char tokenizer, SmolLM2-135M, HF folders."""
+"""Policy models: the tiny Qwen2 + char tokenizer, SmolLM2-135M, HF folders.
 
-from areal_core.models.loading import load_base_model, load_hf_folder
-from areal_core.models.smollm2 import SmolLM2Unavailable, find_smollm2_gguf, load_smollm2, smollm2_available
-from areal_core.models.tiny import build_tiny, tiny_config
-from areal_core.models.tokenizer import build_char_tokenizer
-from areal_core.models.warmstart import cached_warm_start, default_cache_dir, load_optimizer_moments, warm_start
+The names below are loaded on first use: importing a submodule that needs no model class (the
+config, the tokenizer) does not pay for transformers' model code (seconds per process)."""
 
-__all__ = [
-    "SmolLM2Unavailable",
-    "build_char_tokenizer",
-    "build_tiny",
-    "cached_warm_start",
-    "default_cache_dir",
-    "find_smollm2_gguf",
-    "load_base_model",
-    "load_hf_folder",
-    "load_optimizer_moments",
-    "load_smollm2",
-    "smollm2_available",
-    "tiny_config",
-    "warm_start",
-]
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "load_base_model": "loading", "load_hf_folder": "loading",
+    "SmolLM2Unavailable": "smollm2", "find_smollm2_gguf": "smollm2", "load_smollm2": "smollm2",
+    "smollm2_available": "smollm2",
+    "build_tiny": "tiny", "tiny_config": "tiny",
+    "build_char_tokenizer": "tokenizer",
+    "cached_warm_start": "warmstart", "default_cache_dir": "warmstart", "load_optimizer_moments": "warmstart",
+    "warm_start": "warmstart",
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
