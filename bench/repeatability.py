@@ -45,7 +45,8 @@ def replay(run_dir: Path, out: Path, threads: int | None = None) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     lines = [x for x in proc.stdout.splitlines() if x.startswith("v")]
     return {"rc": proc.returncode, "lines": lines, "final_match": summary["checkpoints"][-1]["match"],
-            "command_wall_s": wall, "replay_s": summary["wall_time_s"],
+            "all_match": summary["all_match"], "checkpoints": len(summary["checkpoints"]),
+            "threads": summary["threads"], "command_wall_s": wall, "replay_s": summary["wall_time_s"],
             "original_rl_s": summary["original_rl_time_s"], "original_wall_s": summary["original_wall_time_s"],
             "over_original_rl": wall / summary["original_rl_time_s"],
             "over_original_wall": wall / summary["original_wall_time_s"]}

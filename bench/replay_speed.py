@@ -12,28 +12,11 @@ imports) and inside against inside (the replay's own ``wall_time_s`` against the
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, format_table, median, spread
+from bench.common import format_table, median, spread
 from bench.learning import runs_root, say, train
-
-
-def _replay(run_dir: Path, out: Path, threads: int | None) -> dict:
-    cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "replay", str(run_dir), "--out", str(out), "--no-prefect"]
-    cmd += ["--threads", str(threads)] if threads else []
-    shutil.rmtree(out, ignore_errors=True)
-    say(" ".join(cmd[1:]))
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    summary = json.loads((out / "summary.json").read_text())
-    return {"rc": proc.returncode, "threads": summary["threads"], "command_wall_s": wall,
-            "inside_s": summary["wall_time_s"], "checkpoints": len(summary["checkpoints"]),
-            "all_match": summary["all_match"], "lines": [x for x in proc.stdout.splitlines() if x.startswith("v")]}
+from bench.repeatability import replay
 
 
 def run(quick: bool) -> dict:
@@ -44,10 +27,10 @@ def run(quick: bool) -> dict:
         orig = train(f"original-s{seed}", seed, sets, root)
         arms = [("all cores", None), ("1 thread", 1)]
         for name, threads in arms if seed % 2 == 0 else arms[::-1]:
-            r = _replay(Path(orig["run_dir"]), root / f"replay-s{seed}-{threads or 'all'}", threads)
+            r = replay(Path(orig["run_dir"]), root / f"replay-s{seed}-{threads or 'all'}", threads)
             r.update(seed=seed, arm=name, original_command_s=orig["command_wall_s"], original_run_s=orig["run_wall_s"],
                      over_command=r["command_wall_s"] / orig["command_wall_s"],
-                     over_inside=r["inside_s"] / orig["run_wall_s"])
+                     over_inside=r["replay_s"] / orig["run_wall_s"])
             out.append(r)
             rows.append((seed, name, r["threads"], "all match" if r["all_match"] else "DIFFERS", r["checkpoints"],
                          r["command_wall_s"], orig["command_wall_s"], f"{r['over_command']:.3f}",
