@@ -32,11 +32,13 @@ demo: $(BASE)
 
 # two pytest-xdist workers that steal tests from each other's queue: most tests wait on servers, Prefect
 # and subprocesses, so two workers fit 2 cores (about 82 % busy: a third worker only slows each test)
-# ruff first ([tool.ruff] in pyproject.toml): a finding fails the target before any test runs;
+# ruff first ([tool.ruff] in pyproject.toml): a lint finding or a file `ruff format` would change
+# fails the target before any test runs (`.venv/bin/ruff format .` formats the tree);
 # --durations: the 25 slowest tests are listed at the end
 TEST_WORKERS ?= 2
 test: $(FULL)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
 
 # the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots),

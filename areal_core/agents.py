@@ -72,9 +72,11 @@ class MultiAgentConfig(Section):
 
 def rank_agents(ids: Sequence[str], averages: dict[str, float | None]) -> list[str]:
     """``ids`` best first by moving average; ties by position in ``ids``; no data last."""
+
     def key(i: int):
         r = averages.get(ids[i])
         return (r is None, -(r if r is not None else 0.0), i)
+
     return [ids[i] for i in sorted(range(len(ids)), key=key)]
 
 
@@ -182,21 +184,30 @@ class AgentRouter:
             for a in self.ids:
                 per_agent[a] = {}
                 for route, (n, rsum, correct) in self.totals[a].items():
-                    per_agent[a][route] = {"n": n, "reward_mean": rsum / n if n else None,
-                                           "accuracy": correct / n if n else None}
+                    per_agent[a][route] = {
+                        "n": n,
+                        "reward_mean": rsum / n if n else None,
+                        "accuracy": correct / n if n else None,
+                    }
                 per_agent[a]["R"] = self._average(a)
-            return {"agents": per_agent, "selections": [dict(s) for s in self.selections],
-                    "routing": {a: TRAINABLE if a in self._trainable else FROZEN for a in self.ids}}
+            return {
+                "agents": per_agent,
+                "selections": [dict(s) for s in self.selections],
+                "routing": {a: TRAINABLE if a in self._trainable else FROZEN for a in self.ids},
+            }
 
     # resume ----------------------------------------------------------------------------
     def state(self) -> dict:
         """JSON-friendly: the windows, the routing table, the selections and the totals."""
         with self._lock:
-            return {"ids": list(self.ids), "recent": {a: list(xs) for a, xs in self._recent.items()},
-                    "trainable": [a for a in self.ids if a in self._trainable],
-                    "last_selection_step": self.last_selection_step,
-                    "selections": [dict(s) for s in self.selections],
-                    "totals": {a: {r: list(v) for r, v in t.items()} for a, t in self.totals.items()}}
+            return {
+                "ids": list(self.ids),
+                "recent": {a: list(xs) for a, xs in self._recent.items()},
+                "trainable": [a for a in self.ids if a in self._trainable],
+                "last_selection_step": self.last_selection_step,
+                "selections": [dict(s) for s in self.selections],
+                "totals": {a: {r: list(v) for r, v in t.items()} for a, t in self.totals.items()},
+            }
 
     def restore(self, state: dict) -> None:
         """Put back a ``state()``; agents the saved run did not have start empty, and saved agents

@@ -167,8 +167,10 @@ class ReplayBuffer:
                     generated = self._pick(n_traj, version, eta, lambda g: g.generated)
                     if generated is not None:  # since its last group's last answer was generated (stamped
                         # then, not when this thread woke to see it)
-                        generated_at = max([started] + [time.monotonic() if g.generated_since is None
-                                                        else g.generated_since for g in generated])
+                        generated_at = max(
+                            [started]
+                            + [time.monotonic() if g.generated_since is None else g.generated_since for g in generated]
+                        )
                 if self._closed:
                     raise BufferClosed("rollout stopped before a full batch was ready")
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -193,8 +195,13 @@ class ReplayBuffer:
         """
         with self._cond:
             return [
-                {"group_id": g.group_id, "first_seq_no": g.first_seq_no, "admit_version": g.admit_version,
-                 "size": g.size, "done": [t.to_row() for t in sorted(g.done, key=lambda t: t.seq_no)]}
+                {
+                    "group_id": g.group_id,
+                    "first_seq_no": g.first_seq_no,
+                    "admit_version": g.admit_version,
+                    "size": g.size,
+                    "done": [t.to_row() for t in sorted(g.done, key=lambda t: t.seq_no)],
+                }
                 for g in sorted(self._groups.values(), key=lambda g: g.first_seq_no)
             ]
 

@@ -49,7 +49,9 @@ class CostConfig(Section):
     @model_validator(mode="after")
     def _budget_needs_prices(self):
         if self.budget_usd is not None and self.usd_per_device_hour is None:
-            raise ValueError("cost.budget_usd needs cost.usd_per_device_hour: {rollout: X, trainer: Y} to price the run")
+            raise ValueError(
+                "cost.budget_usd needs cost.usd_per_device_hour: {rollout: X, trainer: Y} to price the run"
+            )
         return self
 
 
@@ -70,23 +72,35 @@ class CostLedger:
         wall = row["step_time_s"]
         waited, grades = row.get("wait_time_s", 0.0), row.get("reward_wait_s", 0.0)
         grades = 0.0 if grades is None or math.isnan(grades) else min(grades, waited)
-        t = {"training": row.get("train_time_s", 0.0), "weight_sync": row.get("publish_time_s", 0.0),
-             "waiting_grades": grades, "waiting_rollout": waited - grades,
-             "checkpoint": row.get("checkpoint_wait_s", 0.0)}
+        t = {
+            "training": row.get("train_time_s", 0.0),
+            "weight_sync": row.get("publish_time_s", 0.0),
+            "waiting_grades": grades,
+            "waiting_rollout": waited - grades,
+            "checkpoint": row.get("checkpoint_wait_s", 0.0),
+        }
         t["other"] = max(0.0, wall - sum(t.values()))
         last, self._last = self._last or figures, figures
         n = figures["n_servers"]
         busy = _delta(figures["busy_s"], last["busy_s"])
         pool = n * wall
         generating = min(pool, busy) if busy is not None else math.nan
-        gate = min(max(0.0, pool - (generating if busy is not None else 0.0)),
-                   n * (figures["gate_wait_s"] - last["gate_wait_s"]))
-        r = {"generating": generating, "gate": gate,
-             "idle": max(0.0, pool - generating - gate) if busy is not None else math.nan}
+        gate = min(
+            max(0.0, pool - (generating if busy is not None else 0.0)),
+            n * (figures["gate_wait_s"] - last["gate_wait_s"]),
+        )
+        r = {
+            "generating": generating,
+            "gate": gate,
+            "idle": max(0.0, pool - generating - gate) if busy is not None else math.nan,
+        }
         out = {f"cost_trainer_{k}_s": v for k, v in t.items()} | {f"cost_rollout_{k}_s": v for k, v in r.items()}
-        out.update(cost_rollout_devices=n, cost_generated_tokens=generated,
-                   cost_reprefilled_tokens=_delta(figures["reprefilled_tokens"], last["reprefilled_tokens"]),
-                   cost_usd=self.price(wall, n))
+        out.update(
+            cost_rollout_devices=n,
+            cost_generated_tokens=generated,
+            cost_reprefilled_tokens=_delta(figures["reprefilled_tokens"], last["reprefilled_tokens"]),
+            cost_usd=self.price(wall, n),
+        )
         return out
 
     def price(self, seconds: float, n_rollout: int) -> float:
@@ -110,16 +124,23 @@ def write_parquet(rows: list[dict], path) -> None:
 
     from areal_core.metrics import write_parquet_atomic
 
-    keep = [{k: v for k, v in r.items() if k.startswith("cost_") or k in ("step", "step_time_s")}
-            for r in rows if "cost_trainer_training_s" in r]
+    keep = [
+        {k: v for k, v in r.items() if k.startswith("cost_") or k in ("step", "step_time_s")}
+        for r in rows
+        if "cost_trainer_training_s" in r
+    ]
     write_parquet_atomic(pd.DataFrame(keep), path)
 
 
 def describe(c: dict) -> str:
     """One line for people: where each pool's time went, and the price."""
+
     def shares(d: dict) -> str:
         total = sum(v for v in d.values() if not math.isnan(v)) or 1.0
-        return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005 * total)
+        return ", ".join(
+            f"{k} {v / total:.0%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005 * total
+        )
+
     usd = "" if c["usd"] is None else f"; {c['usd']:.2f} USD"
     return f"trainer: {shares(c['trainer_s'])} | rollout: {shares(c['rollout_s'])}{usd}"
 
@@ -169,8 +190,17 @@ def describe_shares(by_pool: dict[str, dict[str, float]]) -> str:
     return "; ".join(f"{pool}: " + ", ".join(f"{k} {v:.0%}" for k, v in s.items()) for pool, s in by_pool.items())
 
 
-def summary(rows: list[dict], *, wall_s: float, setup_s: float, rl_s: float, tokens_trained: int,
-            generated_tokens: int, cfg: CostConfig, n_servers: int) -> dict:
+def summary(
+    rows: list[dict],
+    *,
+    wall_s: float,
+    setup_s: float,
+    rl_s: float,
+    tokens_trained: int,
+    generated_tokens: int,
+    cfg: CostConfig,
+    n_servers: int,
+) -> dict:
     """The run's totals: each pool's seconds by stage, the phases outside the steps, tokens and USD.
     ``check``: how far the phases and steps add up to the wall time (they do by construction,
     each measured on its own)."""
@@ -178,16 +208,27 @@ def summary(rows: list[dict], *, wall_s: float, setup_s: float, rl_s: float, tok
     step_s = sum(r["step_time_s"] for r in steps)
     trainer = {k: sum(r[f"cost_trainer_{k}_s"] for r in steps) for k in TRAINER_STAGES}
     rollout = {k: sum(r[f"cost_rollout_{k}_s"] for r in steps) for k in ROLLOUT_STAGES}
-    phases = {"setup": setup_s, "steps": step_s, "between_steps": max(0.0, rl_s - step_s),
-              "after": max(0.0, wall_s - setup_s - rl_s)}
+    phases = {
+        "setup": setup_s,
+        "steps": step_s,
+        "between_steps": max(0.0, rl_s - step_s),
+        "after": max(0.0, wall_s - setup_s - rl_s),
+    }
     accounted = sum(phases.values())
     usd = CostLedger(cfg).price(wall_s, n_servers)
     return {
-        "trainer_s": trainer, "rollout_s": rollout, "phases_s": phases, "wall_s": wall_s,
+        "trainer_s": trainer,
+        "rollout_s": rollout,
+        "phases_s": phases,
+        "wall_s": wall_s,
         "accounted_share": accounted / wall_s if wall_s else math.nan,
-        "tokens": {"generated": generated_tokens, "trained": tokens_trained,
-                   "reprefilled": sum(r.get("cost_reprefilled_tokens") or 0 for r in steps),
-                   "never_trained": max(0, generated_tokens - tokens_trained)},
-        "usd": None if math.isnan(usd) else usd, "usd_steps": CostLedger(cfg).spent(steps) if cfg.usd_per_device_hour else None,
+        "tokens": {
+            "generated": generated_tokens,
+            "trained": tokens_trained,
+            "reprefilled": sum(r.get("cost_reprefilled_tokens") or 0 for r in steps),
+            "never_trained": max(0, generated_tokens - tokens_trained),
+        },
+        "usd": None if math.isnan(usd) else usd,
+        "usd_steps": CostLedger(cfg).spent(steps) if cfg.usd_per_device_hour else None,
         "budget_usd": cfg.budget_usd,
     }

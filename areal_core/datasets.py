@@ -24,15 +24,22 @@ def load_records(cfg: DataConfig) -> tuple[list[Record], list[Record]]:
     return train, held_out
 
 
-def to_prompts(records: list[Record], tokenizer, instruction: str | None = None,
-               buckets: list[str] | None = None) -> list[Prompt]:
+def to_prompts(
+    records: list[Record], tokenizer, instruction: str | None = None, buckets: list[str] | None = None
+) -> list[Prompt]:
     """Prompts for the controller; ``buckets``: each record's curriculum bucket (see :func:`bucket`)."""
     buckets = buckets if buckets is not None else [None] * len(records)
     if len(buckets) != len(records):
         raise ValueError(f"{len(buckets)} buckets for {len(records)} records")
     return [
-        Prompt(id=r.id, task=r.task, input_ids=encode_prompt(tokenizer, r, instruction), reference=reference(r),
-               bucket=b, tests=r.tests)
+        Prompt(
+            id=r.id,
+            task=r.task,
+            input_ids=encode_prompt(tokenizer, r, instruction),
+            reference=reference(r),
+            bucket=b,
+            tests=r.tests,
+        )
         for r, b in zip(records, buckets)
     ]
 
@@ -40,8 +47,10 @@ def to_prompts(records: list[Record], tokenizer, instruction: str | None = None,
 def bucket(record: Record, field: str) -> str:
     """The record's curriculum bucket: its ``meta[field]``, as text."""
     if field not in record.meta or record.meta[field] is None:
-        raise ValueError(f"data.curriculum.by is {field!r}, but record {record.id} has no meta field {field!r} "
-                         f"(its meta fields: {sorted(record.meta) or 'none'})")
+        raise ValueError(
+            f"data.curriculum.by is {field!r}, but record {record.id} has no meta field {field!r} "
+            f"(its meta fields: {sorted(record.meta) or 'none'})"
+        )
     return str(record.meta[field])
 
 

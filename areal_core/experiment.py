@@ -63,8 +63,7 @@ class ExperimentConfig(Section):
         per_mb = t.batch_size // t.ppo_minibatches
         if t.microbatching == "fixed" and per_mb < t.n_microbatches:
             raise ValueError(
-                f"trainer.n_microbatches ({t.n_microbatches}) exceeds the trajectories per "
-                f"PPO minibatch ({per_mb})"
+                f"trainer.n_microbatches ({t.n_microbatches}) exceeds the trajectories per PPO minibatch ({per_mb})"
             )
         if t.microbatching == "dynamic" and t.max_tokens_per_microbatch < r.sampling.max_new_tokens + 1:
             raise ValueError(
@@ -73,38 +72,56 @@ class ExperimentConfig(Section):
                 f"{r.sampling.max_new_tokens + 1} tokens"
             )
         if r.sampling.temperature == 0:
-            raise ValueError("rollout.sampling.temperature must be > 0 for RL (behaviour logprobs need a proper distribution)")
+            raise ValueError(
+                "rollout.sampling.temperature must be > 0 for RL (behaviour logprobs need a proper distribution)"
+            )
         if t.optim.continue_warm_start and (self.model.name != "tiny" or self.model.warm_start.steps == 0):
-            raise ValueError("trainer.optim.continue_warm_start needs the tiny model with a warm start "
-                             "(model.name: tiny, model.warm_start.steps > 0)")
+            raise ValueError(
+                "trainer.optim.continue_warm_start needs the tiny model with a warm start "
+                "(model.name: tiny, model.warm_start.steps > 0)"
+            )
         if t.lora is not None and t.backend.kind != "torch":
-            raise ValueError(f"trainer.lora: LoRA trains on the torch trainer only; trainer.backend.kind is "
-                             f"{t.backend.kind!r} (set it to torch, or remove trainer.lora for full fine-tuning)")
+            raise ValueError(
+                f"trainer.lora: LoRA trains on the torch trainer only; trainer.backend.kind is "
+                f"{t.backend.kind!r} (set it to torch, or remove trainer.lora for full fine-tuning)"
+            )
         if t.lora is not None and t.optim.continue_warm_start:
-            raise ValueError("trainer.optim.continue_warm_start continues the full model's AdamW moments; with "
-                             "trainer.lora only the adapters train (remove one of the two)")
+            raise ValueError(
+                "trainer.optim.continue_warm_start continues the full model's AdamW moments; with "
+                "trainer.lora only the adapters train (remove one of the two)"
+            )
         if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
-            raise ValueError("model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
-                             f"data.dataset: synthetic (got {self.data.dataset!r})")
+            raise ValueError(
+                "model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
+                f"data.dataset: synthetic (got {self.data.dataset!r})"
+            )
         ma = self.multi_agent
         if r.deterministic and not (r.batch_invariant and r.backend.kind == "embedded" and ma is None):
-            raise ValueError("rollout.deterministic repeats runs only where each answer's arithmetic is its own: it "
-                             "needs rollout.batch_invariant: true on embedded servers, and no multi_agent")
+            raise ValueError(
+                "rollout.deterministic repeats runs only where each answer's arithmetic is its own: it "
+                "needs rollout.batch_invariant: true on embedded servers, and no multi_agent"
+            )
         if ma is not None and ma.needs_frozen_server:
             if r.backend.kind != "embedded":
-                raise ValueError(f"multi_agent: agents routed to the frozen policy run on an embedded server of "
-                                 f"their own, so rollout.backend.kind must be embedded (got {r.backend.kind!r}); "
-                                 f"or set multi_agent.top_k to the number of agents ({len(ma.agents)})")
+                raise ValueError(
+                    f"multi_agent: agents routed to the frozen policy run on an embedded server of "
+                    f"their own, so rollout.backend.kind must be embedded (got {r.backend.kind!r}); "
+                    f"or set multi_agent.top_k to the number of agents ({len(ma.agents)})"
+                )
             if self.storage.keep_last is not None:
-                raise ValueError("multi_agent: the frozen policy is checkpoint v0, which storage.keep_last would "
-                                 "prune; leave storage.keep_last unset")
+                raise ValueError(
+                    "multi_agent: the frozen policy is checkpoint v0, which storage.keep_last would "
+                    "prune; leave storage.keep_last unset"
+                )
         cur = self.data.curriculum
         if cur is not None and self.data.dataset == "synthetic":
             field = "op" if self.data.synthetic.kind == "arith" else "k"
             if cur.by != field:
                 what = {"op": "the kind of question", "k": "the chain length or argument count"}[field]
-                raise ValueError(f"data.curriculum.by: the {self.data.synthetic.kind} task's records are grouped by "
-                                 f"{field!r} ({what}); got {cur.by!r}")
+                raise ValueError(
+                    f"data.curriculum.by: the {self.data.synthetic.kind} task's records are grouped by "
+                    f"{field!r} ({what}); got {cur.by!r}"
+                )
         return self
 
 
@@ -170,8 +187,9 @@ def _key_places(text: str, source: str) -> dict[tuple, str]:
     return {k: f"{source}:{n}" for k, n in _key_lines(text).items()}
 
 
-def format_validation_error(err: ValidationError, source: str, places: dict[tuple, str],
-                            overrides: dict[str, Any] | None = None) -> str:
+def format_validation_error(
+    err: ValidationError, source: str, places: dict[tuple, str], overrides: dict[str, Any] | None = None
+) -> str:
     """One line per error, each blaming where its value came from: the ``file:line`` in ``places``
     (a key path's file and line; with ``extends:``, the file that set it) or the ``--set KEY=VALUE``
     that overrode it."""
@@ -211,14 +229,17 @@ def _section_at(loc: tuple):
     return cls if hasattr(cls, "model_fields") else None
 
 
-def parse_config(data: dict, source: str = "<config>", text: str = "",
-                 overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+def parse_config(
+    data: dict, source: str = "<config>", text: str = "", overrides: dict[str, Any] | None = None
+) -> ExperimentConfig:
     return _validate(data, source, _key_places(text, source), overrides)
 
 
 def _validate(data, source: str, places: dict[tuple, str], overrides: dict[str, Any] | None) -> ExperimentConfig:
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of config sections at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{source}: expected a mapping of config sections at the top level, got {type(data).__name__}"
+        )
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as e:

@@ -40,8 +40,10 @@ def _store_and_version(source: str, cache_dir: str) -> tuple[CheckpointStore, in
     if m is not None and ("://" in source or os.path.isfile(os.path.join(source, MANIFEST))):
         return CheckpointStore(m.group(1), cache_dir=cache_dir), int(m.group(2))
     if "://" in source or not os.path.isdir(source):
-        raise ExportError(f"{source}: give a checkpoint version (RUN/checkpoints/vN, a folder or URL with "
-                          f"a {MANIFEST}) or a run folder")
+        raise ExportError(
+            f"{source}: give a checkpoint version (RUN/checkpoints/vN, a folder or URL with "
+            f"a {MANIFEST}) or a run folder"
+        )
     url = os.path.join(source, "checkpoints")
     config = os.path.join(source, "config.json")
     if os.path.isfile(config):  # a run folder: its checkpoints may live elsewhere (storage.url)
@@ -51,8 +53,10 @@ def _store_and_version(source: str, cache_dir: str) -> tuple[CheckpointStore, in
     store = CheckpointStore(url, cache_dir=cache_dir)
     latest = store.latest()
     if latest is None:
-        raise ExportError(f"{source}: no complete checkpoint in {store.url} (give a run folder or a "
-                          f"checkpoint version RUN/checkpoints/vN)")
+        raise ExportError(
+            f"{source}: no complete checkpoint in {store.url} (give a run folder or a "
+            f"checkpoint version RUN/checkpoints/vN)"
+        )
     return store, latest
 
 

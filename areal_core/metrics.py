@@ -16,14 +16,24 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
     write_bytes_atomic(str(path), df.to_parquet(index=False))
 
 
-LEDGER_COLUMNS = ["trajectory_id", "step", "trained_by_version", "admit_version",
-                  "min_token_version", "max_token_version", "n_tokens", "reward",
-                  # the agent (multi-agent runs; "" otherwise), the behaviour version (the oldest policy
-                  # token's) and the version the trainer used as the proximal policy (None: the naive
-                  # objective has none). A ledger saved before these columns existed reads them as missing.
-                  "agent_id", "policy_version", "prox_version",
-                  # the Dask worker that graded it (its address)
-                  "graded_by"]
+LEDGER_COLUMNS = [
+    "trajectory_id",
+    "step",
+    "trained_by_version",
+    "admit_version",
+    "min_token_version",
+    "max_token_version",
+    "n_tokens",
+    "reward",
+    # the agent (multi-agent runs; "" otherwise), the behaviour version (the oldest policy
+    # token's) and the version the trainer used as the proximal policy (None: the naive
+    # objective has none). A ledger saved before these columns existed reads them as missing.
+    "agent_id",
+    "policy_version",
+    "prox_version",
+    # the Dask worker that graded it (its address)
+    "graded_by",
+]
 
 
 def _policy_versions(t) -> list[int]:
@@ -38,11 +48,22 @@ def ledger_rows(batch, step: int, version: int, prox_version: int | None = None)
     rows = []
     for t in batch:
         versions = _policy_versions(t)
-        rows.append({"trajectory_id": t.traj_id, "step": step, "trained_by_version": version,
-                     "admit_version": t.admit_version, "min_token_version": min(versions),
-                     "max_token_version": max(versions), "n_tokens": len(t.output_ids), "reward": t.reward,
-                     "agent_id": t.agent_id, "policy_version": min(versions), "prox_version": prox_version,
-                     "graded_by": t.reward_info.get("graded_by", "")})
+        rows.append(
+            {
+                "trajectory_id": t.traj_id,
+                "step": step,
+                "trained_by_version": version,
+                "admit_version": t.admit_version,
+                "min_token_version": min(versions),
+                "max_token_version": max(versions),
+                "n_tokens": len(t.output_ids),
+                "reward": t.reward,
+                "agent_id": t.agent_id,
+                "policy_version": min(versions),
+                "prox_version": prox_version,
+                "graded_by": t.reward_info.get("graded_by", ""),
+            }
+        )
     return rows
 
 
@@ -131,7 +152,15 @@ def check_ledger(ledger: pd.DataFrame, expected_steps: int, batch_size: int, eta
     staleness = ledger["trained_by_version"] - ledger["min_token_version"]
     stale = ledger["trajectory_id"][staleness > eta].tolist() if eta is not None else []
     ok = not dup and not bad_steps and not missing_steps and not incomplete and not stale
-    return {"ok": ok, "duplicates": dup[:20], "bad_steps": bad_steps, "missing_steps": missing_steps,
-            "incomplete_groups": incomplete[:20], "n_trained": len(ledger),
-            "max_token_staleness": int(staleness.max()) if len(ledger) else None, "eta": eta,
-            "stale_trajectories": stale[:20], "n_stale": len(stale)}
+    return {
+        "ok": ok,
+        "duplicates": dup[:20],
+        "bad_steps": bad_steps,
+        "missing_steps": missing_steps,
+        "incomplete_groups": incomplete[:20],
+        "n_trained": len(ledger),
+        "max_token_staleness": int(staleness.max()) if len(ledger) else None,
+        "eta": eta,
+        "stale_trajectories": stale[:20],
+        "n_stale": len(stale),
+    }

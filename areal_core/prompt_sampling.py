@@ -31,8 +31,9 @@ class HasId(Protocol):
     id: str
 
 
-def make_sampler(prompts: Sequence, shuffle: bool, seed: int, curriculum: dict | None = None,
-                 state: dict | None = None):
+def make_sampler(
+    prompts: Sequence, shuffle: bool, seed: int, curriculum: dict | None = None, state: dict | None = None
+):
     """A :class:`PromptStream`, or with ``curriculum`` ({"ema": .., "floor": ..}) a
     :class:`BucketCurriculum` over the prompts' ``bucket``; at ``state`` (a ``state()``) if given."""
     if curriculum is None:
@@ -94,8 +95,15 @@ class PromptStream:
 class BucketCurriculum:
     """Draw a bucket by share * max(p(1-p), floor), then that bucket's next prompt."""
 
-    def __init__(self, prompts: Sequence[HasId], buckets: Sequence[str], seed: int, ema: float = 0.2,
-                 floor: float = 0.02, state: dict | None = None):
+    def __init__(
+        self,
+        prompts: Sequence[HasId],
+        buckets: Sequence[str],
+        seed: int,
+        ema: float = 0.2,
+        floor: float = 0.02,
+        state: dict | None = None,
+    ):
         if not prompts:
             raise ValueError("no prompts to draw from")
         if len(buckets) != len(prompts):
@@ -111,8 +119,9 @@ class BucketCurriculum:
         self.names = sorted(self.members, key=_natural)
         self.share = {b: len(self.members[b]) / len(prompts) for b in self.names}
         self.bucket_of = {p.id: str(b) for p, b in zip(prompts, buckets)}
-        self._perm = {b: _Permutations(len(self.members[b]), True, lambda e, b=b: f"{seed}-{b}-{e}")
-                      for b in self.names}
+        self._perm = {
+            b: _Permutations(len(self.members[b]), True, lambda e, b=b: f"{seed}-{b}-{e}") for b in self.names
+        }
         state = state or {}
         self.n_drawn = int(state.get("n_drawn", 0))
         self.drawn = {b: int(state.get("drawn", {}).get(b, 0)) for b in self.names}

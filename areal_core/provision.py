@@ -34,8 +34,12 @@ def check_dask(cfg: RewardConfig) -> dict:
         [ok] = svc.grade_many("chain", ["a1b3|3"], ["a1b3|3"])
     if not ok.correct:
         raise ProvisionError(f"Dask grading check failed on {address}: a correct chain graded wrong")
-    return {"scheduler": cfg.scheduler_address or "local Dask cluster (started per run)",
-            "probe_address": address, "workers": workers, "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "scheduler": cfg.scheduler_address or "local Dask cluster (started per run)",
+        "probe_address": address,
+        "workers": workers,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 def check_storage(url: str) -> dict:
@@ -68,5 +72,8 @@ def storage_url(cfg: ExperimentConfig, out_dir: str) -> str:
 
 
 def provision(cfg: ExperimentConfig, out_dir: str) -> dict:
-    return {"dask": check_dask(cfg.reward), "storage": check_storage(storage_url(cfg, out_dir)),
-            "rollout": check_rollout(cfg.rollout)}
+    return {
+        "dask": check_dask(cfg.reward),
+        "storage": check_storage(storage_url(cfg, out_dir)),
+        "rollout": check_rollout(cfg.rollout),
+    }

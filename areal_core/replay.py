@@ -50,8 +50,10 @@ class ReplayError(ValueError):
 def _config(original: dict, overrides: dict) -> ExperimentConfig:
     for key in overrides:
         if not key.startswith("trainer.") or any(key == k or key.startswith(k + ".") for k in FIXED_TRAINER_KEYS):
-            raise ReplayError(f"--set {key}: a replay trains the recorded batches again, so it may change the "
-                              f"trainer's settings only (trainer.*, except {', '.join(FIXED_TRAINER_KEYS)})")
+            raise ReplayError(
+                f"--set {key}: a replay trains the recorded batches again, so it may change the "
+                f"trainer's settings only (trainer.*, except {', '.join(FIXED_TRAINER_KEYS)})"
+            )
     try:
         return ExperimentConfig.model_validate(apply_overrides(original, overrides))
     except (ConfigError, ValueError) as e:
@@ -69,8 +71,16 @@ def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int) -> torch
     return model
 
 
-def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_step: int | None = None,
-           overrides: dict | None = None, threads: int | None = None, say: Callable[[str], None] = print) -> dict:
+def replay(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    from_step: int = 0,
+    to_step: int | None = None,
+    overrides: dict | None = None,
+    threads: int | None = None,
+    say: Callable[[str], None] = print,
+) -> dict:
     """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
     step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``).
 
@@ -91,23 +101,31 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
     counterfactual = bool(overrides)
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
     if from_step not in store.versions():
-        raise ReplayError(f"--from-step {from_step}: the run has no checkpoint v{from_step} "
-                          f"(it has {', '.join(f'v{v}' for v in store.versions()) or 'none'})")
+        raise ReplayError(
+            f"--from-step {from_step}: the run has no checkpoint v{from_step} "
+            f"(it has {', '.join(f'v{v}' for v in store.versions()) or 'none'})"
+        )
     orig_metrics = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").exists() else None
     last = int(orig_metrics["step"].max()) if orig_metrics is not None and len(orig_metrics) else from_step
     to_step = last if to_step is None else to_step
     if not from_step < to_step <= last:
-        raise ReplayError(f"--to-step {to_step}: the run recorded steps 1..{last}; give a step after "
-                          f"--from-step {from_step} and at most {last}")
-    hashes = {} if orig_metrics is None or "weights_sha256" not in orig_metrics else {
-        int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
+        raise ReplayError(
+            f"--to-step {to_step}: the run recorded steps 1..{last}; give a step after "
+            f"--from-step {from_step} and at most {last}"
+        )
+    hashes = (
+        {}
+        if orig_metrics is None or "weights_sha256" not in orig_metrics
+        else {int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(out_dir / "config.json"), config)
     model = _model(cfg, store, from_step)
-    out_store = CheckpointStore.from_config(cfg.storage.model_copy(update={"url": None, "format": "full",
-                                                                          "keep_last": None}), str(out_dir))
+    out_store = CheckpointStore.from_config(
+        cfg.storage.model_copy(update={"url": None, "format": "full", "keep_last": None}), str(out_dir)
+    )
     runlog = RunLog(out_dir)
     checks: list[dict] = []
     with contextlib.ExitStack() as stack:
@@ -116,13 +134,19 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
             torch.set_num_threads(int(threads))
         used_threads = torch.get_num_threads()
         trainer = make_trainer(cfg, model, int(meta["total_steps"]), out_dir, stack)
-        trainer.load_state_dict(torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)),
-                                           weights_only=True))
+        trainer.load_state_dict(
+            torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)), weights_only=True)
+        )
         _take_optim_settings(trainer, cfg)
         with lora.without_adapters(model):
             out_store.publish(from_step, model, None, meta={"step": from_step, "replay_of": str(run_dir)})
-        ckpts = RunCheckpoints(out_store, cfg.storage.model_copy(update={"format": "full"}), None,
-                               last_step=from_step, on_written=lambda r: None)
+        ckpts = RunCheckpoints(
+            out_store,
+            cfg.storage.model_copy(update={"format": "full"}),
+            None,
+            last_step=from_step,
+            on_written=lambda r: None,
+        )
         with ckpts, ThreadPoolExecutor(1, thread_name_prefix="schedule-reader") as reader:
             # the next step's batch is read while this one trains (parquet decoding leaves the GIL)
             ahead = reader.submit(read_step, run_dir, from_step + 1)
@@ -131,28 +155,42 @@ def replay(run_dir: str | Path, out_dir: str | Path, *, from_step: int = 0, to_s
                 if step < to_step:
                     ahead = reader.submit(read_step, run_dir, step + 1)
                 if step_meta["version"] != step - 1:
-                    raise ReplayError(f"schedule step {step} was trained by version {step_meta['version']}, "
-                                      f"expected {step - 1}")
+                    raise ReplayError(
+                        f"schedule step {step} was trained by version {step_meta['version']}, expected {step - 1}"
+                    )
                 result = trainer.step(batch, step - 1)
                 row = {"step": step, "version": step, **result.metrics}
                 if step in hashes or step == to_step:
                     digest = weights_sha256(model)
                     row["weights_sha256"] = digest
                     ckpts.write(step, model, {})
-                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say,
-                                         hint=_threads_hint(cfg, meta)))
+                    checks.append(
+                        _check(step, digest, hashes.get(step), counterfactual, say, hint=_threads_hint(cfg, meta))
+                    )
                 runlog.log_step(row, [], flush=False)
         runlog.flush()
     wall = time.perf_counter() - t0
     summary = {
-        "replay": {"of": str(run_dir), "from_step": from_step, "to_step": to_step, "counterfactual": counterfactual,
-                   "overrides": overrides,
-                   "note": ("a counterfactual replay: the original run's trajectories trained under another "
-                            "setting; not an on-policy run") if counterfactual else
-                           "an exact replay of the original run's training steps"},
-        "name": f"{cfg.name}-replay", "steps": to_step, "checkpoints": checks,
+        "replay": {
+            "of": str(run_dir),
+            "from_step": from_step,
+            "to_step": to_step,
+            "counterfactual": counterfactual,
+            "overrides": overrides,
+            "note": (
+                "a counterfactual replay: the original run's trajectories trained under another "
+                "setting; not an on-policy run"
+            )
+            if counterfactual
+            else "an exact replay of the original run's training steps",
+        },
+        "name": f"{cfg.name}-replay",
+        "steps": to_step,
+        "checkpoints": checks,
         "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
-        "wall_time_s": wall, "threads": used_threads, "original_threads": int(meta["trainer_threads"]),
+        "wall_time_s": wall,
+        "threads": used_threads,
+        "original_threads": int(meta["trainer_threads"]),
         **_original_times(run_dir),
     }
     write_json_atomic(str(out_dir / "summary.json"), summary)

@@ -31,9 +31,22 @@ from matplotlib.ticker import MaxNLocator
 from areal_core.storage.fsutil import filesystem, join, write_bytes_atomic, write_text_atomic
 
 PLOTS = ("learning_curve", "accuracy", "answer_lengths", "staleness", "throughput")
-CSV_COLUMNS = ["run", "eta", "objective", "final_accuracy", "accuracy_before", "accuracy_gain",
-               "effective_train_tokens_per_s", "wall_time_s", "rl_time_s", "steps",
-               "max_staleness_observed", "answer_len_p50", "answer_len_p90", "ledger_ok"]
+CSV_COLUMNS = [
+    "run",
+    "eta",
+    "objective",
+    "final_accuracy",
+    "accuracy_before",
+    "accuracy_gain",
+    "effective_train_tokens_per_s",
+    "wall_time_s",
+    "rl_time_s",
+    "steps",
+    "max_staleness_observed",
+    "answer_len_p50",
+    "answer_len_p90",
+    "ledger_ok",
+]
 
 
 class ReportError(ValueError):
@@ -89,8 +102,9 @@ def _read_evals(run_url: str) -> pd.DataFrame:
             continue
         summary = json.loads(fs.cat_file(f"{entry}/summary.json"))
         for bench, s in summary.get("benchmarks", {}).items():  # areal_core.eval.harness's summary
-            rows.append({"version": int(m.group(1)), "bench": bench,
-                         "accuracy": float(s["pass@1"]), "n": s["n_problems"]})
+            rows.append(
+                {"version": int(m.group(1)), "bench": bench, "accuracy": float(s["pass@1"]), "n": s["n_problems"]}
+            )
     return pd.DataFrame(rows, columns=["version", "bench", "accuracy", "n"])
 
 
@@ -109,16 +123,24 @@ def run_table(runs: list[RunData]) -> pd.DataFrame:
     for r in runs:
         s = r.summary
         la = s.get("answer_length_after", {})
-        rows.append({
-            "run": r.label, "eta": s["eta"], "objective": s["objective"],
-            "final_accuracy": s["accuracy_after"], "accuracy_before": s["accuracy_before"],
-            "accuracy_gain": s["accuracy_after"] - s["accuracy_before"],
-            "effective_train_tokens_per_s": s["effective_train_tokens_per_s"],
-            "wall_time_s": s["wall_time_s"], "rl_time_s": s.get("rl_time_s"), "steps": s["steps"],
-            "max_staleness_observed": s.get("max_staleness_observed"),
-            "answer_len_p50": la.get("p50"), "answer_len_p90": la.get("p90"),
-            "ledger_ok": bool(s.get("ledger_check", {}).get("ok")),
-        })
+        rows.append(
+            {
+                "run": r.label,
+                "eta": s["eta"],
+                "objective": s["objective"],
+                "final_accuracy": s["accuracy_after"],
+                "accuracy_before": s["accuracy_before"],
+                "accuracy_gain": s["accuracy_after"] - s["accuracy_before"],
+                "effective_train_tokens_per_s": s["effective_train_tokens_per_s"],
+                "wall_time_s": s["wall_time_s"],
+                "rl_time_s": s.get("rl_time_s"),
+                "steps": s["steps"],
+                "max_staleness_observed": s.get("max_staleness_observed"),
+                "answer_len_p50": la.get("p50"),
+                "answer_len_p90": la.get("p90"),
+                "ledger_ok": bool(s.get("ledger_check", {}).get("ok")),
+            }
+        )
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
 
 
@@ -169,16 +191,23 @@ def plot_accuracy(runs: list[RunData]) -> Figure:
     before = [r.summary["accuracy_before"] for r in runs]
     after = [r.summary["accuracy_after"] for r in runs]
     for i, (b, a) in enumerate(zip(before, after)):
-        ax_b.annotate("", xy=(i, a), xytext=(i, b), arrowprops={"arrowstyle": "->", "lw": 1.5,
-                                                                "color": "tab:green" if a >= b else "tab:red"})
+        ax_b.annotate(
+            "",
+            xy=(i, a),
+            xytext=(i, b),
+            arrowprops={"arrowstyle": "->", "lw": 1.5, "color": "tab:green" if a >= b else "tab:red"},
+        )
         ax_b.plot([i], [b], "o", color="tab:gray")
         ax_b.text(i + 0.08, a, f"{a - b:+.3f}", va="center", fontsize=8)
     lo, hi = min(before + after), max(before + after)
     pad = max(0.02, 0.15 * (hi - lo))
     ax_b.set_xlim(-0.5, len(runs) - 0.5)
     ax_b.set_xticks(list(range(len(runs))), [r.label for r in runs], rotation=20, fontsize=8)
-    ax_b.set(title="held-out accuracy before (dot) -> after RL (arrow tip)", ylabel="accuracy",
-             ylim=(max(0.0, lo - pad), min(1.0, hi + pad)))
+    ax_b.set(
+        title="held-out accuracy before (dot) -> after RL (arrow tip)",
+        ylabel="accuracy",
+        ylim=(max(0.0, lo - pad), min(1.0, hi + pad)),
+    )
     any_eval = False
     for r in runs:
         for bench, group in r.evals.groupby("bench"):
@@ -190,8 +219,14 @@ def plot_accuracy(runs: list[RunData]) -> Figure:
     if any_eval:
         ax_e.legend(fontsize=8)
     else:
-        ax_e.text(0.5, 0.5, "no checkpoint evaluations\n(see the report's text for why)", ha="center", va="center",
-                  transform=ax_e.transAxes)
+        ax_e.text(
+            0.5,
+            0.5,
+            "no checkpoint evaluations\n(see the report's text for why)",
+            ha="center",
+            va="center",
+            transform=ax_e.transAxes,
+        )
     return fig
 
 
@@ -210,7 +245,7 @@ def plot_answer_lengths(runs: list[RunData]) -> Figure:
     bins = length_bins(every) if len(every) else 10
     for r in runs:
         m = r.metrics
-        line, = ax_t.plot(m["step"], _smooth(m["answer_len_mean"], len(m)), label=f"{r.label} mean")
+        (line,) = ax_t.plot(m["step"], _smooth(m["answer_len_mean"], len(m)), label=f"{r.label} mean")
         ax_t.plot(m["step"], _smooth(m["answer_len_p90"], len(m)), ls="--", color=line.get_color())
         ax_h.hist(r.ledger["n_tokens"], bins=bins, histtype="step", label=r.label)
     ax_t.set(title="trained answer length (solid: mean, dashed: p90)", xlabel="step", ylabel="tokens")
@@ -237,8 +272,12 @@ def plot_staleness(runs: list[RunData]) -> Figure:
         ax.bar(st.index.to_numpy() + (k - (len(runs) - 1) / 2) * width, st.values, width=width, label=r.label)
         top = max(top, int(st.index.max()) if len(st) else 0)
     ax.set_xticks(list(range(top + 1)))
-    ax.set(title="staleness of trained trajectories (version gap of the oldest token)",
-           xlabel="trained-by version - oldest token version", ylabel="fraction of trajectories", ylim=(0, 1.05))
+    ax.set(
+        title="staleness of trained trajectories (version gap of the oldest token)",
+        xlabel="trained-by version - oldest token version",
+        ylabel="fraction of trajectories",
+        ylim=(0, 1.05),
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -247,8 +286,9 @@ def plot_throughput(runs: list[RunData]) -> Figure:
     fig = Figure(figsize=(10, 4))
     ax_b, ax_t = fig.subplots(1, 2)
     ax_b.bar(range(len(runs)), [r.summary["effective_train_tokens_per_s"] for r in runs])
-    ax_b.set_xticks(list(range(len(runs))), [f"{r.label}\n({_throughput_steps(r)} steps)" for r in runs],
-                    rotation=20, fontsize=8)
+    ax_b.set_xticks(
+        list(range(len(runs))), [f"{r.label}\n({_throughput_steps(r)} steps)" for r in runs], rotation=20, fontsize=8
+    )
     ax_b.set(title="effective training throughput (after warm-up)", ylabel="trained tokens / s")
     for r in runs:
         m = r.metrics
@@ -264,9 +304,13 @@ def _throughput_steps(r: RunData) -> int:
     return int(r.summary.get("throughput_steps", max(1, r.summary["steps"] - 2)))
 
 
-_PLOTTERS = {"learning_curve": plot_learning_curve, "accuracy": plot_accuracy,
-             "answer_lengths": plot_answer_lengths, "staleness": plot_staleness,
-             "throughput": plot_throughput}
+_PLOTTERS = {
+    "learning_curve": plot_learning_curve,
+    "accuracy": plot_accuracy,
+    "answer_lengths": plot_answer_lengths,
+    "staleness": plot_staleness,
+    "throughput": plot_throughput,
+}
 
 
 # -- the report ----------------------------------------------------------------
@@ -291,27 +335,52 @@ def _throughput_caveats(runs: list[RunData]) -> list[str]:
     if not short:
         return []
     which = ", ".join(f"`{label}` on {k} step{'s' if k != 1 else ''}" for label, k in short)
-    return [(f"**Caveat:** effective throughput rests on few steps after warm-up ({which}): a rough figure "
-             "that one slow or fast step moves a lot; run more steps to compare throughput."), ""]
+    return [
+        (
+            f"**Caveat:** effective throughput rests on few steps after warm-up ({which}): a rough figure "
+            "that one slow or fast step moves a lot; run more steps to compare throughput."
+        ),
+        "",
+    ]
 
 
 def _no_evals_reason(runs: list[RunData]) -> str:
-    return ("None found under the runs' `evals/` folders. Checkpoints are evaluated by the `evaluate` "
-            "deployment, which runs only while a Prefect stack is up (`areal-flow stack up`) and only for "
-            "checkpoints the run marked (`evaluate_every`); or by hand: `areal-flow eval RUN/checkpoints/vN`.")
+    return (
+        "None found under the runs' `evals/` folders. Checkpoints are evaluated by the `evaluate` "
+        "deployment, which runs only while a Prefect stack is up (`areal-flow stack up`) and only for "
+        "checkpoints the run marked (`evaluate_every`); or by hand: `areal-flow eval RUN/checkpoints/vN`."
+    )
 
 
 def render_markdown(title: str, table: pd.DataFrame, evals: pd.DataFrame, runs: list[RunData]) -> str:
-    lines = [f"# {title}", "",
-             (f"{len(runs)} run(s). `final_accuracy` is held-out accuracy after RL; "
-              "`effective_train_tokens_per_s` counts generated tokens trained per second after warm-up."), "",
-             "## Runs", "", _md_table(table), "", *_throughput_caveats(runs),
-             "## Checkpoint evaluations", "", _md_table(evals) if not evals.empty else _no_evals_reason(runs), ""]
+    lines = [
+        f"# {title}",
+        "",
+        (
+            f"{len(runs)} run(s). `final_accuracy` is held-out accuracy after RL; "
+            "`effective_train_tokens_per_s` counts generated tokens trained per second after warm-up."
+        ),
+        "",
+        "## Runs",
+        "",
+        _md_table(table),
+        "",
+        *_throughput_caveats(runs),
+        "## Checkpoint evaluations",
+        "",
+        _md_table(evals) if not evals.empty else _no_evals_reason(runs),
+        "",
+    ]
     missing = sorted({r.label for r in runs} - set(evals["run"])) if not evals.empty else []
     if missing:
         lines += [f"No checkpoint evaluations for: {', '.join(f'`{m}`' for m in missing)}.", ""]
-    titles = {"learning_curve": "Learning curve", "accuracy": "Accuracy", "answer_lengths": "Answer lengths",
-              "staleness": "Staleness distribution", "throughput": "Effective throughput"}
+    titles = {
+        "learning_curve": "Learning curve",
+        "accuracy": "Accuracy",
+        "answer_lengths": "Answer lengths",
+        "staleness": "Staleness distribution",
+        "throughput": "Effective throughput",
+    }
     for name in PLOTS:
         lines += [f"## {titles[name]}", "", f"![{name}]({name}.png)", ""]
     lines += ["## Run folders", ""] + [f"* `{r.label}`: {r.url}" for r in runs] + [""]
@@ -342,5 +411,12 @@ def write_report(run_urls: list[str], out_dir: str, title: str = "areal-flow rep
         write_text_atomic(join(out_dir, "evals.csv"), evals.to_csv(index=False))
     markdown = render_markdown(title, table, evals, runs)
     write_text_atomic(md_url, markdown)  # last: report.md present means the report is whole
-    return {"report": md_url, "csv": csv_url, "plots": plots, "png": pngs, "markdown": markdown,
-            "table": table.to_dict(orient="records"), "evals": evals.to_dict(orient="records")}
+    return {
+        "report": md_url,
+        "csv": csv_url,
+        "plots": plots,
+        "png": pngs,
+        "markdown": markdown,
+        "table": table.to_dict(orient="records"),
+        "evals": evals.to_dict(orient="records"),
+    }

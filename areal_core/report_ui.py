@@ -49,6 +49,7 @@ def md_image(alt: str, png: bytes) -> str:
 
 def md_table(header: tuple[str, ...], rows: list[tuple]) -> str:
     """A markdown table with a header row; numbers rounded for people."""
+
     def cell(v) -> str:
         v = for_people(v)
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000 else str(v)
@@ -113,24 +114,37 @@ def training_figure(metrics: pd.DataFrame, heldout: dict[int, float], evals: pd.
     return fig
 
 
-def training_markdown(name: str, run_dir: str, rows: list[dict], heldout: dict[int, float], evals: pd.DataFrame,
-                      total_steps: int) -> str:
+def training_markdown(
+    name: str, run_dir: str, rows: list[dict], heldout: dict[int, float], evals: pd.DataFrame, total_steps: int
+) -> str:
     """The learning-curves artifact of a training run, as of its latest step."""
     metrics = pd.DataFrame(rows)
     done = int(metrics["step"].max()) if len(metrics) else 0
     lines = [f"### {name}: learning curves, step {done} of {total_steps}", ""]
     if len(metrics):
-        lines += [md_image(f"learning curves of {name}", png_bytes(training_figure(metrics, heldout, evals,
-                                                                                     total_steps))), ""]
+        lines += [
+            md_image(f"learning curves of {name}", png_bytes(training_figure(metrics, heldout, evals, total_steps))),
+            "",
+        ]
     last = metrics.iloc[-1] if len(metrics) else None
-    rows_out = [("held-out accuracy", " -> ".join(f"{for_people(heldout[k])} (step {k})" for k in sorted(heldout))
-                 or "not measured yet")]
+    rows_out = [
+        (
+            "held-out accuracy",
+            " -> ".join(f"{for_people(heldout[k])} (step {k})" for k in sorted(heldout)) or "not measured yet",
+        )
+    ]
     if last is not None:
-        rows_out += [("batch accuracy, last step", last["accuracy"]), ("reward, last step", last["reward"]),
-                     ("max staleness, last step", int(last["staleness_max"])),
-                     ("trained tokens / s, last step", float(last["train_tokens_per_s"]))]
-    lines += [md_table(("measure", "value"), rows_out), "",
-              f"Redrawn at each checkpoint. Every value: `{join(run_dir, 'metrics.parquet')}`."]
+        rows_out += [
+            ("batch accuracy, last step", last["accuracy"]),
+            ("reward, last step", last["reward"]),
+            ("max staleness, last step", int(last["staleness_max"])),
+            ("trained tokens / s, last step", float(last["train_tokens_per_s"])),
+        ]
+    lines += [
+        md_table(("measure", "value"), rows_out),
+        "",
+        f"Redrawn at each checkpoint. Every value: `{join(run_dir, 'metrics.parquet')}`.",
+    ]
     return "\n".join(lines)
 
 
@@ -140,8 +154,10 @@ def pass_curve(results: pd.DataFrame, k: int) -> list[float]:
     from areal_core.eval.passk import pass_at_k
 
     per = results.groupby("problem_id")["correct"].agg(["size", "sum"])
-    return [float(sum(pass_at_k(int(n), int(c), j) for n, c in zip(per["size"], per["sum"])) / max(1, len(per)))
-            for j in range(1, k + 1)]
+    return [
+        float(sum(pass_at_k(int(n), int(c), j) for n, c in zip(per["size"], per["sum"])) / max(1, len(per)))
+        for j in range(1, k + 1)
+    ]
 
 
 def _read_results(eval_dir: str, bench: str) -> pd.DataFrame | None:
@@ -179,11 +195,17 @@ def evaluation_figure(summary: dict, eval_dir: str, history: pd.DataFrame | None
             ax_v.plot(g["version"], g["pass@1"], "o-", label=bench)
         ax_v.legend(fontsize=7)
     else:
-        ax_v.text(0.5, 0.5, "no other evaluated checkpoint of this run", ha="center", va="center",
-                  transform=ax_v.transAxes)
+        ax_v.text(
+            0.5, 0.5, "no other evaluated checkpoint of this run", ha="center", va="center", transform=ax_v.transAxes
+        )
     top = int(history["version"].max()) if history is not None and len(history) else 1
-    ax_v.set(title="pass@1 by checkpoint version (this run)", xlabel="checkpoint version", ylabel="pass@1",
-             ylim=(0, 1.05), xlim=(-0.5, top + 0.5))
+    ax_v.set(
+        title="pass@1 by checkpoint version (this run)",
+        xlabel="checkpoint version",
+        ylabel="pass@1",
+        ylim=(0, 1.05),
+        xlim=(-0.5, top + 0.5),
+    )
     _integer_ticks(*((ax_k, ax_v) if k > 1 else (ax_v,)))
     fig.tight_layout()
     return fig
@@ -207,26 +229,46 @@ def evaluation_rows(summary: dict) -> list[dict]:
 def evaluation_markdown(title: str, summary: dict, eval_dir: str, history: pd.DataFrame | None) -> str:
     rows = evaluation_rows(summary)
     header = tuple(dict.fromkeys(k for r in rows for k in r))
-    return "\n".join([f"### {title}", "", f"`{summary['model']}`", "",
-                      md_table(header, [tuple(r.get(h, "") for h in header) for r in rows]), "",
-                      md_image(f"pass@k of {title}", png_bytes(evaluation_figure(summary, eval_dir, history))), "",
-                      f"Every answer: `{join(eval_dir, '<bench>', 'results.parquet')}`."])
+    return "\n".join(
+        [
+            f"### {title}",
+            "",
+            f"`{summary['model']}`",
+            "",
+            md_table(header, [tuple(r.get(h, "") for h in header) for r in rows]),
+            "",
+            md_image(f"pass@k of {title}", png_bytes(evaluation_figure(summary, eval_dir, history))),
+            "",
+            f"Every answer: `{join(eval_dir, '<bench>', 'results.parquet')}`.",
+        ]
+    )
 
 
 # -- a report ------------------------------------------------------------------------------------
 def runs_rows(table: list[dict]) -> tuple[tuple[str, ...], list[tuple]]:
     """The report's runs, narrow enough for the UI's artifact column (every column: report.csv)."""
     header = ("run", "eta", "objective", "accuracy", "gain", "tokens/s", "wall s", "max staleness", "ledger")
-    rows = [(r["run"], r["eta"], r["objective"], f"{r['accuracy_before']:.3f} -> {r['final_accuracy']:.3f}",
-             f"{r['accuracy_gain']:+.3f}", for_people(float(r["effective_train_tokens_per_s"])),
-             for_people(float(r["wall_time_s"])), r["max_staleness_observed"], "ok" if r["ledger_ok"] else "NOT ok")
-            for r in table]
+    rows = [
+        (
+            r["run"],
+            r["eta"],
+            r["objective"],
+            f"{r['accuracy_before']:.3f} -> {r['final_accuracy']:.3f}",
+            f"{r['accuracy_gain']:+.3f}",
+            for_people(float(r["effective_train_tokens_per_s"])),
+            for_people(float(r["wall_time_s"])),
+            r["max_staleness_observed"],
+            "ok" if r["ledger_ok"] else "NOT ok",
+        )
+        for r in table
+    ]
     return header, rows
 
 
 def report_for_ui(markdown: str, table: list[dict], plots: dict[str, bytes]) -> str:
     """The report as the UI shows it: its runs table narrowed (:func:`runs_rows`), and each
     ``![name](name.png)`` replaced by the image itself."""
+
     def image(m: re.Match) -> str:
         name = m.group(2)
         return md_image(m.group(1), plots[name]) if name in plots else m.group(0)

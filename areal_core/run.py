@@ -61,6 +61,7 @@ from areal_core.trajectory_budget import check_agent_budget, check_trajectory_bu
 
 log = logging.getLogger(__name__)
 
+
 class RunStopped(Exception):
     """The run was asked to stop (``stop``, e.g. Ctrl-C), spent its ``cost.budget_usd`` or has fewer
     rollout servers than ``rollout.min_servers``, and did:
@@ -95,13 +96,18 @@ def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str
     from areal_core.rollout.backends.embedded.launcher import EmbeddedBackend, server_seed
 
     (run_dir / "frozen").mkdir(parents=True, exist_ok=True)
-    frozen = EmbeddedBackend(1, engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),
-                             log_dir=run_dir / "frozen", api_key=api_key)
+    frozen = EmbeddedBackend(
+        1,
+        engine.model_copy(update={"seed": server_seed(cfg.seed, 1_000_003)}),
+        log_dir=run_dir / "frozen",
+        api_key=api_key,
+    )
     return frozen.launch(model_path, 0), frozen
 
 
 def _weight_versions(urls: list[str], make_client) -> list[int]:
     """The weight version each server reports."""
+
     async def ask():
         clients = [make_client(u) for u in urls]
         try:
@@ -109,6 +115,7 @@ def _weight_versions(urls: list[str], make_client) -> list[int]:
         finally:
             for c in clients:
                 await c.aclose()
+
     return asyncio.run(ask())
 
 
@@ -120,11 +127,18 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
-def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int | None = None,
-                   progress: bool = True, cache_dir: str | None = None,
-                   on_step: Callable[[dict], None] | None = None,
-                   on_checkpoint: Callable[[int, str], None] | None = None,
-                   resume: bool = False, stop=None) -> dict:
+def run_experiment(
+    cfg: ExperimentConfig,
+    run_dir: str | Path,
+    *,
+    max_steps: int | None = None,
+    progress: bool = True,
+    cache_dir: str | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    on_checkpoint: Callable[[int, str], None] | None = None,
+    resume: bool = False,
+    stop=None,
+) -> dict:
     """Run one experiment; return its summary (also written to ``run_dir/summary.json``).
 
     ``on_step(row)`` is called after every training step with that step's metrics row;
@@ -140,13 +154,33 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path, *, max_steps: int
     :class:`RunStopped` is raised (``resume=True`` continues from that step).
     """
     with contextlib.ExitStack() as stack:
-        return _run_experiment(cfg, Path(run_dir), stack, max_steps=max_steps, progress=progress,
-                               cache_dir=cache_dir, on_step=on_step, on_checkpoint=on_checkpoint, resume=resume,
-                               stop=stop)
+        return _run_experiment(
+            cfg,
+            Path(run_dir),
+            stack,
+            max_steps=max_steps,
+            progress=progress,
+            cache_dir=cache_dir,
+            on_step=on_step,
+            on_checkpoint=on_checkpoint,
+            resume=resume,
+            stop=stop,
+        )
 
 
-def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.ExitStack, *, max_steps, progress,
-                    cache_dir, on_step, on_checkpoint, resume, stop) -> dict:
+def _run_experiment(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    stack: contextlib.ExitStack,
+    *,
+    max_steps,
+    progress,
+    cache_dir,
+    on_step,
+    on_checkpoint,
+    resume,
+    stop,
+) -> dict:
     def phase(text: str) -> None:  # what the run is doing before (and after) its progress bar
         if progress:
             tqdm.write(f"[{cfg.name}] {text}")
@@ -171,11 +205,17 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     model_info: dict = {}
     dtype, dtype_why = model_dtype(cfg.model)
     log.info("computing in %s (%s)", dtype_name(dtype), dtype_why)
-    phase(f"loading {cfg.model.name} in {dtype_name(dtype)} ({dtype_why})"
-          + (" and its supervised warm start (cached after the first run)"
-             if cfg.model.name == "tiny" and cfg.model.warm_start.steps else ""))
-    model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=cfg.seed,
-                                       cache_dir=cache_dir, progress=progress, info=model_info)
+    phase(
+        f"loading {cfg.model.name} in {dtype_name(dtype)} ({dtype_why})"
+        + (
+            " and its supervised warm start (cached after the first run)"
+            if cfg.model.name == "tiny" and cfg.model.warm_start.steps
+            else ""
+        )
+    )
+    model, tokenizer = load_base_model(
+        cfg.model, train_records=train_records, seed=cfg.seed, cache_dir=cache_dir, progress=progress, info=model_info
+    )
     if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
         model.to(resolve_device(cfg.model.device))
     lora_cfg = cfg.trainer.lora  # only adapters train and travel; the base stays checkpoint v0 (trainer/lora.py)
@@ -193,8 +233,9 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     store = CheckpointStore.from_config(cfg.storage, str(run_dir))
     trainer = make_trainer(cfg, model, steps, run_dir, stack)
     runlog = RunLog(run_dir)
-    version, before, saved = _start_or_resume(cfg, config, model, tokenizer, trainer, store, runlog, model_info,
-                                              resume, steps, on_checkpoint)
+    version, before, saved = _start_or_resume(
+        cfg, config, model, tokenizer, trainer, store, runlog, model_info, resume, steps, on_checkpoint
+    )
 
     # the servers compute as the trainer's model does
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
@@ -206,19 +247,24 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     serve_from = 0 if lora_cfg is not None else version
     server_copy = store.loadable_url if backend.reads_store_urls else store.local_copy  # what servers load
     start = server_copy(serve_from)
-    with entered_together(made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from),
-                          frozen_launch) as (rewards, urls, frozen_urls):
+    with entered_together(
+        made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from), frozen_launch
+    ) as (rewards, urls, frozen_urls):
         rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
 
         serving = list(urls)  # the servers there are (after training: those left in an elastic pool)
 
         def heldout(prompts=eval_prompts) -> dict:
-            return evaluate_prompts(serving, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client)
+            return evaluate_prompts(
+                serving, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client
+            )
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
             ask = agent_prompter(ma.agents, eval_records, tokenizer)
-            return {a.id: heldout([dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts])["accuracy"]
-                    for a in ma.agents}
+            return {
+                a.id: heldout([dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts])["accuracy"]
+                for a in ma.agents
+            }
 
         if before is None:
             phase(f"held-out accuracy before RL, on {len(eval_prompts)} problems")
@@ -229,28 +275,56 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
 
         buffer = ReplayBuffer(ordered=cfg.rollout.deterministic)
         settings = ControllerSettings(
-            batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta, n_samples=cfg.rollout.n_samples,
-            sampling=cfg.rollout.sampling.to_sampling(), reward_correct=cfg.trainer.reward_correct,
-            reward_wrong=cfg.trainer.reward_wrong, shuffle=cfg.data.shuffle, seed=cfg.seed,
+            batch_size=cfg.trainer.batch_size,
+            eta=cfg.trainer.eta,
+            n_samples=cfg.rollout.n_samples,
+            sampling=cfg.rollout.sampling.to_sampling(),
+            reward_correct=cfg.trainer.reward_correct,
+            reward_wrong=cfg.trainer.reward_wrong,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.seed,
             curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
             kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
             # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
             max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
-            deterministic=cfg.rollout.deterministic, min_servers=cfg.rollout.min_servers,
+            deterministic=cfg.rollout.deterministic,
+            min_servers=cfg.rollout.min_servers,
         )
-        transport = make_transport(cfg.rollout.transport(), str(run_dir),
-                                   adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS)
-        servers = Servers(urls, model_path=start, make_client=backend.client,
-                          restart=backend.restart if backend.restartable else None,
-                          request_timeout_s=cfg.rollout.request_timeout_s,
-                          discover=url_list(cfg.rollout.join_from) if cfg.rollout.join_from else None)
-        frozen = Servers(frozen_urls, model_path=store.local_copy(0), make_client=backend.client,
-                         restart=frozen_backend.restart, request_timeout_s=cfg.rollout.request_timeout_s) \
-            if frozen_urls else None
-        controller = RolloutController(servers, train_prompts, decode, rewards, buffer, settings, transport,
-                                       version=version, episode=make_episode(cfg.episode),
-                                       encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
-                                       agents=AgentSetup(agents, prompter, frozen) if agents is not None else None)
+        transport = make_transport(
+            cfg.rollout.transport(), str(run_dir), adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS
+        )
+        servers = Servers(
+            urls,
+            model_path=start,
+            make_client=backend.client,
+            restart=backend.restart if backend.restartable else None,
+            request_timeout_s=cfg.rollout.request_timeout_s,
+            discover=url_list(cfg.rollout.join_from) if cfg.rollout.join_from else None,
+        )
+        frozen = (
+            Servers(
+                frozen_urls,
+                model_path=store.local_copy(0),
+                make_client=backend.client,
+                restart=frozen_backend.restart,
+                request_timeout_s=cfg.rollout.request_timeout_s,
+            )
+            if frozen_urls
+            else None
+        )
+        controller = RolloutController(
+            servers,
+            train_prompts,
+            decode,
+            rewards,
+            buffer,
+            settings,
+            transport,
+            version=version,
+            episode=make_episode(cfg.episode),
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+            agents=AgentSetup(agents, prompter, frozen) if agents is not None else None,
+        )
         if saved is not None:
             controller.restore(saved.state["controller"])
         publisher = WeightPublisher(transport, controller)
@@ -264,15 +338,28 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
             if lora_cfg is None:
                 controller.restart_from(lambda: server_copy(result.version), result.version)
 
-        loop = Loop(name=cfg.name, model=model, trainer=trainer, buffer=buffer, controller=controller,
-                    publisher=publisher, runlog=runlog,
-                    checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written),
-                    config=config, before=before, batch_size=cfg.trainer.batch_size, eta=cfg.trainer.eta,
-                    warmup_steps=cfg.trainer.warmup_steps_for_throughput, agents=agents,
-                    curriculum_by=curriculum.by if curriculum else None, on_step=on_step, stop=stop,
-                    progress=progress, schedule=ScheduleLog(run_dir, {"total_steps": steps,
-                                                                      "trainer_threads": trainer_threads}),
-                    costs=CostLedger(cfg.cost))
+        loop = Loop(
+            name=cfg.name,
+            model=model,
+            trainer=trainer,
+            buffer=buffer,
+            controller=controller,
+            publisher=publisher,
+            runlog=runlog,
+            checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written),
+            config=config,
+            before=before,
+            batch_size=cfg.trainer.batch_size,
+            eta=cfg.trainer.eta,
+            warmup_steps=cfg.trainer.warmup_steps_for_throughput,
+            agents=agents,
+            curriculum_by=curriculum.by if curriculum else None,
+            on_step=on_step,
+            stop=stop,
+            progress=progress,
+            schedule=ScheduleLog(run_dir, {"total_steps": steps, "trainer_threads": trainer_threads}),
+            costs=CostLedger(cfg.cost),
+        )
         done = train_steps(loop, version, steps)
         if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
             raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None, done.servers_short)
@@ -281,19 +368,37 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
         after = heldout()
         multi_agent = None
         if agents is not None:
-            multi_agent = {**agents.summary(), "frozen_answers": controller.frozen_generated,
-                           # what the frozen server reports now: its version never moved
-                           "frozen_server_versions": _weight_versions(frozen_urls, backend.client)}
+            multi_agent = {
+                **agents.summary(),
+                "frozen_answers": controller.frozen_generated,
+                # what the frozen server reports now: its version never moved
+                "frozen_server_versions": _weight_versions(frozen_urls, backend.client),
+            }
             if ma.eval_per_agent:
                 phase(f"held-out accuracy after RL with each agent's prefix, on {len(eval_prompts)} problems")
-                multi_agent["per_agent_eval"] = {a: {"before": before.get("per_agent", {}).get(a), "after": acc}
-                                                 for a, acc in per_agent_accuracy().items()}
+                multi_agent["per_agent_eval"] = {
+                    a: {"before": before.get("per_agent", {}).get(a), "after": acc}
+                    for a, acc in per_agent_accuracy().items()
+                }
 
-    summary = build_summary(cfg, steps=steps, loop=done, first_step=version + 1, runlog=runlog, before=before,
-                            after=after, model=model, trainer_threads=trainer_threads,
-                            resumed_from=saved.version if saved is not None else None, model_info=model_info,
-                            controller=controller, rewards=rewards, store=store, checkpoints=loop.checkpoints,
-                            t_start=t_start)
+    summary = build_summary(
+        cfg,
+        steps=steps,
+        loop=done,
+        first_step=version + 1,
+        runlog=runlog,
+        before=before,
+        after=after,
+        model=model,
+        trainer_threads=trainer_threads,
+        resumed_from=saved.version if saved is not None else None,
+        model_info=model_info,
+        controller=controller,
+        rewards=rewards,
+        store=store,
+        checkpoints=loop.checkpoints,
+        t_start=t_start,
+    )
     if multi_agent is not None:
         summary["multi_agent"] = multi_agent
     write_json_atomic(str(run_dir / "summary.json"), summary)
@@ -301,8 +406,19 @@ def _run_experiment(cfg: ExperimentConfig, run_dir: Path, stack: contextlib.Exit
     return summary
 
 
-def _start_or_resume(cfg: ExperimentConfig, config: dict, model, tokenizer, trainer, store: CheckpointStore,
-                     runlog: RunLog, model_info: dict, resume: bool, steps: int, on_checkpoint):
+def _start_or_resume(
+    cfg: ExperimentConfig,
+    config: dict,
+    model,
+    tokenizer,
+    trainer,
+    store: CheckpointStore,
+    runlog: RunLog,
+    model_info: dict,
+    resume: bool,
+    steps: int,
+    on_checkpoint,
+):
     """(version, accuracy before RL or None, the saved state or None): a fresh run publishes v0 (the
     base model, also for LoRA); a resumed one loads the latest checkpoint's weights, trainer state,
     metrics and ledger."""
@@ -312,8 +428,13 @@ def _start_or_resume(cfg: ExperimentConfig, config: dict, model, tokenizer, trai
             trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
         publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
         with lora.without_adapters(model):
-            store.publish(0, model, tokenizer, meta={"step": 0}, extra=run_state.encode(
-                0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None))
+            store.publish(
+                0,
+                model,
+                tokenizer,
+                meta={"step": 0},
+                extra=run_state.encode(0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None),
+            )
         if on_checkpoint:
             on_checkpoint(0, store.version_url(0))
         return 0, None, None

@@ -29,8 +29,14 @@ from areal_core.trainer import lora
 
 
 class RunCheckpoints:
-    def __init__(self, store: CheckpointStore, cfg: StorageConfig, tokenizer, last_step: int,
-                 on_written: Callable[[WriteResult], None]):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        cfg: StorageConfig,
+        tokenizer,
+        last_step: int,
+        on_written: Callable[[WriteResult], None],
+    ):
         """``last_step``: the step of the newest checkpoint already in ``store`` (0 for v0)."""
         self.cfg, self.tokenizer, self.on_written = cfg, tokenizer, on_written
         self.writer = CheckpointWriter.from_config(store, cfg)
@@ -50,8 +56,9 @@ class RunCheckpoints:
         else:
             (tensors, files), config = snapshot_model(model, self.tokenizer), None
         files.update(resume_files)
-        self._pending.append(self.writer.submit(step, tensors, files, meta={"step": step}, full=final,
-                                                adapter_config=config))
+        self._pending.append(
+            self.writer.submit(step, tensors, files, meta={"step": step}, full=final, adapter_config=config)
+        )
         self.last_step, self.last_time = step, time.monotonic()
         self.poll()
         return self.writer.last_wait_s
@@ -60,9 +67,16 @@ class RunCheckpoints:
         """Report the writes that have finished (raising a failed write's error)."""
         while self._pending and self._pending[0].done():
             result = self._pending.pop(0).result()
-            self.written.append({"version": result.version, "format": result.format, "bytes": result.bytes_written,
-                                 "weight_bytes": result.weight_bytes, "write_s": round(result.write_s, 4),
-                                 "done_at": result.done_at})
+            self.written.append(
+                {
+                    "version": result.version,
+                    "format": result.format,
+                    "bytes": result.bytes_written,
+                    "weight_bytes": result.weight_bytes,
+                    "write_s": round(result.write_s, 4),
+                    "done_at": result.done_at,
+                }
+            )
             self.on_written(result)
 
     def __enter__(self) -> RunCheckpoints:

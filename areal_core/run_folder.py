@@ -35,8 +35,14 @@ def default_run_dir(name: str, started: datetime | None = None) -> str:
     return os.path.join(runs_root(), f"{slug(name) or 'run'}-{stamp}")
 
 
-def check_run_folder(cfg, run_dir: str | os.PathLike, resume: bool, *, how_resume: str = "add --resume",
-                     how_new: str = "give a new --run-dir") -> int | None:
+def check_run_folder(
+    cfg,
+    run_dir: str | os.PathLike,
+    resume: bool,
+    *,
+    how_resume: str = "add --resume",
+    how_new: str = "give a new --run-dir",
+) -> int | None:
     """The newest complete checkpoint version in the run's store (None if none), after checking that
     the run may start: a store that already holds checkpoints is continued only with ``resume``, and
     then only if its state matches ``cfg``. ``how_resume`` / ``how_new``: what the user does to
@@ -52,8 +58,10 @@ def check_run_folder(cfg, run_dir: str | os.PathLike, resume: bool, *, how_resum
         return None
     if not resume:
         other = "set storage.url to a new prefix" if cfg.storage.url else how_new
-        raise RunFolderError(f"{where} already holds a run's checkpoints (latest v{latest}), and a new run "
-                             f"would overwrite them: {how_resume} to continue that run, or {other}")
+        raise RunFolderError(
+            f"{where} already holds a run's checkpoints (latest v{latest}), and a new run "
+            f"would overwrite them: {how_resume} to continue that run, or {other}"
+        )
     try:
         check_resumable(store, cfg.model_dump(mode="json"), upgrade=upgraded_config)
     except ResumeError as e:

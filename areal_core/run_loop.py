@@ -94,7 +94,10 @@ class WeightPublisher:
     def figures(self) -> dict:
         """Bytes each server receives per version; the previous push's time (NaN before the first)."""
         t = self.transport
-        return {"weight_update_bytes": t.staged_bytes, "weight_push_s": math.nan if t.last_push_s is None else t.last_push_s}
+        return {
+            "weight_update_bytes": t.staged_bytes,
+            "weight_push_s": math.nan if t.last_push_s is None else t.last_push_s,
+        }
 
 
 @dataclass
@@ -137,12 +140,13 @@ class LoopResult:
     warm: tuple[float, int] | None = None  # (time, tokens so far) once the warm-up steps are done
 
 
-def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop,
-             generated: int) -> dict:
+def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop, generated: int) -> dict:
     """The metrics row of a step: the trainer's figures and what the rollout side did meanwhile."""
     c, agents = loop.controller, loop.agents
     return {
-        "step": step, "version": version, **result.metrics,
+        "step": step,
+        "version": version,
+        **result.metrics,
         # of the wait for the batch, the part for grades alone (single-turn episodes only: NaN otherwise)
         "reward_wait_s": loop.buffer.last_reward_wait_s if c.measures_reward_wait else math.nan,
         "generated_tokens": generated,
@@ -161,8 +165,11 @@ def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
     # with a curriculum the batch's accuracy is on the prompts the curriculum drew (it moves to
     # harder ones as the policy improves): labelled so, with the mix
     mix = loop.controller.curriculum_mix
-    acc = {"acc": f"{result.accuracy:.2f}"} if not mix else {
-        "acc_on_mix": f"{result.accuracy:.2f}", "mix": describe_mix(mix, loop.curriculum_by, 2)}
+    acc = (
+        {"acc": f"{result.accuracy:.2f}"}
+        if not mix
+        else {"acc_on_mix": f"{result.accuracy:.2f}", "mix": describe_mix(mix, loop.curriculum_by, 2)}
+    )
     bar.update(1)
     bar.set_postfix(reward=f"{result.reward:.2f}", **acc, stale=result.staleness_max, len=int(result.answer_len_mean))
 
@@ -197,24 +204,39 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                 version += 1
                 with clock.part("publish_time_s"):
                     loop.publisher.publish(loop.model, version, clock)  # servers get it while we go on
-                    row = {**step_row(step, version, result, batch, loop,
-                                      loop.controller.generated_tokens - generated_before), **clock.s,
-                           "schedule_bytes": recorded}
+                    row = {
+                        **step_row(
+                            step, version, result, batch, loop, loop.controller.generated_tokens - generated_before
+                        ),
+                        **clock.s,
+                        "schedule_bytes": recorded,
+                    }
                     loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
                     if checkpointing:  # weights, optimizer and every untrained answer, as of this step
                         out.checkpointed = step
                         row["weights_sha256"] = weights_sha256(loop.model)
                         clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
-                            step, loop.model, resume_files(loop, step), final=step == steps)
+                            step, loop.model, resume_files(loop, step), final=step == steps
+                        )
                     else:
                         loop.checkpoints.poll()
-                row.update({"checkpoint": checkpointing, "checkpoint_wait_s": 0.0, **clock.s,
-                            **loop.publisher.figures(), "step_time_s": clock.elapsed,
-                            "train_tokens_per_s": result.tokens_trained / clock.elapsed,
-                            "elapsed_s": time.perf_counter() - out.start})
+                row.update(
+                    {
+                        "checkpoint": checkpointing,
+                        "checkpoint_wait_s": 0.0,
+                        **clock.s,
+                        **loop.publisher.figures(),
+                        "step_time_s": clock.elapsed,
+                        "train_tokens_per_s": result.tokens_trained / clock.elapsed,
+                        "elapsed_s": time.perf_counter() - out.start,
+                    }
+                )
                 if loop.costs is not None:
-                    row.update(loop.costs.step_row(row, loop.controller.pool_figures(),
-                                                   loop.controller.generated_tokens - generated_before))
+                    row.update(
+                        loop.costs.step_row(
+                            row, loop.controller.pool_figures(), loop.controller.generated_tokens - generated_before
+                        )
+                    )
                 loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
                 out.tokens += result.tokens_trained
                 out.version, out.last_step = version, step
@@ -261,15 +283,26 @@ def record_schedule(loop: Loop, step: int, version: int, batch: list[Trajectory]
     if loop.schedule is None:
         return 0
     seed = loop.config["seed"]
-    return loop.schedule.record(step, version, batch, [trajectory_seed(seed, t.traj_id) for t in batch],
-                                getattr(loop.trainer, "last_plan", None))
+    return loop.schedule.record(
+        step,
+        version,
+        batch,
+        [trajectory_seed(seed, t.traj_id) for t in batch],
+        getattr(loop.trainer, "last_plan", None),
+    )
 
 
 def resume_files(loop: Loop, step: int) -> dict[str, bytes]:
     """A checkpoint's resume state as of ``step``: sampler, untrained answers, trainer, metrics; and
     the schedule of the steps since the previous checkpoint."""
-    files = run_state.encode(step, loop.config, loop.controller.snapshot(), loop.trainer.state_dict(),
-                             loop.runlog.to_parquet_bytes(), loop.before)
+    files = run_state.encode(
+        step,
+        loop.config,
+        loop.controller.snapshot(),
+        loop.trainer.state_dict(),
+        loop.runlog.to_parquet_bytes(),
+        loop.before,
+    )
     if loop.schedule is not None:
         files[CHECKPOINT_FILE] = loop.schedule.checkpoint_bytes()
     return files
@@ -286,7 +319,9 @@ def logs_above_the_bar(enabled: bool):
     if not enabled:
         yield
         return
-    loggers = [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
-                                      if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
     with logging_redirect_tqdm([lg for lg in loggers if any(map(_writes_to_terminal, lg.handlers))], tqdm_class=tqdm):
         yield

@@ -74,9 +74,25 @@ def percentiles(xs: list[int]) -> Percentiles:
     return {"p50": float(t.quantile(0.5)), "p90": float(t.quantile(0.9)), "max": int(t.max())}
 
 
-def build_summary(cfg: ExperimentConfig, *, steps: int, loop: LoopResult, first_step: int, runlog: RunLog,
-                  before: dict, after: dict, model, trainer_threads: int, resumed_from: int | None,
-                  model_info: dict, controller, rewards, store, checkpoints, t_start: float) -> RunSummary:
+def build_summary(
+    cfg: ExperimentConfig,
+    *,
+    steps: int,
+    loop: LoopResult,
+    first_step: int,
+    runlog: RunLog,
+    before: dict,
+    after: dict,
+    model,
+    trainer_threads: int,
+    resumed_from: int | None,
+    model_info: dict,
+    controller,
+    rewards,
+    store,
+    checkpoints,
+    t_start: float,
+) -> RunSummary:
     """The summary of a finished run (``loop``: what the training loop did in this process)."""
     warm_step = first_step - 1 + cfg.trainer.warmup_steps_for_throughput
     if loop.warm is not None and steps > warm_step:  # this process's steps after its own warm-up, so a
@@ -91,28 +107,52 @@ def build_summary(cfg: ExperimentConfig, *, steps: int, loop: LoopResult, first_
     rl_time = loop.end - loop.start
     ws = model_info.get("warm_start")
     return RunSummary(
-        name=cfg.name, accuracy_before=before["accuracy"], accuracy_after=after["accuracy"],
-        n_eval_problems=before["n"], steps=steps, final_version=loop.version, eta=cfg.trainer.eta,
-        objective=cfg.trainer.objective, trainer_backend=cfg.trainer.backend.kind, dtype=dtype_name(model.dtype),
-        weight_update=cfg.rollout.weight_update, trainer_torch_threads=trainer_threads,
-        weight_transport=cfg.rollout.transport().kind, microbatching=cfg.trainer.microbatching,
-        max_staleness_observed=max(r["staleness_max"] for r in m), effective_train_tokens_per_s=eff,
-        throughput_steps=throughput_steps, tokens_trained=int(sum(trained_lengths)), resumed_from_step=resumed_from,
+        name=cfg.name,
+        accuracy_before=before["accuracy"],
+        accuracy_after=after["accuracy"],
+        n_eval_problems=before["n"],
+        steps=steps,
+        final_version=loop.version,
+        eta=cfg.trainer.eta,
+        objective=cfg.trainer.objective,
+        trainer_backend=cfg.trainer.backend.kind,
+        dtype=dtype_name(model.dtype),
+        weight_update=cfg.rollout.weight_update,
+        trainer_torch_threads=trainer_threads,
+        weight_transport=cfg.rollout.transport().kind,
+        microbatching=cfg.trainer.microbatching,
+        max_staleness_observed=max(r["staleness_max"] for r in m),
+        effective_train_tokens_per_s=eff,
+        throughput_steps=throughput_steps,
+        tokens_trained=int(sum(trained_lengths)),
+        resumed_from_step=resumed_from,
         warm_start={k: ws.get(k) for k in ("steps", "val_accuracy", "wall_s", "cached")} if ws else None,
-        rollout_resubmits=controller.resubmitted, rollout_pool=controller.pool_changes(),
+        rollout_resubmits=controller.resubmitted,
+        rollout_pool=controller.pool_changes(),
         grading_resubmits=rewards.n_resubmitted,
-        grading_tasks=rewards.n_tasks, grading_timeouts=rewards.n_timed_out, rl_time_s=rl_time,
-        reward_wait_s=reward_wait, reward_wait_share=reward_wait / max(rl_time, 1e-9),
+        grading_tasks=rewards.n_tasks,
+        grading_timeouts=rewards.n_timed_out,
+        rl_time_s=rl_time,
+        reward_wait_s=reward_wait,
+        reward_wait_share=reward_wait / max(rl_time, 1e-9),
         wall_time_s=time.perf_counter() - t_start,
-        answer_length_before=percentiles(before["lengths"]), answer_length_after=percentiles(after["lengths"]),
+        answer_length_before=percentiles(before["lengths"]),
+        answer_length_after=percentiles(after["lengths"]),
         trained_answer_length=percentiles(trained_lengths),
         ledger_check=check_ledger(frame, steps, cfg.trainer.batch_size, cfg.trainer.eta),
-        checkpoints=store.url, checkpoint_writes=checkpoints.written,
+        checkpoints=store.url,
+        checkpoint_writes=checkpoints.written,
         checkpoint_bytes_per_step=sum(w["bytes"] for w in checkpoints.written) / max(1, steps - first_step + 1),
-        cost=cost_summary([r for r in m if r["step"] >= first_step], wall_s=time.perf_counter() - t_start,
-                          setup_s=loop.start - t_start, rl_s=rl_time, tokens_trained=loop.tokens,
-                          generated_tokens=controller.generated_tokens, cfg=cfg.cost,
-                          n_servers=m[-1].get("cost_rollout_devices", cfg.rollout.n_servers)),
+        cost=cost_summary(
+            [r for r in m if r["step"] >= first_step],
+            wall_s=time.perf_counter() - t_start,
+            setup_s=loop.start - t_start,
+            rl_s=rl_time,
+            tokens_trained=loop.tokens,
+            generated_tokens=controller.generated_tokens,
+            cfg=cfg.cost,
+            n_servers=m[-1].get("cost_rollout_devices", cfg.rollout.n_servers),
+        ),
     )
 
 
@@ -123,23 +163,36 @@ def _lengths(p: dict) -> str:
 def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
     """The summary for people, as (measure, value) rows: printed by ``areal-flow train``, a table in the UI."""
     rows = [
-        (f"held-out accuracy ({s['n_eval_problems']} problems)",
-         (f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
-         f"({s['accuracy_after'] - s['accuracy_before']:+.3f})")),
+        (
+            f"held-out accuracy ({s['n_eval_problems']} problems)",
+            (
+                f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
+                f"({s['accuracy_after'] - s['accuracy_before']:+.3f})"
+            ),
+        ),
         ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
         ("max staleness seen", str(s["max_staleness_observed"])),
         ("effective training throughput", f"{s['effective_train_tokens_per_s']:.0f} tokens/s"),
         ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
     ]
     if "answer_length_before" in s:  # (summaries written before these were recorded have none)
-        rows[1:1] = [("answer length (tokens)", (f"before: {_lengths(s['answer_length_before'])}   "
-                                                 f"after: {_lengths(s['answer_length_after'])}")),
-                     ("trained answers (tokens)", _lengths(s["trained_answer_length"]))]
+        rows[1:1] = [
+            (
+                "answer length (tokens)",
+                (f"before: {_lengths(s['answer_length_before'])}   after: {_lengths(s['answer_length_after'])}"),
+            ),
+            ("trained answers (tokens)", _lengths(s["trained_answer_length"])),
+        ]
     if not math.isnan(s.get("reward_wait_s", math.nan)):  # NaN: a multi-turn episode, not measured
-        rows.append(("trainer waiting on grades alone",
-                     f"{s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)"))
-    rows.append(("ledger", "every trajectory trained exactly once" if s["ledger_check"]["ok"]
-                 else str(s["ledger_check"])))
+        rows.append(
+            (
+                "trainer waiting on grades alone",
+                f"{s['reward_wait_s']:.1f} s ({100 * s['reward_wait_share']:.1f} % of RL time)",
+            )
+        )
+    rows.append(
+        ("ledger", "every trajectory trained exactly once" if s["ledger_check"]["ok"] else str(s["ledger_check"]))
+    )
     if s.get("cost"):  # (summaries written before the cost ledger have none)
         rows.append(("where the time went", cost_line(s["cost"])))
     if s.get("resumed_from_step") is not None:

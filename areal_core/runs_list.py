@@ -19,8 +19,9 @@ class RunEntry:
 
 def _versions(run_dir: Path) -> list[int]:
     ckpt = run_dir / "checkpoints"
-    found = [int(m.group(1)) for p in ckpt.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))] \
-        if ckpt.is_dir() else []
+    found = (
+        [int(m.group(1)) for p in ckpt.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))] if ckpt.is_dir() else []
+    )
     return sorted(v for v in found if (ckpt / f"v{v}" / "manifest.json").is_file())
 
 
@@ -37,8 +38,13 @@ def describe(run_dir: Path) -> RunEntry | None:
     summary_file = run_dir / "summary.json"
     if summary_file.is_file():
         s = json.loads(summary_file.read_text())
-        return RunEntry(str(run_dir), cfg.get("name", "?"), "finished", f"{s['steps']} / {s['steps']}",
-                        f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}")
+        return RunEntry(
+            str(run_dir),
+            cfg.get("name", "?"),
+            "finished",
+            f"{s['steps']} / {s['steps']}",
+            f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}",
+        )
     versions = _versions(run_dir)
     last = versions[-1] if versions else None
     state = f"unfinished, checkpoint v{last}" if last else "unfinished, no checkpoint yet"

@@ -45,11 +45,13 @@ class ScheduleLog:
         write_json_atomic(str(self.dir / META_FILE), {"format": FORMAT, **meta})
         self._since_checkpoint: list[pa.Table] = []
 
-    def record(self, step: int, version: int, batch: list[Trajectory], seeds: list[int | None],
-               plan: dict | None) -> int:
+    def record(
+        self, step: int, version: int, batch: list[Trajectory], seeds: list[int | None], plan: dict | None
+    ) -> int:
         """Write step ``step``'s schedule (trained by ``version``); returns its size in bytes."""
-        table = to_table(step, batch, seeds).replace_schema_metadata({"areal": json.dumps(
-            {"format": FORMAT, "step": step, "version": version, "plan": plan})})
+        table = to_table(step, batch, seeds).replace_schema_metadata(
+            {"areal": json.dumps({"format": FORMAT, "step": step, "version": version, "plan": plan})}
+        )
         data = _parquet_bytes(table)
         write_bytes_atomic(str(self.dir / step_file(step)), data)
         self._since_checkpoint.append(table)
@@ -62,8 +64,12 @@ class ScheduleLog:
         if not tables:
             return b""
         metas = [t.schema.metadata[b"areal"].decode() for t in tables]
-        joined = pa.concat_tables([t.replace_schema_metadata(None).append_column(
-            "step_meta", pa.array([m] * t.num_rows)) for t, m in zip(tables, metas)])
+        joined = pa.concat_tables(
+            [
+                t.replace_schema_metadata(None).append_column("step_meta", pa.array([m] * t.num_rows))
+                for t, m in zip(tables, metas)
+            ]
+        )
         return _parquet_bytes(joined)
 
 
@@ -91,8 +97,10 @@ class ScheduleError(ValueError):
 def read_meta(run_dir: str | Path) -> dict:
     path = Path(run_dir) / SCHEDULE_DIR / META_FILE
     if not path.is_file():
-        raise ScheduleError(f"{path}: not found; the run recorded no schedule (made by an areal-flow "
-                            "that did not record one), so it cannot be replayed")
+        raise ScheduleError(
+            f"{path}: not found; the run recorded no schedule (made by an areal-flow "
+            "that did not record one), so it cannot be replayed"
+        )
     return json.loads(path.read_text())
 
 

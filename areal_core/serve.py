@@ -37,22 +37,33 @@ async def _healthy(backend, urls: list[str]) -> list[bool]:
             return await client.health()
         finally:
             await client.aclose()
+
     return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
-def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path, hold_s: float | None = None,
-                  check_every_s: float = 30.0, version: int = 0,
-                  on_up: Callable[[list[str]], None] = lambda urls: None,
-                  on_check: Callable[[list[bool]], None] = lambda ok: None,
-                  should_stop: Callable[[], bool] = lambda: False, api_key: str | None = None) -> dict:
+def serve_rollout(
+    cfg: ExperimentConfig,
+    model_path: str,
+    *,
+    log_dir: str | Path,
+    hold_s: float | None = None,
+    check_every_s: float = 30.0,
+    version: int = 0,
+    on_up: Callable[[list[str]], None] = lambda urls: None,
+    on_check: Callable[[list[bool]], None] = lambda ok: None,
+    should_stop: Callable[[], bool] = lambda: False,
+    api_key: str | None = None,
+) -> dict:
     """Serve ``model_path`` (an HF folder or checkpoint version folder) for ``hold_s`` seconds after
     the servers are up (None: until ``should_stop``); returns the URLs, the file holding their API key
     (``api_key_file``, None for servers given by URL: their key is the config's), how long they were
     up and the restarts made. ``api_key``: the key the servers require (a running run's, for servers
     that join it); None: one made for the pool."""
     if not Path(model_path, "config.json").is_file():
-        raise FileNotFoundError(f"{model_path}: not a model folder (no config.json); give a checkpoint version "
-                                "folder (RUN/checkpoints/vN) or an HF model folder")
+        raise FileNotFoundError(
+            f"{model_path}: not a model folder (no config.json); give a checkpoint version "
+            "folder (RUN/checkpoints/vN) or an HF model folder"
+        )
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     dtype = dtype_name(model_dtype(cfg.model)[0])
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
@@ -64,8 +75,13 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
         try:
             if started_here:
                 write_private_file(str(key_file), backend.api_key)
-            log.info("%d %s rollout server(s) up: %s%s", len(urls), backend.name, ", ".join(urls),
-                     f" (API key in {key_file})" if started_here else "")
+            log.info(
+                "%d %s rollout server(s) up: %s%s",
+                len(urls),
+                backend.name,
+                ", ".join(urls),
+                f" (API key in {key_file})" if started_here else "",
+            )
             on_up(list(urls))
             start = time.monotonic()  # hold_s counts from when the URLs are handed out, not from the launch
             while not should_stop() and (hold_s is None or time.monotonic() - start < hold_s):
@@ -81,10 +97,16 @@ def serve_rollout(cfg: ExperimentConfig, model_path: str, *, log_dir: str | Path
                         backend.restart(index, model_path, version)
                         restarts += 1
                     elif not up:
-                        log.warning("rollout server %s is down (the %s backend cannot restart it)", urls[index],
-                                    backend.name)
+                        log.warning(
+                            "rollout server %s is down (the %s backend cannot restart it)", urls[index], backend.name
+                        )
         finally:
             if started_here:
                 key_file.unlink(missing_ok=True)  # the servers stop now, and their key goes with them
-    return {"urls": list(urls), "backend": backend.name, "api_key_file": str(key_file) if started_here else None,
-            "up_s": time.monotonic() - start, "restarts": restarts}
+    return {
+        "urls": list(urls),
+        "backend": backend.name,
+        "api_key_file": str(key_file) if started_here else None,
+        "up_s": time.monotonic() - start,
+        "restarts": restarts,
+    }

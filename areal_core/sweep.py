@@ -13,8 +13,12 @@ def _slug(v) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", str(v)).strip("_")
 
 
-def sweep_points(eta: list[int] | None = None, objective: list[str] | None = None,
-                 grid: dict[str, list] | None = None, allow_empty: bool = False) -> list[tuple[str, dict]]:
+def sweep_points(
+    eta: list[int] | None = None,
+    objective: list[str] | None = None,
+    grid: dict[str, list] | None = None,
+    allow_empty: bool = False,
+) -> list[tuple[str, dict]]:
     """``[(label, overrides)]``, one per grid point; label like ``eta0-decoupled`` (+ ``key=value``).
     No axis at all: an error, or with ``allow_empty`` the one point ``("", {})`` (the config as it is)."""
     axes: dict[str, list] = {}
@@ -47,15 +51,19 @@ def sweep_points(eta: list[int] | None = None, objective: list[str] | None = Non
     return points
 
 
-def plan_points(eta: list[int] | None, objective: list[str] | None, grid: dict[str, list] | None,
-                n_configs: int = 1) -> list[tuple[str, dict]]:
+def plan_points(
+    eta: list[int] | None, objective: list[str] | None, grid: dict[str, list] | None, n_configs: int = 1
+) -> list[tuple[str, dict]]:
     """The sweep's points with its defaults: eta or objective not given (None) sweeps eta 0,4 or both
     objectives for one config, and keeps each config's own for several (with no axis at all: one run
     per config as it is)."""
     several = n_configs > 1
-    return sweep_points(eta if eta is not None else ([] if several else [0, 4]),
-                        objective if objective is not None else ([] if several else ["decoupled", "naive"]),
-                        grid, allow_empty=several)
+    return sweep_points(
+        eta if eta is not None else ([] if several else [0, 4]),
+        objective if objective is not None else ([] if several else ["decoupled", "naive"]),
+        grid,
+        allow_empty=several,
+    )
 
 
 def validate_points(config_path: str, points: list[tuple[str, dict]], base: dict | None = None) -> str:

@@ -58,12 +58,16 @@ def check_trajectory_budget(cfg: ExperimentConfig, prompts: list) -> None:
     longest = max(prompts, key=lambda p: len(p.input_ids))
     need = len(longest.input_ids) + max_new
     if need > t.max_tokens_per_microbatch:
-        what = "rollout.sampling.max_new_tokens" if max_new == cfg.rollout.sampling.max_new_tokens else \
-            "the episode's new tokens per turn"
+        what = (
+            "rollout.sampling.max_new_tokens"
+            if max_new == cfg.rollout.sampling.max_new_tokens
+            else "the episode's new tokens per turn"
+        )
         raise ConfigError(
             f"trainer.max_tokens_per_microbatch ({t.max_tokens_per_microbatch}) is too small for record "
             f"{longest.id!r}: its prompt of {len(longest.input_ids)} tokens + {what} "
-            f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers")
+            f"({max_new}) = {need} tokens; raise it to at least {need} or shorten the answers"
+        )
 
 
 def check_agent_budget(cfg: ExperimentConfig, prompts: list, prompter) -> None:

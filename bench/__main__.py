@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("name", choices=("all",) + BENCHMARKS + LEARNING + DIAGNOSTICS)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps (same outputs)")
-    ap.add_argument("--model", choices=("smollm2",), help="objective_ablation: on SmolLM2-135M instead of the tiny model")
+    ap.add_argument(
+        "--model", choices=("smollm2",), help="objective_ablation: on SmolLM2-135M instead of the tiny model"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     names = BENCHMARKS if args.name == "all" else (args.name,)

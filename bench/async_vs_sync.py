@@ -31,9 +31,20 @@ SETTINGS = (("sync (eta 0)", 0, "drain"), ("eta 1", 1, None), ("eta 4", 4, None)
 STEPS_FULL, STEPS_QUICK = 100, 3
 EVAL_FULL, EVAL_QUICK = 500, 24
 BATCH_QUICK = 32  # --quick: 4 prompts x 8 answers per step (the quickstart's B = 128 in full mode)
-KEEP = ("accuracy_before", "accuracy_after", "n_eval_problems", "steps", "eta", "weight_update",
-        "max_staleness_observed", "effective_train_tokens_per_s", "tokens_trained", "rl_time_s", "wall_time_s",
-        "trained_answer_length")
+KEEP = (
+    "accuracy_before",
+    "accuracy_after",
+    "n_eval_problems",
+    "steps",
+    "eta",
+    "weight_update",
+    "max_staleness_observed",
+    "effective_train_tokens_per_s",
+    "tokens_trained",
+    "rl_time_s",
+    "wall_time_s",
+    "trained_answer_length",
+)
 
 
 def run(quick: bool) -> dict:
@@ -49,9 +60,17 @@ def run(quick: bool) -> dict:
     # one Dask cluster, the one the config's reward section would start in each run, serves every setting
     with RewardService(load_config(CONFIG).reward) as shared:
         for label, eta, mode in SETTINGS:
-            cfg = load_config(CONFIG, {"trainer.eta": eta, **({"rollout.weight_update": mode} if mode else {}),
-                                       "eval.n_problems": n_eval, "reward.scheduler_address": shared.scheduler_address,
-                                       "name": f"bench-{label.split()[0]}-{eta}", **batch})
+            cfg = load_config(
+                CONFIG,
+                {
+                    "trainer.eta": eta,
+                    **({"rollout.weight_update": mode} if mode else {}),
+                    "eval.n_problems": n_eval,
+                    "reward.scheduler_address": shared.scheduler_address,
+                    "name": f"bench-{label.split()[0]}-{eta}",
+                    **batch,
+                },
+            )
             print(f"{label}: {steps} steps, {n_eval} held-out problems ...", flush=True)
             run_dir = root / "".join(ch if ch.isalnum() else "-" for ch in label)
             summary = run_experiment(cfg, run_dir, max_steps=steps, progress=True)
@@ -60,27 +79,46 @@ def run(quick: bool) -> dict:
     sync = runs["sync (eta 0)"]
     rows = []
     for label, r in runs.items():
-        rows.append((label, r["effective_train_tokens_per_s"], ratio(r["effective_train_tokens_per_s"],
-                                                                      sync["effective_train_tokens_per_s"]),
-                     r["rl_time_s"], r["max_staleness_observed"], r["accuracy_before"], r["accuracy_after"],
-                     100 * (r["accuracy_after"] - sync["accuracy_after"])))
-    print(format_table(["setting", "train tok/s", "over sync", "RL s", "max stale", "acc before", "acc after",
-                        "acc - sync (pts)"], rows,
-                       title=f"quickstart, {steps} steps each, held-out accuracy on {n_eval} problems"))
+        rows.append(
+            (
+                label,
+                r["effective_train_tokens_per_s"],
+                ratio(r["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]),
+                r["rl_time_s"],
+                r["max_staleness_observed"],
+                r["accuracy_before"],
+                r["accuracy_after"],
+                100 * (r["accuracy_after"] - sync["accuracy_after"]),
+            )
+        )
+    print(
+        format_table(
+            ["setting", "train tok/s", "over sync", "RL s", "max stale", "acc before", "acc after", "acc - sync (pts)"],
+            rows,
+            title=f"quickstart, {steps} steps each, held-out accuracy on {n_eval} problems",
+        )
+    )
     e4 = runs["eta 4"]
     return {
-        "setup": {"config": str(CONFIG.relative_to(REPO_ROOT)), "steps_per_setting": steps,
-                  "batch_size": BATCH_QUICK if quick else cfg.trainer.batch_size,
-                  "eval_problems": n_eval,
-                  "why_not_all_quickstart_steps": "4 x 200 quickstart steps (~10 min each on an idle machine) do not fit "
-                                       "in the 40-minute budget of `python -m bench all` with the other benchmarks",
-                  "settings": [{"label": lbl, "eta": e, "weight_update": m or "as configured"} for lbl, e, m in SETTINGS]},
+        "setup": {
+            "config": str(CONFIG.relative_to(REPO_ROOT)),
+            "steps_per_setting": steps,
+            "batch_size": BATCH_QUICK if quick else cfg.trainer.batch_size,
+            "eval_problems": n_eval,
+            "why_not_all_quickstart_steps": "4 x 200 quickstart steps (~10 min each on an idle machine) do not fit "
+            "in the 40-minute budget of `python -m bench all` with the other benchmarks",
+            "settings": [{"label": lbl, "eta": e, "weight_update": m or "as configured"} for lbl, e, m in SETTINGS],
+        },
         "runs": runs,
         "summary": {
             "async_over_sync": ratio(e4["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]),
-            **{f"async_over_sync_{label.replace(' ', '').replace('(', '_').replace(')', '')}":
-               ratio(r["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"])
-               for label, r in runs.items() if label not in ("sync (eta 0)", "eta 4")},
+            **{
+                f"async_over_sync_{label.replace(' ', '').replace('(', '_').replace(')', '')}": ratio(
+                    r["effective_train_tokens_per_s"], sync["effective_train_tokens_per_s"]
+                )
+                for label, r in runs.items()
+                if label not in ("sync (eta 0)", "eta 4")
+            },
             "async_accuracy_minus_sync_points": 100 * (e4["accuracy_after"] - sync["accuracy_after"]),
             "async_vs_sync_steps": steps,
         },

@@ -29,8 +29,14 @@ def padded(q, k, v, lens, scale):
     def pad(t):
         return t.new_zeros(n * L, t.shape[1], t.shape[2]).index_copy(0, flat, t).view(n, L, -1, t.shape[2])
 
-    o = F.scaled_dot_product_attention(pad(q).transpose(1, 2), pad(k).transpose(1, 2), pad(v).transpose(1, 2),
-                                       is_causal=True, scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        pad(q).transpose(1, 2),
+        pad(k).transpose(1, 2),
+        pad(v).transpose(1, 2),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
     return o.transpose(1, 2).reshape(n * L, q.shape[1], -1)[flat].view(T, q.shape[1], -1)
 
 
@@ -39,8 +45,14 @@ def block_diagonal_mask(q, k, v, lens, scale):
     seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
     idx = torch.arange(T)
     mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
-    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                       attn_mask=mask, scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
     return o[0].transpose(0, 1)
 
 
@@ -74,5 +86,5 @@ def time_forward_backward(fn, microbatches: list[list[int]], heads: int, kv_head
         data.append((lens, q, k, v, torch.randn(T, heads, head_dim, generator=g)))
     t0 = time.thread_time()
     for lens, q, k, v, grad in data:
-        fn(q, k, v, lens, head_dim ** -0.5).backward(grad)
+        fn(q, k, v, lens, head_dim**-0.5).backward(grad)
     return time.thread_time() - t0

@@ -56,8 +56,12 @@ def _replay(make, strategy: dict, steps: int, batch: tuple[int, int], tmp: str) 
     gen = torch.Generator().manual_seed(0)
     folder = tempfile.mkdtemp(dir=tmp, prefix="ckpt-")
     store = CheckpointStore(folder)
-    cfg = StorageConfig(checkpoint_every=strategy["every"], format=strategy.get("format", "full"),
-                        full_every=strategy.get("full_every", 5), keep_last=2)
+    cfg = StorageConfig(
+        checkpoint_every=strategy["every"],
+        format=strategy.get("format", "full"),
+        full_every=strategy.get("full_every", 5),
+        keep_last=2,
+    )
     writer = CheckpointWriter.from_config(store, cfg)
     results, train_s, ckpt_s = [], 0.0, 0.0
     last_step = None
@@ -68,18 +72,28 @@ def _replay(make, strategy: dict, steps: int, batch: tuple[int, int], tmp: str) 
             t = time.perf_counter()
             store.publish(step, model, tok, meta={"step": step}, extra=_resume_files(opt))
             manifest = store.read_manifest(step)
-            results.append({"format": "full", "write_s": time.perf_counter() - t,
-                            "bytes": sum(f["size"] for f in manifest["files"]),
-                            "weight_bytes": next(f["size"] for f in manifest["files"]
-                                                 if f["path"] == "model.safetensors")})
+            results.append(
+                {
+                    "format": "full",
+                    "write_s": time.perf_counter() - t,
+                    "bytes": sum(f["size"] for f in manifest["files"]),
+                    "weight_bytes": next(f["size"] for f in manifest["files"] if f["path"] == "model.safetensors"),
+                }
+            )
             store.prune(cfg.keep_last)
         else:
             tensors, files = snapshot_model(model, tok)
             files.update(_resume_files(opt))
             writer.submit(step, tensors, files, meta={"step": step}, full=final).add_done_callback(
-                lambda f: results.append({"format": f.result().format, "write_s": f.result().write_s,
-                                          "bytes": f.result().bytes_written,
-                                          "weight_bytes": f.result().weight_bytes}))
+                lambda f: results.append(
+                    {
+                        "format": f.result().format,
+                        "write_s": f.result().write_s,
+                        "bytes": f.result().bytes_written,
+                        "weight_bytes": f.result().weight_bytes,
+                    }
+                )
+            )
         return time.perf_counter() - t0
 
     try:
@@ -97,7 +111,8 @@ def _replay(make, strategy: dict, steps: int, batch: tuple[int, int], tmp: str) 
         shutil.rmtree(folder, ignore_errors=True)
     written = results[1:]  # v0 is the same for every strategy; the per-step figures leave it out
     return {
-        "strategy": strategy["name"], "checkpoints": len(written),
+        "strategy": strategy["name"],
+        "checkpoints": len(written),
         "formats": [r["format"] for r in results],
         "bytes_per_step": sum(r["bytes"] for r in written) / steps,
         "weight_bytes_per_step": sum(r["weight_bytes"] for r in written) / steps,
@@ -124,19 +139,28 @@ def _smollm2():
 
 
 def bench_model(name: str, make, steps: int, every: int, full_every: int, batch, tmp: str) -> list[dict]:
-    strategies = [{"kind": "today", "name": "today", "every": 1},
-                  {"kind": "writer_full", "name": "writer every step", "every": 1},
-                  {"kind": "cadence_full", "name": f"cadence {every} full", "every": every},
-                  {"kind": "cadence_delta", "name": f"cadence {every} delta (full every {full_every})",
-                   "every": every, "format": "delta", "full_every": full_every}]
-    return [{"model": name, "kind": s["kind"], "steps": steps, **_replay(make, s, steps, batch, tmp)}
-            for s in strategies]
+    strategies = [
+        {"kind": "today", "name": "today", "every": 1},
+        {"kind": "writer_full", "name": "writer every step", "every": 1},
+        {"kind": "cadence_full", "name": f"cadence {every} full", "every": every},
+        {
+            "kind": "cadence_delta",
+            "name": f"cadence {every} delta (full every {full_every})",
+            "every": every,
+            "format": "delta",
+            "full_every": full_every,
+        },
+    ]
+    return [
+        {"model": name, "kind": s["kind"], "steps": steps, **_replay(make, s, steps, batch, tmp)} for s in strategies
+    ]
 
 
 def run(quick: bool) -> dict:
     tmp = tempfile.mkdtemp(prefix="bench-ckpt-")
-    setups = {"tiny": dict(make=_tiny, steps=20 if quick else 60, every=5, full_every=5,
-                           batch=(4, 32) if quick else (8, 64))}
+    setups = {
+        "tiny": dict(make=_tiny, steps=20 if quick else 60, every=5, full_every=5, batch=(4, 32) if quick else (8, 64))
+    }
     if not quick:
         setups["smollm2-135m"] = dict(make=_smollm2, steps=20, every=5, full_every=5, batch=(2, 64))
     threads = torch.get_num_threads()
@@ -147,14 +171,40 @@ def run(quick: bool) -> dict:
         torch.set_num_threads(threads)
         shutil.rmtree(tmp, ignore_errors=True)
     mb = 1e6
-    print(format_table(
-        ["model", "strategy", "ckpts", "MB/step", "weights MB/step", "delta/full", "write s/ckpt",
-         "ckpt s/step", "train s/step"],
-        [(r["model"], r["strategy"], r["checkpoints"], r["bytes_per_step"] / mb, r["weight_bytes_per_step"] / mb,
-          (sum(r["delta_weight_bytes"]) / len(r["delta_weight_bytes"]) / r["full_weight_bytes"]
-           if r["delta_weight_bytes"] else None),
-          r["write_s_per_checkpoint"], r["checkpoint_s_per_step"], r["train_s_per_step"]) for r in rows],
-        title=f"checkpoint cost per training step (AdamW lr {LR}, local disk, {os.cpu_count()} cores)"))
+    print(
+        format_table(
+            [
+                "model",
+                "strategy",
+                "ckpts",
+                "MB/step",
+                "weights MB/step",
+                "delta/full",
+                "write s/ckpt",
+                "ckpt s/step",
+                "train s/step",
+            ],
+            [
+                (
+                    r["model"],
+                    r["strategy"],
+                    r["checkpoints"],
+                    r["bytes_per_step"] / mb,
+                    r["weight_bytes_per_step"] / mb,
+                    (
+                        sum(r["delta_weight_bytes"]) / len(r["delta_weight_bytes"]) / r["full_weight_bytes"]
+                        if r["delta_weight_bytes"]
+                        else None
+                    ),
+                    r["write_s_per_checkpoint"],
+                    r["checkpoint_s_per_step"],
+                    r["train_s_per_step"],
+                )
+                for r in rows
+            ],
+            title=f"checkpoint cost per training step (AdamW lr {LR}, local disk, {os.cpu_count()} cores)",
+        )
+    )
 
     def pick(model: str, kind: str) -> dict:
         return next(r for r in rows if r["model"] == model and r["kind"] == kind)
@@ -167,8 +217,15 @@ def run(quick: bool) -> dict:
         summary[f"checkpoint_mb_per_step_{key}_cadence_full"] = full["bytes_per_step"] / mb
         summary[f"checkpoint_mb_per_step_{key}_cadence_delta"] = dlt["bytes_per_step"] / mb
         summary[f"checkpoint_delta_over_full_weights_{key}"] = (
-            sum(dlt["delta_weight_bytes"]) / len(dlt["delta_weight_bytes"]) / dlt["full_weight_bytes"])
+            sum(dlt["delta_weight_bytes"]) / len(dlt["delta_weight_bytes"]) / dlt["full_weight_bytes"]
+        )
         summary[f"checkpoint_critical_path_s_per_step_{key}_today"] = today["checkpoint_s_per_step"]
         summary[f"checkpoint_critical_path_s_per_step_{key}_cadence_delta"] = dlt["checkpoint_s_per_step"]
-    return {"setup": {k: {kk: vv for kk, vv in v.items() if kk != "make"} for k, v in setups.items()},
-            "lr": LR, "torch_threads": 1, "store": "local disk, keep_last 2", "rows": rows, "summary": summary}
+    return {
+        "setup": {k: {kk: vv for kk, vv in v.items() if kk != "make"} for k, v in setups.items()},
+        "lr": LR,
+        "torch_threads": 1,
+        "store": "local disk, keep_last 2",
+        "rows": rows,
+        "summary": summary,
+    }

@@ -33,8 +33,9 @@ def venv_install_commands(venv: Path, install: list[list[str]]) -> str:
     return " && ".join(lines)
 
 
-def install_venv(venv: Path, install: list[list[str]], log_path: str,
-                 may_fail: Callable[[list[str]], bool] = lambda cmd: False) -> str | None:
+def install_venv(
+    venv: Path, install: list[list[str]], log_path: str, may_fail: Callable[[list[str]], bool] = lambda cmd: False
+) -> str | None:
     """Create ``venv`` if missing and run the ``install`` commands into it, logging to
     ``log_path``; returns why a command failed (one ``may_fail`` accepts is passed over), or None."""
     py = venv / "bin" / "python"
@@ -93,8 +94,9 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence], title: str | 
     numeric = [all(_looks_numeric(r[i]) for r in body) if body else False for i in range(len(headers))]
 
     def line(cells):
-        return "  ".join(str(c).rjust(w) if num else str(c).ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+        return "  ".join(
+            str(c).rjust(w) if num else str(c).ljust(w) for c, w, num in zip(cells, widths, numeric)
+        ).rstrip()
 
     out = []
     if title:
@@ -195,7 +197,9 @@ def update_summary(name: str, quick: bool, result: dict, wall_s: float, results_
             summary = json.load(f)
     summary.setdefault("benchmarks", {})
     summary["benchmarks"][name] = {
-        "command": command(name, quick), "quick": quick, "wall_s": wall_s,
+        "command": command(name, quick),
+        "quick": quick,
+        "wall_s": wall_s,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     summary.update(result.get("summary", {}))

@@ -20,8 +20,7 @@ from bench.common import REPO_ROOT, format_table, ratio
 
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
 STEPS_FULL, STEPS_QUICK = 100, 20
-SETTINGS = (("sync (eta 0, drain)", {"trainer.eta": 0, "rollout.weight_update": "drain"}),
-            ("async (eta 4)", {}))
+SETTINGS = (("sync (eta 0, drain)", {"trainer.eta": 0, "rollout.weight_update": "drain"}), ("async (eta 4)", {}))
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -114,10 +113,14 @@ def run(quick: bool) -> dict:
         print(f"{label}: {steps} steps ...", flush=True)
         summary, cpu = _measure(cfg, root / label.split()[0], steps)
         rl_s = summary["rl_time_s"]
-        runs[label] = {"rl_time_s": rl_s, "steps": steps,
-                       "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
-                       "cores": {k: v / rl_s for k, v in cpu.items()}, "cpu_s": cpu,
-                       "core_s_per_step": sum(cpu.values()) / steps}
+        runs[label] = {
+            "rl_time_s": rl_s,
+            "steps": steps,
+            "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
+            "cores": {k: v / rl_s for k, v in cpu.items()},
+            "cpu_s": cpu,
+            "core_s_per_step": sum(cpu.values()) / steps,
+        }
     roles = sorted({r for x in runs.values() for r in x["cores"]})
     labels = [lbl for lbl, _ in SETTINGS]
     rows = [(r, *(runs[lbl]["cores"].get(r, 0.0) for lbl in labels)) for r in roles]
@@ -125,8 +128,12 @@ def run(quick: bool) -> dict:
     rows.append(("core-seconds per step", *(runs[lbl]["core_s_per_step"] for lbl in labels)))
     rows.append(("RL seconds", *(runs[lbl]["rl_time_s"] for lbl in labels)))
     rows.append(("train tokens/s", *(runs[lbl]["effective_train_tokens_per_s"] for lbl in labels)))
-    print(format_table(["cores (CPU s / RL s)", *labels], rows,
-                       title=f"quickstart, {steps} steps each, CPU by process"))
+    print(
+        format_table(["cores (CPU s / RL s)", *labels], rows, title=f"quickstart, {steps} steps each, CPU by process")
+    )
     sync, asyn = (runs[lbl]["effective_train_tokens_per_s"] for lbl in labels)
-    return {"setup": {"config": str(CONFIG.relative_to(REPO_ROOT)), "steps": steps, "sample_interval_s": 0.5},
-            "runs": runs, "summary": {"core_split_async_over_sync": ratio(asyn, sync)}}
+    return {
+        "setup": {"config": str(CONFIG.relative_to(REPO_ROOT)), "steps": steps, "sample_interval_s": 0.5},
+        "runs": runs,
+        "summary": {"core_split_async_over_sync": ratio(asyn, sync)},
+    }

@@ -35,9 +35,19 @@ def _generate(model, jobs, invariant: bool) -> tuple[list, float]:
 
 def _jobs(n: int, vocab: int, new: int, seed: int, varied: bool) -> list:
     r = random.Random(seed)
-    return [([r.randrange(3, vocab) for _ in range(PROMPT)],
-             {"temperature": 1.0, "max_new_tokens": r.randrange(new // 4, new + 1) if varied else new,
-              "ignore_eos": True, "sampling_seed": 1000 + i}, f"r{i}") for i in range(n)]
+    return [
+        (
+            [r.randrange(3, vocab) for _ in range(PROMPT)],
+            {
+                "temperature": 1.0,
+                "max_new_tokens": r.randrange(new // 4, new + 1) if varied else new,
+                "ignore_eos": True,
+                "sampling_seed": 1000 + i,
+            },
+            f"r{i}",
+        )
+        for i in range(n)
+    ]
 
 
 def flips(model, n: int, new: int, vocab: int, invariant: bool) -> dict:
@@ -53,8 +63,13 @@ def flips(model, n: int, new: int, vocab: int, invariant: bool) -> dict:
         la = [x[0] for x in a.meta_info.output_token_logprobs[:upto]]
         lb = [x[0] for x in b.meta_info.output_token_logprobs[:upto]]
         lp_diff += sum(x != y for x, y in zip(la, lb))
-    return {"requests": n, "tokens_compared": compared, "flipped_requests": flipped,
-            "flips_per_million_tokens": flipped / compared * 1e6, "logprob_mismatch_share": lp_diff / compared}
+    return {
+        "requests": n,
+        "tokens_compared": compared,
+        "flipped_requests": flipped,
+        "flips_per_million_tokens": flipped / compared * 1e6,
+        "logprob_mismatch_share": lp_diff / compared,
+    }
 
 
 def cost(model, new: int, vocab: int, reps: int) -> dict:
@@ -66,33 +81,69 @@ def cost(model, new: int, vocab: int, reps: int) -> dict:
             out, s = _generate(model, jobs, inv)
             tps[inv].append(sum(len(o.output_ids) for o in out) / s)
     ratios = [i / d for d, i in zip(tps[False], tps[True])]
-    return {"default_tokens_per_s": median(tps[False]), "invariant_tokens_per_s": median(tps[True]),
-            "invariant_over_default": median(ratios), "ratio_spread": spread(ratios), "reps": reps}
+    return {
+        "default_tokens_per_s": median(tps[False]),
+        "invariant_tokens_per_s": median(tps[True]),
+        "invariant_over_default": median(ratios),
+        "ratio_spread": spread(ratios),
+        "reps": reps,
+    }
 
 
 def run(quick: bool) -> dict:
     from bench import models
 
     torch.set_num_threads(1)
-    plan = (("tiny", 16, 64, 2), ("smollm2-135m", 4, 24, 1)) if quick else \
-        (("tiny", 64, 96, 3), ("smollm2-135m", 16, 48, 3))
+    plan = (
+        (("tiny", 16, 64, 2), ("smollm2-135m", 4, 24, 1))
+        if quick
+        else (("tiny", 64, 96, 3), ("smollm2-135m", 16, 48, 3))
+    )
     rows, out = [], {}
     for name, n, new, reps in plan:
         model = models.load(name, torch.float32)
         vocab = min(model.config.vocab_size, 1000)
-        res = {"default": flips(model, n, new, vocab, False), "invariant": flips(model, n, new, vocab, True),
-               "cost": cost(model, new, vocab, reps)}
+        res = {
+            "default": flips(model, n, new, vocab, False),
+            "invariant": flips(model, n, new, vocab, True),
+            "cost": cost(model, new, vocab, reps),
+        }
         out[name] = res
         for mode in ("default", "invariant"):
             f = res[mode]
-            rows.append((name, mode, f["tokens_compared"], f"{f['flipped_requests']}/{f['requests']}",
-                         round(f["flips_per_million_tokens"]), f"{f['logprob_mismatch_share']:.3f}",
-                         round(res["cost"][f"{mode}_tokens_per_s"])))
-        print(f"{name}: batch-invariant / default throughput {res['cost']['invariant_over_default']:.3f} "
-              f"(spread {res['cost']['ratio_spread']})", flush=True)
-    print(format_table(["model", "mode", "tokens compared", "flipped requests", "flips / 1M tokens",
-                        "logprob bits differ (share)", "tokens/s (batch 64)"], rows,
-                       title="Seeded answers alone vs in a shrinking batch (float32, one core)"))
-    return {"models": out, "summary": {f"{m}_invariant_over_default": out[m]["cost"]["invariant_over_default"]
-                                       for m in out} | {f"{m}_default_flips_per_million": out[m]["default"][
-                                           "flips_per_million_tokens"] for m in out}}
+            rows.append(
+                (
+                    name,
+                    mode,
+                    f["tokens_compared"],
+                    f"{f['flipped_requests']}/{f['requests']}",
+                    round(f["flips_per_million_tokens"]),
+                    f"{f['logprob_mismatch_share']:.3f}",
+                    round(res["cost"][f"{mode}_tokens_per_s"]),
+                )
+            )
+        print(
+            f"{name}: batch-invariant / default throughput {res['cost']['invariant_over_default']:.3f} "
+            f"(spread {res['cost']['ratio_spread']})",
+            flush=True,
+        )
+    print(
+        format_table(
+            [
+                "model",
+                "mode",
+                "tokens compared",
+                "flipped requests",
+                "flips / 1M tokens",
+                "logprob bits differ (share)",
+                "tokens/s (batch 64)",
+            ],
+            rows,
+            title="Seeded answers alone vs in a shrinking batch (float32, one core)",
+        )
+    )
+    return {
+        "models": out,
+        "summary": {f"{m}_invariant_over_default": out[m]["cost"]["invariant_over_default"] for m in out}
+        | {f"{m}_default_flips_per_million": out[m]["default"]["flips_per_million_tokens"] for m in out},
+    }

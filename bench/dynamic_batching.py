@@ -58,11 +58,21 @@ def make_batch(rng: random.Random, vocab: int):
         for s in range(N_SAMPLES):
             i = g * N_SAMPLES + s
             out = [rng.randrange(3, vocab) for _ in range(lens[i])]
-            batch.append(Trajectory(
-                traj_id=f"b-p{g}-s{s}", group_id=f"p{g}", seq_no=i, admit_version=0, prompt_ids=prompt,
-                output_ids=out, output_logprobs=[-1.0] * len(out), output_versions=[0] * len(out),
-                finish_reason="stop", reward=float(rng.random() < 0.4) * 10 - 5, correct=None,
-            ))
+            batch.append(
+                Trajectory(
+                    traj_id=f"b-p{g}-s{s}",
+                    group_id=f"p{g}",
+                    seq_no=i,
+                    admit_version=0,
+                    prompt_ids=prompt,
+                    output_ids=out,
+                    output_logprobs=[-1.0] * len(out),
+                    output_versions=[0] * len(out),
+                    finish_reason="stop",
+                    reward=float(rng.random() < 0.4) * 10 - 5,
+                    correct=None,
+                )
+            )
     return batch
 
 
@@ -75,9 +85,14 @@ def make_trainer(model, mode: str, n_fixed: int):
     from areal_core.trainer.config import TrainerConfig
     from areal_core.trainer.trainer import Trainer
 
-    cfg = TrainerConfig(batch_size=B, microbatching="dynamic" if mode == "dynamic" else "fixed",
-                        max_tokens_per_microbatch=BUDGET, n_microbatches=max(1, n_fixed), adv_norm="group",
-                        optim={"lr": 1e-6})
+    cfg = TrainerConfig(
+        batch_size=B,
+        microbatching="dynamic" if mode == "dynamic" else "fixed",
+        max_tokens_per_microbatch=BUDGET,
+        n_microbatches=max(1, n_fixed),
+        adv_norm="group",
+        optim={"lr": 1e-6},
+    )
     return Trainer(model, cfg, temperature=1.0, total_steps=10_000)
 
 
@@ -89,8 +104,12 @@ def run(quick: bool) -> dict:
     torch.manual_seed(0)
     rng = random.Random(0)
     n_safe = memory_safe_fixed()
-    modes = {"dynamic": 0, f"fixed ({n_safe}, memory-safe)": n_safe, f"fixed ({PAPER_FIXED}, paper)": PAPER_FIXED,
-             PADDED: 0}
+    modes = {
+        "dynamic": 0,
+        f"fixed ({n_safe}, memory-safe)": n_safe,
+        f"fixed ({PAPER_FIXED}, paper)": PAPER_FIXED,
+        PADDED: 0,
+    }
     # one model per mode (same init): each trainer's optimizer touches only its own copy
     trainers = {}
     for name, n in modes.items():
@@ -114,12 +133,13 @@ def run(quick: bool) -> dict:
         total = sum(seqlens)
         totals.append(total)
         bounds.append(math.ceil(total / BUDGET))
-        for name in (order if r % 2 == 0 else order[::-1]):
+        for name in order if r % 2 == 0 else order[::-1]:
             tr = trainers[name]
             groups = tr.microbatches([t.prompt_ids for t in batch], [len(t.output_ids) for t in batch])
             # attention positions computed: the padded [n, L_max] view, or the real tokens (per-sequence)
-            attn_slots[name].append(sum(len(g) * max(seqlens[i] for i in g) for g in groups) if name == PADDED
-                                    else total)
+            attn_slots[name].append(
+                sum(len(g) * max(seqlens[i] for i in g) for g in groups) if name == PADDED else total
+            )
             with attention_for(name), Timer() as t:
                 c0 = time.thread_time()
                 stats = tr.step(batch, 0).metrics
@@ -133,28 +153,66 @@ def run(quick: bool) -> dict:
     attention = attention_table(batches[0], reps, quick)
     rows = []
     for name in order:
-        rows.append((name, median(tps[name]), median(times[name]), median(cpu[name]), median(passes[name]),
-                     median(bounds), median(attn_slots[name]) / median(totals),
-                     ratio(median(tps[dyn]), median(tps[name])), spread(paired(cpu, name, dyn))["median"]))
-    print(format_table(
-        ["micro-batching", "tokens/s", "step s", "cpu s", "fwd passes", "lower bound", "attn slots/real",
-         "dynamic gain", "gain (cpu, paired)"],
-        rows, title=f"trainer throughput, tiny model, B={B}, budget {BUDGET} tokens, {reps} batches "
-                    f"(median tokens/batch {median(totals):.0f})"))
+        rows.append(
+            (
+                name,
+                median(tps[name]),
+                median(times[name]),
+                median(cpu[name]),
+                median(passes[name]),
+                median(bounds),
+                median(attn_slots[name]) / median(totals),
+                ratio(median(tps[dyn]), median(tps[name])),
+                spread(paired(cpu, name, dyn))["median"],
+            )
+        )
+    print(
+        format_table(
+            [
+                "micro-batching",
+                "tokens/s",
+                "step s",
+                "cpu s",
+                "fwd passes",
+                "lower bound",
+                "attn slots/real",
+                "dynamic gain",
+                "gain (cpu, paired)",
+            ],
+            rows,
+            title=f"trainer throughput, tiny model, B={B}, budget {BUDGET} tokens, {reps} batches "
+            f"(median tokens/batch {median(totals):.0f})",
+        )
+    )
     gain = ratio(median(tps[dyn]), median(tps[safe]))
     return {
-        "setup": {"model": "tiny (quickstart shape)", "batch_size": B, "token_budget": BUDGET, "repetitions": reps,
-                  "answer_lengths": f"lognormal median 40, sigma 1, clipped to [4, {MAX_NEW}]",
-                  "prompt_lengths": list(PROMPT_LEN), "torch_threads": 1,
-                  "baseline": f"fixed micro-batches: {n_safe} = memory-safe count for the same budget (headline), "
-                              f"and the paper's {PAPER_FIXED}"},
-        "modes": {n: {"tokens_per_s": spread(tps[n]), "step_s": spread(times[n]), "step_cpu_s": spread(cpu[n]),
-                      "forward_passes": passes[n],
-                      "attention_slots_over_real_tokens": [p / t for p, t in zip(attn_slots[n], totals)]} for n in order},
+        "setup": {
+            "model": "tiny (quickstart shape)",
+            "batch_size": B,
+            "token_budget": BUDGET,
+            "repetitions": reps,
+            "answer_lengths": f"lognormal median 40, sigma 1, clipped to [4, {MAX_NEW}]",
+            "prompt_lengths": list(PROMPT_LEN),
+            "torch_threads": 1,
+            "baseline": f"fixed micro-batches: {n_safe} = memory-safe count for the same budget (headline), "
+            f"and the paper's {PAPER_FIXED}",
+        },
+        "modes": {
+            n: {
+                "tokens_per_s": spread(tps[n]),
+                "step_s": spread(times[n]),
+                "step_cpu_s": spread(cpu[n]),
+                "forward_passes": passes[n],
+                "attention_slots_over_real_tokens": [p / t for p, t in zip(attn_slots[n], totals)],
+            }
+            for n in order
+        },
         "tokens_per_batch": totals,
         "attention_forward_backward_cpu_s": attention,
-        "paired_cpu_ratios": {"dynamic_batching_gain": spread(paired(cpu, safe, dyn)),
-                              "per_sequence_attention_step_speedup": spread(paired(cpu, PADDED, dyn))},
+        "paired_cpu_ratios": {
+            "dynamic_batching_gain": spread(paired(cpu, safe, dyn)),
+            "per_sequence_attention_step_speedup": spread(paired(cpu, PADDED, dyn)),
+        },
         "forward_pass_lower_bound": bounds,
         "summary": {
             "dynamic_batching_gain": gain,
@@ -192,9 +250,13 @@ def attention_table(batch, reps: int, quick: bool) -> dict:
         n = 1 if "mask" in name else reps
         times[name] = spread([time_forward_backward(fn, mbs, 4, 2, 32) for _ in range(n)])
     best = times["per-sequence fused (trainer)"]["median"]
-    print(format_table(["attention (fwd + bwd)", "cpu s (median)", "min", "max", "n", "x trainer's"],
-                       [(k, v["median"], v["min"], v["max"], v["n"], v["median"] / best) for k, v in times.items()],
-                       title=f"attention alone on {len(mbs)} dynamic micro-batches ({sum(map(len, mbs))} sequences)"))
+    print(
+        format_table(
+            ["attention (fwd + bwd)", "cpu s (median)", "min", "max", "n", "x trainer's"],
+            [(k, v["median"], v["min"], v["max"], v["n"], v["median"] / best) for k, v in times.items()],
+            title=f"attention alone on {len(mbs)} dynamic micro-batches ({sum(map(len, mbs))} sequences)",
+        )
+    )
     return times
 
 

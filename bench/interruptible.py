@@ -41,8 +41,7 @@ def _length(rng: random.Random) -> int:
     return max(4, min(MAX_NEW, int(rng.lognormvariate(math.log(40), 1.0))))
 
 
-async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, window_s: float,
-                   seed: int) -> dict:
+async def _measure(url: str, models: list, cadence_s: float, warmup_s: float, window_s: float, seed: int) -> dict:
     from areal_core.rollout.backend import Sampling
     from areal_core.rollout.backends.embedded.client import EmbeddedClient
     from areal_core.rollout.weight_transport import TensorTransport
@@ -121,32 +120,62 @@ def run(quick: bool) -> dict:
     folder, models = _models(tmp)
     res: dict[str, list[dict]] = {"reprefill": [], "keep_kv": [], "drain": []}
     for r in progress(range(reps), desc="weight-update modes"):
-        order = list(res)[r % 3:] + list(res)[: r % 3]
+        order = list(res)[r % 3 :] + list(res)[: r % 3]
         for mode in order:
-            with start_server(folder, weight_update=mode, max_running=256,
-                              log_path=os.path.join(tmp, f"server-{mode}-{r}.log")) as srv:
+            with start_server(
+                folder, weight_update=mode, max_running=256, log_path=os.path.join(tmp, f"server-{mode}-{r}.log")
+            ) as srv:
                 res[mode].append(asyncio.run(_measure(srv.url, models, cadence_s, warmup_s, window_s, seed=r)))
     rows = []
     for mode, runs in res.items():
         lat = [x for run in runs for x in run["update_latency_s"]]
-        rows.append((mode, median([x["generated_tokens_per_s"] for x in runs]),
-                     median([x["finished_tokens_per_s"] for x in runs]),
-                     median([x["updates_in_window"] for x in runs]), median(lat) if lat else None,
-                     max(lat) if lat else None))
+        rows.append(
+            (
+                mode,
+                median([x["generated_tokens_per_s"] for x in runs]),
+                median([x["finished_tokens_per_s"] for x in runs]),
+                median([x["updates_in_window"] for x in runs]),
+                median(lat) if lat else None,
+                max(lat) if lat else None,
+            )
+        )
     by_mode = {row[0]: row[1] for row in rows}
     best = max(("reprefill", "keep_kv"), key=lambda m: by_mode[m] or 0)
     gain = ratio(by_mode[best], by_mode["drain"])
-    print(format_table(["weight update", "generated tok/s", "finished tok/s", "updates/window", "update s (median)",
-                        "update s (max)"], rows,
-                       title=f"generation throughput under weight updates every {cadence_s:.0f}s, tiny model, "
-                             f"{CONCURRENCY} concurrent requests, {reps}x{window_s:.0f}s windows"))
+    print(
+        format_table(
+            [
+                "weight update",
+                "generated tok/s",
+                "finished tok/s",
+                "updates/window",
+                "update s (median)",
+                "update s (max)",
+            ],
+            rows,
+            title=f"generation throughput under weight updates every {cadence_s:.0f}s, tiny model, "
+            f"{CONCURRENCY} concurrent requests, {reps}x{window_s:.0f}s windows",
+        )
+    )
     print(f"interruptible gain ({best} over drain): {gain:.3f}x" if gain else "interruptible gain: -")
     return {
-        "setup": {"model": "tiny (quickstart shape)", "concurrency": CONCURRENCY, "update_cadence_s": cadence_s,
-                  "answer_lengths": f"lognormal median 40, sigma 1, clipped to [4, {MAX_NEW}], ignore_eos",
-                  "warmup_s": warmup_s, "window_s": window_s, "repetitions": reps, "server_threads": 1},
-        "modes": {m: {"generated_tokens_per_s": spread([x["generated_tokens_per_s"] for x in runs]), "runs": runs}
-                  for m, runs in res.items()},
-        "summary": {"interruptible_gain": gain, "interruptible_best_mode": best,
-                    "keep_kv_over_reprefill": ratio(by_mode["keep_kv"], by_mode["reprefill"])},
+        "setup": {
+            "model": "tiny (quickstart shape)",
+            "concurrency": CONCURRENCY,
+            "update_cadence_s": cadence_s,
+            "answer_lengths": f"lognormal median 40, sigma 1, clipped to [4, {MAX_NEW}], ignore_eos",
+            "warmup_s": warmup_s,
+            "window_s": window_s,
+            "repetitions": reps,
+            "server_threads": 1,
+        },
+        "modes": {
+            m: {"generated_tokens_per_s": spread([x["generated_tokens_per_s"] for x in runs]), "runs": runs}
+            for m, runs in res.items()
+        },
+        "summary": {
+            "interruptible_gain": gain,
+            "interruptible_best_mode": best,
+            "keep_kv_over_reprefill": ratio(by_mode["keep_kv"], by_mode["reprefill"]),
+        },
     }

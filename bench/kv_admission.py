@@ -44,9 +44,16 @@ MIXED_BUDGET = 12 * 288
 def build_model(seed: int = 0):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=KV_HEADS * HEAD_DIM, intermediate_size=512, num_hidden_layers=LAYERS,
-                      num_attention_heads=KV_HEADS, num_key_value_heads=KV_HEADS, vocab_size=256,
-                      max_position_embeddings=1024, eos_token_id=0)
+    cfg = Qwen2Config(
+        hidden_size=KV_HEADS * HEAD_DIM,
+        intermediate_size=512,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=KV_HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=256,
+        max_position_embeddings=1024,
+        eos_token_id=0,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
@@ -71,6 +78,7 @@ def _sampling(max_new: int) -> dict:
 
 
 # -- memory of a server process ----------------------------------------------------------------
+
 
 def _status_kib(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
@@ -114,12 +122,20 @@ def server_memory(folder: str, kind: str, budget: int | None, seed: int, log_dir
         wall = time.perf_counter() - t0
         peak = _status_kib(srv.pid, "VmHWM")
     reserved = sum(len(p) + m for p, m in jobs)
-    return {"kind": kind, "budget_tokens": budget, "seed": seed, "base_rss_mib": base / 1024,
-            "peak_rss_mib": peak / 1024, "growth_mib": (peak - base) / 1024,
-            "burst_reservation_mib": reserved * BYTES_PER_TOKEN / 2**20, "tokens_per_s": tokens / wall}
+    return {
+        "kind": kind,
+        "budget_tokens": budget,
+        "seed": seed,
+        "base_rss_mib": base / 1024,
+        "peak_rss_mib": peak / 1024,
+        "growth_mib": (peak - base) / 1024,
+        "burst_reservation_mib": reserved * BYTES_PER_TOKEN / 2**20,
+        "tokens_per_s": tokens / wall,
+    }
 
 
 # -- in this process ----------------------------------------------------------------------------
+
 
 def engine_allocation(model, kind: str, budget: int | None, every: int = 0) -> dict:
     """Peak KV cache bytes of an engine over one burst; ``every`` > 0: one request per ``every`` steps."""
@@ -139,16 +155,21 @@ def engine_allocation(model, kind: str, budget: int | None, every: int = 0) -> d
         step += 1
         peak = max(peak, eng.kv_cache_bytes)
     assert all(f.done() for f in futs)
-    return {"kind": kind, "arrival": f"one per {every} steps" if every else "burst", "budget_tokens": budget,
-            "peak_kv_cache_mib": peak / 2**20}
+    return {
+        "kind": kind,
+        "arrival": f"one per {every} steps" if every else "burst",
+        "budget_tokens": budget,
+        "peak_kv_cache_mib": peak / 2**20,
+    }
 
 
 def engine_tokens_per_s(model, jobs, budget: int | None) -> float:
     from areal_core.rollout.backends.embedded.engine import RolloutEngine
     from areal_core.rollout.config import KVBudget
 
-    eng = RolloutEngine(model, max_running=256, start=False, seed=0,
-                        kv_budget=None if budget is None else KVBudget(tokens=budget))
+    eng = RolloutEngine(
+        model, max_running=256, start=False, seed=0, kv_budget=None if budget is None else KVBudget(tokens=budget)
+    )
     t0 = time.perf_counter()
     futs = [eng.submit(p, _sampling(m)) for p, m in jobs]
     while eng.step():
@@ -169,11 +190,16 @@ def throughput_pairs(reps: int) -> dict:
         free.append(engine_tokens_per_s(model, jobs, None))
         bound.append(engine_tokens_per_s(model, jobs, budget))
     ratios = [b / f for b, f in zip(bound, free)]
-    return {"budget_tokens": budget, "unbounded_tok_s": spread(free), "budgeted_tok_s": spread(bound),
-            "ratio": spread(ratios)}
+    return {
+        "budget_tokens": budget,
+        "unbounded_tok_s": spread(free),
+        "budgeted_tok_s": spread(bound),
+        "ratio": spread(ratios),
+    }
 
 
 # -- the benchmark -------------------------------------------------------------------------------
+
 
 def _save_model(log_dir: str) -> str:
     folder = os.path.join(log_dir, "model")
@@ -190,27 +216,63 @@ def _memory_table(memory: list[dict]) -> str:
     for m in memory:
         budget = _mib(m["budget_tokens"])
         over = None if budget is None else m["growth_mib"] - budget
-        rows.append((m["kind"], "none" if budget is None else budget, m["seed"], m["base_rss_mib"], m["peak_rss_mib"],
-                     m["growth_mib"], over, m["burst_reservation_mib"], m["tokens_per_s"]))
-    return format_table(["burst", "budget MiB", "seed", "RSS after warm-up", "peak RSS", "growth", "growth - budget",
-                         "burst reserves", "tok/s"], rows,
-                        title=f"server RSS (MiB) under a burst of {BURST} requests "
-                              f"({BYTES_PER_TOKEN} bytes of KV per token)")
+        rows.append(
+            (
+                m["kind"],
+                "none" if budget is None else budget,
+                m["seed"],
+                m["base_rss_mib"],
+                m["peak_rss_mib"],
+                m["growth_mib"],
+                over,
+                m["burst_reservation_mib"],
+                m["tokens_per_s"],
+            )
+        )
+    return format_table(
+        [
+            "burst",
+            "budget MiB",
+            "seed",
+            "RSS after warm-up",
+            "peak RSS",
+            "growth",
+            "growth - budget",
+            "burst reserves",
+            "tok/s",
+        ],
+        rows,
+        title=f"server RSS (MiB) under a burst of {BURST} requests ({BYTES_PER_TOKEN} bytes of KV per token)",
+    )
 
 
 def _throughput_table(t: dict) -> str:
-    return format_table(["engine", "median tok/s", "min", "max", "n"],
-                        [("unbounded", *t["unbounded_tok_s"].values()),
-                         ("budget = workload", *t["budgeted_tok_s"].values()),
-                         ("ratio budgeted / unbounded", *t["ratio"].values())],
-                        title=f"throughput when the budget fits ({t['budget_tokens']} positions, never binding)")
+    return format_table(
+        ["engine", "median tok/s", "min", "max", "n"],
+        [
+            ("unbounded", *t["unbounded_tok_s"].values()),
+            ("budget = workload", *t["budgeted_tok_s"].values()),
+            ("ratio budgeted / unbounded", *t["ratio"].values()),
+        ],
+        title=f"throughput when the budget fits ({t['budget_tokens']} positions, never binding)",
+    )
 
 
 def _allocation_table(rows: list[dict]) -> str:
-    return format_table(["requests", "arrival", "budget MiB", "peak KV cache MiB", "over budget"],
-                        [(a["kind"], a["arrival"], _mib(a["budget_tokens"]) or "none", a["peak_kv_cache_mib"],
-                          None if a["budget_tokens"] is None else a["peak_kv_cache_mib"] / _mib(a["budget_tokens"]))
-                         for a in rows], title="what the engine's KV cache allocates (K/V and mask)")
+    return format_table(
+        ["requests", "arrival", "budget MiB", "peak KV cache MiB", "over budget"],
+        [
+            (
+                a["kind"],
+                a["arrival"],
+                _mib(a["budget_tokens"]) or "none",
+                a["peak_kv_cache_mib"],
+                None if a["budget_tokens"] is None else a["peak_kv_cache_mib"] / _mib(a["budget_tokens"]),
+            )
+            for a in rows
+        ],
+        title="what the engine's KV cache allocates (K/V and mask)",
+    )
 
 
 def run(quick: bool) -> dict:
@@ -222,8 +284,11 @@ def run(quick: bool) -> dict:
     load_before = os.getloadavg()
     memory = [server_memory(folder, kind, budget, seed, log_dir) for seed in range(mem_reps) for kind, budget in cases]
     model = build_model()
-    allocation = [engine_allocation(model, kind, budget, every)
-                  for kind, every in (("equal", 0), ("equal", 5), ("mixed", 0)) for budget in (None, MIXED_BUDGET)]
+    allocation = [
+        engine_allocation(model, kind, budget, every)
+        for kind, every in (("equal", 0), ("equal", 5), ("mixed", 0))
+        for budget in (None, MIXED_BUDGET)
+    ]
     tput = throughput_pairs(tput_reps)
     load_after = os.getloadavg()
     print(_memory_table(memory))
@@ -232,17 +297,28 @@ def run(quick: bool) -> dict:
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
 
     def over_budget(kind: str, budget: int) -> float:
-        return median([m["growth_mib"] - _mib(budget) for m in memory
-                       if m["kind"] == kind and m["budget_tokens"] == budget])
+        return median(
+            [m["growth_mib"] - _mib(budget) for m in memory if m["kind"] == kind and m["budget_tokens"] == budget]
+        )
 
     return {
-        "bytes_per_token": BYTES_PER_TOKEN, "memory": memory, "allocation": allocation, "throughput": tput,
-        "load_average_before": load_before, "load_average_after": load_after,
+        "bytes_per_token": BYTES_PER_TOKEN,
+        "memory": memory,
+        "allocation": allocation,
+        "throughput": tput,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "summary": {
             **{f"kv_budget_rss_mib_over_budget_equal_{_mib(b):g}mib": over_budget("equal", b) for b in BUDGETS},
             f"kv_budget_rss_mib_over_budget_mixed_{_mib(MIXED_BUDGET):g}mib": over_budget("mixed", MIXED_BUDGET),
-            **{f"kv_budget_cache_over_budget_{a['kind']}_{'trickle' if 'per' in a['arrival'] else 'burst'}":
-               a["peak_kv_cache_mib"] / _mib(a["budget_tokens"]) for a in allocation if a["budget_tokens"] is not None},
+            **{
+                f"kv_budget_cache_over_budget_{a['kind']}_{'trickle' if 'per' in a['arrival'] else 'burst'}": a[
+                    "peak_kv_cache_mib"
+                ]
+                / _mib(a["budget_tokens"])
+                for a in allocation
+                if a["budget_tokens"] is not None
+            },
             "kv_budget_fitting_throughput_ratio": tput["ratio"]["median"],
         },
     }

@@ -34,8 +34,16 @@ def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str 
     reuse finished runs decide so before calling); its summary plus the wall time around the command."""
     run_dir = root / label
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "train", config, "--run-dir", str(run_dir),
-           "--no-progress", "--set", f"seed={seed}"]
+    cmd = [
+        str(REPO_ROOT / ".venv" / "bin" / "areal-flow"),
+        "train",
+        config,
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--set",
+        f"seed={seed}",
+    ]
     for s in sets:
         cmd += ["--set", s]
     root.mkdir(parents=True, exist_ok=True)
@@ -57,12 +65,19 @@ def run_row(label: str, seed: int, sets: tuple[str, ...], run_dir: Path, wall: f
     summary = json.loads((run_dir / "summary.json").read_text())
     ws = json.loads((run_dir / "config.json").read_text())["model"]["warm_start"]
     return {
-        "label": label, "seed": seed, "sets": list(sets), "run_dir": str(run_dir),
-        "before": summary["accuracy_before"], "after": summary["accuracy_after"],
+        "label": label,
+        "seed": seed,
+        "sets": list(sets),
+        "run_dir": str(run_dir),
+        "before": summary["accuracy_before"],
+        "after": summary["accuracy_after"],
         "gain": summary["accuracy_after"] - summary["accuracy_before"],
-        "command_wall_s": wall if wall is not None else summary["wall_time_s"], "run_wall_s": summary["wall_time_s"],
-        "rl_time_s": summary["rl_time_s"], "tokens_per_s": summary["effective_train_tokens_per_s"],
-        "max_staleness": summary["max_staleness_observed"], "warm_start": ws,
+        "command_wall_s": wall if wall is not None else summary["wall_time_s"],
+        "run_wall_s": summary["wall_time_s"],
+        "rl_time_s": summary["rl_time_s"],
+        "tokens_per_s": summary["effective_train_tokens_per_s"],
+        "max_staleness": summary["max_staleness_observed"],
+        "warm_start": ws,
         "warm_start_steps": (summary.get("warm_start") or {}).get("steps"),
         "warm_start_val_accuracy": (summary.get("warm_start") or {}).get("val_accuracy"),
     }

@@ -40,8 +40,9 @@ def tiny_model_dir(folder: str) -> str:
     from areal_core.models.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
-    model = build_tiny(TinyArch(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                                  intermediate_size=512), tok, seed=0)
+    model = build_tiny(
+        TinyArch(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512), tok, seed=0
+    )
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -87,8 +88,7 @@ async def _generate_all(url: str, n: int, max_new_tokens: int) -> tuple[int, lis
     return ok, errors, tokens
 
 
-def generate_load(model_dir: str, n: int, max_new_tokens: int = 32, rounds: int = 1,
-                  max_running: int = 256) -> dict:
+def generate_load(model_dir: str, n: int, max_new_tokens: int = 32, rounds: int = 1, max_running: int = 256) -> dict:
     """``rounds`` x ``n`` concurrent generate requests against one fresh embedded server."""
     with start_server(model_dir, max_running=max_running) as srv:
         out = {"requests": n, "rounds": [], "max_running": max_running, "max_new_tokens": max_new_tokens}
@@ -97,8 +97,16 @@ def generate_load(model_dir: str, n: int, max_new_tokens: int = 32, rounds: int 
             t0 = time.perf_counter()
             ok, errors, tokens = asyncio.run(_generate_all(srv.url, n, max_new_tokens))
             wall = time.perf_counter() - t0
-            out["rounds"].append({"ok": ok, "errors": len(errors), "first_errors": errors[:3],
-                                  "wall_s": wall, "tokens_per_s": tokens / wall, **rss.stop()})
+            out["rounds"].append(
+                {
+                    "ok": ok,
+                    "errors": len(errors),
+                    "first_errors": errors[:3],
+                    "wall_s": wall,
+                    "tokens_per_s": tokens / wall,
+                    **rss.stop(),
+                }
+            )
         out["server_alive"] = srv.alive()
     return out
 
@@ -132,9 +140,18 @@ def reward_load(n: int, n_workers: int = 1) -> dict:
         finished = done.wait(timeout=max(120.0, n / 20))
         wall = time.perf_counter() - t0
         mem = rss.stop()
-    return {"tasks": n, "completed": count[0], "finished": finished, "errors": len(errors),
-            "first_errors": errors[:3], "correct": correct[0], "wall_s": wall, "tasks_per_s": count[0] / wall,
-            "resubmitted": rewards.n_resubmitted, "main_process": mem}
+    return {
+        "tasks": n,
+        "completed": count[0],
+        "finished": finished,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "correct": correct[0],
+        "wall_s": wall,
+        "tasks_per_s": count[0] / wall,
+        "resubmitted": rewards.n_resubmitted,
+        "main_process": mem,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"reward": rew}, indent=2), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"generate": gen, "reward": rew}, indent=2))
-    ok = all(r["errors"] == 0 and r["ok"] == args.requests for r in gen["rounds"]) and \
-        rew["errors"] == 0 and rew["completed"] == args.tasks
+    ok = (
+        all(r["errors"] == 0 and r["ok"] == args.requests for r in gen["rounds"])
+        and rew["errors"] == 0
+        and rew["completed"] == args.tasks
+    )
     return 0 if ok else 1
 
 

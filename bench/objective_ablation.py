@@ -37,20 +37,35 @@ SEEDS_FULL, SEEDS_QUICK = (0, 1, 2), (0,)
 QUICK_STEPS = 40
 TIGHT_CLIP, TIGHT_CLIP_TAG = 0.05, "05"
 SETTINGS = {
-    **{f"eta{eta}-{objective}": (f"trainer.eta={eta}", f"trainer.objective={objective}")
-       for eta in ETAS for objective in ("decoupled", "naive")},
+    **{
+        f"eta{eta}-{objective}": (f"trainer.eta={eta}", f"trainer.objective={objective}")
+        for eta in ETAS
+        for objective in ("decoupled", "naive")
+    },
     # AReaL drops tokens whose behaviour weight pi_prox / pi_behav passes a cap (its configs use 5)
-    f"eta{ETAS[-1]}-decoupled-cap{CAP}": (f"trainer.eta={ETAS[-1]}", "trainer.objective=decoupled",
-                                          "trainer.off_policy.kind=cap", f"trainer.off_policy.cap={CAP}"),
+    f"eta{ETAS[-1]}-decoupled-cap{CAP}": (
+        f"trainer.eta={ETAS[-1]}",
+        "trainer.objective=decoupled",
+        "trainer.off_policy.kind=cap",
+        f"trainer.off_policy.cap={CAP}",
+    ),
     "sync": SYNC,
     # 4 PPO minibatches per step (so pi_prox differs from the policy being updated, and the policy
     # moves 4 optimizer steps per version): naive, decoupled with the cap, and sync, at the same setting
-    **{f"eta{eta}-naive-mb4": (f"trainer.eta={eta}", "trainer.objective=naive", "trainer.ppo_minibatches=4")
-       for eta in ETAS},
-    **{f"eta{eta}-decoupled-cap{CAP}-mb4": (f"trainer.eta={eta}", "trainer.objective=decoupled",
-                                            "trainer.off_policy.kind=cap", f"trainer.off_policy.cap={CAP}",
-                                            "trainer.ppo_minibatches=4")
-       for eta in ETAS},
+    **{
+        f"eta{eta}-naive-mb4": (f"trainer.eta={eta}", "trainer.objective=naive", "trainer.ppo_minibatches=4")
+        for eta in ETAS
+    },
+    **{
+        f"eta{eta}-decoupled-cap{CAP}-mb4": (
+            f"trainer.eta={eta}",
+            "trainer.objective=decoupled",
+            "trainer.off_policy.kind=cap",
+            f"trainer.off_policy.cap={CAP}",
+            "trainer.ppo_minibatches=4",
+        )
+        for eta in ETAS
+    },
     "sync-mb4": SYNC + ("trainer.ppo_minibatches=4",),
     # naive PPO with a tight trust region (docs/RL_TUNING.md 7.3, fifth setting): at the default eps 0.2 the clip around the
     # behaviour policy rarely binds on this model (0.6-0.9 % of tokens at eta 8); at 0.05 it does. With one
@@ -88,10 +103,22 @@ def _table(rows: list[dict], names, seeds, title: str) -> dict[str, tuple[float,
         mine = [r for r in rows if r["setting"] == name]
         after = [r["after"] for r in mine]
         stats[name] = m, s = mean_std(after)
-        table.append((name, " ".join(f"{a:.3f}" for a in after), f"{m:.3f} ± {s:.3f}",
-                      f"{statistics.fmean(r['gain'] for r in mine):+.3f}", max(r["max_staleness"] for r in mine)))
-    print(format_table(["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
-                       table, title=title))
+        table.append(
+            (
+                name,
+                " ".join(f"{a:.3f}" for a in after),
+                f"{m:.3f} ± {s:.3f}",
+                f"{statistics.fmean(r['gain'] for r in mine):+.3f}",
+                max(r["max_staleness"] for r in mine),
+            )
+        )
+    print(
+        format_table(
+            ["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
+            table,
+            title=title,
+        )
+    )
     return stats
 
 
@@ -122,8 +149,10 @@ SMOLLM2_SETTINGS = {
     "sync": SYNC,
     "eta8-naive": ("trainer.eta=8", "trainer.objective=naive"),
     "eta8-decoupled": ("trainer.eta=8", "trainer.objective=decoupled"),
-    **{f"eta8-decoupled-{k}": ("trainer.eta=8", "trainer.objective=decoupled", f"trainer.off_policy.kind={k}")
-       for k in SMOLLM2_CORRECTIONS},
+    **{
+        f"eta8-decoupled-{k}": ("trainer.eta=8", "trainer.objective=decoupled", f"trainer.off_policy.kind={k}")
+        for k in SMOLLM2_CORRECTIONS
+    },
 }
 
 
@@ -140,14 +169,19 @@ def run_smollm2(quick: bool) -> dict:
         for name, sets in SMOLLM2_SETTINGS.items():
             label = f"{name}-seed{seed}"
             done = root / label / "summary.json"
-            row = run_row(label, seed, sets + extra, root / label) if done.is_file() and not quick else \
-                train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG)
+            row = (
+                run_row(label, seed, sets + extra, root / label)
+                if done.is_file() and not quick
+                else train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG)
+            )
             rows.append({"setting": name, **row})
     stats = _table(rows, SMOLLM2_SETTINGS, seeds, "SmolLM2-135M: objective ablation (held-out accuracy after RL)")
     out = (RESULTS_DIR / "quick" if quick else RESULTS_DIR) / "objective_ablation_smollm2.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     _plot_curves(rows, out)
-    summary = {f"{n}_after_mean": m for n, (m, _) in stats.items()} | {f"{n}_after_std": s for n, (_, s) in stats.items()}
+    summary = {f"{n}_after_mean": m for n, (m, _) in stats.items()} | {
+        f"{n}_after_std": s for n, (_, s) in stats.items()
+    }
     summary["naive_minus_decoupled"] = summary["eta8-naive_after_mean"] - summary["eta8-decoupled_after_mean"]
     summary["decoupled_minus_sync"] = summary["eta8-decoupled_after_mean"] - summary["sync_after_mean"]
     return {"model": "smollm2-135m", "seeds": list(seeds), "rows": rows, "summary": summary, "plot": str(out)}
@@ -163,8 +197,11 @@ def _plot_curves(rows: list[dict], path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in dict.fromkeys(r["setting"] for r in rows):
-        curves = [pd.read_parquet(f"{r['run_dir']}/metrics.parquet").set_index("step")["accuracy"]
-                  for r in rows if r["setting"] == name]
+        curves = [
+            pd.read_parquet(f"{r['run_dir']}/metrics.parquet").set_index("step")["accuracy"]
+            for r in rows
+            if r["setting"] == name
+        ]
         ax.plot(pd.concat(curves, axis=1).mean(axis=1).rolling(3, min_periods=1).mean(), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("batch accuracy (mean over seeds, 3-step average)")
@@ -190,22 +227,35 @@ def run(quick: bool, model: str = "tiny") -> dict:
                 row = _finished_run(runs_root("quickstart_seeds") / label, seed, sets, wait=True)
             rows.append({"setting": name, **(row or train(label, seed, sets + extra, root))})
     summary = {}
-    for name, (m, s) in _table(rows, SETTINGS, seeds, "objective ablation (held-out accuracy after 300 RL steps)").items():
+    for name, (m, s) in _table(
+        rows, SETTINGS, seeds, "objective ablation (held-out accuracy after 300 RL steps)"
+    ).items():
         summary[f"{name}_after_mean"], summary[f"{name}_after_std"] = m, s
     for eta in ETAS:
-        d, n, sy = (summary[f"eta{eta}-decoupled_after_mean"], summary[f"eta{eta}-naive_after_mean"],
-                    summary["sync_after_mean"])
+        d, n, sy = (
+            summary[f"eta{eta}-decoupled_after_mean"],
+            summary[f"eta{eta}-naive_after_mean"],
+            summary["sync_after_mean"],
+        )
         summary.update({f"eta{eta}_naive_minus_decoupled": n - d, f"eta{eta}_decoupled_minus_sync": d - sy})
-        print(f"eta {eta}: naive - decoupled {n - d:+.3f}; decoupled - sync {d - sy:+.3f} "
-              f"(means over seeds {list(seeds)})")
+        print(
+            f"eta {eta}: naive - decoupled {n - d:+.3f}; decoupled - sync {d - sy:+.3f} "
+            f"(means over seeds {list(seeds)})"
+        )
     capped, n = summary[f"eta{ETAS[-1]}-decoupled-cap{CAP}_after_mean"], summary[f"eta{ETAS[-1]}-naive_after_mean"]
     summary.update({"capped_minus_naive": capped - n, "capped_minus_sync": capped - summary["sync_after_mean"]})
-    print(f"eta {ETAS[-1]}, decoupled with behaviour weights capped at {CAP}: naive - capped {n - capped:+.3f}; "
-          f"capped - sync {capped - summary['sync_after_mean']:+.3f}")
+    print(
+        f"eta {ETAS[-1]}, decoupled with behaviour weights capped at {CAP}: naive - capped {n - capped:+.3f}; "
+        f"capped - sync {capped - summary['sync_after_mean']:+.3f}"
+    )
     for e in ETAS:
-        n4, d4, s4 = (summary[f"eta{e}-naive-mb4_after_mean"], summary[f"eta{e}-decoupled-cap{CAP}-mb4_after_mean"],
-                      summary["sync-mb4_after_mean"])
+        n4, d4, s4 = (
+            summary[f"eta{e}-naive-mb4_after_mean"],
+            summary[f"eta{e}-decoupled-cap{CAP}-mb4_after_mean"],
+            summary["sync-mb4_after_mean"],
+        )
         summary.update({f"eta{e}_mb4_naive_minus_decoupled": n4 - d4, f"eta{e}_mb4_decoupled_minus_sync": d4 - s4})
-        print(f"eta {e}, 4 PPO minibatches: naive - decoupled (cap {CAP}) {n4 - d4:+.3f}; "
-              f"decoupled - sync {d4 - s4:+.3f}")
+        print(
+            f"eta {e}, 4 PPO minibatches: naive - decoupled (cap {CAP}) {n4 - d4:+.3f}; decoupled - sync {d4 - s4:+.3f}"
+        )
     return {"etas": list(ETAS), "seeds": list(seeds), "rows": rows, "summary": summary}

@@ -57,8 +57,9 @@ class Pool:
         from areal_core.rollout.backends.embedded.launcher import start_server
 
         self.n += 1
-        s = start_server(self.base, api_key=self.key, log_path=str(self.log_dir / f"server{self.n}.log"),
-                         max_running=256)
+        s = start_server(
+            self.base, api_key=self.key, log_path=str(self.log_dir / f"server{self.n}.log"), max_running=256
+        )
         self.servers.append(s)
         return s
 
@@ -86,8 +87,13 @@ def one_run(label: str, seed: int, steps: int, kill_every: int | None, root: Pat
     pool = Pool(_base_model(root), key, log_dir)
     first = [pool.start(), pool.start()]
     announce(join, [s.url for s in first])
-    sets = [f"seed={seed}", f"trainer.max_steps={steps}", "rollout.min_servers=1", f"rollout.join_from={join}",
-            f"rollout.backend={{kind: external, urls: [{first[0].url}, {first[1].url}], api_key_env: {KEY_ENV}}}"]
+    sets = [
+        f"seed={seed}",
+        f"trainer.max_steps={steps}",
+        "rollout.min_servers=1",
+        f"rollout.join_from={join}",
+        f"rollout.backend={{kind: external, urls: [{first[0].url}, {first[1].url}], api_key_env: {KEY_ENV}}}",
+    ]
     cmd = [str(REPO_ROOT / ".venv/bin/areal-flow"), "train", CONFIG, "--run-dir", str(run_dir), "--no-progress"]
     for s in sets:
         cmd += ["--set", s]
@@ -95,8 +101,9 @@ def one_run(label: str, seed: int, steps: int, kill_every: int | None, root: Pat
     events: list[dict] = []
     t0 = time.perf_counter()
     with open(root / f"{label}.log", "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, KEY_ENV: key})
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, KEY_ENV: key}
+        )
         try:
             next_kill = kill_every
             while proc.poll() is None:
@@ -137,20 +144,36 @@ def _row(label: str, seed: int, kill_every: int | None, run_dir: Path, wall: flo
     n, batch = cfg["rollout"]["n_samples"], cfg["trainer"]["batch_size"]
     per_group = ledger["trajectory_id"].str.rsplit("-s", n=1).str[0].value_counts()
     per_step = ledger.groupby("step").size()
-    lost = int((n - per_group[per_group < n]).sum()) + int((batch - per_step[per_step < batch]).sum()) \
+    lost = (
+        int((n - per_group[per_group < n]).sum())
+        + int((batch - per_step[per_step < batch]).sum())
         + batch * len(summary["ledger_check"]["missing_steps"])
-    row = {"label": label, "seed": seed, "kill_every": kill_every, "run_dir": str(run_dir),
-           "before": summary["accuracy_before"], "after": summary["accuracy_after"],
-           "gain": summary["accuracy_after"] - summary["accuracy_before"],
-           "trajectories_lost": lost, "trajectories_duplicated": int(ledger["trajectory_id"].duplicated().sum()),
-           "max_staleness": int((ledger["trained_by_version"] - ledger["min_token_version"]).max()),
-           "eta": cfg["trainer"]["eta"], "ledger_ok": summary["ledger_check"]["ok"],
-           "tokens_per_s": summary["effective_train_tokens_per_s"], "rl_time_s": summary["rl_time_s"],
-           "wall_s": wall, "pool": summary["rollout_pool"], "resubmits": summary["rollout_resubmits"],
-           "events": events}
-    say(f"{label}: {row['before']:.3f} -> {row['after']:.3f}, lost {lost}, twice {row['trajectories_duplicated']}, "
+    )
+    row = {
+        "label": label,
+        "seed": seed,
+        "kill_every": kill_every,
+        "run_dir": str(run_dir),
+        "before": summary["accuracy_before"],
+        "after": summary["accuracy_after"],
+        "gain": summary["accuracy_after"] - summary["accuracy_before"],
+        "trajectories_lost": lost,
+        "trajectories_duplicated": int(ledger["trajectory_id"].duplicated().sum()),
+        "max_staleness": int((ledger["trained_by_version"] - ledger["min_token_version"]).max()),
+        "eta": cfg["trainer"]["eta"],
+        "ledger_ok": summary["ledger_check"]["ok"],
+        "tokens_per_s": summary["effective_train_tokens_per_s"],
+        "rl_time_s": summary["rl_time_s"],
+        "wall_s": wall,
+        "pool": summary["rollout_pool"],
+        "resubmits": summary["rollout_resubmits"],
+        "events": events,
+    }
+    say(
+        f"{label}: {row['before']:.3f} -> {row['after']:.3f}, lost {lost}, twice {row['trajectories_duplicated']}, "
         f"staleness <= {row['max_staleness']} (eta {row['eta']}), {row['tokens_per_s']:.0f} tok/s, "
-        f"{len(summary['rollout_pool']['left'])} left / {len(summary['rollout_pool']['joined'])} joined")
+        f"{len(summary['rollout_pool']['left'])} left / {len(summary['rollout_pool']['joined'])} joined"
+    )
     return row
 
 
@@ -164,19 +187,50 @@ def run(quick: bool) -> dict:
         rows.append(one_run(f"preempted-s{seed}", seed, steps, every, root))
     steady = [r for r in rows if r["kill_every"] is None]
     hit = [r for r in rows if r["kill_every"] is not None]
-    table = [(f"preempted every {every} steps" if r["kill_every"] else "undisturbed", r["seed"], r["after"],
-              r["gain"], r["trajectories_lost"], r["trajectories_duplicated"], f"{r['max_staleness']} / {r['eta']}",
-              r["tokens_per_s"], len(r["pool"]["left"]), len(r["pool"]["joined"])) for r in rows]
-    print(format_table(["pool", "seed", "held-out after", "gain", "lost", "trained twice", "staleness / eta",
-                        "train tok/s", "left", "joined"], table,
-                       title=f"quickstart, {steps} steps, 2 servers (external, distributed transport)"))
+    table = [
+        (
+            f"preempted every {every} steps" if r["kill_every"] else "undisturbed",
+            r["seed"],
+            r["after"],
+            r["gain"],
+            r["trajectories_lost"],
+            r["trajectories_duplicated"],
+            f"{r['max_staleness']} / {r['eta']}",
+            r["tokens_per_s"],
+            len(r["pool"]["left"]),
+            len(r["pool"]["joined"]),
+        )
+        for r in rows
+    ]
+    print(
+        format_table(
+            [
+                "pool",
+                "seed",
+                "held-out after",
+                "gain",
+                "lost",
+                "trained twice",
+                "staleness / eta",
+                "train tok/s",
+                "left",
+                "joined",
+            ],
+            table,
+            title=f"quickstart, {steps} steps, 2 servers (external, distributed transport)",
+        )
+    )
     ratios = [h["tokens_per_s"] / s["tokens_per_s"] for s, h in zip(steady, hit)]
-    summary = {"trajectories_lost": sum(r["trajectories_lost"] for r in hit),
-               "trajectories_duplicated": sum(r["trajectories_duplicated"] for r in hit),
-               "max_staleness": max(r["max_staleness"] for r in hit), "eta": hit[0]["eta"],
-               "servers_killed": sum(len(r["pool"]["left"]) for r in hit),
-               "servers_joined": sum(len(r["pool"]["joined"]) for r in hit),
-               "gain_preempted": mean_std([r["gain"] for r in hit]), "gain_undisturbed": mean_std([r["gain"] for r in steady]),
-               "throughput_preempted_over_undisturbed": ratios}
+    summary = {
+        "trajectories_lost": sum(r["trajectories_lost"] for r in hit),
+        "trajectories_duplicated": sum(r["trajectories_duplicated"] for r in hit),
+        "max_staleness": max(r["max_staleness"] for r in hit),
+        "eta": hit[0]["eta"],
+        "servers_killed": sum(len(r["pool"]["left"]) for r in hit),
+        "servers_joined": sum(len(r["pool"]["joined"]) for r in hit),
+        "gain_preempted": mean_std([r["gain"] for r in hit]),
+        "gain_undisturbed": mean_std([r["gain"] for r in steady]),
+        "throughput_preempted_over_undisturbed": ratios,
+    }
     print(f"preempted / undisturbed training throughput per seed: {', '.join(f'{x:.3f}' for x in ratios)}")
     return {"rows": rows, "summary": summary}

@@ -41,8 +41,15 @@ def make_trainer(prox_logp: str):
     from bench.models import build_tiny_model
 
     model, _ = build_tiny_model(seed=0)
-    cfg = TrainerConfig(batch_size=B, ppo_minibatches=MINIBATCHES, prox_logp=prox_logp, microbatching="dynamic",
-                        max_tokens_per_microbatch=BUDGET, adv_norm="group", optim={"lr": 1e-6})
+    cfg = TrainerConfig(
+        batch_size=B,
+        ppo_minibatches=MINIBATCHES,
+        prox_logp=prox_logp,
+        microbatching="dynamic",
+        max_tokens_per_microbatch=BUDGET,
+        adv_norm="group",
+        optim={"lr": 1e-6},
+    )
     return Trainer(model, cfg, temperature=1.0, total_steps=10_000)
 
 
@@ -65,7 +72,7 @@ def run(quick: bool) -> dict:
     cpu = {m: [] for m in modes}  # this thread's CPU seconds: less hit by other load than wall time
     passes = {m: [] for m in modes}
     for r, batch in enumerate(progress(batches, desc="prox_approx")):
-        for m in (modes if r % 2 == 0 else modes[::-1]):
+        for m in modes if r % 2 == 0 else modes[::-1]:
             with Timer() as t:
                 c0 = time.thread_time()
                 stats = trainers[m].step(batch, VERSION)
@@ -75,20 +82,41 @@ def run(quick: bool) -> dict:
             passes[m].append(stats["prox_forward_passes"] + stats["forward_passes"])
     speedups = [a / b for a, b in zip(times["recompute"], times["loglinear"])]
     cpu_speedups = [a / b for a, b in zip(cpu["recompute"], cpu["loglinear"])]
-    rows = [(m, median(times[m]), min(times[m]), max(times[m]), median(cpu[m]), median(passes[m]),
-             ratio(median(times["recompute"]), median(times[m])), ratio(median(cpu["recompute"]), median(cpu[m])))
-            for m in modes]
-    print(format_table(["prox_logp", "step s (median)", "min", "max", "cpu s", "forward passes", "speedup",
-                        "speedup (cpu)"], rows,
-                       title=f"trainer step, tiny model, B={B}, ppo_minibatches={MINIBATCHES}, {reps} batches; "
-                             f"per-batch speedup wall {min(speedups):.2f}..{max(speedups):.2f}, "
-                             f"cpu {min(cpu_speedups):.2f}..{max(cpu_speedups):.2f}"))
+    rows = [
+        (
+            m,
+            median(times[m]),
+            min(times[m]),
+            max(times[m]),
+            median(cpu[m]),
+            median(passes[m]),
+            ratio(median(times["recompute"]), median(times[m])),
+            ratio(median(cpu["recompute"]), median(cpu[m])),
+        )
+        for m in modes
+    ]
+    print(
+        format_table(
+            ["prox_logp", "step s (median)", "min", "max", "cpu s", "forward passes", "speedup", "speedup (cpu)"],
+            rows,
+            title=f"trainer step, tiny model, B={B}, ppo_minibatches={MINIBATCHES}, {reps} batches; "
+            f"per-batch speedup wall {min(speedups):.2f}..{max(speedups):.2f}, "
+            f"cpu {min(cpu_speedups):.2f}..{max(cpu_speedups):.2f}",
+        )
+    )
     return {
-        "setup": {"model": "tiny (quickstart shape)", "batch_size": B, "ppo_minibatches": MINIBATCHES,
-                  "token_budget": BUDGET, "repetitions": reps, "torch_threads": 1,
-                  "token_versions": f"runs of versions 0..{ETA} behind the trainer's {VERSION}"},
-        "modes": {m: {"step_s": spread(times[m]), "step_cpu_s": spread(cpu[m]), "forward_passes": passes[m]}
-                  for m in modes},
+        "setup": {
+            "model": "tiny (quickstart shape)",
+            "batch_size": B,
+            "ppo_minibatches": MINIBATCHES,
+            "token_budget": BUDGET,
+            "repetitions": reps,
+            "torch_threads": 1,
+            "token_versions": f"runs of versions 0..{ETA} behind the trainer's {VERSION}",
+        },
+        "modes": {
+            m: {"step_s": spread(times[m]), "step_cpu_s": spread(cpu[m]), "forward_passes": passes[m]} for m in modes
+        },
         "per_batch_speedup": {"wall": speedups, "cpu": cpu_speedups},
         "summary": {"prox_loglinear_speedup": median(speedups), "prox_loglinear_speedup_cpu": median(cpu_speedups)},
     }

@@ -45,19 +45,42 @@ def run(quick: bool) -> dict:
         if cache:
             os.environ.pop("AREAL_FLOW_CACHE", None)
             shutil.rmtree(cache, ignore_errors=True)
-    print(format_table(
-        ["mode", "seed", "before", "after", "gain", "wall (s)", "RL (s)", "train tok/s", "warm-start steps"],
-        [(r["mode"], r["seed"], r["before"], r["after"], f"{r['gain']:+.3f}", r["command_wall_s"], r["rl_time_s"],
-          r["tokens_per_s"], r.get("warm_start_steps", "")) for r in rows],
-        title="quickstart: held-out accuracy before -> after RL, per seed"))
+    print(
+        format_table(
+            ["mode", "seed", "before", "after", "gain", "wall (s)", "RL (s)", "train tok/s", "warm-start steps"],
+            [
+                (
+                    r["mode"],
+                    r["seed"],
+                    r["before"],
+                    r["after"],
+                    f"{r['gain']:+.3f}",
+                    r["command_wall_s"],
+                    r["rl_time_s"],
+                    r["tokens_per_s"],
+                    r.get("warm_start_steps", ""),
+                )
+                for r in rows
+            ],
+            title="quickstart: held-out accuracy before -> after RL, per seed",
+        )
+    )
     summary = {}
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         gains = [r["gain"] for r in mine]
         m, s = mean_std(gains)
-        summary.update({f"{mode}_gain_mean": m, f"{mode}_gain_std": s, f"{mode}_gain_min": min(gains),
-                        f"{mode}_wall_max_s": max(r["command_wall_s"] for r in mine),
-                        f"{mode}_tokens_per_s_mean": mean_std([r["tokens_per_s"] for r in mine])[0]})
-        print(f"{mode}: gain {pm(gains)} over seeds {list(seeds)} (min {min(gains):+.3f}); "
-              f"wall time max {summary[f'{mode}_wall_max_s']:.0f}s")
+        summary.update(
+            {
+                f"{mode}_gain_mean": m,
+                f"{mode}_gain_std": s,
+                f"{mode}_gain_min": min(gains),
+                f"{mode}_wall_max_s": max(r["command_wall_s"] for r in mine),
+                f"{mode}_tokens_per_s_mean": mean_std([r["tokens_per_s"] for r in mine])[0],
+            }
+        )
+        print(
+            f"{mode}: gain {pm(gains)} over seeds {list(seeds)} (min {min(gains):+.3f}); "
+            f"wall time max {summary[f'{mode}_wall_max_s']:.0f}s"
+        )
     return {"seeds": list(seeds), "rows": rows, "summary": summary}

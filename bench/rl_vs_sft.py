@@ -43,8 +43,10 @@ def sft_arm(seed: int, rl: dict) -> dict:
     model, tokenizer = load_base_model(cfg.model, train_records=train_records, seed=seed, progress=False, info=info)
     stop_step = info["warm_start"]["steps"]
     if stop_step != rl["warm_start_steps"]:
-        raise RuntimeError(f"seed {seed}: this warm start stopped at step {stop_step}, the RL run's at "
-                           f"{rl['warm_start_steps']}: they are not the same model")
+        raise RuntimeError(
+            f"seed {seed}: this warm start stopped at step {stop_step}, the RL run's at "
+            f"{rl['warm_start_steps']}: they are not the same model"
+        )
     held_out = _encode_pairs(tokenizer, [(r.prompt, r.solution) for r in eval_records[: cfg.eval.n_problems]])
     start_acc = greedy_exact_match(model, held_out, tokenizer.pad_token_id)
     pairs, weights, _ = warm_start_inputs(cfg.model, train_records)
@@ -64,15 +66,37 @@ def sft_arm(seed: int, rl: dict) -> dict:
     ws = cfg.model.warm_start.model_copy(update={"stop_at_accuracy": None})
     moments = load_optimizer_moments(info["warm_start"]["optimizer_moments"])
     t_start = time.perf_counter()
-    warm_start(model, tokenizer, pairs, ws, seed, progress=False, weights=weights, on_check=check,
-               resume_at=stop_step, moments=moments, extra_steps=1_000_000)  # stopped by ``check``
+    warm_start(
+        model,
+        tokenizer,
+        pairs,
+        ws,
+        seed,
+        progress=False,
+        weights=weights,
+        on_check=check,
+        resume_at=stop_step,
+        moments=moments,
+        extra_steps=1_000_000,
+    )  # stopped by ``check``
     final = curve[-1]
     passed = next((c for c in curve if c[2] > rl["after"]), None)
-    say(f"seed {seed}: SFT {start_acc:.3f} -> {final[2]:.3f} after {final[0] - stop_step} more steps "
-        f"({final[1]:.0f}s); RL {rl['before']:.3f} -> {rl['after']:.3f} in {rl['rl_time_s']:.0f}s")
-    return {"seed": seed, "sft_start": start_acc, "sft_final": final[2], "sft_extra_steps": final[0] - stop_step,
-            "sft_seconds": final[1], "sft_passed_rl_after_s": passed[1] if passed else None,
-            "rl_before": rl["before"], "rl_after": rl["after"], "rl_time_s": rl["rl_time_s"], "curve": curve}
+    say(
+        f"seed {seed}: SFT {start_acc:.3f} -> {final[2]:.3f} after {final[0] - stop_step} more steps "
+        f"({final[1]:.0f}s); RL {rl['before']:.3f} -> {rl['after']:.3f} in {rl['rl_time_s']:.0f}s"
+    )
+    return {
+        "seed": seed,
+        "sft_start": start_acc,
+        "sft_final": final[2],
+        "sft_extra_steps": final[0] - stop_step,
+        "sft_seconds": final[1],
+        "sft_passed_rl_after_s": passed[1] if passed else None,
+        "rl_before": rl["before"],
+        "rl_after": rl["after"],
+        "rl_time_s": rl["rl_time_s"],
+        "curve": curve,
+    }
 
 
 def run(quick: bool) -> dict:
@@ -83,15 +107,41 @@ def run(quick: bool) -> dict:
     rl_rows = {r["seed"]: r for r in data["rows"] if r["mode"] == "async"}
     seeds = sorted(rl_rows)[:1] if quick else sorted(rl_rows)
     rows = [sft_arm(s, rl_rows[s]) for s in seeds]
-    print(format_table(
-        ["seed", "RL before", "SFT before", "RL after", "RL time (s)", "SFT after", "SFT time (s)",
-         "SFT passed RL after (s)"],
-        [(r["seed"], r["rl_before"], r["sft_start"], r["rl_after"], r["rl_time_s"], r["sft_final"], r["sft_seconds"],
-          r["sft_passed_rl_after_s"] if r["sft_passed_rl_after_s"] is not None else "never") for r in rows],
-        title="RL vs more supervised warm start, same wall time (held-out accuracy)"))
+    print(
+        format_table(
+            [
+                "seed",
+                "RL before",
+                "SFT before",
+                "RL after",
+                "RL time (s)",
+                "SFT after",
+                "SFT time (s)",
+                "SFT passed RL after (s)",
+            ],
+            [
+                (
+                    r["seed"],
+                    r["rl_before"],
+                    r["sft_start"],
+                    r["rl_after"],
+                    r["rl_time_s"],
+                    r["sft_final"],
+                    r["sft_seconds"],
+                    r["sft_passed_rl_after_s"] if r["sft_passed_rl_after_s"] is not None else "never",
+                )
+                for r in rows
+            ],
+            title="RL vs more supervised warm start, same wall time (held-out accuracy)",
+        )
+    )
     rl_gain = [r["rl_after"] - r["rl_before"] for r in rows]
     sft_gain = [r["sft_final"] - r["sft_start"] for r in rows]
-    summary = {"rl_gain_mean": mean_std(rl_gain)[0], "sft_gain_mean": mean_std(sft_gain)[0],
-               "sft_wins": sum(r["sft_final"] > r["rl_after"] for r in rows), "n_seeds": len(rows)}
+    summary = {
+        "rl_gain_mean": mean_std(rl_gain)[0],
+        "sft_gain_mean": mean_std(sft_gain)[0],
+        "sft_wins": sum(r["sft_final"] > r["rl_after"] for r in rows),
+        "n_seeds": len(rows),
+    }
     print(f"SFT ends above RL on {summary['sft_wins']} of {len(rows)} seeds")
     return {"seeds": seeds, "rows": rows, "summary": summary, "quickstart_seeds_from": data.get("finished_at")}

@@ -32,6 +32,7 @@ IDLE_BUSY_SHARE, IDLE_SECONDS, IDLE_TIMEOUT_S = 0.10, 3, 600
 
 def _busy_share(interval: float = 1.0) -> float:
     """Share of all cores busy over `interval` seconds (/proc/stat)."""
+
     def read():
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
@@ -50,8 +51,10 @@ def wait_idle() -> float:
     while quiet < IDLE_SECONDS:
         quiet = quiet + 1 if _busy_share() < IDLE_BUSY_SHARE else 0
         if time.monotonic() - t0 > IDLE_TIMEOUT_S:
-            raise RuntimeError(f"the machine stayed busy for {IDLE_TIMEOUT_S} s (more than "
-                               f"{IDLE_BUSY_SHARE:.0%} of its CPU): no validation run started")
+            raise RuntimeError(
+                f"the machine stayed busy for {IDLE_TIMEOUT_S} s (more than "
+                f"{IDLE_BUSY_SHARE:.0%} of its CPU): no validation run started"
+            )
     return time.monotonic() - t0
 
 
@@ -92,8 +95,15 @@ def run(quick: bool, root: Path | None = None) -> dict:
     rows = validate_runs(dirs, cost, seeds=3, in_situ=data.get("in_situ"))
     print(format_rows(rows), flush=True)
     worst = max(abs(r["in_situ_rel_error"]) for r in rows) if data.get("in_situ") else None
-    return {"setup": {"repetitions": reps, "quickstart_steps": qs_steps, "trl_peer_steps": trl_steps,
-                      "calibration": DEFAULT_CALIBRATION, "calibration_measured": data.get("measured_at"),
-                      "run_root": str(root)},
-            "rows": rows,
-            "summary": {"sim_validation_worst_in_situ_error": worst}}
+    return {
+        "setup": {
+            "repetitions": reps,
+            "quickstart_steps": qs_steps,
+            "trl_peer_steps": trl_steps,
+            "calibration": DEFAULT_CALIBRATION,
+            "calibration_measured": data.get("measured_at"),
+            "run_root": str(root),
+        },
+        "rows": rows,
+        "summary": {"sim_validation_worst_in_situ_error": worst},
+    }

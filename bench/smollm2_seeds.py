@@ -41,8 +41,11 @@ def finished(run_dir: Path, config: str, seed: int, sets: tuple[str, ...]) -> bo
         return False
     ran = json.loads((run_dir / "config.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
-    return ran.get("name") == Path(config).stem and ran.get("seed") == seed and (
-        summary.get("steps") == ran["trainer"]["max_steps"])
+    return (
+        ran.get("name") == Path(config).stem
+        and ran.get("seed") == seed
+        and (summary.get("steps") == ran["trainer"]["max_steps"])
+    )
 
 
 def gsm8k(model: str, out: Path, limit: int) -> dict:
@@ -54,8 +57,22 @@ def gsm8k(model: str, out: Path, limit: int) -> dict:
         if bench.get("n_problems") == limit:
             say(f"reusing {out} (pass@1 {bench['pass@1']:.3f})")
             return {"pass_at_1": bench["pass@1"], "n": limit, "wall_s": None}
-    cmd = [str(REPO_ROOT / ".venv" / "bin" / "areal-flow"), "eval", model, "--bench", "gsm8k", "--limit", str(limit),
-           "--temperature", "0", "--max-new-tokens", str(GSM8K_TOKENS), "--out", str(out), "--no-progress"]
+    cmd = [
+        str(REPO_ROOT / ".venv" / "bin" / "areal-flow"),
+        "eval",
+        model,
+        "--bench",
+        "gsm8k",
+        "--limit",
+        str(limit),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        str(GSM8K_TOKENS),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     say(" ".join(cmd[1:]))
     t0 = time.perf_counter()
     with open(out.with_suffix(".log"), "wb") as log:
@@ -86,10 +103,18 @@ def plot(rows: list[dict], base_gsm8k: float | None, path: Path) -> None:
     for r in rows:
         c = r["curve"]
         acc = np.convolve(c["accuracy"], np.ones(5) / 5, mode="valid") if len(c["accuracy"]) >= 5 else c["accuracy"]
-        ax1.plot(c["step"][len(c["step"]) - len(acc):], acc, color=colors[r["variant"]], alpha=0.8,
-                 label=f"{r['variant']} seed {r['seed']}")
-    ax1.set(xlabel="training step", ylabel="batch accuracy (5-step mean, sampled at T=0.6)",
-            title="SmolLM2-135M-Instruct on the arithmetic task")
+        ax1.plot(
+            c["step"][len(c["step"]) - len(acc) :],
+            acc,
+            color=colors[r["variant"]],
+            alpha=0.8,
+            label=f"{r['variant']} seed {r['seed']}",
+        )
+    ax1.set(
+        xlabel="training step",
+        ylabel="batch accuracy (5-step mean, sampled at T=0.6)",
+        title="SmolLM2-135M-Instruct on the arithmetic task",
+    )
     ax1.legend(fontsize=8)
     labels, before, after = [], [], []
     for r in rows:
@@ -98,10 +123,24 @@ def plot(rows: list[dict], base_gsm8k: float | None, path: Path) -> None:
         after.append((r["after"], r.get("gsm8k_after")))
     x = np.arange(len(rows))
     for k, (name, hatch) in enumerate((("held-out arithmetic", ""), ("GSM8K test (200)", "//"))):
-        ax2.bar(x + (k - 0.5) * 0.4 - 0.1, [b[k] or 0 for b in before], 0.2, color="lightgray", hatch=hatch,
-                edgecolor="gray", label=f"{name}, before")
-        ax2.bar(x + (k - 0.5) * 0.4 + 0.1, [a[k] or 0 for a in after], 0.2,
-                color=[colors[r["variant"]] for r in rows], hatch=hatch, edgecolor="black", label=f"{name}, after")
+        ax2.bar(
+            x + (k - 0.5) * 0.4 - 0.1,
+            [b[k] or 0 for b in before],
+            0.2,
+            color="lightgray",
+            hatch=hatch,
+            edgecolor="gray",
+            label=f"{name}, before",
+        )
+        ax2.bar(
+            x + (k - 0.5) * 0.4 + 0.1,
+            [a[k] or 0 for a in after],
+            0.2,
+            color=[colors[r["variant"]] for r in rows],
+            hatch=hatch,
+            edgecolor="black",
+            label=f"{name}, after",
+        )
     ax2.set_xticks(x, labels, fontsize=8)
     ax2.set(ylabel="greedy accuracy", title="before -> after RL (held-out: 400 problems)")
     ax2.legend(fontsize=7)
@@ -125,27 +164,67 @@ def run(quick: bool) -> dict:
             else:
                 row = train(label, seed, sets, root, config=config)
             s = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
-            row.update(variant=variant, ledger_ok=s["ledger_check"].get("ok"), eta=s["eta"],
-                       steps=s["steps"], curve=curves(row["run_dir"]))
+            row.update(
+                variant=variant,
+                ledger_ok=s["ledger_check"].get("ok"),
+                eta=s["eta"],
+                steps=s["steps"],
+                curve=curves(row["run_dir"]),
+            )
             rows.append(row)
     base = gsm8k("smollm2-135m", root / "gsm8k-base", limit)
     for r in rows:
         final = Path(r["run_dir"]) / "checkpoints" / f"v{r['steps']}"
         r["gsm8k_after"] = gsm8k(str(final), root / f"gsm8k-{r['label']}", limit)["pass_at_1"]
-    print(format_table(
-        ["variant", "seed", "before", "after", "gain", "wall (s)", "RL (s)", "max stale / eta", "ledger", "GSM8K after"],
-        [(r["variant"], r["seed"], r["before"], r["after"], f"{r['gain']:+.3f}", r["command_wall_s"], r["rl_time_s"],
-          f"{r['max_staleness']} / {r['eta']}", "ok" if r["ledger_ok"] else "FAILED", r["gsm8k_after"]) for r in rows],
-        title=f"SmolLM2-135M-Instruct: held-out arithmetic before -> after RL; GSM8K base {base['pass_at_1']:.3f}"))
+    print(
+        format_table(
+            [
+                "variant",
+                "seed",
+                "before",
+                "after",
+                "gain",
+                "wall (s)",
+                "RL (s)",
+                "max stale / eta",
+                "ledger",
+                "GSM8K after",
+            ],
+            [
+                (
+                    r["variant"],
+                    r["seed"],
+                    r["before"],
+                    r["after"],
+                    f"{r['gain']:+.3f}",
+                    r["command_wall_s"],
+                    r["rl_time_s"],
+                    f"{r['max_staleness']} / {r['eta']}",
+                    "ok" if r["ledger_ok"] else "FAILED",
+                    r["gsm8k_after"],
+                )
+                for r in rows
+            ],
+            title=f"SmolLM2-135M-Instruct: held-out arithmetic before -> after RL; GSM8K base {base['pass_at_1']:.3f}",
+        )
+    )
     summary = {"gsm8k_base": base["pass_at_1"], "gsm8k_n": limit}
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant]
         gains = [r["gain"] for r in mine]
-        summary.update({f"{variant}_gain_mean": mean_std(gains)[0], f"{variant}_gain_std": mean_std(gains)[1],
-                        f"{variant}_gain_min": min(gains), f"{variant}_wall_max_s": max(r["command_wall_s"] for r in mine),
-                        f"{variant}_gsm8k_after_mean": mean_std([r["gsm8k_after"] for r in mine])[0]})
-        say(f"{variant}: gain {pm(gains)} over seeds {list(seeds)} (min {min(gains):+.3f}); "
-            f"wall time max {summary[f'{variant}_wall_max_s']:.0f}s")
+        summary.update(
+            {
+                f"{variant}_gain_mean": mean_std(gains)[0],
+                f"{variant}_gain_std": mean_std(gains)[1],
+                f"{variant}_gain_min": min(gains),
+                f"{variant}_wall_max_s": max(r["command_wall_s"] for r in mine),
+                f"{variant}_gsm8k_after_mean": mean_std([r["gsm8k_after"] for r in mine])[0],
+            }
+        )
+        say(
+            f"{variant}: gain {pm(gains)} over seeds {list(seeds)} (min {min(gains):+.3f}); "
+            f"wall time max {summary[f'{variant}_wall_max_s']:.0f}s"
+        )
     out = (RESULTS_DIR / "quick" if quick else RESULTS_DIR) / "smollm2_seeds.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, base["pass_at_1"], out)

@@ -74,10 +74,18 @@ def run(quick: bool) -> dict:
         suffix = "" if i == 0 else f"_{tag}"
         summary.update({f"trl_peer_{k}{suffix}": r["mean"] for k, r in res["ratios"].items()})
     return {
-        "setup": {**inputs["about"], "steps": steps, "repetitions": reps, "warmup_steps_excluded": WARMUP,
-                  "cores": CORES, "settings": [{"P": P, "G": G, "max_new_tokens": T} for P, G, T in settings],
-                  "trl_worker": str(WORKER.relative_to(WORKER.parents[1])), "work_dir": str(root),
-                  "quick": quick, "note": "a smoke check, not a result" if quick else None},
+        "setup": {
+            **inputs["about"],
+            "steps": steps,
+            "repetitions": reps,
+            "warmup_steps_excluded": WARMUP,
+            "cores": CORES,
+            "settings": [{"P": P, "G": G, "max_new_tokens": T} for P, G, T in settings],
+            "trl_worker": str(WORKER.relative_to(WORKER.parents[1])),
+            "work_dir": str(root),
+            "quick": quick,
+            "note": "a smoke check, not a result" if quick else None,
+        },
         "settings": results,
         "summary": summary,
     }

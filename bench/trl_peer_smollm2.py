@@ -50,8 +50,16 @@ def run(quick: bool) -> dict:
         res = run_repetitions(w, reps, root, shared.scheduler_address)
     print_report(f"SmolLM2-135M-Instruct {w.tag()}", res, quick)
     return {
-        "setup": {**about, "steps": steps, "repetitions": reps, "warmup_steps_excluded": WARMUP, "cores": CORES,
-                  "work_dir": str(root), "quick": quick, "note": "a smoke check, not a result" if quick else None},
+        "setup": {
+            **about,
+            "steps": steps,
+            "repetitions": reps,
+            "warmup_steps_excluded": WARMUP,
+            "cores": CORES,
+            "work_dir": str(root),
+            "quick": quick,
+            "note": "a smoke check, not a result" if quick else None,
+        },
         "result": res,
         "summary": {f"trl_peer_smollm2_{k}": r["mean"] for k, r in res["ratios"].items()},
     }

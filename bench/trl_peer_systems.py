@@ -34,6 +34,7 @@ SYSTEMS = (TRL,) + tuple(label for label, _ in MODES)
 
 # --- the TRL venv -------------------------------------------------------------------------------
 
+
 def install_commands() -> str:
     return venv_install_commands(VENV, INSTALL)
 
@@ -42,8 +43,13 @@ def unavailable() -> str | None:
     """Why TRL cannot be benchmarked here, or None when its venv imports it."""
     if not PY.exists():
         return f"no venv at {VENV}; create it with: make bench-trl (or: {install_commands()})"
-    r = subprocess.run([str(PY), "-c", "import trl, sys; sys.stdout.write(trl.__version__)"],
-                       capture_output=True, text=True, timeout=300, env=clean_env())
+    r = subprocess.run(
+        [str(PY), "-c", "import trl, sys; sys.stdout.write(trl.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
     if r.returncode != 0:
         tail = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
         return f"`import trl` fails in {VENV}: {tail}"
@@ -65,12 +71,20 @@ def clean_env(threads: int = CORES) -> dict:
     env = dict(os.environ)
     for k in ("PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(k, None)
-    env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "OMP_NUM_THREADS": str(threads), "DO_NOT_TRACK": "1"})
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": str(threads),
+            "DO_NOT_TRACK": "1",
+        }
+    )
     return env
 
 
 # --- TRL ----------------------------------------------------------------------------------------
+
 
 def per_step_rates(tokens: list[int], seconds: list[float]) -> dict:
     """Spread of tokens/s over the steps after warm-up."""
@@ -89,8 +103,12 @@ def trl_throughput(out: dict) -> dict:
     seconds = [b - a for a, b in zip([start] + ends[:-1], ends)]
     measured = sum(tokens[WARMUP:])
     eff = measured / (ends[-1] - ends[WARMUP - 1] if WARMUP else ends[-1] - start)
-    result = {"effective_train_tokens_per_s": eff, "per_step_tokens_per_s": per_step_rates(tokens, seconds),
-              "mean_step_s": sum(seconds[WARMUP:]) / (len(seconds) - WARMUP), "tokens_trained": sum(tokens)}
+    result = {
+        "effective_train_tokens_per_s": eff,
+        "per_step_tokens_per_s": per_step_rates(tokens, seconds),
+        "mean_step_s": sum(seconds[WARMUP:]) / (len(seconds) - WARMUP),
+        "tokens_trained": sum(tokens),
+    }
     if "cpu_s" in rows[0]:
         cpu0 = rows[WARMUP - 1]["cpu_s"] if WARMUP else out["train_start_cpu_s"]
         result["cpu_s_per_1k_tokens"] = 1000 * (rows[-1]["cpu_s"] - cpu0) / measured
@@ -101,7 +119,8 @@ def trl_throughput(out: dict) -> dict:
             "step_clock_tokens_per_s": total / (ends[-1] - start),
             "train_call_tokens_per_s": total / out["train_call_s"],
             "trl_train_runtime_tokens_per_s": total / runtime,
-            "trl_train_runtime_s": runtime, "train_call_s": out["train_call_s"],
+            "trl_train_runtime_s": runtime,
+            "train_call_s": out["train_call_s"],
             "trl_train_samples_per_second": out["trl_metrics"].get("train_samples_per_second"),
         }
     return result
@@ -113,20 +132,33 @@ def run_trl(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict | 
     spec_path, out_path, log_path = work_dir / "spec.json", work_dir / "out.json", work_dir / "trl.log"
     spec_path.write_text(json.dumps(trl_spec(w, work_dir, threads, trl_args), indent=2))
     with open(log_path, "wb") as log:
-        r = subprocess.run([str(PY), str(WORKER), str(spec_path), str(out_path)], stdout=log,
-                           stderr=subprocess.STDOUT, env=clean_env(threads), cwd=str(work_dir))
+        r = subprocess.run(
+            [str(PY), str(WORKER), str(spec_path), str(out_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(threads),
+            cwd=str(work_dir),
+        )
     if r.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"TRL worker exited with {r.returncode}; log {log_path}:\n{tail}")
     out = json.loads(out_path.read_text())
     rewards = [s["reward"] for s in out["steps"] if s.get("reward") is not None]
-    return {**trl_throughput(out), "versions": out["versions"], "torch_threads": out["torch_threads"],
-            "torch_threads_per_step": sorted({s["torch_threads"] for s in out["steps"]}),
-            "setup_s": out["setup_s"], "tokenizer": out["tokenizer"], "grpo_args": out["grpo_args"],
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None, "log": str(log_path)}
+    return {
+        **trl_throughput(out),
+        "versions": out["versions"],
+        "torch_threads": out["torch_threads"],
+        "torch_threads_per_step": sorted({s["torch_threads"] for s in out["steps"]}),
+        "setup_s": out["setup_s"],
+        "tokenizer": out["tokenizer"],
+        "grpo_args": out["grpo_args"],
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "log": str(log_path),
+    }
 
 
 # --- areal-flow ---------------------------------------------------------------------------------
+
 
 def run_areal(mode: str, w: Workload, run_dir: Path, scheduler: str | None) -> dict:
     """One areal-flow run of ``w``: ``mode`` sync or async (see ``areal_config``)."""
@@ -136,12 +168,16 @@ def run_areal(mode: str, w: Workload, run_dir: Path, scheduler: str | None) -> d
 
     summary = run_experiment(areal_config(mode, w, scheduler), run_dir, max_steps=w.steps, progress=False)
     m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")
-    return {"effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
-            "per_step_tokens_per_s": per_step_rates(m["tokens_trained"].tolist(), m["step_time_s"].tolist()),
-            "mean_step_s": float(m["step_time_s"].iloc[WARMUP:].mean()),
-            "tokens_trained": summary["tokens_trained"], "reward_mean": float(m["reward"].mean()),
-            "max_staleness_observed": summary["max_staleness_observed"], "rl_time_s": summary["rl_time_s"],
-            "run_dir": str(run_dir)}
+    return {
+        "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
+        "per_step_tokens_per_s": per_step_rates(m["tokens_trained"].tolist(), m["step_time_s"].tolist()),
+        "mean_step_s": float(m["step_time_s"].iloc[WARMUP:].mean()),
+        "tokens_trained": summary["tokens_trained"],
+        "reward_mean": float(m["reward"].mean()),
+        "max_staleness_observed": summary["max_staleness_observed"],
+        "rl_time_s": summary["rl_time_s"],
+        "run_dir": str(run_dir),
+    }
 
 
 def run_system(label: str, w: Workload, work_dir: Path, scheduler: str | None) -> dict:

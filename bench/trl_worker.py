@@ -52,6 +52,7 @@ SPEED = {"activation_checkpointing": False}
 
 # --- the reward: areal-flow's math grader's extraction, exact integer comparison ----------------
 
+
 def _last_boxed(text: str) -> str | None:
     for start in reversed([m.end() for m in _BOXED.finditer(text)]):
         depth, i = 1, start
@@ -59,7 +60,7 @@ def _last_boxed(text: str) -> str | None:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            return text[start:i - 1].strip()
+            return text[start : i - 1].strip()
     return None
 
 
@@ -76,7 +77,9 @@ def final_answer(text: str) -> str | None:
     if not found:
         hashes = _HASHES.findall(text)
         said = _ANSWER_IS.findall(text)
-        found = (_clean_tail(hashes[-1]).replace("$", "") if hashes else _clean_tail(said[-1]) if said else None) or None
+        found = (
+            _clean_tail(hashes[-1]).replace("$", "") if hashes else _clean_tail(said[-1]) if said else None
+        ) or None
     if found is None:
         return None
     return re.sub(r"(?<![.\\])\.$", "", _BOLD.sub(r"\1", found).strip()).strip() or None
@@ -106,14 +109,17 @@ def exact_integer_reward(correct: float, wrong: float, tokens: list[int] | None 
             if completion_ids is None:
                 raise RuntimeError("TRL did not pass completion_ids to the reward function; cannot count tokens")
             tokens.append(sum(len(ids) for ids in completion_ids))
-        return [correct if is_integer_answer(final_answer(completion_text(c)), ref) else wrong
-                for c, ref in zip(completions, answer)]
+        return [
+            correct if is_integer_answer(final_answer(completion_text(c)), ref) else wrong
+            for c, ref in zip(completions, answer)
+        ]
 
     reward.__name__ = "exact_integer"
     return reward
 
 
 # --- inputs ---------------------------------------------------------------------------------------
+
 
 def read_prompts(path: str, chat: bool) -> list[dict]:
     """The records' prompts and answers; ``chat``: each prompt as one user message."""
@@ -155,20 +161,39 @@ def grpo_args(spec: dict) -> dict:
     if spec["dtype"] not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {spec['dtype']!r}")
     args = dict(
-        output_dir=spec["work_dir"], per_device_train_batch_size=P * G // micro, num_generations=G,
-        gradient_accumulation_steps=micro, num_iterations=1, beta=0.0, use_vllm=False,
-        max_completion_length=int(spec["max_new_tokens"]), temperature=float(spec["temperature"]),
-        top_p=1.0, top_k=0, learning_rate=float(spec["lr"]), lr_scheduler_type="constant",
-        weight_decay=float(spec["weight_decay"]), adam_beta2=float(spec["adam_beta2"]),
-        adam_epsilon=float(spec["adam_epsilon"]), max_grad_norm=1.0,
-        max_steps=int(spec["steps"]), seed=int(spec["seed"]), bf16=spec["dtype"] == "bfloat16", fp16=False,
-        use_cpu=True, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        output_dir=spec["work_dir"],
+        per_device_train_batch_size=P * G // micro,
+        num_generations=G,
+        gradient_accumulation_steps=micro,
+        num_iterations=1,
+        beta=0.0,
+        use_vllm=False,
+        max_completion_length=int(spec["max_new_tokens"]),
+        temperature=float(spec["temperature"]),
+        top_p=1.0,
+        top_k=0,
+        learning_rate=float(spec["lr"]),
+        lr_scheduler_type="constant",
+        weight_decay=float(spec["weight_decay"]),
+        adam_beta2=float(spec["adam_beta2"]),
+        adam_epsilon=float(spec["adam_epsilon"]),
+        max_grad_norm=1.0,
+        max_steps=int(spec["steps"]),
+        seed=int(spec["seed"]),
+        bf16=spec["dtype"] == "bfloat16",
+        fp16=False,
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
         dataloader_num_workers=0,
     )
     return {**args, **SPEED, **spec.get("trl_args", {})}
 
 
 # --- the run ------------------------------------------------------------------------------------------
+
 
 def run(spec: dict) -> dict:
     import torch
@@ -205,25 +230,43 @@ def run(spec: dict) -> dict:
                 rewards.append(logs["reward"])
 
     reward = exact_integer_reward(spec["reward_correct"], spec["reward_wrong"], tokens)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
     t_ready, cpu_ready = time.perf_counter(), time.process_time()
     out = trainer.train()
     t_end = time.perf_counter()
     if len(ends) != int(spec["steps"]) or len(tokens) != len(ends):
         raise RuntimeError(f"TRL ran {len(ends)} steps of {spec['steps']} and scored {len(tokens)} batches")
-    steps = [{"step": i + 1, "end_s": e, "cpu_s": c, "completion_tokens": n, "torch_threads": th}
-             for i, (e, c, n, th) in enumerate(zip(ends, cpu, tokens, threads))]
+    steps = [
+        {"step": i + 1, "end_s": e, "cpu_s": c, "completion_tokens": n, "torch_threads": th}
+        for i, (e, c, n, th) in enumerate(zip(ends, cpu, tokens, threads))
+    ]
     for row, r in zip(steps, rewards if len(rewards) == len(steps) else []):
         row["reward"] = r
-    return {"versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
-            "torch_threads": torch.get_num_threads(), "setup_s": t_ready - t0, "train_start_s": t_ready,
-            "train_end_s": t_end, "train_call_s": t_end - t_ready, "train_start_cpu_s": cpu_ready,
-            "trl_metrics": {k: out.metrics[k] for k in ("train_runtime", "train_samples_per_second",
-                                                        "train_steps_per_second") if k in out.metrics},
-            "grpo_args": {k: v for k, v in kwargs.items() if k != "output_dir"},
-            "activation_checkpointing_on": bool(getattr(model, "is_activation_checkpointing", False)),
-            "tokenizer": type(tokenizer).__name__, "steps": steps}
+    return {
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+        "torch_threads": torch.get_num_threads(),
+        "setup_s": t_ready - t0,
+        "train_start_s": t_ready,
+        "train_end_s": t_end,
+        "train_call_s": t_end - t_ready,
+        "train_start_cpu_s": cpu_ready,
+        "trl_metrics": {
+            k: out.metrics[k]
+            for k in ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+            if k in out.metrics
+        },
+        "grpo_args": {k: v for k, v in kwargs.items() if k != "output_dir"},
+        "activation_checkpointing_on": bool(getattr(model, "is_activation_checkpointing", False)),
+        "tokenizer": type(tokenizer).__name__,
+        "steps": steps,
+    }
 
 
 def main(argv: list[str]) -> int:

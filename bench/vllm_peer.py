@@ -35,16 +35,26 @@ def unavailable() -> str | None:
     """Why vLLM cannot be benchmarked here, or None when its venv imports it."""
     if not PY.exists():
         return f"no venv at {VENV}; create it with: {install_commands()}"
-    r = subprocess.run([str(PY), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(PY), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if r.returncode != 0:
-        return f"`import vllm` fails in {VENV}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+        return (
+            f"`import vllm` fails in {VENV}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+        )
     return None
 
 
 def version() -> str:
-    r = subprocess.run([str(PY), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(PY), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r.stdout.strip()
 
 
@@ -60,23 +70,55 @@ def ensure_venv(log_path: str) -> str | None:
 class VLLMServer:
     """``python -m vllm.entrypoints.openai.api_server`` for one model folder, one CPU core."""
 
-    def __init__(self, model_folder: str, port: int, max_num_seqs: int, max_model_len: int, log_path: str,
-                 threads_bind: str = "0", kv_cache_gib: int = 1):
+    def __init__(
+        self,
+        model_folder: str,
+        port: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        log_path: str,
+        threads_bind: str = "0",
+        kv_cache_gib: int = 1,
+    ):
         self.model = model_folder
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
-        cmd = [str(PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model_folder,
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-               "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
-               "--skip-tokenizer-init", "--seed", "0"]
+        cmd = [
+            str(PY),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_folder,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--max-model-len",
+            str(max_model_len),
+            "--skip-tokenizer-init",
+            "--seed",
+            "0",
+        ]
         env = dict(os.environ)
         for k in ("PYTHONPATH", "VIRTUAL_ENV"):
             env.pop(k, None)
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": threads_bind,
-                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"})
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": threads_bind,
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1",
+            }
+        )
         with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=env, start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.pid = self._proc.pid
         self._http = httpx.Client(base_url=self.url, timeout=600.0, trust_env=False)
 
@@ -90,8 +132,9 @@ class VLLMServer:
         deadline = time.monotonic() + timeout_s
         while True:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {self._proc.returncode}; log {self.log_path}:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM server exited with {self._proc.returncode}; log {self.log_path}:\n{self.log_tail()}"
+                )
             try:
                 if self._http.get("/health", timeout=2.0).status_code == 200:
                     return
@@ -103,8 +146,15 @@ class VLLMServer:
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> int:
         """One completions request for the whole batch; returns the completion tokens reported."""
-        body = {"model": self.model, "prompt": prompts, "max_tokens": max_tokens, "min_tokens": max_tokens,
-                "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
+        body = {
+            "model": self.model,
+            "prompt": prompts,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "ignore_eos": True,
+        }
         r = self._http.post("/v1/completions", json=body)
         if r.status_code != 200:
             raise RuntimeError(f"vLLM /v1/completions: HTTP {r.status_code}: {r.text[:500]}")

@@ -56,8 +56,14 @@ async def _cycle(url: str, version: int, load, stage=None) -> dict:
         await c.aclose()
     if info.weight_version != version:
         raise RuntimeError(f"server reports version {info.weight_version} after loading {version}")
-    return {**times, "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2, "total_s": t3 - t0,
-            "stall_s": info.last_update_stall_s}
+    return {
+        **times,
+        "pause_s": t1 - t0,
+        "load_s": t2 - t1,
+        "resume_s": t3 - t2,
+        "total_s": t3 - t0,
+        "stall_s": info.last_update_stall_s,
+    }
 
 
 async def _connect(url: str, transport) -> None:
@@ -72,6 +78,7 @@ async def _connect(url: str, transport) -> None:
 
 def _transport_steps(transport, model, version: int):
     """(stage, load) for ``_cycle``: the trainer's copy, then the push."""
+
     async def stage(c) -> None:
         transport.stage(model, version)
 
@@ -88,8 +95,14 @@ def _publish(store, versions: range, folder: str) -> float:
     return t.s / max(1, len(versions))
 
 
-def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str, ...] = ("file", "s3"),
-                transports: tuple[str, ...] = ("tensor", "distributed")) -> list[dict]:
+def bench_model(
+    name: str,
+    reps: int,
+    s3_env: dict,
+    tmp: str,
+    sources: tuple[str, ...] = ("file", "s3"),
+    transports: tuple[str, ...] = ("tensor", "distributed"),
+) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from areal_core.rollout.backends.embedded.launcher import start_server
@@ -129,18 +142,35 @@ def bench_model(name: str, reps: int, s3_env: dict, tmp: str, sources: tuple[str
                     runs.append(asyncio.run(_cycle(srv.url, version, load, stage)))
             finally:
                 transport.close()
-            rows.append({"model": name, "source": kind, "checkpoint_mb": size_mb, "publish_s": None,
-                         "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
+            rows.append(
+                {
+                    "model": name,
+                    "source": kind,
+                    "checkpoint_mb": size_mb,
+                    "publish_s": None,
+                    "runs": runs,
+                    **{k: spread([x[k] for x in runs]) for k in runs[0]},
+                }
+            )
         for src in sources:
             store = stores[src]
             runs = []
             for r in progress(range(1, reps + 1), desc=f"weight_update {name} {src}"):
                 version += 1
                 url = store.version_url(r)
-                runs.append(asyncio.run(_cycle(srv.url, version,
-                                              lambda c, u=url, v=version: c.update_weights_from_disk(u, v))))
-            rows.append({"model": name, "source": src, "checkpoint_mb": size_mb, "publish_s": publish_s[src],
-                         "runs": runs, **{k: spread([x[k] for x in runs]) for k in runs[0]}})
+                runs.append(
+                    asyncio.run(_cycle(srv.url, version, lambda c, u=url, v=version: c.update_weights_from_disk(u, v)))
+                )
+            rows.append(
+                {
+                    "model": name,
+                    "source": src,
+                    "checkpoint_mb": size_mb,
+                    "publish_s": publish_s[src],
+                    "runs": runs,
+                    **{k: spread([x[k] for x in runs]) for k in runs[0]},
+                }
+            )
     return rows
 
 
@@ -155,22 +185,61 @@ def run(quick: bool) -> dict:
     with MotoS3Server() as moto:
         for name in ("tiny", "smollm2-135m"):
             rows += bench_model(name, reps[name], moto.env(), tmp, sources[name])
-    table = [(r["model"], r["source"], r["checkpoint_mb"], r["publish_s"], r.get("stage_s", {}).get("median"),
-              r["pause_s"]["median"], r["load_s"]["median"], r["resume_s"]["median"], r["total_s"]["median"],
-              r["total_s"]["max"], r["total_s"]["n"], r["stall_s"]["median"]) for r in rows]
-    print(format_table(["model", "path", "MB", "publish s", "stage s", "pause s", "load s", "resume s",
-                        "total s (median)", "max", "n", "stall s"],
-                       table, title="weight update: pause -> load -> resume (idle embedded server, 1 thread)"))
+    table = [
+        (
+            r["model"],
+            r["source"],
+            r["checkpoint_mb"],
+            r["publish_s"],
+            r.get("stage_s", {}).get("median"),
+            r["pause_s"]["median"],
+            r["load_s"]["median"],
+            r["resume_s"]["median"],
+            r["total_s"]["median"],
+            r["total_s"]["max"],
+            r["total_s"]["n"],
+            r["stall_s"]["median"],
+        )
+        for r in rows
+    ]
+    print(
+        format_table(
+            [
+                "model",
+                "path",
+                "MB",
+                "publish s",
+                "stage s",
+                "pause s",
+                "load s",
+                "resume s",
+                "total s (median)",
+                "max",
+                "n",
+                "stall s",
+            ],
+            table,
+            title="weight update: pause -> load -> resume (idle embedded server, 1 thread)",
+        )
+    )
 
     def median_of(key, model, src):  # None: left out (SmolLM2 from S3 in --quick)
-        return next((median([x[key] for x in r["runs"]]) for r in rows if (r["model"], r["source"]) == (model, src)),
-                    None)
+        return next(
+            (median([x[key] for x in r["runs"]]) for r in rows if (r["model"], r["source"]) == (model, src)), None
+        )
 
     return {
-        "setup": {"repetitions": reps, "sources": sources, "server": "embedded, torch_threads 1, idle",
-                  "s3": "moto_server on 127.0.0.1"},
+        "setup": {
+            "repetitions": reps,
+            "sources": sources,
+            "server": "embedded, torch_threads 1, idle",
+            "s3": "moto_server on 127.0.0.1",
+        },
         "rows": rows,
-        "summary": {f"weight_update_{figure}_{m.split('-')[0]}_{s}": median_of(key, m, s)
-                    for figure, key in (("s", "total_s"), ("stall_s", "stall_s"))
-                    for m in ("tiny", "smollm2-135m") for s in ("tensor", "distributed", "file", "s3")},
+        "summary": {
+            f"weight_update_{figure}_{m.split('-')[0]}_{s}": median_of(key, m, s)
+            for figure, key in (("s", "total_s"), ("stall_s", "stall_s"))
+            for m in ("tiny", "smollm2-135m")
+            for s in ("tensor", "distributed", "file", "s3")
+        },
     }

@@ -19,13 +19,24 @@ from tasks.flow_runs import campaign_run_name
 
 
 @flow(name="campaign", log_prints=True, flow_run_name=campaign_run_name)
-def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None = None,
-             eta: list[int] | None = None, objective: list[str] | None = None, grid: dict[str, list] | None = None,
-             max_steps: int | None = None, overrides: dict | None = None,
-             data_source: str | None = None, data_path: str | None = None, eval_source: str | None = None,
-             eval_path: str | None = None, benches: list[str] | None = None, eval_limit: int | None = None,
-             evaluate_every: int | None = 0, s3_credentials_block: str | None = None,
-             cache_dir: str | None = None) -> dict:
+def campaign(
+    config_path: str = "configs/quickstart.yaml",
+    out_dir: str | None = None,
+    eta: list[int] | None = None,
+    objective: list[str] | None = None,
+    grid: dict[str, list] | None = None,
+    max_steps: int | None = None,
+    overrides: dict | None = None,
+    data_source: str | None = None,
+    data_path: str | None = None,
+    eval_source: str | None = None,
+    eval_path: str | None = None,
+    benches: list[str] | None = None,
+    eval_limit: int | None = None,
+    evaluate_every: int | None = 0,
+    s3_credentials_block: str | None = None,
+    cache_dir: str | None = None,
+) -> dict:
     """provision -> prepare data -> one training run (or a sweep) -> evaluate each final checkpoint -> report.
 
     Args:
@@ -73,9 +84,18 @@ def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None =
     load_config(config_path, overrides)  # the config still validates with the prepared files
 
     if eta or objective or grid:
-        s = sweep(config_path, eta=eta or [], objective=objective or [], grid=grid, max_steps=max_steps,
-                  out_dir=out_dir, overrides=overrides, evaluate_every=evaluate_every, make_report=False,
-                  cache_dir=cache_dir)  # credentials: already in this process's environment (provision)
+        s = sweep(
+            config_path,
+            eta=eta or [],
+            objective=objective or [],
+            grid=grid,
+            max_steps=max_steps,
+            out_dir=out_dir,
+            overrides=overrides,
+            evaluate_every=evaluate_every,
+            make_report=False,
+            cache_dir=cache_dir,
+        )  # credentials: already in this process's environment (provision)
         run_dirs = s["run_dirs"]
     else:
         run_dirs = [os.path.join(out_dir, cfg.name)]
@@ -86,8 +106,9 @@ def campaign(config_path: str = "configs/quickstart.yaml", out_dir: str | None =
         summary = read_json(os.path.join(run_dir, "summary.json"))
         version = summary["final_version"]
         ckpt = CheckpointStore(summary["checkpoints"]).version_url(version)
-        evaluations[run_dir] = evaluate(ckpt, benches, eval_dir_for_run(run_dir, version), version=version,
-                                        limit=eval_limit, run_dir=run_dir)
+        evaluations[run_dir] = evaluate(
+            ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=eval_limit, run_dir=run_dir
+        )
     report_path = report(run_dirs, out_dir, title=f"campaign {cfg.name}")
     return {"out_dir": out_dir, "run_dirs": run_dirs, "evaluations": evaluations, "report": report_path}
 

@@ -34,11 +34,20 @@ def _flow_run_name() -> str:
 
 
 @flow(name="evaluate", log_prints=True, flow_run_name=_flow_run_name)
-def evaluate(checkpoint_url: str, benches: list[str] | None = None, out_dir: str | None = None,
-             version: int | None = None, samples: int = 1, limit: int | None = None,
-             temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
-             scheduler_address: str | None = None, s3_credentials_block: str | None = None,
-             run_dir: str | None = None) -> dict:
+def evaluate(
+    checkpoint_url: str,
+    benches: list[str] | None = None,
+    out_dir: str | None = None,
+    version: int | None = None,
+    samples: int = 1,
+    limit: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+    scheduler_address: str | None = None,
+    s3_credentials_block: str | None = None,
+    run_dir: str | None = None,
+) -> dict:
     """Score one checkpoint: answers generated on a rollout server, graded as Dask tasks.
 
     Args:
@@ -68,12 +77,15 @@ def evaluate(checkpoint_url: str, benches: list[str] | None = None, out_dir: str
     run_dir = run_dir or run_folder_of(checkpoint_url)
     benches = benches or [HELDOUT if run_dir else "synthetic"]
     out_dir = out_dir or eval_dir_for_checkpoint(checkpoint_url)
-    summary = evaluate_checkpoint_task(checkpoint_url, benches, out_dir, samples, limit, temperature, top_p,
-                                       max_new_tokens, scheduler_address, run_dir)
+    summary = evaluate_checkpoint_task(
+        checkpoint_url, benches, out_dir, samples, limit, temperature, top_p, max_new_tokens, scheduler_address, run_dir
+    )
     name = evaluation_name(checkpoint_url, run_dir)
     artifact_id = create_markdown_artifact(
         evaluation_markdown(name, summary, out_dir, run_evaluations(run_dir) if run_dir else None),
-        key=evaluation_key(checkpoint_url, run_dir), description=f"{name}: {checkpoint_url}")
+        key=evaluation_key(checkpoint_url, run_dir),
+        description=f"{name}: {checkpoint_url}",
+    )
     m = re.search(r"/v(\d+)$", checkpoint_url.rstrip("/"))
     version = version if version is not None else int(m.group(1)) if m else None
     if run_dir and version is not None:  # the training run's result links this evaluation

@@ -30,11 +30,23 @@ def _plot_markdown(png: str) -> str:
 
 
 @flow(name="plan", log_prints=True, flow_run_name=plan_run_name)
-def plan(model: str = "7B", gpu: str = "H800", n_gpus: int = 64, context: int = 16384, prompt_tokens: int = 1024,
-         answer_median: float = 4000.0, answer_sigma: float = 0.9, from_run: str | None = None,
-         etas: tuple[int, ...] = DEFAULT_ETAS, ratios: list[str] | None = None, prompts_per_step: int = 128,
-         answers_per_prompt: int = 16, weight_update: str = "reprefill", n_steps: int = 30,
-         out_dir: str = "runs/plan") -> dict:
+def plan(
+    model: str = "7B",
+    gpu: str = "H800",
+    n_gpus: int = 64,
+    context: int = 16384,
+    prompt_tokens: int = 1024,
+    answer_median: float = 4000.0,
+    answer_sigma: float = 0.9,
+    from_run: str | None = None,
+    etas: tuple[int, ...] = DEFAULT_ETAS,
+    ratios: list[str] | None = None,
+    prompts_per_step: int = 128,
+    answers_per_prompt: int = 16,
+    weight_update: str = "reprefill",
+    n_steps: int = 30,
+    out_dir: str = "runs/plan",
+) -> dict:
     """Recommend a cluster run's rollout:trainer split and eta by simulation (docs/PLANNING.md).
 
     Args:
@@ -54,19 +66,42 @@ def plan(model: str = "7B", gpu: str = "H800", n_gpus: int = 64, context: int = 
         n_steps: Training steps to simulate per alternative.
         out_dir: Where plan.json and plan_ratio.png go.
     """
-    request = dict(model=model, gpu=gpu, n_gpus=n_gpus, context=context, prompt_tokens=prompt_tokens,
-                   answer_median=answer_median, answer_sigma=answer_sigma, from_run=from_run, etas=etas,
-                   ratios=ratios, prompts_per_step=prompts_per_step, answers_per_prompt=answers_per_prompt,
-                   weight_update=weight_update, n_steps=n_steps)
+    request = dict(
+        model=model,
+        gpu=gpu,
+        n_gpus=n_gpus,
+        context=context,
+        prompt_tokens=prompt_tokens,
+        answer_median=answer_median,
+        answer_sigma=answer_sigma,
+        from_run=from_run,
+        etas=etas,
+        ratios=ratios,
+        prompts_per_step=prompts_per_step,
+        answers_per_prompt=answers_per_prompt,
+        weight_update=weight_update,
+        n_steps=n_steps,
+    )
     build_request(**request)  # bad input fails the flow run before any simulation
     outcome = simulate_plan_task(request, out_dir)
-    rows = [{"alternative": a.label, "tokens_per_s": round(a.throughput), "vs_sync": round(a.speedup, 2),
-             "staleness_mean": round(a.staleness_mean, 2), "staleness_max": a.staleness_max,
-             "rollout_busy": round(a.rollout_util, 2), "trainer_busy": round(a.trainer_util, 2)}
-            for a in outcome.alternatives]
+    rows = [
+        {
+            "alternative": a.label,
+            "tokens_per_s": round(a.throughput),
+            "vs_sync": round(a.speedup, 2),
+            "staleness_mean": round(a.staleness_mean, 2),
+            "staleness_max": a.staleness_max,
+            "rollout_busy": round(a.rollout_util, 2),
+            "trainer_busy": round(a.trainer_util, 2),
+        }
+        for a in outcome.alternatives
+    ]
     create_table_artifact(rows, key="plan-alternatives", description=outcome.request.describe())
-    create_markdown_artifact(outcome.markdown + "\n\n" + _plot_markdown(outcome.files["png"]), key="plan",
-                             description=f"recommended: {outcome.recommended.label}")
+    create_markdown_artifact(
+        outcome.markdown + "\n\n" + _plot_markdown(outcome.files["png"]),
+        key="plan",
+        description=f"recommended: {outcome.recommended.label}",
+    )
     print(outcome.markdown)
     return {**outcome.to_json(), "files": outcome.files}
 

@@ -9,8 +9,13 @@ from tasks.prepare import prepare_records
 
 
 @flow(name="prepare-data", log_prints=True, flow_run_name=prepare_data_run_name)
-def prepare_data(source: str = "synthetic", out_url: str = "runs/data/synthetic", path: str | None = None,
-                 synthetic: dict | None = None, fmt: str = "parquet") -> dict:
+def prepare_data(
+    source: str = "synthetic",
+    out_url: str = "runs/data/synthetic",
+    path: str | None = None,
+    synthetic: dict | None = None,
+    fmt: str = "parquet",
+) -> dict:
     """Turn a data source into validated records; every row is checked before anything is written,
     ``manifest.json`` last.
 
@@ -26,7 +31,9 @@ def prepare_data(source: str = "synthetic", out_url: str = "runs/data/synthetic"
         fmt: parquet or jsonl.
     """
     manifest = prepare_records(source, out_url, path, synthetic, fmt)
-    print(f"{source}: " + ", ".join(f"{k} {n} records -> {manifest['files'][k]}" for k, n in manifest["counts"].items()))
+    print(
+        f"{source}: " + ", ".join(f"{k} {n} records -> {manifest['files'][k]}" for k, n in manifest["counts"].items())
+    )
     left_out = manifest.get("left_out_as_evaluation_problems", [])
     if left_out:
         print(f"{source}: left out {len(left_out)} problem(s) that are also evaluation problems (see manifest.json)")

@@ -9,8 +9,12 @@ from tasks.provision import apply_s3_credentials_block, provision_check
 
 
 @flow(name="provision", log_prints=True, flow_run_name=provision_run_name)
-def provision(config_path: str = "configs/quickstart.yaml", out_dir: str = "runs/provision",
-              overrides: dict | None = None, s3_credentials_block: str | None = None) -> dict:
+def provision(
+    config_path: str = "configs/quickstart.yaml",
+    out_dir: str = "runs/provision",
+    overrides: dict | None = None,
+    s3_credentials_block: str | None = None,
+) -> dict:
     """Bring up or connect to what a config's runs need, and check each: the Dask cluster grades a known
     answer, object storage takes a probe object, external rollout servers answer /health.
 
@@ -23,8 +27,10 @@ def provision(config_path: str = "configs/quickstart.yaml", out_dir: str = "runs
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)
     report = provision_check(config_path, out_dir, overrides)
-    print(f"dask: {report['dask']['scheduler']}  storage: {report['storage']['url']}  "
-          f"rollout: {report['rollout']['backend']}")
+    print(
+        f"dask: {report['dask']['scheduler']}  storage: {report['storage']['url']}  "
+        f"rollout: {report['rollout']['backend']}"
+    )
     return report
 
 

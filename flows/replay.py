@@ -10,8 +10,14 @@ from tasks.flow_runs import artifact_key, replay_run_name, ui_link
 
 
 @flow(name="replay", log_prints=True, flow_run_name=replay_run_name)
-def replay_run(run_dir: str, out_dir: str, from_step: int = 0, to_step: int | None = None,
-               overrides: dict | None = None, threads: int | None = None) -> dict:
+def replay_run(
+    run_dir: str,
+    out_dir: str,
+    from_step: int = 0,
+    to_step: int | None = None,
+    overrides: dict | None = None,
+    threads: int | None = None,
+) -> dict:
     """Train a run's recorded steps again from one of its checkpoints and compare the weights.
 
     Args:
@@ -27,8 +33,9 @@ def replay_run(run_dir: str, out_dir: str, from_step: int = 0, to_step: int | No
     from areal_core.replay import replay
 
     summary = replay(run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides, threads=threads)
-    create_markdown_artifact(replay_markdown(summary, out_dir), key=artifact_key("replay", out_dir),
-                             description=f"replay of {run_dir}")
+    create_markdown_artifact(
+        replay_markdown(summary, out_dir), key=artifact_key("replay", out_dir), description=f"replay of {run_dir}"
+    )
     return summary
 
 
@@ -36,11 +43,19 @@ def replay_markdown(summary: dict, out_dir: str) -> str:
     r = summary["replay"]
     keys = [artifact_key(k, r["of"]) for k in ("train-result", "train-curves")]
     original = [f"[{key}]({ui_link('artifacts/key/' + key)})" for key in keys]
-    lines = [f"# Replay of `{r['of']}`", "", f"**{r['note']}**", "",
-             f"Steps {r['from_step'] + 1}..{r['to_step']} from checkpoint v{r['from_step']}"
-             + (f", with {r['overrides']}" if r["overrides"] else "") + f"; output in `{out_dir}`.",
-             f"The original run's artifacts: {', '.join(original)}.", "",
-             "| version | replay sha256 | original sha256 | same |", "|---|---|---|---|"]
+    lines = [
+        f"# Replay of `{r['of']}`",
+        "",
+        f"**{r['note']}**",
+        "",
+        f"Steps {r['from_step'] + 1}..{r['to_step']} from checkpoint v{r['from_step']}"
+        + (f", with {r['overrides']}" if r["overrides"] else "")
+        + f"; output in `{out_dir}`.",
+        f"The original run's artifacts: {', '.join(original)}.",
+        "",
+        "| version | replay sha256 | original sha256 | same |",
+        "|---|---|---|---|",
+    ]
     for c in summary["checkpoints"]:
         orig = c["original_sha256"] or "(none recorded)"
         lines.append(f"| v{c['version']} | `{c['sha256'][:16]}` | `{orig[:16]}` | {'yes' if c['match'] else 'no'} |")

@@ -25,9 +25,11 @@ def report(run_dirs: list[str], out_dir: str, title: str = "areal-flow report") 
 
     out = write_report_task(run_dirs, out_dir, title)
     header, rows = runs_rows(out["table"])  # every column, unrounded: report.csv
-    create_table_artifact([dict(zip(header, r)) for r in rows], key="report-runs",
-                          description=f"runs compared in {out['report']}")
-    create_markdown_artifact(report_for_ui(out["markdown"], out["table"], out["png"]), key="report",
-                             description=out["report"])
+    create_table_artifact(
+        [dict(zip(header, r)) for r in rows], key="report-runs", description=f"runs compared in {out['report']}"
+    )
+    create_markdown_artifact(
+        report_for_ui(out["markdown"], out["table"], out["png"]), key="report", description=out["report"]
+    )
     print(f"report: {out['report']}")
     return out["report"]

@@ -28,10 +28,16 @@ def urls_variable(config_name: str, host: str | None = None) -> str:
 
 
 @flow(name="rollout-servers", log_prints=True, flow_run_name=serve_run_name)
-def rollout_servers(model_path: str, config_path: str = "configs/quickstart.yaml", overrides: dict | None = None,
-                    hold_s: float | None = 3600.0, check_every_s: float = 30.0,
-                    log_dir: str = "runs/rollout-servers", join_run: str | None = None,
-                    api_key_file: str | None = None) -> dict:
+def rollout_servers(
+    model_path: str,
+    config_path: str = "configs/quickstart.yaml",
+    overrides: dict | None = None,
+    hold_s: float | None = 3600.0,
+    check_every_s: float = 30.0,
+    log_dir: str = "runs/rollout-servers",
+    join_run: str | None = None,
+    api_key_file: str | None = None,
+) -> dict:
     """Keep a pool of rollout servers up for training runs elsewhere to connect to.
 
     Args:
@@ -59,10 +65,23 @@ def rollout_servers(model_path: str, config_path: str = "configs/quickstart.yaml
             logger.info("%d server(s) announced to the run through %s", len(urls), join_run)
         kind = "sglang" if cfg.rollout.backend.kind == "sglang" else "external"
         create_markdown_artifact(
-            "\n".join([f"### {len(urls)} rollout server(s) of `{model_path}`", "", *(f"- {u}" for u in urls), "",
-                       f"Prefect Variable `{name}`. A training run on another machine connects with:", "",
-                       "```yaml", "rollout:", f"  backend: {{kind: {kind}, urls: [{', '.join(urls)}]}}", "```"]),
-            key=name[:100], description=f"rollout servers of {cfg.name}")
+            "\n".join(
+                [
+                    f"### {len(urls)} rollout server(s) of `{model_path}`",
+                    "",
+                    *(f"- {u}" for u in urls),
+                    "",
+                    f"Prefect Variable `{name}`. A training run on another machine connects with:",
+                    "",
+                    "```yaml",
+                    "rollout:",
+                    f"  backend: {{kind: {kind}, urls: [{', '.join(urls)}]}}",
+                    "```",
+                ]
+            ),
+            key=name[:100],
+            description=f"rollout servers of {cfg.name}",
+        )
 
     def report(ok: list[bool]) -> None:
         if not all(ok):
@@ -70,8 +89,16 @@ def rollout_servers(model_path: str, config_path: str = "configs/quickstart.yaml
 
     key = Path(api_key_file).read_text().strip() if api_key_file else None
     try:
-        return serve_rollout(cfg, model_path, log_dir=log_dir, hold_s=hold_s, check_every_s=check_every_s,
-                             on_up=publish, on_check=report, api_key=key)
+        return serve_rollout(
+            cfg,
+            model_path,
+            log_dir=log_dir,
+            hold_s=hold_s,
+            check_every_s=check_every_s,
+            on_up=publish,
+            on_check=report,
+            api_key=key,
+        )
     finally:
         Variable.unset(name)
         if announced:

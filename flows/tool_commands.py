@@ -81,19 +81,33 @@ def cmd_replay(args) -> int:
         from areal_core.replay import ReplayError, replay
 
         try:
-            summary = replay(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
-                             overrides=overrides, threads=args.threads)
+            summary = replay(
+                args.run_dir,
+                args.out,
+                from_step=args.from_step,
+                to_step=args.to_step,
+                overrides=overrides,
+                threads=args.threads,
+            )
         except ReplayError as e:
             raise UsageError(str(e)) from None
     else:
         from flows.replay import replay_run
 
-        summary = replay_run(args.run_dir, args.out, from_step=args.from_step, to_step=args.to_step,
-                             overrides=overrides or None, threads=args.threads)
+        summary = replay_run(
+            args.run_dir,
+            args.out,
+            from_step=args.from_step,
+            to_step=args.to_step,
+            overrides=overrides or None,
+            threads=args.threads,
+        )
     r = summary["replay"]
     kind = "counterfactual replay" if r["counterfactual"] else "replay"
-    print(f"{kind} of {r['of']} steps {r['from_step'] + 1}..{r['to_step']} in {summary['wall_time_s']:.1f} s "
-          f"-> {args.out} (replay.png compares loss, grad norm and clip fraction)")
+    print(
+        f"{kind} of {r['of']} steps {r['from_step'] + 1}..{r['to_step']} in {summary['wall_time_s']:.1f} s "
+        f"-> {args.out} (replay.png compares loss, grad norm and clip fraction)"
+    )
     return 0 if r["counterfactual"] or summary["all_match"] else 1
 
 
@@ -107,27 +121,42 @@ def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
 
     s = sub.add_parser("serve", help="keep a pool of rollout servers up for runs elsewhere (the rollout-servers flow)")
     s.add_argument("model", help="a checkpoint version folder (RUN/checkpoints/vN) or an HF model folder")
-    s.add_argument("--config", default="configs/quickstart.yaml", help="the config whose rollout section the pool follows")
+    s.add_argument(
+        "--config", default="configs/quickstart.yaml", help="the config whose rollout section the pool follows"
+    )
     add_set(s)
     s.add_argument("--hold-s", type=float, default=0.0, help="seconds to keep them up (default 0: until Ctrl-C)")
     s.add_argument("--log-dir", default="runs/rollout-servers", help="where the servers' logs and API key go")
     s.add_argument("--no-prefect", action="store_true", help="serve without a Prefect flow run")
     s.set_defaults(func=cmd_serve)
 
-    n = sub.add_parser("runs", help="list the run folders and their state (finished, or unfinished: running, "
-                       "or stopped at its last checkpoint, which --resume continues from)")
+    n = sub.add_parser(
+        "runs",
+        help="list the run folders and their state (finished, or unfinished: running, "
+        "or stopped at its last checkpoint, which --resume continues from)",
+    )
     n.add_argument("root", nargs="?", help="where to look (default: $AREAL_RUNS_DIR or runs/)")
     n.set_defaults(func=cmd_runs)
 
-    p = sub.add_parser("replay", help="train a run's recorded steps again from a checkpoint, with no rollout "
-                       "server: checks every later checkpoint's weights bit for bit, or (--set) trains the same "
-                       "data under another trainer setting")
+    p = sub.add_parser(
+        "replay",
+        help="train a run's recorded steps again from a checkpoint, with no rollout "
+        "server: checks every later checkpoint's weights bit for bit, or (--set) trains the same "
+        "data under another trainer setting",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the original run's folder")
     p.add_argument("--out", required=True, metavar="OUT_DIR", help="the replay's run folder (new)")
-    p.add_argument("--from-step", type=int, default=0, metavar="A", help="start from the run's checkpoint vA (default 0)")
+    p.add_argument(
+        "--from-step", type=int, default=0, metavar="A", help="start from the run's checkpoint vA (default 0)"
+    )
     p.add_argument("--to-step", type=int, metavar="B", help="stop after step B (default: the run's last step)")
-    p.add_argument("--threads", type=int, metavar="N", help="the trainer's torch threads (default: the machine's cores; "
-                   "the torch trainer's results do not depend on the count, and the hashes say so)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="the trainer's torch threads (default: the machine's cores; "
+        "the torch trainer's results do not depend on the count, and the hashes say so)",
+    )
     add_set(p)
     p.add_argument("--no-prefect", action="store_true", help="replay without a Prefect flow run")
     p.set_defaults(func=cmd_replay)

@@ -10,10 +10,17 @@ from tasks.training import train_run
 
 
 @flow(name="train", log_prints=True, flow_run_name=train_run_name)
-def train(config_path: str = "configs/quickstart.yaml", run_dir: str | None = None,
-          max_steps: int | None = None, overrides: dict | None = None, evaluate_every: int | None = 50,
-          progress: bool = False, cache_dir: str | None = None, resume: bool = False,
-          s3_credentials_block: str | None = None) -> dict:
+def train(
+    config_path: str = "configs/quickstart.yaml",
+    run_dir: str | None = None,
+    max_steps: int | None = None,
+    overrides: dict | None = None,
+    evaluate_every: int | None = 50,
+    progress: bool = False,
+    cache_dir: str | None = None,
+    resume: bool = False,
+    s3_credentials_block: str | None = None,
+) -> dict:
     """Train one experiment: warm start, asynchronous RL, held-out accuracy before and after.
 
     The run is named from what it runs (``quickstart-eta0-s1``: the config's name, the overrides
@@ -44,8 +51,13 @@ def train(config_path: str = "configs/quickstart.yaml", run_dir: str | None = No
         cfg = load_config(config_path, overrides or {})
         check_inputs(cfg)
         if run_dir:
-            check_run_folder(cfg, run_dir, resume, how_resume="turn on resume",
-                             how_new="set run_dir to None (each run then gets a folder of its own)")
+            check_run_folder(
+                cfg,
+                run_dir,
+                resume,
+                how_resume="turn on resume",
+                how_new="set run_dir to None (each run then gets a folder of its own)",
+            )
     except (ConfigError, RunFolderError) as e:
         return user_error(e)
     if not run_dir:
@@ -53,8 +65,9 @@ def train(config_path: str = "configs/quickstart.yaml", run_dir: str | None = No
 
         run_dir = claim_run_dir(flow_run.name or cfg.name)
         print(f"run folder: {run_dir}")
-    state = train_run(config_path, run_dir, max_steps, overrides, evaluate_every, progress, cache_dir, resume,
-                      return_state=True)
+    state = train_run(
+        config_path, run_dir, max_steps, overrides, evaluate_every, progress, cache_dir, resume, return_state=True
+    )
     if state.is_cancelled():  # stopped by Ctrl-C (areal-flow train), at a checkpoint resume continues from
         from prefect.states import Cancelled
 

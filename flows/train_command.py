@@ -31,8 +31,12 @@ def _check_run(cfg, run_dir: Path, resume: bool) -> None:
     except RunFolderError as e:
         raise UsageError(str(e)) from None
     if resume:
-        print(f"resuming from checkpoint v{latest} in {where}" if latest is not None
-              else f"nothing to resume in {where}: starting fresh", flush=True)
+        print(
+            f"resuming from checkpoint v{latest} in {where}"
+            if latest is not None
+            else f"nothing to resume in {where}: starting fresh",
+            flush=True,
+        )
 
 
 def print_run_summary(s: dict, run_dir: Path) -> None:
@@ -55,13 +59,27 @@ def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
     if args.no_prefect:
         from areal_core.run import run_experiment
 
-        return run_experiment(cfg, run_dir, max_steps=args.max_steps, progress=not args.no_progress,
-                              resume=args.resume, on_step=stop.training, stop=stop)
+        return run_experiment(
+            cfg,
+            run_dir,
+            max_steps=args.max_steps,
+            progress=not args.no_progress,
+            resume=args.resume,
+            on_step=stop.training,
+            stop=stop,
+        )
     from flows.train import train
 
-    state = train(config_path=args.config, run_dir=str(run_dir), max_steps=args.max_steps, overrides=overrides,
-                  evaluate_every=args.evaluate_every, progress=not args.no_progress, resume=args.resume,
-                  return_state=True)
+    state = train(
+        config_path=args.config,
+        run_dir=str(run_dir),
+        max_steps=args.max_steps,
+        overrides=overrides,
+        evaluate_every=args.evaluate_every,
+        progress=not args.no_progress,
+        resume=args.resume,
+        return_state=True,
+    )
     return None if state.is_cancelled() else state.result()
 
 
@@ -94,18 +112,28 @@ def run_train_command(args) -> int:
         except KeyboardInterrupt:
             summary = None
     if summary is None and short is not None:
-        print(f"stopped at step {_latest_checkpoint(cfg, run_dir)}: {short}; once enough servers are up, continue "
-              f"with {_again(args, run_dir)} --resume", file=sys.stderr)
+        print(
+            f"stopped at step {_latest_checkpoint(cfg, run_dir)}: {short}; once enough servers are up, continue "
+            f"with {_again(args, run_dir)} --resume",
+            file=sys.stderr,
+        )
         return EXIT_STATUS
     if summary is None and budget is not None:
         step = _latest_checkpoint(cfg, run_dir)
-        print(f"stopped at step {step}: cost.budget_usd ({budget:g} USD) spent; continue with "
-              f"{_again(args, run_dir)} --resume --set cost.budget_usd=<more>", file=sys.stderr)
+        print(
+            f"stopped at step {step}: cost.budget_usd ({budget:g} USD) spent; continue with "
+            f"{_again(args, run_dir)} --resume --set cost.budget_usd=<more>",
+            file=sys.stderr,
+        )
         return EXIT_STATUS
     if summary is None:
         latest = _latest_checkpoint(cfg, run_dir)
-        print(f"stopped before the first checkpoint; start again with {_again(args, run_dir)}" if latest is None
-              else f"stopped at step {latest}; continue with {_again(args, run_dir)} --resume", file=sys.stderr)
+        print(
+            f"stopped before the first checkpoint; start again with {_again(args, run_dir)}"
+            if latest is None
+            else f"stopped at step {latest}; continue with {_again(args, run_dir)} --resume",
+            file=sys.stderr,
+        )
         return EXIT_STATUS
     print_run_summary(summary, run_dir)
     if args.json:
@@ -125,8 +153,13 @@ def _submit_to_deployment(args, overrides: dict) -> int:
         raise UsageError("--deployment sends the run to a Prefect worker; it cannot go with --no-prefect")
     from infra.deployments import DeploymentError, submit_and_follow
 
-    params = {"config_path": str(Path(args.config).resolve()), "max_steps": args.max_steps,
-              "overrides": overrides or None, "evaluate_every": args.evaluate_every, "resume": args.resume}
+    params = {
+        "config_path": str(Path(args.config).resolve()),
+        "max_steps": args.max_steps,
+        "overrides": overrides or None,
+        "evaluate_every": args.evaluate_every,
+        "resume": args.resume,
+    }
     if args.run_dir:
         params["run_dir"] = str(Path(args.run_dir).resolve())
     try:

@@ -25,8 +25,17 @@ import time
 from pathlib import Path
 
 BROWSERS = ("chromium-headless-shell", "chromium")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-         "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--remote-debugging-port=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--remote-debugging-port=0",
+)
 
 
 class BrowserError(RuntimeError):
@@ -58,10 +67,19 @@ class Browser:
     def __enter__(self) -> Browser:
         from websockets.sync.client import connect
 
-        self._proc = subprocess.Popen([self.exe, *FLAGS, f"--user-data-dir={self._profile}",
-                                       f"--window-size={self.width},{self.height}", "about:blank"],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            [
+                self.exe,
+                *FLAGS,
+                f"--user-data-dir={self._profile}",
+                f"--window-size={self.width},{self.height}",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             port_file = Path(self._profile) / "DevToolsActivePort"
             deadline = time.monotonic() + self.startup_s
@@ -74,8 +92,13 @@ class Browser:
             page = next(t for t in targets if t.get("type") == "page")
             self._ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
             self.call("Page.enable")
-            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
-                      deviceScaleFactor=1, mobile=False)
+            self.call(
+                "Emulation.setDeviceMetricsOverride",
+                width=self.width,
+                height=self.height,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
         except BaseException:
             self.close()
             raise
@@ -124,8 +147,10 @@ class Browser:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise BrowserError(f"timed out after {timeout_s:.0f}s waiting for {what or expression[:120]}"
-                                   + (f" (last error: {error})" if error else ""))
+                raise BrowserError(
+                    f"timed out after {timeout_s:.0f}s waiting for {what or expression[:120]}"
+                    + (f" (last error: {error})" if error else "")
+                )
             time.sleep(0.25)
 
     def screenshot(self, path: str | os.PathLike, full_page: bool = False) -> Path:
@@ -161,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="the PNG to write")
     p.add_argument("--width", type=int, default=1400)
     p.add_argument("--height", type=int, default=900)
-    p.add_argument("--wait-for", default="document.readyState === 'complete'",
-                   help="a JavaScript expression to wait for before the screenshot")
+    p.add_argument(
+        "--wait-for",
+        default="document.readyState === 'complete'",
+        help="a JavaScript expression to wait for before the screenshot",
+    )
     p.add_argument("--full-page", action="store_true")
     args = p.parse_args(argv)
     try:

@@ -18,8 +18,10 @@ def _api_url() -> str:
 
     url = PREFECT_API_URL.value()
     if not url:
-        raise DeploymentError("--deployment sends the run to a Prefect server: set PREFECT_API_URL "
-                              "(`areal-flow stack up` prints the line to use)")
+        raise DeploymentError(
+            "--deployment sends the run to a Prefect server: set PREFECT_API_URL "
+            "(`areal-flow stack up` prints the line to use)"
+        )
     return url
 
 
@@ -38,8 +40,9 @@ def submit_and_follow(deployment: str, parameters: dict, poll_s: float = 3.0, lo
     try:
         dep = client.read_deployment_by_name(deployment)
     except ObjectNotFound:
-        raise DeploymentError(f"no deployment {deployment} on {api}: "
-                              "`areal-flow stack up` deploys prefect.yaml") from None
+        raise DeploymentError(
+            f"no deployment {deployment} on {api}: `areal-flow stack up` deploys prefect.yaml"
+        ) from None
     run = client.create_flow_run_from_deployment(dep.id, parameters=params)
     url = ui_link(f"runs/flow-run/{run.id}")
     log(f"sent to the {deployment} deployment: {url}")
@@ -49,8 +52,10 @@ def submit_and_follow(deployment: str, parameters: dict, poll_s: float = 3.0, lo
             run = client.read_flow_run(run.id)
             now = (run.name, run.state.name if run.state else None)
             if now != seen:
-                log(f"flow run {run.name}: {now[1]}" + (f" ({run.state.message})" if run.state and
-                                                         run.state.message and run.state.is_final() else ""))
+                log(
+                    f"flow run {run.name}: {now[1]}"
+                    + (f" ({run.state.message})" if run.state and run.state.message and run.state.is_final() else "")
+                )
                 seen = now
             if run.state is not None and run.state.is_final():
                 return 0 if run.state.is_completed() else 1

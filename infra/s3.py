@@ -47,17 +47,21 @@ def moto_server_executable() -> str:
 class MotoS3Server:
     """A ``moto_server`` subprocess on 127.0.0.1. Use as a context manager or call stop()."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 region: str = "us-east-1", start_timeout_s: float = 60.0,
-                 log_path: str | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        region: str = "us-east-1",
+        start_timeout_s: float = 60.0,
+        log_path: str | None = None,
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.region = region
         self.start_timeout_s = start_timeout_s
         # an automatic log is removed by stop() unless the server failed to start
         self._own_log = log_path is None
-        self.log_path = log_path or os.path.join(
-            tempfile.gettempdir(), f"moto-s3-{os.getpid()}-{self.port}.log")
+        self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"moto-s3-{os.getpid()}-{self.port}.log")
         self._proc: subprocess.Popen | None = None
         self._paused = False
 
@@ -78,8 +82,7 @@ class MotoS3Server:
             return self
         cmd = [moto_server_executable(), "-H", self.host, "-p", str(self.port)]
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._paused = False
         try:
             self._wait_ready()
@@ -93,8 +96,9 @@ class MotoS3Server:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self._proc.returncode} before answering; "
-                                   f"see {self.log_path}")
+                raise RuntimeError(
+                    f"moto_server exited with {self._proc.returncode} before answering; see {self.log_path}"
+                )
             try:
                 with urllib.request.urlopen(self.endpoint_url + "/moto-api/data.json", timeout=1) as r:
                     if r.status == 200:
@@ -102,8 +106,10 @@ class MotoS3Server:
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"moto_server did not answer on {self.endpoint_url} "
-                                   f"within {self.start_timeout_s}s; see {self.log_path}")
+                raise TimeoutError(
+                    f"moto_server did not answer on {self.endpoint_url} "
+                    f"within {self.start_timeout_s}s; see {self.log_path}"
+                )
             time.sleep(0.1)
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -164,20 +170,21 @@ class MotoS3Server:
             "AWS_DEFAULT_REGION": self.region,
         }
         if fast_timeouts:
-            env.update({
-                "AWS_MAX_ATTEMPTS": "1",
-                "AREAL_S3_CONNECT_TIMEOUT": "1",
-                "AREAL_S3_READ_TIMEOUT": "1",
-                "AREAL_S3_RETRIES": "1",
-            })
+            env.update(
+                {
+                    "AWS_MAX_ATTEMPTS": "1",
+                    "AREAL_S3_CONNECT_TIMEOUT": "1",
+                    "AREAL_S3_READ_TIMEOUT": "1",
+                    "AREAL_S3_RETRIES": "1",
+                }
+            )
         return env
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run a local moto S3 server on 127.0.0.1")
     ap.add_argument("--port", type=int, default=None)
-    ap.add_argument("--bucket", action="append", default=[],
-                    help="create this bucket (s3://name or name); may repeat")
+    ap.add_argument("--bucket", action="append", default=[], help="create this bucket (s3://name or name); may repeat")
     args = ap.parse_args(argv)
     server = MotoS3Server(port=args.port)
     stop_requested = []

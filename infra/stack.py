@@ -94,8 +94,10 @@ def _stop_group(pid: int, first: signal.Signals, grace_s: float, log=print, role
                 names.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
             except psutil.Error:
                 names.append(str(p.pid))
-        log(f"  {role} group {pid}: {len(alive)} process(es) still running {grace_s:.0f}s after {first.name}, "
-            f"SIGKILL: {names}")
+        log(
+            f"  {role} group {pid}: {len(alive)} process(es) still running {grace_s:.0f}s after {first.name}, "
+            f"SIGKILL: {names}"
+        )
         for p in alive:
             try:
                 p.kill()
@@ -108,8 +110,13 @@ def _stop_group(pid: int, first: signal.Signals, grace_s: float, log=print, role
 
 
 class Stack:
-    def __init__(self, home: str | os.PathLike | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None, query_seconds: float = 5.0):
+    def __init__(
+        self,
+        home: str | os.PathLike | None = None,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        query_seconds: float = 5.0,
+    ):
         self.home = Path(home or os.environ.get("AREAL_STACK_HOME") or REPO / "runs" / ".stack").resolve()
         self.state_path = self.home / "stack.json"
         self.port = port
@@ -131,13 +138,15 @@ class Stack:
 
     def env(self, port: int) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "PREFECT_HOME": str(self.home / "prefect"),
-            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_WORKER_QUERY_SECONDS": str(self.query_seconds),
-            "AREAL_FLOW_HOME": str(REPO),
-        })
+        env.update(
+            {
+                "PREFECT_HOME": str(self.home / "prefect"),
+                "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_WORKER_QUERY_SECONDS": str(self.query_seconds),
+                "AREAL_FLOW_HOME": str(REPO),
+            }
+        )
         env.update(self.extra_env)
         return env
 
@@ -151,13 +160,24 @@ class Stack:
         env = self.env(port)
         (self.home / "prefect").mkdir(parents=True, exist_ok=True)
         exe = _prefect_exe()
-        state = {"port": port, "api_url": env["PREFECT_API_URL"], "ui_url": f"http://127.0.0.1:{port}",
-                 "home": str(self.home), "server_pid": None, "worker_pid": None}
+        state = {
+            "port": port,
+            "api_url": env["PREFECT_API_URL"],
+            "ui_url": f"http://127.0.0.1:{port}",
+            "home": str(self.home),
+            "server_pid": None,
+            "worker_pid": None,
+        }
         try:
             with open(self.home / "server.log", "ab") as out:
-                server = subprocess.Popen([exe, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                          start_new_session=True)
+                server = subprocess.Popen(
+                    [exe, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(REPO),
+                    start_new_session=True,
+                )
             state["server_pid"] = server.pid
             self._write_state(state)
             self._wait_healthy(state["api_url"], server, timeout_s)
@@ -169,9 +189,14 @@ class Stack:
             if not worker:
                 return state
             with open(self.home / "worker.log", "ab") as out:
-                worker = subprocess.Popen([exe, "worker", "start", "--pool", POOL, "--name", f"{POOL}-worker"],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                          start_new_session=True)
+                worker = subprocess.Popen(
+                    [exe, "worker", "start", "--pool", POOL, "--name", f"{POOL}-worker"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(REPO),
+                    start_new_session=True,
+                )
             state["worker_pid"] = worker.pid
             self._write_state(state)
             self._wait_worker(state["api_url"], worker, timeout_s)
@@ -188,12 +213,13 @@ class Stack:
         write_text_atomic(str(self.state_path), json.dumps(state, indent=2))
 
     def _cli(self, env: dict, args: list[str], log) -> None:
-        r = subprocess.run([_prefect_exe(), *args], env=env, cwd=str(REPO), capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run([_prefect_exe(), *args], env=env, cwd=str(REPO), capture_output=True, text=True, timeout=300)
         with open(self.home / "deploy.log", "a") as f:
             f.write(f"$ prefect {' '.join(args)}\n{r.stdout}\n{r.stderr}\n")
         if r.returncode != 0:
-            raise StackError(f"`prefect {' '.join(args)}` failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            raise StackError(
+                f"`prefect {' '.join(args)}` failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+            )
 
     @staticmethod
     def _wait_healthy(api_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -274,9 +300,11 @@ class Stack:
             healthy = True
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
-        log(f"Prefect UI: {s['ui_url']}  server {'healthy' if healthy else 'NOT answering'} "
+        log(
+            f"Prefect UI: {s['ui_url']}  server {'healthy' if healthy else 'NOT answering'} "
             f"(pid {s['server_pid']})  worker {'running' if up['worker_pid'] else 'NOT running'} "
-            f"(pid {s['worker_pid']})")
+            f"(pid {s['worker_pid']})"
+        )
         return {**s, "healthy": healthy, **{f"{k}_alive": v for k, v in up.items()}}
 
 

@@ -17,8 +17,9 @@ def evaluation_name(checkpoint_url: str, run_dir: str | None = None) -> str:
     and the version of the checkpoint."""
     parts = checkpoint_url.rstrip("/").split("/")
     version = parts[-1]
-    run = (run_dir or "").rstrip("/").rsplit("/", 1)[-1] or \
-        (parts[-3] if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-2] if len(parts) >= 2 else "model")
+    run = (run_dir or "").rstrip("/").rsplit("/", 1)[-1] or (
+        parts[-3] if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-2] if len(parts) >= 2 else "model"
+    )
     return f"evaluate-{run}-{version}"
 
 
@@ -64,8 +65,9 @@ def evaluation_lines(run_dir: str, checkpoints: str, final_version: int, evaluat
         if art is not None:
             lines.append(linked_line(v, name, art.latest_id, run_dir))
         else:
-            lines.append(f"- v{v}: {name}: not scored yet (the evaluate deployment scores it while "
-                         "`areal-flow stack up` runs)")
+            lines.append(
+                f"- v{v}: {name}: not scored yet (the evaluate deployment scores it while `areal-flow stack up` runs)"
+            )
     return lines
 
 
@@ -84,12 +86,30 @@ def link_in_training_result(run_dir: str, version: int, line: str) -> bool:
 
 
 @task(name="evaluate-checkpoint")
-def evaluate_checkpoint_task(checkpoint_url: str, benches: list[str], out_dir: str, samples: int = 1,
-                             limit: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                             max_new_tokens: int | None = None, scheduler_address: str | None = None,
-                             run_dir: str | None = None) -> dict:
+def evaluate_checkpoint_task(
+    checkpoint_url: str,
+    benches: list[str],
+    out_dir: str,
+    samples: int = 1,
+    limit: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+    scheduler_address: str | None = None,
+    run_dir: str | None = None,
+) -> dict:
     from areal_core.eval.harness import evaluate_checkpoint  # heavy imports: only when the task runs
 
-    return evaluate_checkpoint(checkpoint_url, benches, out_dir=out_dir, samples=samples, limit=limit,
-                               temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                               scheduler_address=scheduler_address, progress=False, run_dir=run_dir)
+    return evaluate_checkpoint(
+        checkpoint_url,
+        benches,
+        out_dir=out_dir,
+        samples=samples,
+        limit=limit,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        scheduler_address=scheduler_address,
+        progress=False,
+        run_dir=run_dir,
+    )

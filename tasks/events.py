@@ -26,14 +26,23 @@ def should_evaluate(version: int, total_steps: int, evaluate_every: int | None) 
     return version > 0 and (version % evaluate_every == 0 or version == total_steps)
 
 
-def emit_checkpoint_published(run_dir: str, name: str, version: int, url: str, total_steps: int,
-                              evaluate_every: int | None):
+def emit_checkpoint_published(
+    run_dir: str, name: str, version: int, url: str, total_steps: int, evaluate_every: int | None
+):
     run_dir = os.path.abspath(run_dir)
     return emit_event(
         event=CHECKPOINT_EVENT,
-        resource={"prefect.resource.id": f"areal.run.{run_dir}", "prefect.resource.name": name,
-                  "areal.run_dir": run_dir,
-                  "areal.evaluate": str(should_evaluate(version, total_steps, evaluate_every)).lower()},
-        payload={"url": url, "version": version, "run_dir": run_dir,
-                 "eval_dir": eval_dir_for_run(run_dir, version), "final": version == total_steps},
+        resource={
+            "prefect.resource.id": f"areal.run.{run_dir}",
+            "prefect.resource.name": name,
+            "areal.run_dir": run_dir,
+            "areal.evaluate": str(should_evaluate(version, total_steps, evaluate_every)).lower(),
+        },
+        payload={
+            "url": url,
+            "version": version,
+            "run_dir": run_dir,
+            "eval_dir": eval_dir_for_run(run_dir, version),
+            "final": version == total_steps,
+        },
     )

@@ -89,7 +89,8 @@ def latest_artifacts(keys: list[str]) -> dict:
     if not keys:
         return {}
     found = get_client(sync_client=True).read_latest_artifacts(
-        artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys)))
+        artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys))
+    )
     return {a.key: a for a in found}
 
 

@@ -37,9 +37,17 @@ def result_markdown(s: dict, run_dir: str, evaluate_every: int | None) -> str:
     from areal_core.run_summary import summary_rows
 
     rows = [*summary_rows(s), ("run folder", f"`{run_dir}`")]
-    return "\n".join([f"### {s['name']}: held-out accuracy {s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}",
-                      "", md_table(("measure", "value"), rows), "", "### Checkpoint evaluations", "",
-                      *evaluation_lines(run_dir, s["checkpoints"], s["final_version"], evaluate_every)])
+    return "\n".join(
+        [
+            f"### {s['name']}: held-out accuracy {s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}",
+            "",
+            md_table(("measure", "value"), rows),
+            "",
+            "### Checkpoint evaluations",
+            "",
+            *evaluation_lines(run_dir, s["checkpoints"], s["final_version"], evaluate_every),
+        ]
+    )
 
 
 class Curves:
@@ -67,11 +75,15 @@ class Curves:
 
         if not self.rows or (not force and time.monotonic() - self._drawn_at < CURVES_MIN_INTERVAL_S):
             return
-        md = training_markdown(self.name, self.run_dir, self.rows, self.heldout, run_evaluations(self.run_dir),
-                               self.total)
+        md = training_markdown(
+            self.name, self.run_dir, self.rows, self.heldout, run_evaluations(self.run_dir), self.total
+        )
         if self.artifact_id is None:
-            self.artifact_id = create_markdown_artifact(md, key=artifact_key("train-curves", self.run_dir),
-                                                        description=f"learning curves: {self.name} -> {self.run_dir}")
+            self.artifact_id = create_markdown_artifact(
+                md,
+                key=artifact_key("train-curves", self.run_dir),
+                description=f"learning curves: {self.name} -> {self.run_dir}",
+            )
         else:
             update_markdown(self.artifact_id, md)
         self._drawn_at = time.monotonic()
@@ -85,8 +97,19 @@ def worth_retrying(exc: BaseException | None) -> bool:
     from areal_core.storage.checkpoints import VersionExistsError
     from areal_core.storage.run_state import ResumeError
 
-    return not isinstance(exc, (ValueError, TypeError, KeyError, ImportError, VersionExistsError, ResumeError,
-                                TransportUnsupported, RunStopped))
+    return not isinstance(
+        exc,
+        (
+            ValueError,
+            TypeError,
+            KeyError,
+            ImportError,
+            VersionExistsError,
+            ResumeError,
+            TransportUnsupported,
+            RunStopped,
+        ),
+    )
 
 
 def _retry_condition(task, task_run, state) -> bool:
@@ -94,9 +117,16 @@ def _retry_condition(task, task_run, state) -> bool:
 
 
 @task(name="train-run", retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_condition)
-def train_run(config_path: str, run_dir: str, max_steps: int | None = None, overrides: dict | None = None,
-              evaluate_every: int | None = 50, progress: bool = False, cache_dir: str | None = None,
-              resume: bool = False) -> dict:
+def train_run(
+    config_path: str,
+    run_dir: str,
+    max_steps: int | None = None,
+    overrides: dict | None = None,
+    evaluate_every: int | None = 50,
+    progress: bool = False,
+    cache_dir: str | None = None,
+    resume: bool = False,
+) -> dict:
     from areal_core import interrupt
     from areal_core.experiment import load_config  # torch and transformers: imported when a run starts
     from areal_core.prompt_sampling import describe_mix
@@ -108,8 +138,9 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
     total = max_steps or cfg.trainer.max_steps
     ctx = TaskRunContext.get()
     retrying = ctx is not None and ctx.task_run.run_count > 1
-    progress_id = create_progress_artifact(0.0, key=artifact_key("train-progress", run_dir),
-                                           description=f"training {cfg.name} -> {run_dir}")
+    progress_id = create_progress_artifact(
+        0.0, key=artifact_key("train-progress", run_dir), description=f"training {cfg.name} -> {run_dir}"
+    )
     curves = Curves(cfg.name, str(run_dir), total, CheckpointStore.from_config(cfg.storage, str(run_dir)))
     stop = interrupt.current()  # Ctrl-C, when `areal-flow train` runs this task in its own process
     every = max(1, total // 20)
@@ -121,13 +152,24 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
             stop.training()
         update_progress_artifact(progress_id, 100.0 * step / row["total_steps"])
         if step % every == 0 or step == row["total_steps"]:
-            mix = {k[len("mix_"):]: v for k, v in row.items() if k.startswith("mix_")}
-            acc = (f"accuracy {row['accuracy']:.3f}" if not mix else  # the curriculum draws harder prompts
-                   f"accuracy on the curriculum's prompts {row['accuracy']:.3f} "
-                   f"(next draws: {describe_mix(mix, cfg.data.curriculum.by)})")
-            logger.info("step %d/%d reward %.3f %s staleness<=%d answer len %.1f tokens/s %.0f",
-                        step, row["total_steps"], row["reward"], acc, row["staleness_max"],
-                        row["answer_len_mean"], row["train_tokens_per_s"])
+            mix = {k[len("mix_") :]: v for k, v in row.items() if k.startswith("mix_")}
+            acc = (
+                f"accuracy {row['accuracy']:.3f}"
+                if not mix
+                # the curriculum draws harder prompts
+                else f"accuracy on the curriculum's prompts {row['accuracy']:.3f} "
+                f"(next draws: {describe_mix(mix, cfg.data.curriculum.by)})"
+            )
+            logger.info(
+                "step %d/%d reward %.3f %s staleness<=%d answer len %.1f tokens/s %.0f",
+                step,
+                row["total_steps"],
+                row["reward"],
+                acc,
+                row["staleness_max"],
+                row["answer_len_mean"],
+                row["train_tokens_per_s"],
+            )
 
     def on_checkpoint(version: int, url: str) -> None:
         emit_checkpoint_published(run_dir, cfg.name, version, url, total, evaluate_every)
@@ -137,24 +179,42 @@ def train_run(config_path: str, run_dir: str, max_steps: int | None = None, over
     if retrying:  # a retry continues from the checkpoints already in object storage
         logger.warning("retry %d: resuming from the published checkpoints", ctx.task_run.run_count - 1)
     try:
-        summary = run_experiment(cfg, run_dir, max_steps=max_steps, progress=progress, cache_dir=cache_dir,
-                                 on_step=on_step, on_checkpoint=on_checkpoint, resume=resume or retrying, stop=stop)
+        summary = run_experiment(
+            cfg,
+            run_dir,
+            max_steps=max_steps,
+            progress=progress,
+            cache_dir=cache_dir,
+            on_step=on_step,
+            on_checkpoint=on_checkpoint,
+            resume=resume or retrying,
+            stop=stop,
+        )
     except RunStopped as e:
         from prefect.states import Cancelled
 
         curves.draw(force=True)
         return Cancelled(message=f"{e}: resume continues from there")
-    logger.info("held-out accuracy %.3f -> %.3f, effective throughput %.0f tokens/s, wall %.0f s",
-                summary["accuracy_before"], summary["accuracy_after"],
-                summary["effective_train_tokens_per_s"], summary["wall_time_s"])
+    logger.info(
+        "held-out accuracy %.3f -> %.3f, effective throughput %.0f tokens/s, wall %.0f s",
+        summary["accuracy_before"],
+        summary["accuracy_after"],
+        summary["effective_train_tokens_per_s"],
+        summary["wall_time_s"],
+    )
     curves.heldout.update({0: summary["accuracy_before"], summary["steps"]: summary["accuracy_after"]})
     curves.draw(force=True)
-    create_markdown_artifact(result_markdown(summary, str(run_dir), evaluate_every),
-                             key=artifact_key("train-result", run_dir),
-                             description=f"result of training {cfg.name} -> {run_dir}")
+    create_markdown_artifact(
+        result_markdown(summary, str(run_dir), evaluate_every),
+        key=artifact_key("train-result", run_dir),
+        description=f"result of training {cfg.name} -> {run_dir}",
+    )
     if "cost" in summary and (Path(run_dir) / "costs.parquet").is_file():  # (absent with no step trained)
-        create_markdown_artifact(costs_markdown(summary, run_dir), key=artifact_key("train-costs", run_dir),
-                                 description=f"where the time of {cfg.name} went (cost ledger)")
+        create_markdown_artifact(
+            costs_markdown(summary, run_dir),
+            key=artifact_key("train-costs", run_dir),
+            description=f"where the time of {cfg.name} went (cost ledger)",
+        )
     return summary
 
 

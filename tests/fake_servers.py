@@ -44,8 +44,9 @@ class ScriptedServer:
     async def generate(self, input_ids, sampling, rid=None):
         self.prompts.append(list(input_ids))
         await asyncio.sleep(0.001)
-        return Generation(output_ids=[input_ids[0], 3], logprobs=[-0.1, -0.1], versions=[self.version] * 2,
-                          finish_reason="stop")
+        return Generation(
+            output_ids=[input_ids[0], 3], logprobs=[-0.1, -0.1], versions=[self.version] * 2, finish_reason="stop"
+        )
 
     async def health(self):
         return True

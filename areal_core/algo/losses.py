@@ -179,9 +179,7 @@ def decoupled_ppo_loss(
         logp,
         {"prox_logp": prox_logp, "behav_logp": behav_logp, "advantages": advantages, "mask": mask},
     )
-    return _clipped_objective(
-        logp, prox_logp, behav_logp, advantages, mask, eps_clip, off_policy, seq_lens, n_tokens
-    )
+    return _clipped_objective(logp, prox_logp, behav_logp, advantages, mask, eps_clip, off_policy, seq_lens, n_tokens)
 
 
 def naive_ppo_loss(

@@ -87,8 +87,9 @@ def allocate_shared_prompt_microbatches(
         for i in members:
             need = len(prompt) + _as_int(answer_lens[i], f"answer_lens[{i}]")
             if need > max_tokens:
-                raise ValueError(f"sequence {i} has length {need}, which exceeds the micro-batch budget "
-                                 f"max_tokens={max_tokens}")
+                raise ValueError(
+                    f"sequence {i} has length {need}, which exceeds the micro-batch budget max_tokens={max_tokens}"
+                )
             if len(units) > first and costs[-1] + need - len(prompt) <= max_tokens:
                 units[-1].append(i)
                 costs[-1] += need - len(prompt)
@@ -110,9 +111,7 @@ def split_fixed(n_items: int, n_groups: int) -> list[list[int]]:
     if n_groups <= 0:
         raise ValueError(f"n_groups must be > 0, got {n_groups}")
     if n_items < n_groups:
-        raise ValueError(
-            f"cannot split n_items={n_items} into n_groups={n_groups} non-empty groups"
-        )
+        raise ValueError(f"cannot split n_items={n_items} into n_groups={n_groups} non-empty groups")
     base, extra = divmod(n_items, n_groups)
     groups: list[list[int]] = []
     start = 0

@@ -84,8 +84,11 @@ def _result(weight, valid, keep, truncated=None) -> Correction:
     zero = torch.zeros((), dtype=weight.dtype, device=weight.device)
     keep = keep & valid
     none = torch.zeros_like(valid)
-    return Correction(weight=torch.where(keep, weight, zero), masked=valid & ~keep,
-                      truncated=none if truncated is None else truncated & keep)
+    return Correction(
+        weight=torch.where(keep, weight, zero),
+        masked=valid & ~keep,
+        truncated=none if truncated is None else truncated & keep,
+    )
 
 
 def no_correction(log_w: torch.Tensor, valid: torch.Tensor) -> Correction:
@@ -112,8 +115,7 @@ def tis_weights(log_w: torch.Tensor, valid: torch.Tensor, cap: float) -> Correct
     return _result(torch.exp(torch.clamp(log_w, max=log_c)), valid, valid, truncated=log_w > log_c)
 
 
-def mis_weights(log_w: torch.Tensor, valid: torch.Tensor, seq: torch.Tensor, n_seqs: int,
-                cap: float) -> Correction:
+def mis_weights(log_w: torch.Tensor, valid: torch.Tensor, seq: torch.Tensor, n_seqs: int, cap: float) -> Correction:
     """Sequence-level masked importance sampling: ``c_t = rho_s * 1[rho_s <= C]`` for every token
     of sequence ``s``, with ``rho_s = prod_{t in s} w_t = exp(sum_{t in s} log w_t)`` (summed in
     log space; a sequence whose ratio passes ``C`` is dropped whole, not truncated).
@@ -128,8 +130,9 @@ def mis_weights(log_w: torch.Tensor, valid: torch.Tensor, seq: torch.Tensor, n_s
     return _result(torch.exp(torch.where(keep, log_rho, zero)), valid, keep)
 
 
-def geo_mask(log_w: torch.Tensor, valid: torch.Tensor, seq: torch.Tensor, n_seqs: int,
-             lo: float, hi: float) -> Correction:
+def geo_mask(
+    log_w: torch.Tensor, valid: torch.Tensor, seq: torch.Tensor, n_seqs: int, lo: float, hi: float
+) -> Correction:
     """``c_t = w_t * 1[lo <= g_s <= hi]`` with the geometric-mean ratio of the token's sequence
     ``g_s = exp(mean_{t in s} log w_t)``: whole sequences outside the band are dropped; the kept
     ones keep their per-token weights (verl's geometric rejection keeps no weight, ``c_t = 1``).
@@ -185,21 +188,25 @@ def m2po_mask(log_w: torch.Tensor, valid: torch.Tensor, tau: float) -> Correctio
     return _result(torch.exp(log_w), valid, keep)
 
 
-def off_policy_correction(spec: OffPolicyConfig | None, log_w: torch.Tensor, valid: torch.Tensor,
-            seq_lens=None) -> Correction:
+def off_policy_correction(
+    spec: OffPolicyConfig | None, log_w: torch.Tensor, valid: torch.Tensor, seq_lens=None
+) -> Correction:
     """The weights of ``spec`` (a ``trainer.off_policy`` config; None: ``none``) for the tokens
     with log behaviour weights ``log_w`` (0 at invalid tokens) and validity ``valid``."""
     kind = "none" if spec is None else getattr(spec, "kind", None)
     if kind is None:
-        raise TypeError(f"off_policy must be a trainer.off_policy config (it has a kind) or None, "
-                        f"got {type(spec).__name__}")
+        raise TypeError(
+            f"off_policy must be a trainer.off_policy config (it has a kind) or None, got {type(spec).__name__}"
+        )
     if kind not in KINDS:
         raise ValueError(f"off_policy.kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind in SEQUENCE_KINDS:
         found = sequence_index(log_w.shape, seq_lens, log_w.device)
         if found is None:
-            raise ValueError(f"off_policy kind {kind!r} works per sequence: pass [batch, T] inputs (a row per "
-                             "sequence) or seq_lens with packed 1-D inputs")
+            raise ValueError(
+                f"off_policy kind {kind!r} works per sequence: pass [batch, T] inputs (a row per "
+                "sequence) or seq_lens with packed 1-D inputs"
+            )
         seq, n_seqs = found
         if kind == "mis":
             return mis_weights(log_w, valid, seq, n_seqs, spec.cap)

@@ -87,11 +87,21 @@ class Admission:
             self.sampler.observe(*self._deferred.pop(first))
 
     def state(self) -> dict:
-        return {"n_submitted": self.n_submitted, "n_groups": self.n_groups, "version": self.version,
-                "sampler": self.sampler.state(), "tally": {gid: list(t) for gid, t in self.tally.items()}}
+        return {
+            "n_submitted": self.n_submitted,
+            "n_groups": self.n_groups,
+            "version": self.version,
+            "sampler": self.sampler.state(),
+            "tally": {gid: list(t) for gid, t in self.tally.items()},
+        }
 
     def restore(self, state: dict) -> None:
         self.n_submitted, self.n_groups = int(state["n_submitted"]), int(state["n_groups"])
-        self.sampler = make_sampler(self._prompts, self.s.shuffle, self.s.seed, self.s.curriculum,
-                                    state.get("sampler") or {"n_drawn": self.n_groups})
+        self.sampler = make_sampler(
+            self._prompts,
+            self.s.shuffle,
+            self.s.seed,
+            self.s.curriculum,
+            state.get("sampler") or {"n_drawn": self.n_groups},
+        )
         self.tally = {gid: list(t) for gid, t in state.get("tally", {}).items()}

@@ -6,10 +6,9 @@ rollout server (``generation.py``: one batched request, continued and resubmitte
 nothing lost when a server dies), and submits the group's grading to the Dask reward service as one
 task the moment its last answer is in, without waiting for it (the buffer hands out whole groups, so
 grading them one by one would only cost scheduler round trips). Rewarded trajectories land in the
-replay buffer. Multi-agent runs route some groups to a frozen policy (``routing.py``).
-
-``snapshot()`` and ``restore()`` (``resume.py``) carry what was admitted and not trained across a restart.
-"""
+replay buffer. Multi-agent runs route some groups to a frozen policy (``routing.py``); episodes see
+the controller through ``episode_context.py``; ``snapshot()`` and ``restore()`` (``resume.py``)
+carry what was admitted and not trained across a restart."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from areal_core.buffer import ReplayBuffer
 from areal_core.controller import resume
 from areal_core.controller.admission import Admission
 from areal_core.controller.elastic import watch_pool
+from areal_core.controller.episode_context import EpisodeContextOf
 from areal_core.controller.generation import ROUTE, Generator
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.routing import FrozenGroups
@@ -38,21 +38,26 @@ from areal_core.types import Prompt, Trajectory
 log = logging.getLogger(__name__)
 
 
-def _log_refresh_error(fut: Future) -> None:
-    # nobody waits for a refresh: a snapshot without fresh partial outputs is still exact
-    if not fut.cancelled() and fut.exception() is not None:
-        log.error("reading partial outputs failed: %r", fut.exception())
-
-
 class RolloutController:
     """``servers``: the trainable policy's; ``transport`` moves new weights to them
     (``update_weights``); ``decode``/``encode``: token ids <-> response text (``encode`` only for
     episodes that add text to an answer); ``agents``: a multi-agent run's routing."""
 
-    def __init__(self, servers: Servers, prompts: list[Prompt], decode: Callable, rewards: RewardService,
-                 buffer: ReplayBuffer, settings: ControllerSettings, transport: WeightTransport, *,
-                 version: int = 0, episode: Episode | None = None, encode: Callable | None = None,
-                 agents: AgentSetup | None = None):
+    def __init__(
+        self,
+        servers: Servers,
+        prompts: list[Prompt],
+        decode: Callable,
+        rewards: RewardService,
+        buffer: ReplayBuffer,
+        settings: ControllerSettings,
+        transport: WeightTransport,
+        *,
+        version: int = 0,
+        episode: Episode | None = None,
+        encode: Callable | None = None,
+        agents: AgentSetup | None = None,
+    ):
         if not prompts:
             raise ValueError("the controller needs at least one prompt")
         if agents is not None and agents.router.top_k < len(agents.router.ids) and agents.frozen is None:
@@ -65,10 +70,17 @@ class RolloutController:
         self.agents = agents
         frozen = agents.frozen if agents is not None else None
         # weight pushes and server recovery; a restarted server loads model_path (version), then the weights
-        self.recovery = ServerRecovery(transport, servers.request_timeout_s, servers.restart, servers.model_path,
-                                       version, frozen.restart if frozen else None,
-                                       frozen.model_path if frozen else "", agents.frozen_version if agents else 0,
-                                       elastic=settings.min_servers is not None)
+        self.recovery = ServerRecovery(
+            transport,
+            servers.request_timeout_s,
+            servers.restart,
+            servers.model_path,
+            version,
+            frozen.restart if frozen else None,
+            frozen.model_path if frozen else "",
+            agents.frozen_version if agents else 0,
+            elastic=settings.min_servers is not None,
+        )
         self.admission = Admission(prompts, settings, version)
         self.generator = Generator(settings, self.recovery, lambda: self.admission.version)
         self.frozen = FrozenGroups(settings, agents.router) if agents is not None else None
@@ -146,6 +158,7 @@ class RolloutController:
 
     async def _waves_rewarded(self, bound: int) -> None:
         """Until the trajectories with seq_no < ``bound`` are all admitted and rewarded."""
+
         def done() -> bool:
             with self._lock:
                 return self.admission.n_submitted >= bound and all(t.seq_no >= bound for t in self._live.values())
@@ -157,8 +170,12 @@ class RolloutController:
         """For the cost ledger: the servers' generating seconds and re-prefilled positions since they
         started (None if unknown), the time admission was held at the gate, and the server count."""
         busy, again = asyncio.run_coroutine_threadsafe(self.generator.busy(), self._loop).result(timeout=30)
-        return {"busy_s": busy, "reprefilled_tokens": again, "gate_wait_s": self.admission.gate_wait_s,
-                "n_servers": len(self.generator.pools[TRAINABLE].live())}
+        return {
+            "busy_s": busy,
+            "reprefilled_tokens": again,
+            "gate_wait_s": self.admission.gate_wait_s,
+            "n_servers": len(self.generator.pools[TRAINABLE].live()),
+        }
 
     def live_urls(self) -> list[str]:
         """The trainable servers in the pool now (an elastic pool's change as servers leave and join)."""
@@ -166,8 +183,11 @@ class RolloutController:
 
     def pool_changes(self) -> dict:
         """The servers that left and joined the trainable pool, and the tokens kept of dead servers' answers."""
-        return {"left": list(self.recovery.left), "joined": list(self.recovery.joined),
-                "prefix_kept_tokens": self.generator.prefix_kept}
+        return {
+            "left": list(self.recovery.left),
+            "joined": list(self.recovery.joined),
+            "prefix_kept_tokens": self.generator.prefix_kept,
+        }
 
     def restart_from(self, local_copy: Callable[[], str], version: int) -> None:
         """A newer checkpoint for servers that must be restarted: ``local_copy()`` gives its folder
@@ -183,7 +203,7 @@ class RolloutController:
         are generating; the next ``snapshot()`` includes what has come back by then."""
         assert self._loop is not None, "controller not started"
         fut = asyncio.run_coroutine_threadsafe(self.read_partials(), self._loop)
-        fut.add_done_callback(_log_refresh_error)
+        fut.add_done_callback(resume.log_refresh_error)
 
     def snapshot(self) -> dict:
         """Everything admitted and not yet trained, and the stream position (JSON-friendly).
@@ -225,8 +245,14 @@ class RolloutController:
         self._restored = []
         if self.s.min_servers is not None or self.servers.discover is not None:  # an elastic pool
             make = self.servers.make_client or EmbeddedClient
-            self.spawn(watch_pool(self, self.servers.discover, self.s.min_servers,
-                                  lambda url: make(url, self.servers.request_timeout_s)))
+            self.spawn(
+                watch_pool(
+                    self,
+                    self.servers.discover,
+                    self.s.min_servers,
+                    lambda url: make(url, self.servers.request_timeout_s),
+                )
+            )
         await self._admit_loop()
 
     def _spawn(self, trajs: list[Trajectory], fresh: bool, route: str = TRAINABLE) -> None:
@@ -257,18 +283,42 @@ class RolloutController:
                 ids = prompt_ids(agent, prompt) if prompt_ids else list(prompt.input_ids)
                 if route == FROZEN:  # not gated, not buffered, never trained: recorded per agent
                     self.frozen.started()
-                    self._spawn([Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=-1,
-                                            admit_version=self.agents.frozen_version, prompt_ids=list(ids),
-                                            reference=prompt.reference, task=prompt.task, agent_id=agent,
-                                            route=FROZEN) for k in range(n)], fresh=True, route=FROZEN)
+                    self._spawn(
+                        [
+                            Trajectory(
+                                traj_id=f"{gid}-s{k}",
+                                group_id=gid,
+                                seq_no=-1,
+                                admit_version=self.agents.frozen_version,
+                                prompt_ids=list(ids),
+                                reference=prompt.reference,
+                                task=prompt.task,
+                                agent_id=agent,
+                                route=FROZEN,
+                            )
+                            for k in range(n)
+                        ],
+                        fresh=True,
+                        route=FROZEN,
+                    )
                     continue
                 first = self.admission.n_submitted
                 self.admission.n_submitted += n
                 self.buffer.admit(gid, first, self.version, n)
-                trajs = [Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=first + k,
-                                    admit_version=self.version, prompt_ids=list(ids),
-                                    reference=prompt.reference, task=prompt.task, agent_id=agent,
-                                    route=TRAINABLE if agent else "") for k in range(n)]
+                trajs = [
+                    Trajectory(
+                        traj_id=f"{gid}-s{k}",
+                        group_id=gid,
+                        seq_no=first + k,
+                        admit_version=self.version,
+                        prompt_ids=list(ids),
+                        reference=prompt.reference,
+                        task=prompt.task,
+                        agent_id=agent,
+                        route=TRAINABLE if agent else "",
+                    )
+                    for k in range(n)
+                ]
                 for traj in trajs:
                     self._live[traj.traj_id] = traj
                 self._spawn(trajs, fresh=True)
@@ -286,7 +336,7 @@ class RolloutController:
         ROUTE.set(route)
         try:
             if fresh:
-                results = await self.episode.run(trajs, _EpisodeContext(self))
+                results = await self.episode.run(trajs, EpisodeContextOf(self))
             else:
                 await asyncio.gather(*(self.generator.finish(t) for t in trajs))
                 results = await self._grade(trajs, [self.decode(t.output_ids) for t in trajs], final=True)
@@ -393,33 +443,3 @@ class RolloutController:
         await asyncio.gather(*others, return_exceptions=True)
         await self.generator.close()
         self._loop.call_soon(self._loop.stop)
-
-
-class _EpisodeContext:
-    """What an episode may do with the controller (``episodes.EpisodeContext``)."""
-
-    def __init__(self, controller: RolloutController):
-        self._c = controller
-
-    @property
-    def version(self) -> int:
-        return self._c.version
-
-    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
-                       stop_token_ids: Sequence[int] = ()) -> None:
-        await self._c.generator.turn(trajs, max_new_tokens, stop_token_ids)
-
-    async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
-        return await self._c._grade(trajs, texts)
-
-    def room(self, traj: Trajectory) -> int | None:
-        room = self._c.generator.room(traj)
-        return None if room == float("inf") else int(room)
-
-    def encode(self, text: str) -> list[int]:
-        if self._c.encode is None:
-            raise RuntimeError("this episode adds text to answers: the controller needs encode=")
-        return list(self._c.encode(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._c.decode(list(ids))

@@ -36,6 +36,7 @@ def url_list(path: str) -> Callable[[], list[str]]:
     """``discover`` for ``rollout.join_from``: the base URLs in the file at ``path`` (a path or
     fsspec URL; one per line, ``#`` comments and blank lines skipped), read anew at each call; no
     file yet: none."""
+
     def read() -> list[str]:
         fs, p = filesystem(path)
         invalidate(fs, p)
@@ -44,6 +45,7 @@ def url_list(path: str) -> Callable[[], list[str]]:
         text = fs.cat_file(p).decode()
         urls = [line.split("#", 1)[0].strip().rstrip("/") for line in text.splitlines()]
         return [u for u in urls if u]
+
     return read
 
 
@@ -55,8 +57,13 @@ def announce(path: str, urls: list[str], present: bool = True) -> None:
     write_text_atomic(path, "".join(f"{u}\n" for u in new))
 
 
-async def watch_pool(controller, discover: Callable[[], list[str]] | None, min_servers: int | None,
-                     make_client: Callable, every_s: float = EVERY_S) -> None:
+async def watch_pool(
+    controller,
+    discover: Callable[[], list[str]] | None,
+    min_servers: int | None,
+    make_client: Callable,
+    every_s: float = EVERY_S,
+) -> None:
     """See the module docstring; ``controller``: the running ``RolloutController``."""
     pool, joining = controller.generator.pools[TRAINABLE], set()
 
@@ -79,7 +86,8 @@ async def watch_pool(controller, discover: Callable[[], list[str]] | None, min_s
                 joining.add(url)
                 controller.spawn(join(url))
         if min_servers is not None and len(pool.live()) < min_servers:
-            controller.buffer.fail(ServersShort(
-                f"{len(pool.live())} rollout server(s) left, rollout.min_servers is {min_servers}"))
+            controller.buffer.fail(
+                ServersShort(f"{len(pool.live())} rollout server(s) left, rollout.min_servers is {min_servers}")
+            )
             return
         await asyncio.sleep(every_s)

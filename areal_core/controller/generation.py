@@ -61,12 +61,16 @@ class Generator:
 
     def open(self, servers: Servers, frozen: Servers | None) -> None:
         """Make the pools (on the loop that uses them)."""
-        self.pools[TRAINABLE] = RolloutPool(servers.urls, timeout_s=servers.request_timeout_s,
-                                            make_client=servers.make_client,
-                                            kv_budget_tokens=self.s.kv_budget_tokens)
+        self.pools[TRAINABLE] = RolloutPool(
+            servers.urls,
+            timeout_s=servers.request_timeout_s,
+            make_client=servers.make_client,
+            kv_budget_tokens=self.s.kv_budget_tokens,
+        )
         if frozen is not None:  # never given to the transport: no weights ever reach them
-            self.pools[FROZEN] = RolloutPool(frozen.urls, timeout_s=frozen.request_timeout_s,
-                                             make_client=frozen.make_client)
+            self.pools[FROZEN] = RolloutPool(
+                frozen.urls, timeout_s=frozen.request_timeout_s, make_client=frozen.make_client
+            )
         self.recovery.bind(self.pools[TRAINABLE], self.pools.get(FROZEN))
 
     async def close(self) -> None:
@@ -86,16 +90,21 @@ class Generator:
     def _sampling(self, traj: Trajectory, max_new: int, stop_token_ids: Sequence[int]) -> Sampling:
         """A request's sampling: its own random stream, keyed by the run's seed and the trajectory
         (:func:`trajectory_seed`), so an answer's tokens do not depend on what else the server ran."""
-        return dataclasses.replace(self.s.sampling, max_new_tokens=max_new, stop_token_ids=tuple(stop_token_ids),
-                                   seed=trajectory_seed(self.s.seed, traj.traj_id))
+        return dataclasses.replace(
+            self.s.sampling,
+            max_new_tokens=max_new,
+            stop_token_ids=tuple(stop_token_ids),
+            seed=trajectory_seed(self.s.seed, traj.traj_id),
+        )
 
     async def turn(self, trajs: Sequence[Trajectory], max_new: int | None, stop_token_ids: Sequence[int] = ()) -> None:
         """One policy turn of each of ``trajs``: fresh ones in one batched request first; the turn
         also ends at any of ``stop_token_ids`` (besides EOS)."""
         if all(not t.output_ids for t in trajs):
             await self._first_call(list(trajs), max_new, stop_token_ids)
-        await asyncio.gather(*(self.finish(t, len(t.output_ids) if t.output_mask else 0, max_new, stop_token_ids)
-                               for t in trajs))
+        await asyncio.gather(
+            *(self.finish(t, len(t.output_ids) if t.output_mask else 0, max_new, stop_token_ids) for t in trajs)
+        )
 
     async def _first_call(self, trajs: list[Trajectory], max_new: int | None, stop_token_ids: Sequence[int]) -> None:
         """All of a new group's answers in one request; what it does not finish, ``finish`` does."""
@@ -107,17 +116,20 @@ class Generator:
         if not trajs:
             return
         try:
-            resps = await self.pool.generate_batch([t.prompt_ids for t in trajs],
-                                                   [self._sampling(t, n, stop_token_ids) for t, n in zip(trajs, sizes)],
-                                                   rids=[t.traj_id for t in trajs])
+            resps = await self.pool.generate_batch(
+                [t.prompt_ids for t in trajs],
+                [self._sampling(t, n, stop_token_ids) for t, n in zip(trajs, sizes)],
+                rids=[t.traj_id for t in trajs],
+            )
         except RolloutServerError as e:
             if not e.server_down:
                 raise
             for t in trajs if e.timed_out else []:  # the server may still be decoding them
                 await self._abort(e.url, t.traj_id)
             self.resubmitted += len(trajs)
-            log.warning("generation of group %s lost with its server (%s); resubmitting its answers",
-                        trajs[0].group_id, e)
+            log.warning(
+                "generation of group %s lost with its server (%s); resubmitting its answers", trajs[0].group_id, e
+            )
             await self._recover(e.url)
             for t in trajs:
                 self._keep_prefix(t)
@@ -135,8 +147,9 @@ class Generator:
         if gen.finish_reason != "abort":  # aborted: keep what it made and go on
             traj.finish_reason = gen.finish_reason
 
-    async def finish(self, traj: Trajectory, turn_start: int = 0, max_new: int | None = None,
-                     stop_token_ids: Sequence[int] = ()) -> None:
+    async def finish(
+        self, traj: Trajectory, turn_start: int = 0, max_new: int | None = None, stop_token_ids: Sequence[int] = ()
+    ) -> None:
         """Continue ``traj`` from what it holds until it is finished (resubmitting if its server dies);
         the turn that began at output position ``turn_start`` gets ``max_new`` tokens (default the config's)
         and ends at EOS or any of ``stop_token_ids``."""
@@ -148,8 +161,9 @@ class Generator:
                 traj.finish_reason = "length"
                 break
             try:
-                resp = await self.pool.generate(traj.prompt_ids + traj.output_ids,
-                                                self._sampling(traj, remaining, stop_token_ids), rid=traj.traj_id)
+                resp = await self.pool.generate(
+                    traj.prompt_ids + traj.output_ids, self._sampling(traj, remaining, stop_token_ids), rid=traj.traj_id
+                )
             except RolloutServerError as e:
                 if not e.server_down or resubmits >= MAX_RESUBMITS:
                     raise
@@ -157,8 +171,7 @@ class Generator:
                     await self._abort(e.url, traj.traj_id)
                 resubmits += 1
                 self.resubmitted += 1
-                log.warning("generation of %s lost with its server (%s); resubmitting (%d)",
-                            traj.traj_id, e, resubmits)
+                log.warning("generation of %s lost with its server (%s); resubmitting (%d)", traj.traj_id, e, resubmits)
                 await self._recover(e.url)
                 self._keep_prefix(traj)
                 continue

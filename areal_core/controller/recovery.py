@@ -41,9 +41,18 @@ class ServerRecovery:
     restarted server starts from (``restart_from`` moves it on). ``restart_frozen`` and
     ``frozen_model_path``/``frozen_version``: the same for the frozen policy's servers."""
 
-    def __init__(self, transport: WeightTransport, request_timeout_s: float, restart: Restart | None,
-                 model_path: str, model_version: int, restart_frozen: Restart | None = None,
-                 frozen_model_path: str = "", frozen_version: int = 0, elastic: bool = False):
+    def __init__(
+        self,
+        transport: WeightTransport,
+        request_timeout_s: float,
+        restart: Restart | None,
+        model_path: str,
+        model_version: int,
+        restart_frozen: Restart | None = None,
+        frozen_model_path: str = "",
+        frozen_version: int = 0,
+        elastic: bool = False,
+    ):
         self.transport, self.request_timeout_s = transport, request_timeout_s
         self.restart, self.restart_frozen = restart, restart_frozen
         self.leaves = elastic and restart is None  # a dead server leaves the pool (else: restarted or waited for)
@@ -76,8 +85,9 @@ class ServerRecovery:
         """Every trainable server serves the staged ``version`` on return (the frozen ones: never)."""
         async with self._servers_lock:
             if self.transport.staged_version != version:
-                raise RuntimeError(f"update to version {version}, but the transport holds "
-                                   f"version {self.transport.staged_version}")
+                raise RuntimeError(
+                    f"update to version {version}, but the transport holds version {self.transport.staged_version}"
+                )
             if not self.trainable.live():  # every server left an elastic pool: the run is stopping (elastic.py)
                 return
             try:

@@ -10,12 +10,23 @@ partial ones are continued.
 from __future__ import annotations
 
 import copy
+import logging
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from areal_core.types import Trajectory
 
 if TYPE_CHECKING:
     from areal_core.controller.core import RolloutController
+
+log = logging.getLogger(__name__)
+
+
+def log_refresh_error(fut: Future) -> None:
+    """A background read of partial outputs failed: nobody waits for it, and a snapshot without
+    fresh partial outputs is still exact, so it is logged."""
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("reading partial outputs failed: %r", fut.exception())
 
 
 def snapshot(c: RolloutController) -> dict:

@@ -43,5 +43,8 @@ class FrozenGroups:
         self.router.record(traj.agent_id, traj.reward, traj.correct, FROZEN)
 
     def metrics(self) -> dict:
-        return {"frozen_answers": self.generated, "frozen_tokens": self.tokens,
-                "frozen_in_flight_groups": self.in_flight}
+        return {
+            "frozen_answers": self.generated,
+            "frozen_tokens": self.tokens,
+            "frozen_in_flight_groups": self.in_flight,
+        }

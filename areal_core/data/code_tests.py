@@ -66,8 +66,10 @@ def check_test_case(test: dict) -> dict:
     required, optional = TEST_FIELDS[kind]
     unknown = sorted(set(test) - {"testtype", *required, *optional})
     if unknown:
-        raise TestCaseError(None, f"unknown field(s) {unknown} for a {kind} test "
-                                  f"(its fields: testtype, {', '.join(required + optional)})")
+        raise TestCaseError(
+            None,
+            f"unknown field(s) {unknown} for a {kind} test (its fields: testtype, {', '.join(required + optional)})",
+        )
     for name in required + tuple(k for k in optional if k in test):
         if not isinstance(test.get(name), str):
             raise TestCaseError(name, f"expected a string, got {_show(test.get(name))}")

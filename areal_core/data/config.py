@@ -31,8 +31,10 @@ class SyntheticTask(Section):
         if self.max_chain > 26:
             raise ValueError(f"max_chain ({self.max_chain}) must be <= 26 (one letter label per step)")
         if (self.format == "tool") != (self.tool_min_chain is not None):
-            raise ValueError("format: tool needs tool_min_chain (the shortest chain written as a tool call), "
-                             "and only format: tool takes it")
+            raise ValueError(
+                "format: tool needs tool_min_chain (the shortest chain written as a tool call), "
+                "and only format: tool takes it"
+            )
         return self
 
 
@@ -73,8 +75,12 @@ def _synthetic_kind(value) -> str:
 
 # data.synthetic: the chain task (kind: chain, the default when no kind is given), the code task
 # (kind: code) or the arithmetic task (kind: arith)
-SyntheticConfig = Annotated[Annotated[SyntheticTask, Tag("chain")] | Annotated[SyntheticCodeTask, Tag("code")]
-                            | Annotated[SyntheticArithTask, Tag("arith")], Discriminator(_synthetic_kind)]
+SyntheticConfig = Annotated[
+    Annotated[SyntheticTask, Tag("chain")]
+    | Annotated[SyntheticCodeTask, Tag("code")]
+    | Annotated[SyntheticArithTask, Tag("arith")],
+    Discriminator(_synthetic_kind),
+]
 
 
 class Curriculum(Section):

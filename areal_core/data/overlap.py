@@ -33,8 +33,9 @@ from areal_core.data.records import Record
 RUN = 30  # characters of a normalised statement compared as one unit
 SAME_SHARE = 0.5  # share of the shorter statement's runs that makes two problems the same
 SAME_ENTRY_SHARE = 0.3  # the same, for two problems whose tests call the same function
-_LEETCODE_HEADER = ("please solve the programming task below using a self-contained code snippet in a markdown "
-                    "code block.")
+_LEETCODE_HEADER = (
+    "please solve the programming task below using a self-contained code snippet in a markdown code block."
+)
 _STUB_FOOTER = re.compile(r"please complete the following python code precisely:|complete the code below\.")
 _FIRST_EXAMPLE = re.compile(r"\bexample\s*1\s*:|\bsample input\s*1\b|\binput\s*\n\s*the input is given")
 _ENTRY_CALL = re.compile(r"check\(\s*(?:Solution\(\)\.)?([A-Za-z_]\w*)\s*\)")
@@ -61,7 +62,7 @@ def entry_point(record: Record) -> str | None:
 
 
 def _runs(key: str) -> set[str]:
-    return {key[i:i + RUN] for i in range(max(1, len(key) - RUN + 1))}
+    return {key[i : i + RUN] for i in range(max(1, len(key) - RUN + 1))}
 
 
 @dataclass(frozen=True)

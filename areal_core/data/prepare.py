@@ -69,14 +69,19 @@ def held_out_overlaps(source: str, records: list[Record]) -> tuple[list[Record],
     return kept, [d.as_dict() for d in dropped]
 
 
-def split_records(source: str, path: str | None = None,
-                  synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None,
-                  ) -> tuple[dict[str, list[Record]], list[dict]]:
+def split_records(
+    source: str,
+    path: str | None = None,
+    synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None,
+) -> tuple[dict[str, list[Record]], list[dict]]:
     """``({split name: records}, overlaps left out)`` for a source, fully validated, nothing written."""
     left_out: list[dict] = []
     if source == "synthetic":
-        cfg = synthetic if isinstance(synthetic, (SyntheticTask, SyntheticCodeTask, SyntheticArithTask)) \
+        cfg = (
+            synthetic
+            if isinstance(synthetic, (SyntheticTask, SyntheticCodeTask, SyntheticArithTask))
             else DataConfig(synthetic=synthetic or {}).synthetic
+        )
         task = synthetic_task(cfg)
         splits = {"train": task.train_records(), "eval": task.eval_records()}
     else:
@@ -104,8 +109,14 @@ def _provenance(source: str, path: str | None) -> dict:
     return {"origin": SOURCES[source].origin, "file": read, "sha256": digest}
 
 
-def prepare(source: str, out_url: str, *, path: str | None = None,
-            synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None, fmt: str = "parquet") -> dict:
+def prepare(
+    source: str,
+    out_url: str,
+    *,
+    path: str | None = None,
+    synthetic: SyntheticTask | SyntheticCodeTask | SyntheticArithTask | dict | None = None,
+    fmt: str = "parquet",
+) -> dict:
     """Validate a source and write its records under ``out_url``; return ``{split: url}`` and counts."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")

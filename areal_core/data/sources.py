@@ -113,8 +113,11 @@ def _gsm8k(path: str, name: str) -> list[Record]:
         final = worked.rsplit("####", 1)[1].strip().replace(",", "")
         if not re.fullmatch(r"-?\d+(\.\d+)?", final):
             raise row.fail("answer", "a number after '####'")
-        out.append(row.record(id=f"{name}/{i}", task="math", prompt=row.text("question"), answer=final,
-                              solution=worked, source=name))
+        out.append(
+            row.record(
+                id=f"{name}/{i}", task="math", prompt=row.text("question"), answer=final, solution=worked, source=name
+            )
+        )
     return out
 
 
@@ -127,8 +130,17 @@ def _math_problems(path: str, name: str) -> list[Record]:
             continue  # 4 known rows without an answer: nothing to grade against (data/SOURCES.md)
         rid = d.get("unique_id") or d.get("id")
         meta = {k: d[k] for k in ("subject", "level", "type", "difficulty", "url") if k in d}
-        out.append(row.record(id=f"{name}/{rid if rid is not None else i}", task="math", prompt=row.text("problem"),
-                              answer=row.answer("answer"), solution=d.get("solution") or None, source=name, meta=meta))
+        out.append(
+            row.record(
+                id=f"{name}/{rid if rid is not None else i}",
+                task="math",
+                prompt=row.text("problem"),
+                answer=row.answer("answer"),
+                solution=d.get("solution") or None,
+                source=name,
+                meta=meta,
+            )
+        )
     return out
 
 
@@ -193,8 +205,16 @@ def _livecodebench(path: str, name: str) -> list[Record]:
                 tests.append({"testtype": "stdin", "input": t["input"], "output": t["output"]})
             else:
                 raise row.fail("tests", "testtype 'stdin' or 'functional'")
-        out.append(row.record(id=f"{name}/{i}", task="code", prompt=_code_prompt(problem, starter), tests=tests,
-                              source=name, meta={"public_tests_only": True, "starter_code": starter}))
+        out.append(
+            row.record(
+                id=f"{name}/{i}",
+                task="code",
+                prompt=_code_prompt(problem, starter),
+                tests=tests,
+                source=name,
+                meta={"public_tests_only": True, "starter_code": starter},
+            )
+        )
     return out
 
 
@@ -203,12 +223,21 @@ def _humaneval(path: str, name: str) -> list[Record]:
     for row in _rows(path):
         stub, entry = row.text("prompt"), row.text("entry_point")
         test = row.text("test") + f"\n\ncheck({entry})\n"
-        prompt = (f"Complete the following Python function.\n```python\n{stub.rstrip()}\n```\nReturn the complete "
-                  "function (with any imports it needs) in one ```python code block.")
-        out.append(row.record(id=row.text("task_id"), task="code", prompt=prompt,
-                              solution=stub + row.text("canonical_solution"),
-                              tests=[{"testtype": "assert", "code": test, "prefix": stub}], source=name,
-                              meta={"entry_point": entry}))
+        prompt = (
+            f"Complete the following Python function.\n```python\n{stub.rstrip()}\n```\nReturn the complete "
+            "function (with any imports it needs) in one ```python code block."
+        )
+        out.append(
+            row.record(
+                id=row.text("task_id"),
+                task="code",
+                prompt=prompt,
+                solution=stub + row.text("canonical_solution"),
+                tests=[{"testtype": "assert", "code": test, "prefix": stub}],
+                source=name,
+                meta={"entry_point": entry},
+            )
+        )
     return out
 
 
@@ -218,8 +247,16 @@ def _leetcode(path: str, name: str) -> list[Record]:
         tests = row.data.get("tests")
         if not isinstance(tests, dict) or not isinstance(tests.get("functional"), str):
             raise row.fail("tests", "an object with a 'functional' check() program")
-        out.append(row.record(id=f"{name}/{i}", task="code", prompt=row.text("problem"), solution=row.text("solutions"),
-                              tests=[{"testtype": "assert", "code": tests["functional"]}], source=name))
+        out.append(
+            row.record(
+                id=f"{name}/{i}",
+                task="code",
+                prompt=row.text("problem"),
+                solution=row.text("solutions"),
+                tests=[{"testtype": "assert", "code": tests["functional"]}],
+                source=name,
+            )
+        )
     return out
 
 
@@ -227,12 +264,21 @@ def _codeforces(path: str, name: str) -> list[Record]:
     out = []
     for i, row in enumerate(_rows(path)):
         raw = row.data.get("tests")
-        if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) and isinstance(t.get("input"), str)
-                                                        and isinstance(t.get("output"), str) for t in raw):
+        if (
+            not isinstance(raw, list)
+            or not raw
+            or not all(
+                isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)
+                for t in raw
+            )
+        ):
             raise row.fail("tests", "a non-empty list of {input, output} strings")
         tests = [{"testtype": "stdin", "input": t["input"], "output": t["output"]} for t in raw]
-        out.append(row.record(id=f"{name}/{i}", task="code", prompt=_code_prompt(row.text("problem"), ""), tests=tests,
-                              source=name))
+        out.append(
+            row.record(
+                id=f"{name}/{i}", task="code", prompt=_code_prompt(row.text("problem"), ""), tests=tests, source=name
+            )
+        )
     return out
 
 
@@ -252,31 +298,76 @@ _RLLM_5255 = "rllm-org/rllm : rllm/data/{} @ 5255304e87b07e6e81e7c61d9dac3e4f160
 CODE_BENCHMARKS = ("livecodebench", "leetcode", "humaneval")
 
 SOURCES: dict[str, Source] = {
-    "gsm8k": Source(_gsm8k, "gsm8k/test.jsonl", True, "openai/grade-school-math : grade_school_math/data/test.jsonl "
-                    "@ 3101c7d5072418e28b9008a6636bde82a006892c (blob e4c2ff49)"),
-    "math500": Source(_math_problems, "math500/test.jsonl", True, "inclusionAI/AReaL : evaluation/data/math_500/"
-                      "test.jsonl @ f55fe685c661b0117d888fcae47d6f46e9a85087 (blob 2376b9a1)"),
-    "aime24": Source(_math_problems, "aime24/test.jsonl", True, "QwenLM/Qwen2.5-Math : evaluation/data/aime24/"
-                     "test.jsonl @ a45202bd16f1ec06f433442dc1152d0074773465 (blob bb72e176)"),
-    "aime25": Source(_aime25, "aime25/qwq_aime25.jsonl", True, "QwenLM/QwQ : eval/data/aime25.jsonl "
-                     "@ 620a5eadc89ff464d339367dd9c9973a93215c81 (blob 5c22e0f4)"),
-    "math_train": Source(_math_problems, "math_train/math.json", False,
-                         _RLLM.format("train/math/math.json", "c923136f")),
-    "deepscaler_subset": Source(_deepscaler, "deepscaler_subset/dsr_sub.parquet", True, "ypwang61/One-Shot-RLVR : "
-                                "data/train/one_shot_rlvr/dsr_sub.parquet @ 21ed529ec90002597c92aee957af1dd8166bb66c "
-                                "(blob 8199b691)"),
-    "livecodebench": Source(_livecodebench, "livecodebench/test_livecodebench.json", True,
-                            _RLLM_5255.format("test/code/livecodebench.json", "fae91d6e")),
-    "humaneval": Source(_humaneval, "humaneval/HumanEval.jsonl.gz", True, "openai/human-eval : data/HumanEval.jsonl.gz "
-                        "@ 6d43fb980f9fee3c892a914eda09951f772ad10d (blob 998d2519)"),
-    "leetcode": Source(_leetcode, "leetcode/test_leetcode.json", True,
-                       _RLLM.format("test/code/leetcode.json", "05bcf223")),
-    "codeforces": Source(_codeforces, "codeforces/test_codeforces.json", False,
-                         _RLLM.format("test/code/codeforces.json", "6454c1ee")),
-    "livecodebench_train": Source(_livecodebench, "livecodebench/train_livecodebench.json", False,
-                                  _RLLM_5255.format("train/code/livecodebench.json", "5ad514db"), CODE_BENCHMARKS),
-    "leetcode_train": Source(_leetcode, "leetcode/train_leetcode.json", False,
-                             _RLLM.format("train/code/leetcode.json", "3a11291d"), CODE_BENCHMARKS),
+    "gsm8k": Source(
+        _gsm8k,
+        "gsm8k/test.jsonl",
+        True,
+        "openai/grade-school-math : grade_school_math/data/test.jsonl "
+        "@ 3101c7d5072418e28b9008a6636bde82a006892c (blob e4c2ff49)",
+    ),
+    "math500": Source(
+        _math_problems,
+        "math500/test.jsonl",
+        True,
+        "inclusionAI/AReaL : evaluation/data/math_500/"
+        "test.jsonl @ f55fe685c661b0117d888fcae47d6f46e9a85087 (blob 2376b9a1)",
+    ),
+    "aime24": Source(
+        _math_problems,
+        "aime24/test.jsonl",
+        True,
+        "QwenLM/Qwen2.5-Math : evaluation/data/aime24/"
+        "test.jsonl @ a45202bd16f1ec06f433442dc1152d0074773465 (blob bb72e176)",
+    ),
+    "aime25": Source(
+        _aime25,
+        "aime25/qwq_aime25.jsonl",
+        True,
+        "QwenLM/QwQ : eval/data/aime25.jsonl @ 620a5eadc89ff464d339367dd9c9973a93215c81 (blob 5c22e0f4)",
+    ),
+    "math_train": Source(
+        _math_problems, "math_train/math.json", False, _RLLM.format("train/math/math.json", "c923136f")
+    ),
+    "deepscaler_subset": Source(
+        _deepscaler,
+        "deepscaler_subset/dsr_sub.parquet",
+        True,
+        "ypwang61/One-Shot-RLVR : "
+        "data/train/one_shot_rlvr/dsr_sub.parquet @ 21ed529ec90002597c92aee957af1dd8166bb66c "
+        "(blob 8199b691)",
+    ),
+    "livecodebench": Source(
+        _livecodebench,
+        "livecodebench/test_livecodebench.json",
+        True,
+        _RLLM_5255.format("test/code/livecodebench.json", "fae91d6e"),
+    ),
+    "humaneval": Source(
+        _humaneval,
+        "humaneval/HumanEval.jsonl.gz",
+        True,
+        "openai/human-eval : data/HumanEval.jsonl.gz @ 6d43fb980f9fee3c892a914eda09951f772ad10d (blob 998d2519)",
+    ),
+    "leetcode": Source(
+        _leetcode, "leetcode/test_leetcode.json", True, _RLLM.format("test/code/leetcode.json", "05bcf223")
+    ),
+    "codeforces": Source(
+        _codeforces, "codeforces/test_codeforces.json", False, _RLLM.format("test/code/codeforces.json", "6454c1ee")
+    ),
+    "livecodebench_train": Source(
+        _livecodebench,
+        "livecodebench/train_livecodebench.json",
+        False,
+        _RLLM_5255.format("train/code/livecodebench.json", "5ad514db"),
+        CODE_BENCHMARKS,
+    ),
+    "leetcode_train": Source(
+        _leetcode,
+        "leetcode/train_leetcode.json",
+        False,
+        _RLLM.format("train/code/leetcode.json", "3a11291d"),
+        CODE_BENCHMARKS,
+    ),
 }
 
 

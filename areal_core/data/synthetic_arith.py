@@ -55,10 +55,10 @@ def question(op: str, a: int, b: int, rng: random.Random) -> tuple[str, int]:
         return f"What is {a} times {b}?", a * b
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
     if a > b and rng.random() < 0.5:
-        return (f"{name} has {a} {items}. {name} gives away {b} {items}. "
-                f"How many {items} does {name} have left?"), a - b
-    return (f"{name} has {a} {items}. {name} gets {b} more {items}. "
-            f"How many {items} does {name} have now?"), a + b
+        return (
+            f"{name} has {a} {items}. {name} gives away {b} {items}. How many {items} does {name} have left?"
+        ), a - b
+    return (f"{name} has {a} {items}. {name} gets {b} more {items}. How many {items} does {name} have now?"), a + b
 
 
 def is_eval_problem(op: str, a: int, b: int, seed: int) -> bool:
@@ -86,9 +86,16 @@ class ArithTask:
                 if is_eval_problem(op, a, b, self.cfg.seed) == want_eval:
                     break
             text, answer = question(op, a, b, rng)
-            out.append(Record(id=f"arith-{split}-{i:06d}", task="math", prompt=f"{text}\n{INSTRUCTION}",
-                              answer=str(answer), source=f"synthetic:arith:seed={self.cfg.seed}",
-                              meta={"op": op, "a": a, "b": b}))
+            out.append(
+                Record(
+                    id=f"arith-{split}-{i:06d}",
+                    task="math",
+                    prompt=f"{text}\n{INSTRUCTION}",
+                    answer=str(answer),
+                    source=f"synthetic:arith:seed={self.cfg.seed}",
+                    meta={"op": op, "a": a, "b": b},
+                )
+            )
         return out
 
     def train_records(self) -> list[Record]:

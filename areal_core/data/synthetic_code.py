@@ -56,13 +56,20 @@ def make_prompt(coefs: tuple[int, ...], const: int) -> str:
 
 def make_solution(coefs: tuple[int, ...], const: int) -> str:
     terms = "".join(f"{a}*({c + const}-{const})+" for a, c in zip(ARGS, coefs))
-    return f"def f({','.join(ARGS[:len(coefs)])}): return {terms}{const}"
+    return f"def f({','.join(ARGS[: len(coefs)])}): return {terms}{const}"
 
 
 def make_tests(coefs: tuple[int, ...], const: int, rng: random.Random) -> list[dict]:
     hidden = [tuple(rng.randint(-HIDDEN_RANGE, HIDDEN_RANGE) for _ in coefs) for _ in range(N_HIDDEN)]
-    return [{"testtype": "functional", "input": "\n".join(map(str, p)), "output": json.dumps(value(coefs, const, p)),
-             "fn_name": "f"} for p in _points(len(coefs)) + hidden]
+    return [
+        {
+            "testtype": "functional",
+            "input": "\n".join(map(str, p)),
+            "output": json.dumps(value(coefs, const, p)),
+            "fn_name": "f",
+        }
+        for p in _points(len(coefs)) + hidden
+    ]
 
 
 def is_eval_function(coefs: tuple[int, ...], const: int, seed: int) -> bool:
@@ -100,10 +107,17 @@ class FunctionTask:
         out = []
         for i in range(n):
             coefs, const = self._draw(rng, split == "eval")
-            out.append(Record(id=f"fn-{split}-{i:06d}", task="code", prompt=make_prompt(coefs, const),
-                              solution=make_solution(coefs, const), tests=make_tests(coefs, const, rng),
-                              source=f"synthetic:code:seed={self.cfg.seed}",
-                              meta={"k": len(coefs), "coefs": list(coefs), "const": const}))
+            out.append(
+                Record(
+                    id=f"fn-{split}-{i:06d}",
+                    task="code",
+                    prompt=make_prompt(coefs, const),
+                    solution=make_solution(coefs, const),
+                    tests=make_tests(coefs, const, rng),
+                    source=f"synthetic:code:seed={self.cfg.seed}",
+                    meta={"k": len(coefs), "coefs": list(coefs), "const": const},
+                )
+            )
         return out
 
     def train_records(self) -> list[Record]:

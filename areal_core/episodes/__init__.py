@@ -14,5 +14,12 @@ from areal_core.episodes.base import Episode, EpisodeContext, SingleTurn, append
 from areal_core.episodes.config import EpisodeConfig, make_episode
 from areal_core.episodes.retry import RetryWithFeedback
 
-__all__ = ["Episode", "EpisodeConfig", "EpisodeContext", "RetryWithFeedback", "SingleTurn", "append_environment",
-           "make_episode"]
+__all__ = [
+    "Episode",
+    "EpisodeConfig",
+    "EpisodeContext",
+    "RetryWithFeedback",
+    "SingleTurn",
+    "append_environment",
+    "make_episode",
+]

@@ -15,8 +15,9 @@ class EpisodeContext(Protocol):
     @property
     def version(self) -> int: ...  # the servers' policy version now
 
-    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
-                       stop_token_ids: Sequence[int] = ()) -> None:
+    async def generate(
+        self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = ()
+    ) -> None:
         """Extend each trajectory with one policy turn (up to ``max_new_tokens`` new tokens, default
         the config's), resilient to a lost server; returns when every one has finished its turn. The
         turn ends at EOS or at any of ``stop_token_ids`` (which stays in the answer, as EOS does)."""

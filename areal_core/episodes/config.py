@@ -18,6 +18,7 @@ class RetryConfig(Section):
     """A wrong answer gets ``feedback`` (``{reason}``: the grader's, ``{parsed}``: the answer it read)
     and another turn, up to ``max_turns`` answers; a right answer at turn k earns
     ``discount**(k-1)`` of the way from reward_wrong to reward_correct."""
+
     kind: Literal["retry"] = "retry"
     max_turns: int = Field(2, ge=1)
     discount: float = Field(1.0, gt=0.0, le=1.0)
@@ -31,6 +32,7 @@ class ToolConfig(Section):
     ``result_template`` (environment text, never trained), up to ``max_calls`` calls per answer; the
     whole answer is graded once (areal_core/episodes/tool.py). The defaults match the chain task's
     ``format: tool`` demonstrations."""
+
     kind: Literal["tool"] = "tool"
     max_calls: int = Field(1, ge=0)
     timeout_s: float = Field(2.0, gt=0.0, le=60.0)
@@ -46,6 +48,7 @@ class ToolConfig(Section):
 
 class ImportedConfig(Section):
     """``path: "package.module:factory"``: ``factory(**options)`` returns an episode."""
+
     kind: Literal["import"] = "import"
     path: str = Field(pattern=r"^[\w.]+:\w+$")
     options: dict[str, Any] = {}
@@ -57,6 +60,7 @@ class OpenAIAgentConfig(Section):
     reaches a local OpenAI-compatible endpoint; every model call is one policy turn, what the agent
     adds between calls is environment text) and returns the answer that is graded
     (areal_core/episodes/openai_agent.py)."""
+
     kind: Literal["openai_agent"] = "openai_agent"
     path: str = Field(pattern=r"^[\w.]+:\w+$")
     options: dict[str, Any] = {}
@@ -69,8 +73,9 @@ class OpenAIAgentConfig(Section):
     max_concurrent: int = Field(64, ge=1)  # threads for sync agents
 
 
-EpisodeConfig = Annotated[SingleTurnConfig | RetryConfig | ToolConfig | OpenAIAgentConfig | ImportedConfig,
-                          Field(discriminator="kind")]
+EpisodeConfig = Annotated[
+    SingleTurnConfig | RetryConfig | ToolConfig | OpenAIAgentConfig | ImportedConfig, Field(discriminator="kind")
+]
 
 
 def make_episode(cfg):

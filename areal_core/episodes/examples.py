@@ -14,8 +14,9 @@ def chain_agent(client: dict, prompt: str, model: str = "policy", answer_tokens:
     try:
         from openai import OpenAI  # the agents extra; areal-flow itself does not need it
     except ImportError:
-        raise ImportError("this example agent is plain `openai` client code: pip install -e '.[agents]' "
-                          "(or pip install openai)") from None
+        raise ImportError(
+            "this example agent is plain `openai` client code: pip install -e '.[agents]' (or pip install openai)"
+        ) from None
 
     llm = OpenAI(**client)
     work = llm.completions.create(model=model, prompt=prompt, stop=["|"]).choices[0].text

@@ -90,18 +90,21 @@ class ChatRenderer:
             def raise_exception(message):
                 raise TemplateError(message)
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
             env.globals["raise_exception"] = raise_exception
             self._jinja = env.from_string(chat_template)
 
     def __call__(self, messages: list[dict], tools: list | None = None) -> str:
         if self.tok is not None:
-            return self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template,
-                                                add_generation_prompt=True, tokenize=False)
+            return self.tok.apply_chat_template(
+                messages, tools=tools, chat_template=self.template, add_generation_prompt=True, tokenize=False
+            )
         if self._jinja is not None:
-            return self._jinja.render(messages=messages, tools=tools, add_generation_prompt=True,
-                                      bos_token="", eos_token="")
+            return self._jinja.render(
+                messages=messages, tools=tools, add_generation_prompt=True, bos_token="", eos_token=""
+            )
         return "".join(m["content"] for m in messages)
 
     def user_text(self, prompt_ids: list[int]) -> str | None:
@@ -110,9 +113,13 @@ class ChatRenderer:
             return None
         raw, mark = self.tok.decode(prompt_ids, skip_special_tokens=False), "\x00PROMPT\x00"
         parts = self([{"role": "user", "content": mark}]).split(mark)
-        if len(parts) == 2 and raw.startswith(parts[0]) and raw.endswith(parts[1]) \
-                and len(raw) >= len(parts[0]) + len(parts[1]):
-            return raw[len(parts[0]):len(raw) - len(parts[1])]
+        if (
+            len(parts) == 2
+            and raw.startswith(parts[0])
+            and raw.endswith(parts[1])
+            and len(raw) >= len(parts[0]) + len(parts[1])
+        ):
+            return raw[len(parts[0]) : len(raw) - len(parts[1])]
         return None
 
 
@@ -143,7 +150,7 @@ def cut_at_stop(ids: list[int], stops, decode) -> int | None:
     if not hits:
         return None
     at, k = min(hits), 0
-    while k < len(ids) and len(decode(ids[:k + 1])) <= at:
+    while k < len(ids) and len(decode(ids[: k + 1])) <= at:
         k += 1
     return k
 
@@ -156,24 +163,34 @@ def _truncate(traj: Trajectory, n: int) -> None:
 
 def _diverged(conv: Conversation, text: str) -> str:
     i = len(os.path.commonprefix([conv.text, text]))  # noqa: RUF071 - texts, not paths
-    return (f"this request does not continue conversation {conv.id}: its prompt must begin with the "
-            f"conversation so far (every earlier prompt and answer as returned), but they differ at character "
-            f"{i}: so far ...{conv.text[max(0, i - 40):i + 40]!r}, this request ...{text[max(0, i - 40):i + 40]!r}")
+    return (
+        f"this request does not continue conversation {conv.id}: its prompt must begin with the "
+        f"conversation so far (every earlier prompt and answer as returned), but they differ at character "
+        f"{i}: so far ...{conv.text[max(0, i - 40) : i + 40]!r}, this request ...{text[max(0, i - 40) : i + 40]!r}"
+    )
 
 
 class OpenAIAgent:
     """The episode (see the module docstring); one local endpoint per event loop, shared by all groups."""
 
-    def __init__(self, path, options: dict[str, Any] | None = None, max_calls: int = 8,
-                 max_new_tokens_per_call: int | None = None, chat_template: str | None = None,
-                 tokenizer: str | None = None, timeout_s: float = 600.0, on_agent_error: str = "raise",
-                 max_concurrent: int = 64):
+    def __init__(
+        self,
+        path,
+        options: dict[str, Any] | None = None,
+        max_calls: int = 8,
+        max_new_tokens_per_call: int | None = None,
+        chat_template: str | None = None,
+        tokenizer: str | None = None,
+        timeout_s: float = 600.0,
+        on_agent_error: str = "raise",
+        max_concurrent: int = 64,
+    ):
         agent = load_agent(path) if isinstance(path, str) else path  # "module:function", or the function
         if on_agent_error not in ("raise", "wrong"):
             raise ValueError(f"on_agent_error must be 'raise' or 'wrong', got {on_agent_error!r}")
         self.agent, self.options = agent, dict(options or {})
-        self.is_async = inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(
-            getattr(agent, "__call__", None))  # noqa: B004 - an agent object's own __call__: is it async?
+        call = getattr(agent, "__call__", None)  # noqa: B004 - an agent object's own __call__: is it async?
+        self.is_async = inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(call)
         self.max_calls, self.max_new, self.timeout_s = max_calls, max_new_tokens_per_call, timeout_s
         self.on_agent_error, self.max_concurrent = on_agent_error, max_concurrent
         self.render = ChatRenderer(chat_template, tokenizer)
@@ -189,8 +206,11 @@ class OpenAIAgent:
         s = self._server
         if s is None or s[0] is not loop or s[1].done():
             started = loop.create_future()
-            s = self._server = (loop, loop.create_task(serve(self.handle, self.authorize, started),
-                                                       name="openai-endpoint"), started)
+            s = self._server = (
+                loop,
+                loop.create_task(serve(self.handle, self.authorize, started), name="openai-endpoint"),
+                started,
+            )
         return await asyncio.shield(s[2])
 
     async def run(self, group: list[Trajectory], ctx: EpisodeContext) -> list[RewardResult]:
@@ -224,10 +244,15 @@ class OpenAIAgent:
         owner = self._by_key.get(token) if token else None
         if owner is not None and conv_id in (None, owner):
             return owner
-        why = "no API key" if not token else "a wrong API key" if owner is None else \
-            "the API key of another conversation"
-        raise ProxyError(401, f"this endpoint needs the API key the agent was given (Authorization: Bearer ...); "
-                              f"the request had {why}", "invalid_request_error", code="invalid_api_key")
+        why = (
+            "no API key" if not token else "a wrong API key" if owner is None else "the API key of another conversation"
+        )
+        raise ProxyError(
+            401,
+            f"this endpoint needs the API key the agent was given (Authorization: Bearer ...); the request had {why}",
+            "invalid_request_error",
+            code="invalid_api_key",
+        )
 
     async def _drive(self, conv: Conversation, port: int) -> tuple[str | None, str | None]:
         """Run the agent on one conversation: (its answer, None) or (None, why it is graded wrong):
@@ -242,7 +267,8 @@ class OpenAIAgent:
                 if self._threads is None:
                     self._threads = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="openai-agent")
                 work = asyncio.get_running_loop().run_in_executor(
-                    self._threads, functools.partial(self.agent, client, prompt, **self.options))
+                    self._threads, functools.partial(self.agent, client, prompt, **self.options)
+                )
             answer = await asyncio.wait_for(work, self.timeout_s)
             if not isinstance(answer, str):
                 raise TypeError(f"the agent returned {type(answer).__name__}, not the answer's text")
@@ -255,16 +281,19 @@ class OpenAIAgent:
                 e = TimeoutError(f"no answer within timeout_s={self.timeout_s}")
             if self.on_agent_error == "raise" or not self._trainable(conv):
                 why = f" ({conv.ended})" if conv.ended else ""
-                raise RuntimeError(f"the agent failed on {conv.traj.traj_id} after {conv.calls} model calls: "
-                                   f"{e!r}{why}") from e
+                raise RuntimeError(
+                    f"the agent failed on {conv.traj.traj_id} after {conv.calls} model calls: {e!r}{why}"
+                ) from e
             log.warning("agent failed on %s after %d calls (graded wrong): %r", conv.traj.traj_id, conv.calls, e)
             return None, conv.ended or f"agent failed: {e!r}"
         if conv.error is not None:
             raise conv.error
         if not self._trainable(conv):
             why = f" ({conv.ended})" if conv.ended else ""
-            raise RuntimeError(f"the agent answered {conv.traj.traj_id} without a model call that produced "
-                               f"a token ({conv.calls} calls): nothing to train{why}")
+            raise RuntimeError(
+                f"the agent answered {conv.traj.traj_id} without a model call that produced "
+                f"a token ({conv.calls} calls): nothing to train{why}"
+            )
         if conv.ended:
             return None, conv.ended
         return answer, None
@@ -278,8 +307,12 @@ class OpenAIAgent:
         """One model call of a conversation (the endpoint's handler)."""
         conv = self._convs.get(conv_id)
         if conv is None or not conv.open:
-            raise ProxyError(404, f"no open conversation {conv_id!r}: use the base_url (or api_key) the agent "
-                                  "was given, while its episode runs", "not_found_error")
+            raise ProxyError(
+                404,
+                f"no open conversation {conv_id!r}: use the base_url (or api_key) the agent "
+                "was given, while its episode runs",
+                "not_found_error",
+            )
         async with conv.lock:  # one call at a time: each extends the one before
             if not conv.open:
                 raise ProxyError(404, f"conversation {conv_id!r} is over", "not_found_error")
@@ -287,8 +320,9 @@ class OpenAIAgent:
                 try:
                     text = self.render(call.messages, call.tools)
                 except Exception as e:  # the template refuses these messages (roles, ...)
-                    raise ProxyError(400, f"the chat template cannot render these messages: {e}",
-                                     param="messages") from e
+                    raise ProxyError(
+                        400, f"the chat template cannot render these messages: {e}", param="messages"
+                    ) from e
             else:
                 text = call.prompt
             return await self._record(conv, text, call)
@@ -311,7 +345,7 @@ class OpenAIAgent:
         else:
             if not text.startswith(conv.text):
                 raise ProxyError(400, _diverged(conv, text), param=param)
-            ids = ctx.encode(text[len(conv.text):])
+            ids = ctx.encode(text[len(conv.text) :])
             if ids and traj.output_ids and ids[0] == traj.output_ids[-1] and ctx.decode(ids[:1]) == "":
                 ids = ids[1:]  # the template's end-of-turn token, which the policy sampled already
             self._room_for(conv, ids, param)
@@ -354,8 +388,10 @@ class OpenAIAgent:
         if room is None or len(ids) < room:
             return
         have = len(traj.prompt_ids) + len(traj.output_ids) + len(ids)
-        conv.ended = (f"the conversation no longer fits: its prompt of {have} tokens leaves no room in the "
-                      f"{have - len(ids) + room} tokens a trajectory may hold (the model's context, "
-                      "trainer.max_tokens_per_microbatch, rollout.kv_budget)")
+        conv.ended = (
+            f"the conversation no longer fits: its prompt of {have} tokens leaves no room in the "
+            f"{have - len(ids) + room} tokens a trajectory may hold (the model's context, "
+            "trainer.max_tokens_per_microbatch, rollout.kv_budget)"
+        )
         log.warning("conversation of %s ends: %s", traj.traj_id, conv.ended)
         raise ProxyError(400, conv.ended, param=param, code=TOO_LONG)

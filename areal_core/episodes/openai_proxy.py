@@ -38,8 +38,14 @@ MAX_STOPS = 4  # as OpenAI
 class ProxyError(Exception):
     """A request the endpoint refuses: answered with ``status`` and an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
@@ -71,8 +77,9 @@ def _text(content, where: str) -> str:
     """A message's content as text: a string, null, or a list of text parts."""
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(
-            p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise _bad(f"{where}: only text content is supported (a string or a list of text parts)", where)
 
@@ -114,27 +121,44 @@ def parse_call(body, chat: bool) -> Call:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
-            raise _bad("'prompt' must be a non-empty string (one prompt per call; token ids are not accepted)",
-                       "prompt")
+            raise _bad(
+                "'prompt' must be a non-empty string (one prompt per call; token ids are not accepted)", "prompt"
+            )
         call.prompt = prompt
     return call
 
 
 def reply_body(call: Call, r: Reply) -> dict:
-    usage = {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-             "total_tokens": r.prompt_tokens + r.completion_tokens}
+    usage = {
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "total_tokens": r.prompt_tokens + r.completion_tokens,
+    }
     head = {"created": int(time.time()), "model": call.model, "usage": usage}
     if call.chat:
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", **head,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
-                             "finish_reason": r.finish_reason, "logprobs": None}]}
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", **head,
-            "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}]}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": r.text},
+                    "finish_reason": r.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+        }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        **head,
+        "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}],
+    }
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
 
 
 Handler = Callable[[str, Call], Awaitable[Reply]]
@@ -168,8 +192,9 @@ def make_app(handle: Handler, authorize: Authorize) -> web.Application:
         return await answer(request, False)
 
     async def models(_request):
-        return web.json_response({"object": "list", "data": [
-            {"id": "policy", "object": "model", "created": 0, "owned_by": "areal-flow"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "policy", "object": "model", "created": 0, "owned_by": "areal-flow"}]}
+        )
 
     @web.middleware
     async def unknown_as_json(request, handler):  # a wrong path or method: an OpenAI-style error too
@@ -183,7 +208,7 @@ def make_app(handle: Handler, authorize: Authorize) -> web.Application:
     @web.middleware
     async def bearer_token(request, handler):  # outermost: nothing is answered without a valid token
         header = request.headers.get("Authorization", "")
-        token = header[len("Bearer "):].strip() if header.startswith("Bearer ") else ""
+        token = header[len("Bearer ") :].strip() if header.startswith("Bearer ") else ""
         try:
             request["conversation"] = authorize(token, request.match_info.get("conv"))
         except ProxyError as e:

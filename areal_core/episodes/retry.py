@@ -13,8 +13,13 @@ from areal_core.types import Trajectory
 
 
 class RetryWithFeedback:
-    def __init__(self, max_turns: int = 2, discount: float = 1.0, feedback: str = "\nwrong ({reason}); again: ",
-                 max_new_tokens_per_turn: int | None = None):
+    def __init__(
+        self,
+        max_turns: int = 2,
+        discount: float = 1.0,
+        feedback: str = "\nwrong ({reason}); again: ",
+        max_new_tokens_per_turn: int | None = None,
+    ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if not 0.0 < discount <= 1.0:
@@ -48,5 +53,7 @@ class RetryWithFeedback:
         if self.discount == 1.0:
             return results
         # the final answer's credit (1 if right, or its partial score), times discount**(turns - 1)
-        return [replace(r, score=(r.score if r.score is not None else float(r.correct)) * self.discount ** (n - 1))
-                for r, n in zip(results, turns)]
+        return [
+            replace(r, score=(r.score if r.score is not None else float(r.correct)) * self.discount ** (n - 1))
+            for r, n in zip(results, turns)
+        ]

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_REOPEN = 8  # a turn stopped by a stop token that closes no call goes on, at most this often
 
+
 @dataclass(frozen=True)
 class CallResult:
     output: str  # what the call printed (and its final value), cut to max_output_chars
@@ -56,8 +57,9 @@ class PythonTool:
     """Runs Python calls in the sandbox (:mod:`areal_core.reward.sandbox`): a batch per sandbox run,
     each call in a process of its own (see the module docstring). ``run`` blocks; it is thread-safe."""
 
-    def __init__(self, timeout_s: float = 2.0, max_output_chars: int = 64, memory_mb: int = 512,
-                 mode: str | None = None):
+    def __init__(
+        self, timeout_s: float = 2.0, max_output_chars: int = 64, memory_mb: int = 512, mode: str | None = None
+    ):
         if timeout_s <= 0 or max_output_chars < 1:
             raise ValueError("timeout_s must be > 0 and max_output_chars >= 1")
         self.timeout_s, self.max_output_chars, self.memory_mb, self.mode = timeout_s, max_output_chars, memory_mb, mode
@@ -66,17 +68,27 @@ class PythonTool:
 
     def _limits(self, n: int) -> SandboxLimits:
         wall = n * (self.timeout_s + 0.5) + 5.0
-        return SandboxLimits(wall_s=wall, cpu_s=math.ceil(wall), memory_mb=self.memory_mb, max_processes=32,
-                             file_size_mb=max(1, math.ceil(n * 4 * (self.max_output_chars + 64) / 2**20)))
+        return SandboxLimits(
+            wall_s=wall,
+            cpu_s=math.ceil(wall),
+            memory_mb=self.memory_mb,
+            max_processes=32,
+            file_size_mb=max(1, math.ceil(n * 4 * (self.max_output_chars + 64) / 2**20)),
+        )
 
     def _batch(self, codes: list[str]) -> list[CallResult] | None:
         """One sandbox run for ``codes``; None when it did not report a result for each."""
         with self._lock:
             self.n_sandbox_runs += 1
         cap = 4 * self.max_output_chars + 4  # bytes: a character is at most 4 of them
-        run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE},
-                              json.dumps({"calls": codes, "wall_s": self.timeout_s, "max_bytes": cap}),
-                              limits=self._limits(len(codes)), mode=self.mode, args=("repl_calls",))
+        run = run_python_file(
+            "runner.py",
+            {"runner.py": RUNNER_SOURCE},
+            json.dumps({"calls": codes, "wall_s": self.timeout_s, "max_bytes": cap}),
+            limits=self._limits(len(codes)),
+            mode=self.mode,
+            args=("repl_calls",),
+        )
         raw = runner_results(run.stdout, len(codes)) if run.ok else None
         if raw is None:
             log.debug("tool batch of %d calls failed (%s); running them one by one", len(codes), run.reason())
@@ -121,10 +133,20 @@ class ToolUse:
     """The tool-use episode (see the module docstring); ``tool``: a :class:`PythonTool`-like object
     with ``run(codes) -> list[CallResult]`` (tests pass their own)."""
 
-    def __init__(self, max_calls: int = 1, timeout_s: float = 2.0, max_output_chars: int = 64,
-                 max_new_tokens_per_turn: int | None = None, open_tag: str = TOOL_OPEN, close_tag: str = TOOL_CLOSE,
-                 result_template: str = TOOL_RESULT, stop_token_ids: Sequence[int] | None = None,
-                 memory_mb: int = 512, max_parallel: int = 2, tool=None):
+    def __init__(
+        self,
+        max_calls: int = 1,
+        timeout_s: float = 2.0,
+        max_output_chars: int = 64,
+        max_new_tokens_per_turn: int | None = None,
+        open_tag: str = TOOL_OPEN,
+        close_tag: str = TOOL_CLOSE,
+        result_template: str = TOOL_RESULT,
+        stop_token_ids: Sequence[int] | None = None,
+        memory_mb: int = 512,
+        max_parallel: int = 2,
+        tool=None,
+    ):
         if max_calls < 0:
             raise ValueError(f"max_calls must be >= 0, got {max_calls}")
         if not open_tag or not close_tag:
@@ -150,7 +172,7 @@ class ToolUse:
             return None
         body = turn[: len(turn) - len(self.close_tag)]
         start = body.rfind(self.open_tag)
-        return None if start < 0 else body[start + len(self.open_tag):]
+        return None if start < 0 else body[start + len(self.open_tag) :]
 
     async def _turn(self, trajs: list[Trajectory], ctx: EpisodeContext, stops: tuple[int, ...]) -> list[int]:
         """One policy turn of each of ``trajs`` (ending at EOS, its budget, or a closed call); returns
@@ -166,8 +188,9 @@ class ToolUse:
     async def _go_on(self, t: Trajectory, start: int, ctx: EpisodeContext, stops: tuple[int, ...]) -> None:
         """A turn that stopped at a stop token without closing a call (the ``>`` of ``<py>``) goes on."""
         for _ in range(MAX_REOPEN):
-            if not (t.finish_reason == "stop" and t.output_ids and t.output_ids[-1] in stops) \
-                    or ctx.decode(t.output_ids[start:]).endswith(self.close_tag):
+            if not (t.finish_reason == "stop" and t.output_ids and t.output_ids[-1] in stops) or ctx.decode(
+                t.output_ids[start:]
+            ).endswith(self.close_tag):
                 return
             left = None if self.max_new is None else self.max_new - (len(t.output_ids) - start)
             if left is not None and left <= 0:
@@ -189,9 +212,13 @@ class ToolUse:
             pending, codes = [], []
             for i in active:
                 t = group[i]
-                if calls[i] < self.max_calls and t.finish_reason == "stop" and t.output_ids \
-                        and t.output_ids[-1] in stops:
-                    code = self.call_of(ctx.decode(t.output_ids[turn_start[i]:]))
+                if (
+                    calls[i] < self.max_calls
+                    and t.finish_reason == "stop"
+                    and t.output_ids
+                    and t.output_ids[-1] in stops
+                ):
+                    code = self.call_of(ctx.decode(t.output_ids[turn_start[i] :]))
                     if code is not None:
                         pending.append(i)
                         codes.append(code)
@@ -213,8 +240,9 @@ class ToolUse:
             pending = [i for i in pending if i not in ended]
             more = [i for i in pending if calls[i] < self.max_calls]
             last = [i for i in pending if calls[i] >= self.max_calls]  # no stop: a call now is plain text
-            s1, s2 = await asyncio.gather(self._turn([group[i] for i in more], ctx, stops),
-                                          self._turn([group[i] for i in last], ctx, ()))
+            s1, s2 = await asyncio.gather(
+                self._turn([group[i] for i in more], ctx, stops), self._turn([group[i] for i in last], ctx, ())
+            )
             turn_start = {**dict(zip(more, s1)), **dict(zip(last, s2))}
             active = more + last
         for t, n in zip(group, calls):

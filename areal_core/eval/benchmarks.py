@@ -36,12 +36,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("aime25", "AIME 2025", "math", _source("aime25"), MATH_INSTRUCTION),
         Benchmark("math500", "MATH-500", "math", _source("math500"), MATH_INSTRUCTION),
         Benchmark("gsm8k", "GSM8K test", "math", _source("gsm8k"), MATH_INSTRUCTION),
-        Benchmark("livecodebench", "LiveCodeBench v5 2024-08..2025-01 (public tests only)", "code",
-                  _source("livecodebench"), None),
+        Benchmark(
+            "livecodebench",
+            "LiveCodeBench v5 2024-08..2025-01 (public tests only)",
+            "code",
+            _source("livecodebench"),
+            None,
+        ),
         Benchmark("humaneval", "HumanEval", "code", _source("humaneval"), None),
         Benchmark("leetcode", "LeetCodeDataset test", "code", _source("leetcode"), None),
-        Benchmark("synthetic", "synthetic chain task, held-out split (default task config)", "chain", _synthetic,
-                  None),
+        Benchmark("synthetic", "synthetic chain task, held-out split (default task config)", "chain", _synthetic, None),
     )
 }
 

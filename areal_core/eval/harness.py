@@ -56,8 +56,13 @@ def run_heldout(run_dir: str) -> tuple[Benchmark, Sampling]:
 
     cfg = ExperimentConfig.model_validate(read_json(os.path.join(run_dir, "config.json")))
     records = load_records(cfg.data)[1][: cfg.eval.n_problems]
-    bench = Benchmark(HELDOUT, f"{cfg.name}'s held-out split ({len(records)} problems, the run's own settings)",
-                      records[0].task, lambda: records, None)
+    bench = Benchmark(
+        HELDOUT,
+        f"{cfg.name}'s held-out split ({len(records)} problems, the run's own settings)",
+        records[0].task,
+        lambda: records,
+        None,
+    )
     return bench, heldout_sampling(cfg)
 
 
@@ -78,8 +83,10 @@ def check_model_arg(model: str) -> None:
         return
     versions = sorted(int(c.name[1:]) for c in p.iterdir() if re.fullmatch(r"v\d+", c.name) and c.is_dir())
     if versions:
-        raise ValueError(f"{model} is a checkpoints folder: give one of its versions, e.g. {p / f'v{versions[-1]}'} "
-                         f"(the latest of {len(versions)})")
+        raise ValueError(
+            f"{model} is a checkpoints folder: give one of its versions, e.g. {p / f'v{versions[-1]}'} "
+            f"(the latest of {len(versions)})"
+        )
     raise ValueError(f"{model} is neither a checkpoint version nor an HF model folder (no config.json; {what})")
 
 
@@ -159,13 +166,15 @@ class _Grades:
         for _ in tqdm(range(len(self.results)), desc=desc, disable=not progress, dynamic_ncols=True):
             self._arrived.acquire()
         if self.errors:
-            raise RuntimeError(f"{len(self.errors)} grading task(s) failed; first: {self.errors[0]!r}") \
-                from self.errors[0]
+            raise RuntimeError(
+                f"{len(self.errors)} grading task(s) failed; first: {self.errors[0]!r}"
+            ) from self.errors[0]
         return self.results  # type: ignore[return-value]
 
 
-async def _generate(urls: list[str], jobs: list[tuple[str, list[int], int, int]], sampling: Sampling,
-                    progress: bool, desc: str, on_done) -> None:
+async def _generate(
+    urls: list[str], jobs: list[tuple[str, list[int], int, int]], sampling: Sampling, progress: bool, desc: str, on_done
+) -> None:
     """Generate every job (rid, input_ids, seed, max_new_tokens) with ``sampling``, each with its own seed
     and max_new_tokens; ``on_done(index, response)`` as each finishes."""
     from tqdm import tqdm
@@ -214,8 +223,18 @@ def _bench_summary(bench: Benchmark, df: pd.DataFrame, samples: int) -> dict:
     return out
 
 
-def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, rewards, *, samples: int,
-                    sampling: Sampling, progress: bool, context: int | None = None) -> pd.DataFrame:
+def _evaluate_bench(
+    bench: Benchmark,
+    records: list[Record],
+    urls,
+    tokenizer,
+    rewards,
+    *,
+    samples: int,
+    sampling: Sampling,
+    progress: bool,
+    context: int | None = None,
+) -> pd.DataFrame:
     """``context``: the model's positions. An answer gets at most what is left of it after its prompt; a
     prompt that leaves no room is not generated and graded wrong (``finish_reason`` ``context``)."""
     jobs, meta, skipped = [], [], []
@@ -224,15 +243,30 @@ def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, re
         room = sampling.max_new_tokens if context is None else min(sampling.max_new_tokens, context - len(ids))
         for s in range(samples):
             if room < 1:
-                skipped.append({"problem_id": rec.id, "sample": s, "response": "", "parsed": None, "correct": False,
-                                "reason": f"the prompt ({len(ids)} tokens) leaves no room in the model's context "
-                                          f"({context} positions)", "n_tokens": 0, "finish_reason": "context"})
+                skipped.append(
+                    {
+                        "problem_id": rec.id,
+                        "sample": s,
+                        "response": "",
+                        "parsed": None,
+                        "correct": False,
+                        "reason": f"the prompt ({len(ids)} tokens) leaves no room in the model's context "
+                        f"({context} positions)",
+                        "n_tokens": 0,
+                        "finish_reason": "context",
+                    }
+                )
                 continue
             jobs.append((f"eval-{bench.name}-{pi}-{s}", ids, 1_000_003 * s + pi, room))
             meta.append((rec, s))
     if skipped:
-        log.warning("%s: %d of %d answers not generated: their prompts fill the model's context (%d positions)",
-                    bench.name, len(skipped), len(skipped) + len(jobs), context)
+        log.warning(
+            "%s: %d of %d answers not generated: their prompts fill the model's context (%d positions)",
+            bench.name,
+            len(skipped),
+            len(skipped) + len(jobs),
+            context,
+        )
     responses: list = [None] * len(jobs)
     grades = _Grades(len(jobs))
 
@@ -246,10 +280,18 @@ def _evaluate_bench(bench: Benchmark, records: list[Record], urls, tokenizer, re
     results = grades.wait()
     rows = []
     for (rec, s), (text, resp), res in zip(meta, responses, results):
-        rows.append({
-            "problem_id": rec.id, "sample": s, "response": text, "parsed": res.parsed, "correct": bool(res.correct),
-            "reason": res.reason, "n_tokens": len(resp.output_ids), "finish_reason": resp.finish_reason,
-        })
+        rows.append(
+            {
+                "problem_id": rec.id,
+                "sample": s,
+                "response": text,
+                "parsed": res.parsed,
+                "correct": bool(res.correct),
+                "reason": res.reason,
+                "n_tokens": len(resp.output_ids),
+                "finish_reason": resp.finish_reason,
+            }
+        )
     return pd.DataFrame(rows + skipped)
 
 
@@ -286,8 +328,10 @@ def evaluate_checkpoint(
     own = {}
     if HELDOUT in benches:
         if run_dir is None:
-            raise ValueError(f"bench '{HELDOUT}' is a training run's own held-out split: evaluate a run's checkpoint "
-                             f"(RUN/checkpoints/vN, with RUN/config.json) or give the run's folder")
+            raise ValueError(
+                f"bench '{HELDOUT}' is a training run's own held-out split: evaluate a run's checkpoint "
+                f"(RUN/checkpoints/vN, with RUN/config.json) or give the run's folder"
+            )
         own[HELDOUT] = run_heldout(run_dir)
     chosen = [own[b][0] if b in own else get_benchmark(b) for b in benches]  # unknown names fail before anything starts
     problems = {b.name: b.load()[:limit] if b.name in own else load_benchmark(b.name, limit) for b in chosen}
@@ -301,35 +345,65 @@ def evaluate_checkpoint(
     summary: dict = {
         "model": model,
         "run_dir": run_dir,
-        "settings": {"samples": samples, "limit": limit, "temperature": temperature, "top_p": top_p,
-                     "max_new_tokens": max_new_tokens},
+        "settings": {
+            "samples": samples,
+            "limit": limit,
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_new_tokens": max_new_tokens,
+        },
         "benchmarks": {},
     }
-    with entered_together(made_on_enter(start_server, folder, log_path=str(out / "rollout_server.log"), max_running=512),
-                          made_on_enter(RewardService, RewardConfig(scheduler_address=scheduler_address))) \
-            as (server, rewards):
+    with entered_together(
+        made_on_enter(start_server, folder, log_path=str(out / "rollout_server.log"), max_running=512),
+        made_on_enter(RewardService, RewardConfig(scheduler_address=scheduler_address)),
+    ) as (server, rewards):
         rewards.warm_up({bench.task for bench in chosen})
         for bench in chosen:
             tb = time.perf_counter()
-            sampling = own[bench.name][1] if bench.name in own else Sampling(
-                temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P, max_new_tokens=DEFAULT_MAX_NEW_TOKENS[bench.task])
+            sampling = (
+                own[bench.name][1]
+                if bench.name in own
+                else Sampling(
+                    temperature=DEFAULT_TEMPERATURE,
+                    top_p=DEFAULT_TOP_P,
+                    max_new_tokens=DEFAULT_MAX_NEW_TOKENS[bench.task],
+                )
+            )
             given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}  # None: not set
             sampling = dataclasses.replace(sampling, **{k: v for k, v in given.items() if v is not None})
-            df = _evaluate_bench(bench, problems[bench.name], [server.url], tokenizer, rewards, samples=samples,
-                                 sampling=sampling, progress=progress, context=context)
+            df = _evaluate_bench(
+                bench,
+                problems[bench.name],
+                [server.url],
+                tokenizer,
+                rewards,
+                samples=samples,
+                sampling=sampling,
+                progress=progress,
+                context=context,
+            )
             (out / bench.name).mkdir(exist_ok=True)
             write_parquet_atomic(df, out / bench.name / "results.parquet")
-            summary["benchmarks"][bench.name] = {**_bench_summary(bench, df, samples),
-                                                 **{k: getattr(sampling, k) for k in given},
-                                                 "wall_s": time.perf_counter() - tb}
+            summary["benchmarks"][bench.name] = {
+                **_bench_summary(bench, df, samples),
+                **{k: getattr(sampling, k) for k in given},
+                "wall_s": time.perf_counter() - tb,
+            }
             write_json_atomic(str(out / "summary.json"), summary)  # after each bench: partial results survive
     summary["wall_s"] = time.perf_counter() - t0
     write_json_atomic(str(out / "summary.json"), summary)
     return summary
 
 
-def reference_check(bench_name: str, *, limit: int | None = None, scheduler_address: str | None = None,
-                    n_workers: int = 2, progress: bool = True) -> dict:
+def reference_check(
+    bench_name: str,
+    *,
+    limit: int | None = None,
+    scheduler_address: str | None = None,
+    n_workers: int = 2,
+    progress: bool = True,
+) -> dict:
     """Grade every problem's own reference solution: a self-check of the data and the grader."""
     from areal_core.reward.service import RewardService
 
@@ -350,11 +424,17 @@ def reference_check(bench_name: str, *, limit: int | None = None, scheduler_addr
         for i, (task, resp, ref, tests) in enumerate(items):
             grades.submit(rewards, i, task, resp, ref, tests)
         results = grades.wait(progress, f"{bench_name} reference")
-    failures = [{"id": i, "parsed": (r.parsed or "")[:200], "reason": r.reason}
-                for i, r in zip(ids, results) if not r.correct]
+    failures = [
+        {"id": i, "parsed": (r.parsed or "")[:200], "reason": r.reason} for i, r in zip(ids, results) if not r.correct
+    ]
     n_ok = len(results) - len(failures)
     return {
-        "bench": bench_name, "label": bench.label, "n_problems": len(records), "n_with_reference": len(items),
-        "n_correct": n_ok, "accuracy": n_ok / len(items), "wall_s": time.perf_counter() - t0,
+        "bench": bench_name,
+        "label": bench.label,
+        "n_problems": len(records),
+        "n_with_reference": len(items),
+        "n_correct": n_ok,
+        "accuracy": n_ok / len(items),
+        "wall_s": time.perf_counter() - t0,
         "failures": failures,
     }

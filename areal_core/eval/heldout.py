@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 def heldout_sampling(cfg: ExperimentConfig) -> Sampling:
     """How a run samples its held-out answers: at ``eval.temperature`` (0: greedy), up to
     ``eval.max_new_tokens`` (default ``rollout.sampling.max_new_tokens``) tokens, unfiltered."""
-    return Sampling(temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens)
+    return Sampling(
+        temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
+    )
 
 
 async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
@@ -37,8 +38,9 @@ def evaluate_prompts(urls, prompts, decode, rewards, sampling: Sampling, *, time
         by_task.setdefault(p.task, []).append(i)
     correct = [False] * len(prompts)
     for task, idx in by_task.items():
-        results = rewards.grade_many(task, [texts[i] for i in idx], [prompts[i].reference for i in idx],
-                                     [prompts[i].tests for i in idx])
+        results = rewards.grade_many(
+            task, [texts[i] for i in idx], [prompts[i].reference for i in idx], [prompts[i].tests for i in idx]
+        )
         for i, r in zip(idx, results):
             correct[i] = bool(r.correct)
     lengths = [len(r.output_ids) for r in responses]

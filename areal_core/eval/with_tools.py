@@ -27,14 +27,14 @@ class PoolContext:
 
     version = 0
 
-    def __init__(self, pool, rewards, tokenizer, sampling: Sampling,
-                 tests: dict[str, list[dict] | None] | None = None):
+    def __init__(self, pool, rewards, tokenizer, sampling: Sampling, tests: dict[str, list[dict] | None] | None = None):
         self.pool, self.rewards, self.tokenizer = pool, rewards, tokenizer
         self.sampling, self.tests = sampling, tests or {}
         self._n = 0
 
-    async def generate(self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None,
-                       stop_token_ids: Sequence[int] = ()) -> None:
+    async def generate(
+        self, trajs: Sequence[Trajectory], max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = ()
+    ) -> None:
         async def one(t: Trajectory) -> None:
             budget = int(max_new_tokens or self.sampling.max_new_tokens)
             start = len(t.output_ids) if t.output_mask else 0
@@ -60,8 +60,13 @@ class PoolContext:
         return None  # evaluation: the servers refuse what does not fit their context
 
     async def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str]) -> list[RewardResult]:
-        return await asyncio.to_thread(self.rewards.grade_many, trajs[0].task, list(texts),
-                                       [t.reference for t in trajs], [self.tests.get(t.group_id) for t in trajs])
+        return await asyncio.to_thread(
+            self.rewards.grade_many,
+            trajs[0].task,
+            list(texts),
+            [t.reference for t in trajs],
+            [self.tests.get(t.group_id) for t in trajs],
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -72,8 +77,14 @@ class PoolContext:
         return decode_response(self.tokenizer, list(ids))
 
 
-def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_problems: int | None = None,
-                     episode=None, concurrency: int = 64) -> dict:
+def evaluate_heldout(
+    run_dir: str,
+    versions: Sequence[int] | None = None,
+    *,
+    n_problems: int | None = None,
+    episode=None,
+    concurrency: int = 64,
+) -> dict:
     """Held-out accuracy of a run's checkpoints *with* its episode (greedy unless the run's
     ``eval.temperature`` says otherwise, the run's ``eval.n_problems`` problems): one answer per
     problem, rolled out by ``episode`` (default: the run's ``episode``), graded as in training.
@@ -109,18 +120,28 @@ def evaluate_heldout(run_dir: str, versions: Sequence[int] | None = None, *, n_p
             tokenizer = load_tokenizer(folder)
             prompts = to_prompts(records, tokenizer)
             with start_server(folder, max_running=512) as server:
+
                 async def main(url=server.url, tokenizer=tokenizer, prompts=prompts, v=v):
                     pool = RolloutPool([url])
-                    ctx = PoolContext(pool, rewards, tokenizer, heldout_sampling(cfg),
-                                      {f"eval-{p.id}": p.tests for p in prompts})
+                    ctx = PoolContext(
+                        pool, rewards, tokenizer, heldout_sampling(cfg), {f"eval-{p.id}": p.tests for p in prompts}
+                    )
                     gate = asyncio.Semaphore(concurrency)
 
                     async def one(p):
-                        t = Trajectory(traj_id=f"eval-{p.id}-s0", group_id=f"eval-{p.id}", seq_no=0, admit_version=v,
-                                       prompt_ids=list(p.input_ids), reference=p.reference, task=p.task)
+                        t = Trajectory(
+                            traj_id=f"eval-{p.id}-s0",
+                            group_id=f"eval-{p.id}",
+                            seq_no=0,
+                            admit_version=v,
+                            prompt_ids=list(p.input_ids),
+                            reference=p.reference,
+                            task=p.task,
+                        )
                         async with gate:
                             r = (await episode.run([t], ctx))[0]
                         return t, r
+
                     try:
                         return await asyncio.gather(*(one(p) for p in prompts))
                     finally:
@@ -148,8 +169,10 @@ def _num(k: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m areal_core.eval.with_tools",
-                                description="Held-out accuracy of a run's checkpoints with its tool-use episode.")
+    p = argparse.ArgumentParser(
+        prog="python -m areal_core.eval.with_tools",
+        description="Held-out accuracy of a run's checkpoints with its tool-use episode.",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("heldout", help="greedy held-out accuracy with tools, per checkpoint version")
     h.add_argument("run_dir")

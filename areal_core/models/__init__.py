@@ -8,12 +8,18 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
-    "load_base_model": "loading", "load_hf_folder": "loading",
-    "SmolLM2Unavailable": "smollm2", "find_smollm2_gguf": "smollm2", "load_smollm2": "smollm2",
+    "load_base_model": "loading",
+    "load_hf_folder": "loading",
+    "SmolLM2Unavailable": "smollm2",
+    "find_smollm2_gguf": "smollm2",
+    "load_smollm2": "smollm2",
     "smollm2_available": "smollm2",
-    "build_tiny": "tiny", "tiny_config": "tiny",
+    "build_tiny": "tiny",
+    "tiny_config": "tiny",
     "build_char_tokenizer": "tokenizer",
-    "cached_warm_start": "warmstart", "default_cache_dir": "warmstart", "load_optimizer_moments": "warmstart",
+    "cached_warm_start": "warmstart",
+    "default_cache_dir": "warmstart",
+    "load_optimizer_moments": "warmstart",
     "warm_start": "warmstart",
 }
 __all__ = list(_WHERE)

@@ -27,7 +27,9 @@ def check_decoder(model: torch.nn.Module, *, training: bool = False) -> None:
     cfg = model.config
     arch = getattr(cfg, "model_type", "?")
     if arch not in SUPPORTED:
-        raise UnsupportedModelError(f"model_type {arch!r} is not supported (supported decoders: {', '.join(SUPPORTED)})")
+        raise UnsupportedModelError(
+            f"model_type {arch!r} is not supported (supported decoders: {', '.join(SUPPORTED)})"
+        )
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
         raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported")
@@ -39,7 +41,8 @@ def check_decoder(model: torch.nn.Module, *, training: bool = False) -> None:
     if rope_type in DYNAMIC_ROPE_TYPES:
         raise UnsupportedModelError(
             f"{arch}: rope type {rope_type!r} rescales with the sequence length; a fixed table is needed "
-            f"(supported: static types such as 'default', 'linear', 'llama3', 'yarn')")
+            f"(supported: static types such as 'default', 'linear', 'llama3', 'yarn')"
+        )
     for layer in inner.layers:
         attn = layer.self_attn
         if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
@@ -47,8 +50,10 @@ def check_decoder(model: torch.nn.Module, *, training: bool = False) -> None:
         if getattr(attn, "sliding_window", None):
             raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported")
     if training and getattr(cfg, "attention_dropout", 0.0):
-        raise UnsupportedModelError(f"{arch}: attention dropout is not supported in training "
-                                    f"(model.config.attention_dropout = {cfg.attention_dropout})")
+        raise UnsupportedModelError(
+            f"{arch}: attention dropout is not supported in training "
+            f"(model.config.attention_dropout = {cfg.attention_dropout})"
+        )
 
 
 def rope_table(rotary: torch.nn.Module, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

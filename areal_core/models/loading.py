@@ -76,8 +76,15 @@ def load_base_model(
             return build_tiny(model_cfg.tiny, tokenizer, seed), tokenizer
         pairs, weights, val_pairs = warm_start_inputs(model_cfg, train_records)
         model, tokenizer, ws_info = cached_warm_start(
-            model_cfg.tiny, model_cfg.warm_start, pairs, seed, task=task, cache_dir=cache_dir, progress=progress,
-            weights=weights, val_pairs=val_pairs,
+            model_cfg.tiny,
+            model_cfg.warm_start,
+            pairs,
+            seed,
+            task=task,
+            cache_dir=cache_dir,
+            progress=progress,
+            weights=weights,
+            val_pairs=val_pairs,
         )
         if info is not None:
             info["warm_start"] = ws_info
@@ -113,15 +120,19 @@ def warm_start_inputs(model_cfg: ModelConfig, train_records: list[Record] | None
     val_pairs = None
     if ws.stop_at_accuracy is not None:
         if len(demos) < 2 * ws.val_problems:
-            raise ValueError(f"model.warm_start.val_problems ({ws.val_problems}) needs at least twice as many train "
-                             f"records with a solution; there are {len(demos)}")
-        val_pairs = [(r.prompt, r.solution) for r in demos[-ws.val_problems:]]
-        demos = demos[:-ws.val_problems]
+            raise ValueError(
+                f"model.warm_start.val_problems ({ws.val_problems}) needs at least twice as many train "
+                f"records with a solution; there are {len(demos)}"
+            )
+        val_pairs = [(r.prompt, r.solution) for r in demos[-ws.val_problems :]]
+        demos = demos[: -ws.val_problems]
     weights = None
     if ws.length_alpha is not None:
         missing = next((r.id for r in demos if "k" not in (r.meta or {})), None)
         if missing is not None:
-            raise ValueError(f"model.warm_start.length_alpha needs chain-task records with a chain length "
-                             f"(meta.k); record {missing!r} has none (use data.dataset: synthetic)")
+            raise ValueError(
+                f"model.warm_start.length_alpha needs chain-task records with a chain length "
+                f"(meta.k); record {missing!r} has none (use data.dataset: synthetic)"
+            )
         weights = chain_length_weights([int(r.meta["k"]) for r in demos], ws.length_alpha)
     return [(r.prompt, r.solution) for r in demos], weights, val_pairs

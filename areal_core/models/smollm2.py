@@ -37,9 +37,7 @@ def find_smollm2_gguf() -> tuple[str, str]:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
             return str(found[0].parent), found[0].name
-    raise SmolLM2Unavailable(
-        f"no *.gguf file in {list(spec.submodule_search_locations)}; reinstall: {INSTALL_HINT}"
-    )
+    raise SmolLM2Unavailable(f"no *.gguf file in {list(spec.submodule_search_locations)}; reinstall: {INSTALL_HINT}")
 
 
 def _check_loaders() -> None:
@@ -86,7 +84,9 @@ def load_smollm2(dtype: torch.dtype | str = torch.float32):
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    gguf_model = _quiet_unless_terminal(lambda: AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype))
+    gguf_model = _quiet_unless_terminal(
+        lambda: AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    )
     # transformers refuses to save_pretrained a model loaded from GGUF; a plain model with the
     # same (dequantised) weights publishes as a normal HF checkpoint
     model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=dtype)

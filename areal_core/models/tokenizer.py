@@ -23,13 +23,7 @@ EOS = "<eos>"
 UNK = "<unk>"
 
 # Order matters: ids are part of a saved model. pad=0, eos=1, then characters.
-CHARS = (
-    string.digits
-    + string.ascii_lowercase
-    + "=|+-,:#> "
-    + string.ascii_uppercase
-    + ".?!*/()[]<_'\"\n"
-)
+CHARS = string.digits + string.ascii_lowercase + "=|+-,:#> " + string.ascii_uppercase + ".?!*/()[]<_'\"\n"
 
 
 def char_vocab() -> dict[str, int]:

@@ -53,7 +53,7 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
         n = len(p) + len(s)
         ids[row, :n] = torch.tensor(p + s)
         mask[row, :n] = 1
-        labels[row, len(p):n] = torch.tensor(s)
+        labels[row, len(p) : n] = torch.tensor(s)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -61,7 +61,9 @@ def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross entropy over the labelled (answer) tokens."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     targets = batch["labels"][:, 1:]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE)
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE
+    )
 
 
 @torch.no_grad()
@@ -76,7 +78,7 @@ def greedy_exact_match(model, encoded: list[tuple[list[int], list[int]]], pad_id
     model.eval()
     hits = 0
     for i in range(0, len(encoded), chunk):
-        batch = collate(encoded[i:i + chunk], pad_id)
+        batch = collate(encoded[i : i + chunk], pad_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         targets = batch["labels"][:, 1:]
         right = (logits[:, :-1].argmax(-1) == targets) | (targets == IGNORE)
@@ -85,10 +87,20 @@ def greedy_exact_match(model, encoded: list[tuple[list[int], list[int]]], pad_id
     return hits / len(encoded)
 
 
-def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, seed: int, progress: bool = True,
-               weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None,
-               on_check: Callable[[int, torch.nn.Module], bool] | None = None, extra_steps: int = 0,
-               resume_at: int = 0, moments: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
+def warm_start(
+    model,
+    tokenizer,
+    pairs: list[tuple[str, str]],
+    cfg: WarmStart,
+    seed: int,
+    progress: bool = True,
+    weights: list[float] | None = None,
+    val_pairs: list[tuple[str, str]] | None = None,
+    on_check: Callable[[int, torch.nn.Module], bool] | None = None,
+    extra_steps: int = 0,
+    resume_at: int = 0,
+    moments: dict[str, dict[str, torch.Tensor]] | None = None,
+) -> dict:
     """Fine-tune ``model`` in place on (prompt, solution) pairs; return stats.
 
     AdamW at ``cfg.lr`` decaying linearly to 10% of it over ``cfg.steps``
@@ -114,8 +126,11 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
         raise ValueError("warm start needs a tokenizer with a pad token")
     encoded = _encode_pairs(tokenizer, pairs)
     # sorted by length, so each chunk of the check pads little
-    val = sorted(_encode_pairs(tokenizer, val_pairs), key=lambda e: len(e[0]) + len(e[1])) \
-        if cfg.stop_at_accuracy is not None else []
+    val = (
+        sorted(_encode_pairs(tokenizer, val_pairs), key=lambda e: len(e[0]) + len(e[1]))
+        if cfg.stop_at_accuracy is not None
+        else []
+    )
     val_curve: list[tuple[int, float]] = []
     rng = random.Random(f"warmstart-{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -163,10 +178,14 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], cfg: WarmStart, s
         bar.close()
     model.eval()
     if val and (not val_curve or val_curve[-1][1] < cfg.stop_at_accuracy):
-        log.warning("warm start ran all %d steps without reaching validation accuracy %.3f (last %.3f): "
-                    "raise model.warm_start.steps", cfg.steps, cfg.stop_at_accuracy,
-                    val_curve[-1][1] if val_curve else float("nan"))
-    tail = losses[-min(10, len(losses)):] if losses else []
+        log.warning(
+            "warm start ran all %d steps without reaching validation accuracy %.3f (last %.3f): "
+            "raise model.warm_start.steps",
+            cfg.steps,
+            cfg.stop_at_accuracy,
+            val_curve[-1][1] if val_curve else float("nan"),
+        )
+    tail = losses[-min(10, len(losses)) :] if losses else []
     names = {id(p): n for n, p in model.named_parameters()}
     moments = {names[id(p)]: {k: v.detach().clone() for k, v in st.items()} for p, st in opt.state.items()}
     return {
@@ -205,8 +224,15 @@ def default_cache_dir() -> Path:
     return Path(root) / "warmstart"
 
 
-def cache_key(arch: TinyArch, cfg: WarmStart, pairs: list[tuple[str, str]], seed: int, task: dict | None,
-              weights: list[float] | None = None, val_pairs: list[tuple[str, str]] | None = None) -> str:
+def cache_key(
+    arch: TinyArch,
+    cfg: WarmStart,
+    pairs: list[tuple[str, str]],
+    seed: int,
+    task: dict | None,
+    weights: list[float] | None = None,
+    val_pairs: list[tuple[str, str]] | None = None,
+) -> str:
     """Hash of everything that determines the warmed-up weights.
 
     The pairs themselves are hashed (so any data set, not only the synthetic
@@ -271,8 +297,11 @@ def cached_warm_start(
     if (dest / STATS_FILE).is_file():
         model, tokenizer = _load(dest)
         stats = json.loads((dest / STATS_FILE).read_text())
-        return model, tokenizer, {**stats, "path": str(dest), "cached": True,
-                                  "optimizer_moments": str(dest / MOMENTS_FILE)}
+        return (
+            model,
+            tokenizer,
+            {**stats, "path": str(dest), "cached": True, "optimizer_moments": str(dest / MOMENTS_FILE)},
+        )
 
     tokenizer = build_char_tokenizer()
     model = build_tiny(arch, tokenizer, seed)
@@ -284,8 +313,9 @@ def cached_warm_start(
         tokenizer.save_pretrained(tmp)
         (tmp / "warmstart_key.json").write_text(key)
         torch.save(stats["optimizer_moments"], tmp / MOMENTS_FILE)
-        (tmp / STATS_FILE).write_text(json.dumps({k: v for k, v in stats.items()
-                                                  if k not in ("losses", "optimizer_moments")}))
+        (tmp / STATS_FILE).write_text(
+            json.dumps({k: v for k, v in stats.items() if k not in ("losses", "optimizer_moments")})
+        )
         try:
             os.rename(tmp, dest)
         except OSError:  # another process stored the same entry first; keep theirs
@@ -294,8 +324,11 @@ def cached_warm_start(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     stats.pop("losses")
-    return model, tokenizer, {**stats, "path": str(dest), "cached": False,
-                              "optimizer_moments": str(dest / MOMENTS_FILE)}
+    return (
+        model,
+        tokenizer,
+        {**stats, "path": str(dest), "cached": False, "optimizer_moments": str(dest / MOMENTS_FILE)},
+    )
 
 
 def load_optimizer_moments(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:

@@ -223,8 +223,9 @@ def _functional_verdict(run: SandboxRun, tests: list[dict]) -> CodeResult:
 BATCH_MAX = 128  # programs per batched sandbox run (a launch costs ~0.1 s under load, a program ~5 ms)
 
 
-def grade_functional_many(programs: list[str], tests: list[list[dict]],
-                          limits: SandboxLimits | None = None) -> list[CodeResult]:
+def grade_functional_many(
+    programs: list[str], tests: list[list[dict]], limits: SandboxLimits | None = None
+) -> list[CodeResult]:
     """``grade_code`` for several programs with functional tests (a group's answers), with the same
     verdicts, in one sandbox run per ``BATCH_MAX`` programs where the sandbox has user ids of its
     own (``sandbox.run_each``: each program in a process and under a user id of its own, forked from
@@ -241,13 +242,15 @@ def grade_functional_many(programs: list[str], tests: list[list[dict]],
         return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
     out: list[CodeResult] = []
     for k in range(0, len(programs), BATCH_MAX):
-        out += _functional_batch(programs[k:k + BATCH_MAX], tests[k:k + BATCH_MAX], limits)
+        out += _functional_batch(programs[k : k + BATCH_MAX], tests[k : k + BATCH_MAX], limits)
     return out
 
 
 def _functional_batch(programs: list[str], tests: list[list[dict]], limits: SandboxLimits) -> list[CodeResult]:
-    jobs = [json.dumps({"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}).encode()
-            for p, t in zip(programs, tests)]
+    jobs = [
+        json.dumps({"source": PREAMBLE + p, "fn_name": t[0]["fn_name"], "cases": [x["input"] for x in t]}).encode()
+        for p, t in zip(programs, tests)
+    ]
     runs = run_each(RUNNER_SOURCE, "batch_prepare", "batch_functional", jobs, limits)
     if runs is None:  # the run failed as a whole: one sandbox run per program
         log.info("batched grading of %d programs failed; grading them one by one", len(jobs))
@@ -265,9 +268,13 @@ def runner_results(stdout: str, n: int) -> list[dict] | None:
     keys = {"out", "timed_out", "exit_code", "signal"}
     if type(per) is not list or len(per) != n or any(type(r) is not dict or set(r) != keys for r in per):
         return None
-    ok = all(isinstance(r["out"], str) and isinstance(r["timed_out"], bool)
-             and (r["exit_code"] is None or type(r["exit_code"]) is int)
-             and (r["signal"] is None or type(r["signal"]) is int) for r in per)
+    ok = all(
+        isinstance(r["out"], str)
+        and isinstance(r["timed_out"], bool)
+        and (r["exit_code"] is None or type(r["exit_code"]) is int)
+        and (r["signal"] is None or type(r["signal"]) is int)
+        for r in per
+    )
     return per if ok else None
 
 
@@ -296,15 +303,21 @@ def _import_names() -> frozenset[str]:
 def _is_stub_statement(b: ast.stmt) -> bool:
     if isinstance(b, (ast.Pass, ast.Import, ast.ImportFrom)):
         return True
-    return isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and (
-        isinstance(b.value.value, str) or b.value.value is Ellipsis)
+    return (
+        isinstance(b, ast.Expr)
+        and isinstance(b.value, ast.Constant)
+        and (isinstance(b.value.value, str) or b.value.value is Ellipsis)
+    )
 
 
 def _stub_names(prefix: str) -> list[str]:
     """Top-level functions of the prefix with no body (only a docstring, imports, ``pass`` or ``...``): the
     program's to write. The prefix's other functions are trusted helpers."""
-    return [node.name for node in ast.parse(prefix).body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(map(_is_stub_statement, node.body))]
+    return [
+        node.name
+        for node in ast.parse(prefix).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(map(_is_stub_statement, node.body))
+    ]
 
 
 def _grade_assert(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
@@ -325,16 +338,25 @@ def _grade_assert(program: str, tests: list[dict], limits: SandboxLimits) -> Cod
         classes = [n.name for n in ast.parse(prefix).body if isinstance(n, ast.ClassDef)]
     except SyntaxError as e:
         raise ValueError(f"test 0 (assert): prefix does not parse: {e}") from None
-    job = {"prefix": prefix, "cases": [t["code"] for t in tests], "stubs": stubs,
-           # globals the tests look up that they do not define: trusted names, or the program's (the checker sorts)
-           "loads": sorted(n for n in refs - bound if not hasattr(builtins, n)),
-           # the common imports cost ~6 ms of start-up: only when the tests or the prefix use one of their names
-           "imports": bool(((refs - bound) | (prefix_refs - prefix_bound)) & _import_names()),
-           "byvalue": sorted({*code_rpc.NODE_CLASS_NAMES, *classes}),
-           "max_message": limits.file_size_mb * 2**20}
-    run = run_with_checker([sandbox_python(), "-I", "runner.py", "candidate"],
-                           {"solution.py": PREAMBLE + program, "runner.py": RUNNER_SOURCE},
-                           {"checker.py": RUNNER_SOURCE, "job.json": json.dumps(job)}, "checker.py", ("checker",), limits)
+    job = {
+        "prefix": prefix,
+        "cases": [t["code"] for t in tests],
+        "stubs": stubs,
+        # globals the tests look up that they do not define: trusted names, or the program's (the checker sorts)
+        "loads": sorted(n for n in refs - bound if not hasattr(builtins, n)),
+        # the common imports cost ~6 ms of start-up: only when the tests or the prefix use one of their names
+        "imports": bool(((refs - bound) | (prefix_refs - prefix_bound)) & _import_names()),
+        "byvalue": sorted({*code_rpc.NODE_CLASS_NAMES, *classes}),
+        "max_message": limits.file_size_mb * 2**20,
+    }
+    run = run_with_checker(
+        [sandbox_python(), "-I", "runner.py", "candidate"],
+        {"solution.py": PREAMBLE + program, "runner.py": RUNNER_SOURCE},
+        {"checker.py": RUNNER_SOURCE, "job.json": json.dumps(job)},
+        "checker.py",
+        ("checker",),
+        limits,
+    )
     chk = run.checker
     lines = chk.stdout.splitlines()
     if chk.timed_out or chk.exit_code != 0 or len(lines) != 1:

@@ -63,7 +63,7 @@ IMPORTS = (
     "from string import *\n"
 )
 # LeetCode's node classes: defined for the program (its solutions use them undeclared) and for the checker.
-NODE_CLASSES = '''
+NODE_CLASSES = """
 class ListNode:
     def __init__(self, val=0, next=None):
         self.val = val
@@ -75,9 +75,11 @@ class TreeNode:
         self.val = val
         self.left = left
         self.right = right
-'''
+"""
 # LeetCode's test helpers (LeetCodeDataset): trusted, in the checker only, never taken from the program.
-HELPERS = NODE_CLASSES + '''
+HELPERS = (
+    NODE_CLASSES
+    + """
 
 def list_node(values):
     if not values:
@@ -124,7 +126,8 @@ def is_same_tree(p, q):
     if not p or not q or p.val != q.val:
         return False
     return is_same_tree(p.left, q.left) and is_same_tree(p.right, q.right)
-'''
+"""
+)
 NODE_CLASS_NAMES = ("ListNode", "TreeNode")
 _PLAIN_BASES = (bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset)
 
@@ -296,6 +299,7 @@ def _load_program(path):
 def _functional(job, src, chan):
     """Load the program ``src`` and write one JSON line per case of ``job`` on ``chan`` (see the module
     docstring, role ``functional``); never returns."""
+
     def report(**fields):
         chan.write(json.dumps(fields) + "\n")
         chan.flush()
@@ -391,9 +395,14 @@ def _one_at_a_time(jobs, child, wall, cap):
             except OSError:
                 pass
         _, status = os.waitpid(pid, 0)
-        results.append({"out": data[:cap].decode(errors="replace"), "timed_out": timed_out,
-                        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None})
+        results.append(
+            {
+                "out": data[:cap].decode(errors="replace"),
+                "timed_out": timed_out,
+                "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            }
+        )
     return results
 
 
@@ -549,7 +558,7 @@ class _Checker:
         """Write the verdict and end the process: nothing after this can change it."""
         data = (json.dumps(verdict) + "\n").encode()
         while data:
-            data = data[os.write(self.verdict_fd, data):]
+            data = data[os.write(self.verdict_fd, data) :]
         os._exit(0)
 
     def fatal(self, reason):
@@ -572,7 +581,7 @@ class _Checker:
                 self.fatal("the program's process ended before the tests finished")
             self.buf += chunk
         line = bytes(self.buf[:end])
-        del self.buf[:end + 1]
+        del self.buf[: end + 1]
         self.scanned = 0
         try:
             msg = json.loads(line)
@@ -586,7 +595,7 @@ class _Checker:
         data = (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
         try:
             while data:
-                data = data[os.write(3, data):]
+                data = data[os.write(3, data) :]
         except OSError as e:
             self.fatal(f"the program's process ended before the tests finished ({e.strerror})")
 

@@ -12,7 +12,9 @@ class RewardConfig(Section):
     # for the run); else an existing scheduler: tls://host:port (with the tls_* files below), or tcp:// (no
     # authentication: any process that reaches it can run code there; logged as a warning)
     scheduler_address: str | None = None
-    tls_ca_file: str | None = None  # tls:// scheduler: the CA certificate (PEM) the cluster's certificates are signed by
+    tls_ca_file: str | None = (
+        None  # tls:// scheduler: the CA certificate (PEM) the cluster's certificates are signed by
+    )
     tls_client_cert: str | None = None  # tls:// scheduler: this run's client certificate (PEM), signed by that CA
     tls_client_key: str | None = None  # tls:// scheduler: its private key (PEM; None: in tls_client_cert)
     n_workers: int = Field(1, gt=0)  # local cluster workers (processes)
@@ -38,10 +40,14 @@ class RewardConfig(Section):
         files = {k: getattr(self, k) for k in ("tls_ca_file", "tls_client_cert", "tls_client_key")}
         address = self.scheduler_address or ""
         if address.startswith("tls://") and not (self.tls_ca_file and self.tls_client_cert):
-            raise ValueError(f"reward.scheduler_address {address} is tls://: give reward.tls_ca_file and "
-                             "tls_client_cert (and tls_client_key unless the certificate file holds the key)")
+            raise ValueError(
+                f"reward.scheduler_address {address} is tls://: give reward.tls_ca_file and "
+                "tls_client_cert (and tls_client_key unless the certificate file holds the key)"
+            )
         given = [k for k, v in files.items() if v]
         if given and not address.startswith("tls://"):
-            raise ValueError(f"reward.{', '.join(given)}: only for a tls:// reward.scheduler_address (a local "
-                             "cluster makes its own certificates)")
+            raise ValueError(
+                f"reward.{', '.join(given)}: only for a tls:// reward.scheduler_address (a local "
+                "cluster makes its own certificates)"
+            )
         return self

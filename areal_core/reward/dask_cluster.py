@@ -56,6 +56,7 @@ def _subprocess_classes():
 
     class SpawnsWithEnv:
         """Starts its process with ``self._env`` added to the environment (set by the subclass)."""
+
         _env: dict
 
         async def _start(self):
@@ -82,15 +83,21 @@ def _write_certificates(security, folder: str) -> dict[str, str]:
     """The ``Security.temporary`` CA, certificate and key as files of mode 0600 in ``folder``, and the
     dask settings (as environment variables) that make a process use them, TLS required."""
     files = {}
-    for name, text in (("ca.pem", security.tls_ca_file), ("cert.pem", security.tls_scheduler_cert),
-                       ("key.pem", security.tls_scheduler_key)):
+    for name, text in (
+        ("ca.pem", security.tls_ca_file),
+        ("cert.pem", security.tls_scheduler_cert),
+        ("key.pem", security.tls_scheduler_key),
+    ):
         path = os.path.join(folder, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         files[name] = path
-    env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True", "DASK_DISTRIBUTED__COMM__DEFAULT_SCHEME": "tls",
-           "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca.pem"]}
+    env = {
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "DASK_DISTRIBUTED__COMM__DEFAULT_SCHEME": "tls",
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca.pem"],
+    }
     for role in ("SCHEDULER", "WORKER", "CLIENT"):  # one certificate for every role: the cluster's
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = files["cert.pem"]
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = files["key.pem"]
@@ -101,8 +108,15 @@ class RewardCluster:
     """A local TLS cluster (see the module docstring): ``address`` (``tls://127.0.0.1:PORT``),
     ``security`` (what a client of it needs), ``cluster`` (the dask ``SpecCluster``); ``close()``."""
 
-    def __init__(self, n_workers: int, threads_per_worker: int, *, scheduler_kwargs: dict,
-                 worker_kwargs: dict, silence_logs: int = logging.ERROR):
+    def __init__(
+        self,
+        n_workers: int,
+        threads_per_worker: int,
+        *,
+        scheduler_kwargs: dict,
+        worker_kwargs: dict,
+        silence_logs: int = logging.ERROR,
+    ):
         from distributed import Security
         from distributed.deploy.spec import SpecCluster
         from distributed.worker_memory import parse_memory_limit
@@ -112,17 +126,34 @@ class RewardCluster:
         try:
             env = _write_certificates(self.security, self._folder)
             Scheduler, Worker = _subprocess_classes()
-            scheduler_kwargs = {"host": "127.0.0.1", "port": 0, "protocol": "tls", "dashboard": False,
-                                "dashboard_address": None, **scheduler_kwargs}
-            worker_kwargs = {"host": "127.0.0.1", "protocol": "tls", "nthreads": threads_per_worker,
-                             "silence_logs": silence_logs,
-                             "memory_limit": parse_memory_limit("auto", 1, n_workers, logger=log), **worker_kwargs}
-            worker = {"cls": Worker, "options": {"env": env, "worker_class": "distributed.Nanny",
-                                                 "worker_kwargs": worker_kwargs}}
+            scheduler_kwargs = {
+                "host": "127.0.0.1",
+                "port": 0,
+                "protocol": "tls",
+                "dashboard": False,
+                "dashboard_address": None,
+                **scheduler_kwargs,
+            }
+            worker_kwargs = {
+                "host": "127.0.0.1",
+                "protocol": "tls",
+                "nthreads": threads_per_worker,
+                "silence_logs": silence_logs,
+                "memory_limit": parse_memory_limit("auto", 1, n_workers, logger=log),
+                **worker_kwargs,
+            }
+            worker = {
+                "cls": Worker,
+                "options": {"env": env, "worker_class": "distributed.Nanny", "worker_kwargs": worker_kwargs},
+            }
             self.cluster = SpecCluster(
-                workers=dict.fromkeys(range(n_workers), worker), worker=worker,
+                workers=dict.fromkeys(range(n_workers), worker),
+                worker=worker,
                 scheduler={"cls": Scheduler, "options": {"env": env, "scheduler_kwargs": scheduler_kwargs}},
-                security=self.security, name="RewardCluster", silence_logs=silence_logs)
+                security=self.security,
+                name="RewardCluster",
+                silence_logs=silence_logs,
+            )
         except BaseException:
             shutil.rmtree(self._folder, ignore_errors=True)
             raise
@@ -145,8 +176,15 @@ def external_security(cfg):
 
     address = cfg.scheduler_address
     if address.startswith("tls://"):
-        return Security(tls_ca_file=cfg.tls_ca_file, tls_client_cert=cfg.tls_client_cert,
-                        tls_client_key=cfg.tls_client_key, require_encryption=True)
-    log.warning("reward.scheduler_address %s is not tls://: any process that reaches it can run code on the "
-                "cluster; use tls:// with reward.tls_ca_file, tls_client_cert and tls_client_key", address)
+        return Security(
+            tls_ca_file=cfg.tls_ca_file,
+            tls_client_cert=cfg.tls_client_cert,
+            tls_client_key=cfg.tls_client_key,
+            require_encryption=True,
+        )
+    log.warning(
+        "reward.scheduler_address %s is not tls://: any process that reaches it can run code on the "
+        "cluster; use tls:// with reward.tls_ca_file, tls_client_cert and tls_client_key",
+        address,
+    )
     return None

@@ -71,19 +71,25 @@ def grade_partial(task: str, response: str, reference: str, tests: list[dict] | 
     if task != "code":
         return grade(task, response, reference, tests)
     program, result = _run_code(response, tests)
-    return RewardResult(correct=result.passed, parsed=program[:2000], reason=result.reason,
-                        score=_passed_share(program, tests, result))
+    return RewardResult(
+        correct=result.passed, parsed=program[:2000], reason=result.reason, score=_passed_share(program, tests, result)
+    )
 
 
-def grade_within(timeout_s: float, task: str, response: str, reference: str,
-                 tests: list[dict] | None = None) -> RewardResult:
+def grade_within(
+    timeout_s: float, task: str, response: str, reference: str, tests: list[dict] | None = None
+) -> RewardResult:
     """:func:`grade`, given ``timeout_s`` seconds: an answer still being graded then is graded
     wrong with reason :data:`TIMED_OUT` (see :func:`grade_batch`)."""
     return grade_batch([(task, response, reference, tests)], timeout_s)[0]
 
 
-def grade_batch(items: list[tuple[str, str, str, list[dict] | None]], timeout_s: float,
-                code_reward: str = "all_pass", allow_weak_sandbox: bool | None = None) -> list[RewardResult]:
+def grade_batch(
+    items: list[tuple[str, str, str, list[dict] | None]],
+    timeout_s: float,
+    code_reward: str = "all_pass",
+    allow_weak_sandbox: bool | None = None,
+) -> list[RewardResult]:
     """Grade ``(task, response, reference, tests)`` items in order (one Dask task for a group),
     each within ``timeout_s`` seconds of its start; ``code_reward: fraction`` grades with
     :func:`grade_partial` (a score for the share of tests passed), ``all_pass`` with :func:`grade`.
@@ -131,8 +137,11 @@ def _grade_functional_together(items: list[tuple], code_reward: str) -> dict[int
     (``code.grade_functional_many``: the verdicts grading them one by one gives, at a fraction of
     the start-up cost); by index. Each program is bounded by the sandbox's wall time, not
     ``timeout_s``. Partial credit's extra runs (after a failing test) go one by one."""
-    picked = [i for i, (task, _, _, tests) in enumerate(items)
-              if task == "code" and tests and tests[0].get("testtype") == "functional"]
+    picked = [
+        i
+        for i, (task, _, _, tests) in enumerate(items)
+        if task == "code" and tests and tests[0].get("testtype") == "functional"
+    ]
     if len(picked) < 2:
         return {}
     from areal_core.reward.code import extract_code, grade_functional_many

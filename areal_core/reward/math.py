@@ -116,9 +116,14 @@ class _Helper:
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "areal_core.reward.math"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)  # exits at EOF: when its parent is gone
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "areal_core.reward.math"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )  # exits at EOF: when its parent is gone
         self._buf = b""
 
     def ask(self, answer: str, reference: str, limit_s: float) -> tuple[bool, str] | None:

@@ -68,11 +68,16 @@ def require_strong(allow_weak: bool) -> str:
         raise WeakSandboxError(
             f"the code sandbox runs in mode {mode!r}{why}, which does not guarantee: {what}. Training refuses to "
             "grade code there; run the reward workers as root with util-linux `unshare` (namespaces mode), or set "
-            "reward.allow_weak_sandbox: true to grade anyway")
+            "reward.allow_weak_sandbox: true to grade anyway"
+        )
     if mode not in _warned:
         _warned.add(mode)
-        log.warning("grading code in a weak sandbox (reward.allow_weak_sandbox: true): mode %r%s does not "
-                    "guarantee: %s", mode, why, what)
+        log.warning(
+            "grading code in a weak sandbox (reward.allow_weak_sandbox: true): mode %r%s does not guarantee: %s",
+            mode,
+            why,
+            what,
+        )
     return mode
 
 
@@ -108,8 +113,11 @@ class SandboxRun:
         if self.signal is not None:
             import signal as _signal
 
-            names = {_signal.SIGXCPU: "CPU time limit exceeded", _signal.SIGXFSZ: "file/output size limit exceeded",
-                     _signal.SIGKILL: "killed"}
+            names = {
+                _signal.SIGXCPU: "CPU time limit exceeded",
+                _signal.SIGXFSZ: "file/output size limit exceeded",
+                _signal.SIGKILL: "killed",
+            }
             return names.get(self.signal, f"killed by signal {self.signal}")
         if self.exit_code != 0:
             last = self.stderr.strip().splitlines()[-1:] or [""]
@@ -126,7 +134,6 @@ class CheckedRun:
 
     program: SandboxRun
     checker: SandboxRun
-
 
 
 def scrubbed_env(marker: str) -> dict[str, str]:
@@ -197,9 +204,14 @@ def _start(limits: SandboxLimits | None, mode: str | None) -> tuple[SandboxLimit
     if mode not in MODES:
         raise ValueError(f"unknown sandbox mode {mode!r}")
     marker = secrets.token_hex(8)
-    spec = {"mode": mode, "env": scrubbed_env(marker), "marker": marker, "limits": asdict(limits),
-            "netns": mode == "rlimits" and bool(guarantees(mode)["no_network"]),
-            "root": _root_layout() if mode == "namespaces" else None}
+    spec = {
+        "mode": mode,
+        "env": scrubbed_env(marker),
+        "marker": marker,
+        "limits": asdict(limits),
+        "netns": mode == "rlimits" and bool(guarantees(mode)["no_network"]),
+        "root": _root_layout() if mode == "namespaces" else None,
+    }
     return limits, mode, marker, spec
 
 
@@ -238,8 +250,11 @@ def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, Sandbox
             # 0700 (the launcher's user only) until the launcher copies them into the checker's own work folder
             os.mkdir(os.path.join(folder, "checker"), 0o700)
             _write_files(os.path.join(folder, "checker", "files"), checker[2])
-            spec["checker"] = {"script": checker[0], "args": list(checker[1]),
-                               "uid": _new_uid({uid}) if _is_root() else None}
+            spec["checker"] = {
+                "script": checker[0],
+                "args": list(checker[1]),
+                "uid": _new_uid({uid}) if _is_root() else None,
+            }
         status = _launch_in(folder, spec, limits, marker)
 
         def result(where: str, st: dict) -> SandboxRun:
@@ -262,8 +277,14 @@ def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, Sandbox
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_each(runner: str, prepare: str, entry: str, jobs: list[bytes], limits: SandboxLimits | None = None,
-             mode: str | None = None) -> list[SandboxRun] | None:
+def run_each(
+    runner: str,
+    prepare: str,
+    entry: str,
+    jobs: list[bytes],
+    limits: SandboxLimits | None = None,
+    mode: str | None = None,
+) -> list[SandboxRun] | None:
     """Run ``jobs`` one after another in one sandbox run, none able to reach another (``sandbox_batch``).
 
     ``runner`` is the source of a Python module (stdlib only); its ``prepare()`` runs once, in a
@@ -280,8 +301,12 @@ def run_each(runner: str, prepare: str, entry: str, jobs: list[bytes], limits: S
     uids: set[int] = set()
     for _ in jobs:
         uids.add(_new_uid(uids))
-    spec["batch"] = {"prepare": prepare, "entry": entry, "uids": sorted(uids),
-                     "max_bytes": limits.file_size_mb * 2**20 // (len(jobs) + 1)}
+    spec["batch"] = {
+        "prepare": prepare,
+        "entry": entry,
+        "uids": sorted(uids),
+        "max_bytes": limits.file_size_mb * 2**20 // (len(jobs) + 1),
+    }
     folder = tempfile.mkdtemp(prefix="areal-sandbox-")
     try:
         os.chmod(folder, 0o711)
@@ -294,11 +319,22 @@ def run_each(runner: str, prepare: str, entry: str, jobs: list[bytes], limits: S
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if status.get("batch") is None:
-        log.warning("a batched sandbox run of %d jobs failed as a whole: %s", len(jobs),
-                    status.get("batch_error") or status)
+        log.warning(
+            "a batched sandbox run of %d jobs failed as a whole: %s", len(jobs), status.get("batch_error") or status
+        )
         return None
-    return [SandboxRun(mode=mode, exit_code=r["exit_code"], signal=r["signal"], timed_out=r["timed_out"],
-                       wall_s=r["wall_s"], stdout=r["out"], stderr="") for r in status["batch"]]
+    return [
+        SandboxRun(
+            mode=mode,
+            exit_code=r["exit_code"],
+            signal=r["signal"],
+            timed_out=r["timed_out"],
+            wall_s=r["wall_s"],
+            stdout=r["out"],
+            stderr="",
+        )
+        for r in status["batch"]
+    ]
 
 
 _KILLED = {"exit_code": None, "signal": 9}
@@ -306,8 +342,14 @@ _KILLED = {"exit_code": None, "signal": 9}
 
 def _launch(cmd: list[str], limits: SandboxLimits, marker: str) -> dict:
     """Run the launcher; its last stdout line is the JSON status."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=scrubbed_env(marker), start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=scrubbed_env(marker),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=limits.wall_s + 30)  # the launcher enforces wall_s itself
     except subprocess.TimeoutExpired:
@@ -318,8 +360,13 @@ def _launch(cmd: list[str], limits: SandboxLimits, marker: str) -> dict:
     if proc.returncode < 0:
         # the launcher was killed (a same-user program can do that in rlimits mode without root):
         # the run failed; sweep whatever it left, then report it as killed
-        return {"exit_code": None, "signal": -proc.returncode, "timed_out": False, "wall_s": 0.0,
-                "leftovers_killed": _sweep_marker(marker)}
+        return {
+            "exit_code": None,
+            "signal": -proc.returncode,
+            "timed_out": False,
+            "wall_s": 0.0,
+            "leftovers_killed": _sweep_marker(marker),
+        }
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"sandbox launcher failed (exit {proc.returncode}): {err.decode(errors='replace')[-1000:]}")
     return json.loads(lines[-1])
@@ -349,13 +396,24 @@ def _read_capped(path: str, limits: SandboxLimits) -> str:
         return f.read(limits.file_size_mb * 1024 * 1024).decode(errors="replace")
 
 
-def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None, mode: str | None = None,
-               extra_files: dict[str, str] | None = None) -> SandboxRun:
+def run_python(
+    source: str,
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    mode: str | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> SandboxRun:
     """Run a Python program (``main.py``) in the sandbox with this interpreter, isolated (-I)."""
     files = {"main.py": source, **(extra_files or {})}
     return run_python_file("main.py", files, stdin, limits, mode)
 
 
-def run_python_file(main: str, files: dict[str, str], stdin: str = "", limits: SandboxLimits | None = None,
-                    mode: str | None = None, args: tuple[str, ...] = ()) -> SandboxRun:
+def run_python_file(
+    main: str,
+    files: dict[str, str],
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    mode: str | None = None,
+    args: tuple[str, ...] = (),
+) -> SandboxRun:
     return run_sandboxed([sandbox_python(), "-I", main, *args], files, stdin, limits, mode)

@@ -107,8 +107,12 @@ def _job(sock: socket.socket, k: int, uid: int, wall_s: float, cap: int) -> dict
     while len(out) <= cap and (chunk := _read(r)):  # all writers are dead now: what is left in the pipe
         out += chunk
     os.close(r)
-    return {"out": bytes(out[:cap]).decode(errors="replace"), "timed_out": timed_out, "wall_s": wall,
-            **proc.decode(status)}
+    return {
+        "out": bytes(out[:cap]).decode(errors="replace"),
+        "timed_out": timed_out,
+        "wall_s": wall,
+        **proc.decode(status),
+    }
 
 
 def _read(fd: int) -> bytes | None:

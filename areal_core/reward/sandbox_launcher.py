@@ -224,8 +224,13 @@ def main(folder: str) -> int:
         if pid is not None:
             proc.kill_session(pid)  # whatever is left in its session
     leftovers = _sweep(spec) if mode != "namespaces" else 0
-    out = {**proc.decode(statuses[child]), "timed_out": timed_out, "wall_s": wall, "leftovers_killed": leftovers,
-           "checker": proc.decode(statuses[checker]) if chk else None}
+    out = {
+        **proc.decode(statuses[child]),
+        "timed_out": timed_out,
+        "wall_s": wall,
+        "leftovers_killed": leftovers,
+        "checker": proc.decode(statuses[checker]) if chk else None,
+    }
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0  # as PID 1 (namespaces mode), exiting kills whatever is left in the namespace

@@ -62,7 +62,7 @@ MISSING = {
     "scrubbed_env": "a scrubbed environment",
     "no_network": "no network (programs can connect to the scheduler, workers, rollout servers on this host)",
     "host_files_hidden": "hidden host files (programs can read the checkout, the data sets' expected outputs, "
-                         "the run folder)",
+    "the run folder)",
     "writes_confined": "confined writes (programs can write world-writable host folders)",
     "disk_bounded": "bounded disk use",
     "own_user": "a user id of its own (programs can signal and read the grader's processes)",
@@ -114,9 +114,17 @@ def _probe_netns() -> str | None:
     """None if the launcher can make a network namespace of its own here (rlimits mode), else why not."""
     if not _is_root():
         return "not running as root"
-    r = subprocess.run([sys.executable, "-I", "-S", "-c",
-                        f"import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare({sandbox_rootfs.CLONE_NEWNET}))"],
-                       capture_output=True, timeout=20)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare({sandbox_rootfs.CLONE_NEWNET}))",
+        ],
+        capture_output=True,
+        timeout=20,
+    )
     return None if r.returncode == 0 else "unshare(CLONE_NEWNET) refused (no CAP_SYS_ADMIN?)"
 
 

@@ -95,5 +95,7 @@ def kill_uid(uid: int) -> None:
 
 
 def decode(status: int) -> dict:
-    return {"exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+    return {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    }

@@ -26,8 +26,10 @@ MNT_DETACH = 2
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 DEVICES = ("null", "zero", "random", "urandom")
-_PROBE = ("import json, os, sys\n"
-          "print(json.dumps({'executable': sys.executable, 'path': [p for p in sys.path if os.path.isdir(p)]}))\n")
+_PROBE = (
+    "import json, os, sys\n"
+    "print(json.dumps({'executable': sys.executable, 'path': [p for p in sys.path if os.path.isdir(p)]}))\n"
+)
 _MAX_LINKS = 40  # symlinks followed for one path
 
 
@@ -65,7 +67,7 @@ def _replicate(path: str, links: dict[str, str], binds: set[str]) -> None:
             if os.path.islink(nxt):
                 target = os.readlink(nxt)
                 links[nxt] = target
-                path = os.path.normpath(os.path.join(cur, target, *parts[i + 1:]))
+                path = os.path.normpath(os.path.join(cur, target, *parts[i + 1 :]))
                 break
             cur = nxt
         else:
@@ -113,8 +115,12 @@ def layout(python: str) -> dict:
     # a bind inside another one is there already
     binds = {b for b in binds if not any(b != o and b.startswith(o.rstrip("/") + "/") for o in binds)}
     links = {k: v for k, v in links.items() if not any(k.startswith(o.rstrip("/") + "/") for o in binds)}
-    hide = [os.path.join(d, n) for d in stdlib for n in ("site-packages", "dist-packages")
-            if os.path.isdir(os.path.join(d, n))]
+    hide = [
+        os.path.join(d, n)
+        for d in stdlib
+        for n in ("site-packages", "dist-packages")
+        if os.path.isdir(os.path.join(d, n))
+    ]
     return {"links": links, "binds": sorted(binds), "hide": hide}
 
 

@@ -68,18 +68,26 @@ class RewardService:
             # (dask config `logging.distributed`): warnings and errors only, as here
             os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
             self._cluster = RewardCluster(
-                cfg.n_workers, cfg.threads_per_worker, silence_logs=logging.ERROR,
+                cfg.n_workers,
+                cfg.threads_per_worker,
+                silence_logs=logging.ERROR,
                 # scheduler and nannies exit when this process dies (even by SIGKILL); graders are imported
                 # at worker start (a restarted one too), not in the first grading's timeout
                 scheduler_kwargs={"preload": [PARENT_WATCH]},
-                worker_kwargs={"dashboard_address": None, "preload": list(GRADER_MODULES),
-                               "preload_nanny": [PARENT_WATCH]},
+                worker_kwargs={
+                    "dashboard_address": None,
+                    "preload": list(GRADER_MODULES),
+                    "preload_nanny": [PARENT_WATCH],
+                },
             )
             self.client = Client(self._cluster.cluster)  # (over TLS, with the cluster's certificate)
             self.client.wait_for_workers(cfg.n_workers, timeout=120)  # they start in the background
         # one grading task in flight per worker thread (an external cluster's, as it is now)
-        self._max_in_flight = max(1, sum(self.client.nthreads().values())) if cfg.scheduler_address \
+        self._max_in_flight = (
+            max(1, sum(self.client.nthreads().values()))
+            if cfg.scheduler_address
             else cfg.n_workers * cfg.threads_per_worker
+        )
 
     @property
     def scheduler_address(self) -> str:
@@ -117,9 +125,14 @@ class RewardService:
                         f"the code sandbox of reward worker(s) {sorted(weak)} lacks: {', '.join(lacks)}; training "
                         "refuses to grade code there. Run the reward workers as root with util-linux `unshare` "
                         "(namespaces mode), or set reward.allow_weak_sandbox: true to grade anyway "
-                        "(docs/EVALUATION.md)")
-                log.warning("the code sandbox of worker(s) %s lacks: %s; training grades code there only with "
-                            "reward.allow_weak_sandbox: true (docs/EVALUATION.md)", sorted(weak), lacks)
+                        "(docs/EVALUATION.md)"
+                    )
+                log.warning(
+                    "the code sandbox of worker(s) %s lacks: %s; training grades code there only with "
+                    "reward.allow_weak_sandbox: true (docs/EVALUATION.md)",
+                    sorted(weak),
+                    lacks,
+                )
 
     def submit(
         self,
@@ -170,12 +183,11 @@ class RewardService:
                 self._dispatch(ready)
             start = 0
             for items, on_done in batches:
-                on_done(None if error is not None else results[start:start + len(items)], error)
+                on_done(None if error is not None else results[start : start + len(items)], error)
                 start += len(items)
 
         self.n_tasks += 1
-        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward, self.cfg.allow_weak_sandbox),
-                     done)
+        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward, self.cfg.allow_weak_sandbox), done)
 
     def _submit(self, fn, args: tuple, on_done):
         from distributed.scheduler import KilledWorker
@@ -210,15 +222,17 @@ class RewardService:
             self.n_timed_out += n
             log.warning("%d answer(s) graded wrong: grading ran past reward.timeout_s (%gs)", n, self.cfg.timeout_s)
 
-    def grade_many(self, task: str, responses: list[str], references: list[str],
-                   tests: list[list[dict] | None] | None = None) -> list[RewardResult]:
+    def grade_many(
+        self, task: str, responses: list[str], references: list[str], tests: list[list[dict] | None] | None = None
+    ) -> list[RewardResult]:
         """Verdicts for ``responses`` (one Dask task each); ``tests``: each one's tests (code)."""
         n = len(responses)
         tests = tests if tests is not None else [None] * n
         if len(tests) != n:
             raise ValueError(f"{len(tests)} test lists for {n} responses")
-        futs = self.client.map(grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references, tests,
-                               pure=False, retries=2)
+        futs = self.client.map(
+            grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references, tests, pure=False, retries=2
+        )
         results = self.client.gather(futs)
         self._count_timeouts(results)
         return results

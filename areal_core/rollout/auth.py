@@ -61,9 +61,15 @@ def token_matches(header: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
 
 
-UNAUTHORIZED = json.dumps({"message": "missing or wrong API key: send Authorization: Bearer <the run's key>",
-                           "error": {"message": "missing or wrong API key: send Authorization: Bearer <the run's "
-                                                "key>", "type": "unauthorized"}}).encode()
+UNAUTHORIZED = json.dumps(
+    {
+        "message": "missing or wrong API key: send Authorization: Bearer <the run's key>",
+        "error": {
+            "message": "missing or wrong API key: send Authorization: Bearer <the run's key>",
+            "type": "unauthorized",
+        },
+    }
+).encode()
 
 
 class BearerAuth:
@@ -81,9 +87,17 @@ class BearerAuth:
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         if token_matches(header, self.key):
             return await self.app(scope, receive, send)
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                                (b"content-length", str(len(UNAUTHORIZED)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                    (b"content-length", str(len(UNAUTHORIZED)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": UNAUTHORIZED})
 
 
@@ -107,8 +121,10 @@ def read_key_file(path: str) -> str:
     """The key in ``path``; refused (``ValueError``) if others than its owner may read it."""
     mode = os.stat(path).st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"{path}: an API key file must be readable by its owner alone (chmod 600), "
-                         f"but its mode is {stat.S_IMODE(mode):o}")
+        raise ValueError(
+            f"{path}: an API key file must be readable by its owner alone (chmod 600), "
+            f"but its mode is {stat.S_IMODE(mode):o}"
+        )
     with open(path) as f:
         key = f.read().strip()
     if not key:
@@ -119,6 +135,7 @@ def read_key_file(path: str) -> str:
 class ServerAuthConfig(Section):
     """How the run authenticates to rollout servers it did not start (at most one of the two key
     sources; neither: the servers must be open, and ``allow_unauthenticated`` must say so)."""
+
     # a file holding the servers' key, readable by its owner alone (mode 0600), e.g. the one the
     # rollout-servers pool writes (areal_core/serve.py)
     api_key_file: str | None = None
@@ -146,17 +163,25 @@ class ServerAuthConfig(Section):
         if self.api_key_env:
             key = os.environ.get(self.api_key_env, "").strip()
             if not key:
-                raise ValueError(f"rollout.backend.api_key_env: the environment variable {self.api_key_env} "
-                                 f"is not set (it should hold the key of {what})")
+                raise ValueError(
+                    f"rollout.backend.api_key_env: the environment variable {self.api_key_env} "
+                    f"is not set (it should hold the key of {what})"
+                )
             return key
         if self.allow_unauthenticated:
-            log.warning("%s are used without an API key (rollout.backend.allow_unauthenticated): any process "
-                        "that can reach them can pause generation or load weights into them", what)
+            log.warning(
+                "%s are used without an API key (rollout.backend.allow_unauthenticated): any process "
+                "that can reach them can pause generation or load weights into them",
+                what,
+            )
             return None
-        raise ValueError(f"{what} need an API key: set rollout.backend.api_key_file or api_key_env, or "
-                         "allow_unauthenticated: true")
+        raise ValueError(
+            f"{what} need an API key: set rollout.backend.api_key_file or api_key_env, or allow_unauthenticated: true"
+        )
 
 
-UNAUTHENTICATED_MESSAGE = ("{what} have no API key: set rollout.backend.api_key_file (a file of mode 0600 holding "
-                           "their key) or api_key_env (an environment variable holding it), or "
-                           "allow_unauthenticated: true to use them open")
+UNAUTHENTICATED_MESSAGE = (
+    "{what} have no API key: set rollout.backend.api_key_file (a file of mode 0600 holding "
+    "their key) or api_key_env (an environment variable holding it), or "
+    "allow_unauthenticated: true to use them open"
+)

@@ -22,6 +22,7 @@ class Generation:
     """One request's new tokens: ids, the behaviour logprob of each (of the distribution it was
     sampled from), the weight version that sampled each, and why generation ended
     (``abort``: cut short by a pause or an abort; continue it from ``prompt + output_ids``)."""
+
     output_ids: list[int]
     logprobs: list[float]
     versions: list[int]
@@ -29,13 +30,16 @@ class Generation:
 
     def __post_init__(self) -> None:
         if not len(self.output_ids) == len(self.logprobs) == len(self.versions):
-            raise ValueError(f"a generation needs one logprob and one version per token: {len(self.output_ids)} "
-                             f"tokens, {len(self.logprobs)} logprobs, {len(self.versions)} versions")
+            raise ValueError(
+                f"a generation needs one logprob and one version per token: {len(self.output_ids)} "
+                f"tokens, {len(self.logprobs)} logprobs, {len(self.versions)} versions"
+            )
 
 
 @dataclass(frozen=True)
 class Sampling:
     """Sampling for one request (SGLang's names). ``seed``: the request's own random stream."""
+
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -58,11 +62,13 @@ class ServerInfo:
 class RolloutClient(Protocol):
     """One server. Errors: :class:`areal_core.rollout.client.RolloutServerError` (``server_down``
     tells a lost server, whose requests the caller resubmits, from a refused request)."""
+
     url: str
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation: ...
-    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
-                             rids: Sequence[str]) -> list[Generation]: ...
+    async def generate_batch(
+        self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling], rids: Sequence[str]
+    ) -> list[Generation]: ...
     async def abort_request(self, rid: str) -> None: ...
     async def pause(self) -> None: ...
     async def resume(self) -> None: ...
@@ -73,6 +79,7 @@ class RolloutClient(Protocol):
         """What each unfinished request generated so far, by rid (a resumed run continues those
         answers instead of starting them again); {} from servers that cannot tell."""
         ...
+
     async def health(self) -> bool: ...
     async def aclose(self) -> None: ...
 
@@ -80,6 +87,7 @@ class RolloutClient(Protocol):
 class RolloutBackend(Protocol):
     """Starts (or finds) a run's servers and makes a client for each. ``launch`` leaves every
     server serving ``model_path`` as ``version``; leaving its context stops what it started."""
+
     name: str
     restartable: bool  # whether ``restart`` can bring back a server that died
     # its servers may run on other hosts: ``launch`` gets the version's URL in the checkpoint store
@@ -107,8 +115,9 @@ def versions_from_spans(spans: Sequence[dict], n_tokens: int) -> list[int]:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"weight_versions[{k}] must be {{version, start, end}} integers, got {span!r}") from e
         if start != len(out) or end < start:
-            raise ValueError(f"weight_versions[{k}] = {span!r} does not continue the spans before it "
-                             f"(next token {len(out)})")
+            raise ValueError(
+                f"weight_versions[{k}] = {span!r} does not continue the spans before it (next token {len(out)})"
+            )
         out += [version] * (end - start)
     if len(out) != n_tokens:
         raise ValueError(f"weight_versions cover {len(out)} tokens, the output has {n_tokens}")

@@ -84,8 +84,9 @@ class HTTPClient:
     process started the server with, if any), connection failures retried with backoff, a non-2xx
     answer raised as :class:`RolloutServerError` with the server's own message, and ``GET /health``."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, retries: int = CONNECTION_RETRIES,
-                 api_key: str | None = None):
+    def __init__(
+        self, url: str, timeout_s: float = 600.0, retries: int = CONNECTION_RETRIES, api_key: str | None = None
+    ):
         self.url = url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
         self.api_key = api_key if api_key is not None else auth.key_for(self.url)
@@ -99,7 +100,8 @@ class HTTPClient:
                 # closed well before the server does (SERVER_KEEP_ALIVE_S), so a request is never
                 # sent on a socket the server is closing
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=20.0),
-                trust_env=False, headers=auth.bearer(self.api_key),
+                trust_env=False,
+                headers=auth.bearer(self.api_key),
             )
         return self._session
 
@@ -129,8 +131,9 @@ class HTTPClient:
         try:
             return json.loads(data)
         except ValueError:
-            raise RolloutServerError(self.url, 200, f"{method} {path}: answer is not JSON: "
-                                                    f"{data[:200].decode('utf-8', 'replace')!r}") from None
+            raise RolloutServerError(
+                self.url, 200, f"{method} {path}: answer is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
+            ) from None
 
     async def health(self) -> bool:
         try:

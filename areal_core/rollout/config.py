@@ -12,13 +12,16 @@ from areal_core.rollout.backends.sglang import SGLangConfig
 from areal_core.rollout.backends.vllm import VLLMConfig
 from areal_core.rollout.protocol import WeightUpdateMode
 
-_NEEDS_FULL = ("training needs the unfiltered distribution: the trainer recomputes logprobs over every "
-               "token, and the kept set of a filter depends on the policy, so the importance weights "
-               "would compare two different distributions (evaluation has its own sampling settings)")
+_NEEDS_FULL = (
+    "training needs the unfiltered distribution: the trainer recomputes logprobs over every "
+    "token, and the kept set of a filter depends on the policy, so the importance weights "
+    "would compare two different distributions (evaluation has its own sampling settings)"
+)
 
 
 class SamplingConfig(Section):
     """How the rollout servers sample the answers RL trains on (no top-p/top-k filtering)."""
+
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)  # must stay 1.0: see _NEEDS_FULL
     top_k: int = Field(0, ge=0)  # must stay 0 (no top-k): see _NEEDS_FULL
@@ -41,23 +44,27 @@ class SamplingConfig(Section):
     def to_sampling(self, **changes) -> Sampling:
         """These settings as the :class:`Sampling` a rollout client takes, with ``changes`` (any of
         its fields, e.g. ``max_new_tokens`` or ``stop_token_ids``) in place of the configured ones."""
-        base = Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                        top_k=self.top_k)
+        base = Sampling(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+        )
         return dataclasses.replace(base, **changes)
 
 
 class DiskTransportConfig(Section):
     """Each version saved as a folder the servers load (servers that only load from a path)."""
+
     kind: Literal["disk"] = "disk"
 
 
 class TensorTransportConfig(Section):
     """Shared memory on one host: servers copy the weights straight out of the trainer's segment."""
+
     kind: Literal["tensor"] = "tensor"
 
 
 class DistributedTransportConfig(Section):
     """A torch.distributed broadcast from the trainer to every server (SGLang's endpoints)."""
+
     kind: Literal["distributed"] = "distributed"
     backend: Literal["gloo", "nccl"] = "gloo"  # gloo on CPU, nccl on GPU
     master_address: str = "127.0.0.1"  # the trainer's address, as the servers reach it
@@ -65,7 +72,8 @@ class DistributedTransportConfig(Section):
 
 
 WeightTransportConfig = Annotated[
-    DiskTransportConfig | TensorTransportConfig | DistributedTransportConfig, Field(discriminator="kind")]
+    DiskTransportConfig | TensorTransportConfig | DistributedTransportConfig, Field(discriminator="kind")
+]
 
 
 def _whole_number(v):
@@ -86,6 +94,7 @@ class KVBudget(Section):
     ``tokens`` (positions) or ``bytes`` (turned into positions with the model's KV bytes per token,
     2 x layers x kv_heads x head_dim x dtype bytes). Each request reserves prompt + max_new_tokens
     positions (what it holds when it ends at its length limit) from admission until it finishes."""
+
     tokens: int | None = Field(None, gt=0)
     bytes: int | None = Field(None, gt=0)
 
@@ -97,8 +106,7 @@ class KVBudget(Section):
     @model_validator(mode="after")
     def _exactly_one(self):
         if (self.tokens is None) == (self.bytes is None):
-            raise ValueError("kv_budget takes exactly one of 'tokens' or 'bytes', e.g. {tokens: 20000} or "
-                             "{bytes: 2e9}")
+            raise ValueError("kv_budget takes exactly one of 'tokens' or 'bytes', e.g. {tokens: 20000} or {bytes: 2e9}")
         return self
 
     def in_tokens(self, bytes_per_token: int) -> int:
@@ -113,6 +121,7 @@ class KVBudget(Section):
 class EngineConfig(Section):
     """Everything one embedded server's engine is configured with, built once from the run's
     config (``RolloutConfig.engine_config``) and handed to the server whole, as JSON."""
+
     max_running: int = Field(256, gt=0)  # sequences decoded together
     weight_update: WeightUpdateMode = "reprefill"
     torch_threads: int = Field(1, gt=0)
@@ -128,12 +137,14 @@ class EngineConfig(Section):
 
 class EmbeddedBackendConfig(Section):
     """The embedded engine: ``rollout.n_servers`` child processes on this host."""
+
     kind: Literal["embedded"] = "embedded"
 
 
 class ExternalBackendConfig(ServerAuthConfig):
     """Servers someone else started that speak the embedded engine's protocol (protocol.py), with
     their API key from ``api_key_file`` or ``api_key_env`` (auth.py), or ``allow_unauthenticated``."""
+
     kind: Literal["external"] = "external"
     urls: list[str] = Field(min_length=1)  # the servers' base URLs
 
@@ -145,8 +156,9 @@ class ExternalBackendConfig(ServerAuthConfig):
 
 
 # one member per backend; the backend's own file defines its config (backends/<name>.py)
-RolloutBackendConfig = Annotated[EmbeddedBackendConfig | ExternalBackendConfig | SGLangConfig | VLLMConfig,
-                                 Field(discriminator="kind")]
+RolloutBackendConfig = Annotated[
+    EmbeddedBackendConfig | ExternalBackendConfig | SGLangConfig | VLLMConfig, Field(discriminator="kind")
+]
 
 
 class RolloutConfig(Section):
@@ -197,30 +209,41 @@ class RolloutConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("backend"), str):  # `backend: embedded` shorthand
             data = {**data, "backend": {"kind": data["backend"]}}
         if isinstance(data, dict) and "interruptible" in data:
-            raise ValueError("rollout.interruptible was replaced by rollout.weight_update: write "
-                             "'weight_update: reprefill' for interruptible: true, 'weight_update: drain' for "
-                             "interruptible: false (or 'keep_kv' to keep the KV cache across updates)")
+            raise ValueError(
+                "rollout.interruptible was replaced by rollout.weight_update: write "
+                "'weight_update: reprefill' for interruptible: true, 'weight_update: drain' for "
+                "interruptible: false (or 'keep_kv' to keep the KV cache across updates)"
+            )
         return data
 
     @model_validator(mode="after")
     def _backend_can_take_the_transport(self):
         b, t = self.backend, self.weight_transport
         if b.kind == "sglang" and t is not None and t.kind == "tensor":
-            raise ValueError("rollout.weight_transport kind 'tensor' is not supported by rollout.backend kind "
-                             "'sglang' (SGLang's tensor update passes CUDA IPC handles; use 'distributed' or "
-                             "'disk')")
+            raise ValueError(
+                "rollout.weight_transport kind 'tensor' is not supported by rollout.backend kind "
+                "'sglang' (SGLang's tensor update passes CUDA IPC handles; use 'distributed' or "
+                "'disk')"
+            )
         if b.kind == "vllm" and t is not None and t.kind != "disk":
-            raise ValueError(f"rollout.weight_transport kind {t.kind!r} is not supported by rollout.backend kind "
-                             "'vllm' (its servers reload from a folder: use 'disk')")
+            raise ValueError(
+                f"rollout.weight_transport kind {t.kind!r} is not supported by rollout.backend kind "
+                "'vllm' (its servers reload from a folder: use 'disk')"
+            )
         return self
 
     @model_validator(mode="after")
     def _enough_servers(self):
-        first = len(getattr(self.backend, "urls", None) or []) or getattr(self.backend, "num_servers", None) \
+        first = (
+            len(getattr(self.backend, "urls", None) or [])
+            or getattr(self.backend, "num_servers", None)
             or self.n_servers
+        )
         if self.min_servers is not None and not self.join_from and self.min_servers > first:
-            raise ValueError(f"rollout.min_servers ({self.min_servers}) is more than the {first} server(s) the run "
-                             "starts with, and none can join (rollout.join_from is not set)")
+            raise ValueError(
+                f"rollout.min_servers ({self.min_servers}) is more than the {first} server(s) the run "
+                "starts with, and none can join (rollout.join_from is not set)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -229,13 +252,17 @@ class RolloutConfig(Section):
         if kv is None:
             return self
         if self.backend.kind != "embedded" and kv.tokens is None:
-            raise ValueError(f"rollout.kv_budget for rollout.backend kind {self.backend.kind!r} is a limit the client "
-                             f"keeps per server, in KV positions: give {{tokens: N}} (bytes need the server's KV "
-                             f"bytes per token, which only the embedded engine knows)")
+            raise ValueError(
+                f"rollout.kv_budget for rollout.backend kind {self.backend.kind!r} is a limit the client "
+                f"keeps per server, in KV positions: give {{tokens: N}} (bytes need the server's KV "
+                f"bytes per token, which only the embedded engine knows)"
+            )
         need = self.sampling.max_new_tokens + 1
         if kv.tokens is not None and kv.tokens < need:
-            raise ValueError(f"rollout.kv_budget.tokens ({kv.tokens}) cannot hold one request: at least 1 prompt "
-                             f"token + rollout.sampling.max_new_tokens ({self.sampling.max_new_tokens}) = {need}")
+            raise ValueError(
+                f"rollout.kv_budget.tokens ({kv.tokens}) cannot hold one request: at least 1 prompt "
+                f"token + rollout.sampling.max_new_tokens ({self.sampling.max_new_tokens}) = {need}"
+            )
         return self
 
     def client_kv_budget_tokens(self) -> int | None:
@@ -247,9 +274,16 @@ class RolloutConfig(Section):
 
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
         """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
-        return EngineConfig(max_running=self.max_running, weight_update=self.weight_update,
-                            torch_threads=self.torch_threads, dtype=dtype, seed=seed, device=device,
-                            kv_budget=self.kv_budget, batch_invariant=self.batch_invariant)
+        return EngineConfig(
+            max_running=self.max_running,
+            weight_update=self.weight_update,
+            torch_threads=self.torch_threads,
+            dtype=dtype,
+            seed=seed,
+            device=device,
+            kv_budget=self.kv_budget,
+            batch_invariant=self.batch_invariant,
+        )
 
     def transport(self) -> WeightTransportConfig:
         """The configured weight transport, or the default for the backend."""

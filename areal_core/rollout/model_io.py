@@ -38,6 +38,7 @@ def load_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.
 
 # -- weights --------------------------------------------------------------------
 
+
 def _ignored_key(name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq")
 

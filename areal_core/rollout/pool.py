@@ -25,8 +25,9 @@ class RolloutPool:
     Elastic pools: a server ``join``s (held out of service until it holds the current weights) and
     ``leave``s (it is gone: no request, no weights; its index stays, so indices never move)."""
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None,
-                 kv_budget_tokens: int | None = None):
+    def __init__(
+        self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None, kv_budget_tokens: int | None = None
+    ):
         if not urls:
             raise ValueError("RolloutPool needs at least one server URL")
         if kv_budget_tokens is not None and kv_budget_tokens <= 0:
@@ -114,8 +115,10 @@ class RolloutPool:
         budget: until one is in service); reserve them there and return it."""
         budget = self.kv_budget_tokens
         if budget is not None and need > budget:
-            raise ValueError(f"a request needing {need} KV positions (prompt + max_new_tokens) exceeds the whole "
-                             f"rollout.kv_budget of {budget} tokens per server")
+            raise ValueError(
+                f"a request needing {need} KV positions (prompt + max_new_tokens) exceeds the whole "
+                f"rollout.kv_budget of {budget} tokens per server"
+            )
 
         def fits(j: int) -> bool:
             return not self.held[j] and (budget is None or self.kv_reserved[j] + need <= budget)
@@ -138,16 +141,23 @@ class RolloutPool:
         async with self._least_busy(1, need) as client:
             return await client.generate(input_ids, sampling, rid=rid)
 
-    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
-                             rids: Sequence[str] | None = None) -> list[Generation]:
+    async def generate_batch(
+        self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling], rids: Sequence[str] | None = None
+    ) -> list[Generation]:
         """One batched request to one server (the least busy it fits on), ``sampling`` one per prompt;
         responses in order."""
         need = 0
         if self.kv_budget_tokens:
             need = sum(len(ids) + s.max_new_tokens for ids, s in zip(input_ids, sampling, strict=True))
             if need > self.kv_budget_tokens and len(input_ids) > 1:  # too big together: one request each
-                return list(await asyncio.gather(*(self.generate(ids, s, rid=rids[k] if rids else None)
-                                                   for k, (ids, s) in enumerate(zip(input_ids, sampling)))))
+                return list(
+                    await asyncio.gather(
+                        *(
+                            self.generate(ids, s, rid=rids[k] if rids else None)
+                            for k, (ids, s) in enumerate(zip(input_ids, sampling))
+                        )
+                    )
+                )
         async with self._least_busy(len(input_ids), need) as client:
             return await client.generate_batch(input_ids, sampling, rids=rids)
 

@@ -69,6 +69,7 @@ class GenerateRequest(_Body):
 class GenerateBatchRequest(_Body):
     """Several prompts in one call (SGLang's batched /generate): one response each, in order.
     ``sampling_params``: one for all prompts, or a list with one per prompt (e.g. each its own seed)."""
+
     input_ids: list[list[int]] = Field(min_length=1, max_length=4096)
     sampling_params: SamplingParams | list[SamplingParams] = SamplingParams()
     return_logprob: bool = True
@@ -104,8 +105,6 @@ class MetaInfo(_Body):
 class GenerateResponse(_Body):
     output_ids: list[int]
     meta_info: MetaInfo
-
-
 
 
 class _VersionedUpdate(_Body):

@@ -57,15 +57,18 @@ def views_of(buf, specs: list[TensorSpec], where: str) -> dict[str, torch.Tensor
     out = {}
     for s in specs:
         if s.offset < 0 or s.offset + s.nbytes > len(buf):
-            raise ValueError(f"{where}: tensor {s.name} ({s.nbytes} bytes at offset {s.offset}) "
-                             f"lies outside the buffer of {len(buf)} bytes")
+            raise ValueError(
+                f"{where}: tensor {s.name} ({s.nbytes} bytes at offset {s.offset}) "
+                f"lies outside the buffer of {len(buf)} bytes"
+            )
         n = s.nbytes // torch.tensor([], dtype=s.torch_dtype).element_size()
         out[s.name] = torch.frombuffer(buf, dtype=s.torch_dtype, count=n, offset=s.offset).view(s.shape)
     return out
 
 
-def make_process_group(backend: str, store: dist.Store, rank: int, world_size: int,
-                       timeout_s: float, address: str | None = None) -> dist.ProcessGroup:
+def make_process_group(
+    backend: str, store: dist.Store, rank: int, world_size: int, timeout_s: float, address: str | None = None
+) -> dist.ProcessGroup:
     """A process group of its own (the default group stays free for the trainer's parallelism):
     gloo on CPU, NCCL on GPU, the same calls either way.
 

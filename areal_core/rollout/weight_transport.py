@@ -82,7 +82,8 @@ class WeightTransport(ABC):
             if self.kind not in offered:
                 raise TransportUnsupported(
                     f"rollout server {c.url} cannot receive weights by the '{self.kind}' transport "
-                    f"(it offers: {', '.join(offered)}); set rollout.weight_transport to one of those")
+                    f"(it offers: {', '.join(offered)}); set rollout.weight_transport to one of those"
+                )
 
     def stage(self, model: torch.nn.Module, version: int) -> None:
         with self._buffer_lock:  # a resend under way finishes reading the previous version first
@@ -179,8 +180,9 @@ class TensorTransport(WeightTransport):
     def _stage(self, named: dict[str, torch.Tensor], version: int) -> None:
         if self._shm is None:
             self._specs, size = flat_layout(named)
-            self._shm = shared_memory.SharedMemory(name=f"areal-w-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-                                                   create=True, size=size)
+            self._shm = shared_memory.SharedMemory(
+                name=f"areal-w-{os.getpid()}-{uuid.uuid4().hex[:8]}", create=True, size=size
+            )
         views = views_of(self._shm.buf, self._specs, "the tensor transport's segment")
         with torch.no_grad():
             for name, t in named.items():
@@ -204,8 +206,9 @@ async def _unless_one_is_lost(coros) -> list:
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        lost = [f.exception() for f in done if isinstance(f.exception(), RolloutServerError)
-                and f.exception().server_down]
+        lost = [
+            f.exception() for f in done if isinstance(f.exception(), RolloutServerError) and f.exception().server_down
+        ]
         if lost:
             for t in pending:
                 t.cancel()
@@ -222,8 +225,13 @@ class DistributedTransport(WeightTransport):
 
     kind = "distributed"
 
-    def __init__(self, backend: str = "gloo", master_address: str = "127.0.0.1", master_port: int | None = None,
-                 timeout_s: float = 300.0):
+    def __init__(
+        self,
+        backend: str = "gloo",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        timeout_s: float = 300.0,
+    ):
         self.backend, self.address, self.port, self.timeout_s = backend, master_address, master_port, timeout_s
         self._pg: dist.ProcessGroup | None = None
         self._store: dist.TCPStore | None = None
@@ -238,13 +246,24 @@ class DistributedTransport(WeightTransport):
         self._group = f"areal-weights-{os.getpid()}-{self._generation}"
         world = len(clients) + 1
         if self._store is None:  # made once: a second store on a port the first holds fails (EADDRINUSE)
-            self._store = dist.TCPStore(self.address, self.port or free_port(self.address), world, is_master=True,
-                                        wait_for_workers=False, timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._store = dist.TCPStore(
+                self.address,
+                self.port or free_port(self.address),
+                world,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=self.timeout_s),
+            )
         port = self._store.port
         store = dist.PrefixStore(self._group, self._store)
         join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s, self.address)
-        results = await run_all([join] + [c.init_weights_update_group(
-            self.address, port, k + 1, world, self._group, self.backend) for k, c in enumerate(clients)])
+        results = await run_all(
+            [join]
+            + [
+                c.init_weights_update_group(self.address, port, k + 1, world, self._group, self.backend)
+                for k, c in enumerate(clients)
+            ]
+        )
         self._pg = results[0]
 
     def _stage(self, named: dict[str, torch.Tensor], version: int) -> None:
@@ -263,8 +282,10 @@ class DistributedTransport(WeightTransport):
     async def _push(self, clients: list[EmbeddedClient], version: int) -> None:
         if self._pg is None:
             raise RuntimeError("distributed transport: connect() comes before push()")
-        await _unless_one_is_lost([asyncio.to_thread(self._broadcast)]
-                                  + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients])
+        await _unless_one_is_lost(
+            [asyncio.to_thread(self._broadcast)]
+            + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients]
+        )
 
     async def _resend(self, clients: list[EmbeddedClient], i: int, version: int) -> None:
         await self.connect(clients)  # the group has a fixed membership: everyone joins a new one

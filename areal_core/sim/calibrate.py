@@ -133,10 +133,20 @@ def _fit_decode_one_plane(mem_x: np.ndarray, cmp_x: np.ndarray, t: np.ndarray) -
     cmp_err = np.sum(((cmp_x @ cmp_coef - t) / t) ** 2)
     mem_err = np.sum(((mem_x @ mem_coef - t) / t) ** 2)
     if cmp_err <= mem_err:  # compute-bound everywhere: no memory term
-        return {"decode_overhead_s": cmp_coef[0], "decode_weight_read_s": 0.0, "decode_kv_read_s_per_token": 0.0,
-                "decode_flop_s_per_seq": cmp_coef[1], "decode_flop_s_per_ctx_token": cmp_coef[2]}
-    return {"decode_overhead_s": mem_coef[0], "decode_weight_read_s": 0.0, "decode_kv_read_s_per_token": mem_coef[1],
-            "decode_flop_s_per_seq": 0.0, "decode_flop_s_per_ctx_token": 0.0}
+        return {
+            "decode_overhead_s": cmp_coef[0],
+            "decode_weight_read_s": 0.0,
+            "decode_kv_read_s_per_token": 0.0,
+            "decode_flop_s_per_seq": cmp_coef[1],
+            "decode_flop_s_per_ctx_token": cmp_coef[2],
+        }
+    return {
+        "decode_overhead_s": mem_coef[0],
+        "decode_weight_read_s": 0.0,
+        "decode_kv_read_s_per_token": mem_coef[1],
+        "decode_flop_s_per_seq": 0.0,
+        "decode_flop_s_per_ctx_token": 0.0,
+    }
 
 
 def _fit_prefill(points: list[dict]) -> dict:
@@ -189,8 +199,11 @@ def fit_errors(measurements: dict, cost: CostModel) -> dict:
     d, p, t = measurements["decode"], measurements["prefill"], measurements["train"]
     return {
         "decode": summary([cost.decode_step_s(x["batch"], x["context_tokens"]) for x in d], [x["step_s"] for x in d]),
-        "prefill": summary([cost.prefill_s(x["tokens"], x.get("tokens_sq", x["tokens"] ** 2)) for x in p],
-                           [x["time_s"] for x in p]),
-        "train": summary([cost.train_s(x["tokens"], x.get("tokens_sq", x["tokens"] ** 2), x.get("n_devices", 1))
-                          for x in t], [x["time_s"] for x in t]),
+        "prefill": summary(
+            [cost.prefill_s(x["tokens"], x.get("tokens_sq", x["tokens"] ** 2)) for x in p], [x["time_s"] for x in p]
+        ),
+        "train": summary(
+            [cost.train_s(x["tokens"], x.get("tokens_sq", x["tokens"] ** 2), x.get("n_devices", 1)) for x in t],
+            [x["time_s"] for x in t],
+        ),
     }

@@ -141,7 +141,9 @@ def resolve(cfg: SimConfig) -> Setup:
             raise ValueError(f"n_rollout_gpus ({n_rollout}) must be a multiple of rollout_tp ({tp})")
         n_trainer = cfg.n_gpus - n_rollout
     check_rollout_fits(model, gpu, tp, seq_tokens, cfg.efficiency)
-    check_trainer_fits(model, gpu, n_trainer, cfg.efficiency, field="n_gpus" if cfg.mode == "sync" else "n_trainer_gpus")
+    check_trainer_fits(
+        model, gpu, n_trainer, cfg.efficiency, field="n_gpus" if cfg.mode == "sync" else "n_trainer_gpus"
+    )
     switch_devices = cfg.n_gpus if cfg.mode == "sync" else 0
     cost = cfg.cost or build_cost_model(model, gpu, tp, cfg.efficiency, train_devices_for_switch=switch_devices)
     if cost.kv_capacity_tokens < seq_tokens:

@@ -193,7 +193,9 @@ def rollout_memory_need(model: ModelSpec, seq_tokens: int) -> float:
     return model.weight_bytes + model.kv_bytes_per_token * seq_tokens
 
 
-def check_rollout_fits(model: ModelSpec, gpu: GPUSpec, tp: int, seq_tokens: int, eff: Efficiency, field: str = "rollout_tp") -> None:
+def check_rollout_fits(
+    model: ModelSpec, gpu: GPUSpec, tp: int, seq_tokens: int, eff: Efficiency, field: str = "rollout_tp"
+) -> None:
     have = tp * gpu.memory_bytes * eff.rollout_mem_fraction
     need = rollout_memory_need(model, seq_tokens)
     if need > have:
@@ -206,7 +208,9 @@ def check_rollout_fits(model: ModelSpec, gpu: GPUSpec, tp: int, seq_tokens: int,
         )
 
 
-def check_trainer_fits(model: ModelSpec, gpu: GPUSpec, n_devices: int, eff: Efficiency, field: str = "n_trainer_gpus") -> None:
+def check_trainer_fits(
+    model: ModelSpec, gpu: GPUSpec, n_devices: int, eff: Efficiency, field: str = "n_trainer_gpus"
+) -> None:
     have = n_devices * gpu.memory_bytes * eff.trainer_mem_fraction
     need = TRAIN_STATE_BYTES_PER_PARAM * model.params
     if need > have:
@@ -229,7 +233,9 @@ def smallest_rollout_tp(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, eff: Ef
     return max_tp  # unreachable: the check raised
 
 
-def build_cost_model(model: ModelSpec, gpu: GPUSpec, tp: int, eff: Efficiency = Efficiency(), train_devices_for_switch: int = 0) -> CostModel:
+def build_cost_model(
+    model: ModelSpec, gpu: GPUSpec, tp: int, eff: Efficiency = Efficiency(), train_devices_for_switch: int = 0
+) -> CostModel:
     """Roofline coefficients for a server of `tp` x `gpu` serving `model`, and for the
     trainer on `gpu`. `train_devices_for_switch` > 0 sets the synchronous-RL switch cost
     (the training state of that many devices moved to the host and back)."""
@@ -276,21 +282,39 @@ def in_situ_cost(cost: CostModel, in_situ: dict | None, mode: str) -> CostModel:
     f = in_situ["modes"][mode]
     missing = [k for k in FIT_KEYS if k not in f]
     if missing:
-        raise ValueError(f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)")
+        raise ValueError(
+            f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)"
+        )
     g, k = f["generation_slowdown"], f["train_slowdown"]
     if g <= 0 or k <= 0 or f["step_overhead_s"] < 0 or f["generation_fixed_s"] < 0:
-        raise ValueError(f"in-situ calibration for {mode!r}: slowdowns must be > 0 and the step overhead and "
-                         f"fixed generation time >= 0, got {f}")
+        raise ValueError(
+            f"in-situ calibration for {mode!r}: slowdowns must be > 0 and the step overhead and "
+            f"fixed generation time >= 0, got {f}"
+        )
     fixed = cost.train_step_overhead_s * k + f["train_fixed_s"] + f["step_overhead_s"]
     if fixed < 0:
-        raise ValueError(f"in-situ calibration for {mode!r}: a training step's fixed time comes out at "
-                         f"{fixed * 1e3:.1f} ms (< 0): the calibration runs do not constrain it; measure again")
-    generation = {name: getattr(cost, name) * g for name in (
-        "decode_overhead_s", "decode_weight_read_s", "decode_kv_read_s_per_token", "decode_flop_s_per_seq",
-        "decode_flop_s_per_ctx_token", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_sq")}
+        raise ValueError(
+            f"in-situ calibration for {mode!r}: a training step's fixed time comes out at "
+            f"{fixed * 1e3:.1f} ms (< 0): the calibration runs do not constrain it; measure again"
+        )
+    generation = {
+        name: getattr(cost, name) * g
+        for name in (
+            "decode_overhead_s",
+            "decode_weight_read_s",
+            "decode_kv_read_s_per_token",
+            "decode_flop_s_per_seq",
+            "decode_flop_s_per_ctx_token",
+            "prefill_overhead_s",
+            "prefill_s_per_token",
+            "prefill_s_per_token_sq",
+        )
+    }
     # a synchronous step's fixed wait sits where it falls, between the training and the next generation
-    return cost.with_(**generation,
-                      train_device_s_per_token=cost.train_device_s_per_token * k,
-                      train_device_s_per_token_sq=cost.train_device_s_per_token_sq * k,
-                      train_step_overhead_s=fixed,
-                      weight_update_s=cost.weight_update_s + f["generation_fixed_s"])
+    return cost.with_(
+        **generation,
+        train_device_s_per_token=cost.train_device_s_per_token * k,
+        train_device_s_per_token_sq=cost.train_device_s_per_token_sq * k,
+        train_step_overhead_s=fixed,
+        weight_update_s=cost.weight_update_s + f["generation_fixed_s"],
+    )

@@ -60,8 +60,14 @@ class _Run:
         self._seq = 0
         self.now = 0.0
         self.servers = [
-            RolloutServer(k, setup.cost, setup.tp, cfg.weight_update if cfg.mode == "async" else "drain",
-                          cfg.max_running_per_server, cfg.admit_reserve_tokens)
+            RolloutServer(
+                k,
+                setup.cost,
+                setup.tp,
+                cfg.weight_update if cfg.mode == "async" else "drain",
+                cfg.max_running_per_server,
+                cfg.admit_reserve_tokens,
+            )
             for k in range(setup.n_servers)
         ]
         self.inflight = np.zeros(setup.n_servers, dtype=np.int64)
@@ -177,8 +183,17 @@ class _Run:
         return dt
 
     def result(self) -> SimResult:
-        return collect_result(self.cfg, self.setup, self.servers, self.step_end, self.step_tokens,
-                              self.step_answer_tokens, self.train_intervals, self.staleness, self.n_updates)
+        return collect_result(
+            self.cfg,
+            self.setup,
+            self.servers,
+            self.step_end,
+            self.step_tokens,
+            self.step_answer_tokens,
+            self.train_intervals,
+            self.staleness,
+            self.n_updates,
+        )
 
 
 class _AsyncRun(_Run):
@@ -199,8 +214,9 @@ class _AsyncRun(_Run):
         cfg = self.cfg
         touched: set[int] = set()
         # the run's own gate (algo/staleness.py, AReaL eq. 3), for a group's last request
-        while staleness_allows(self.n_admitted + cfg.answers_per_prompt - 1, self.gate_version, cfg.batch_size,
-                               cfg.eta):
+        while staleness_allows(
+            self.n_admitted + cfg.answers_per_prompt - 1, self.gate_version, cfg.batch_size, cfg.eta
+        ):
             self.admit_group(self.gate_version, touched)
         self.touch_servers(t, touched)
 
@@ -298,8 +314,9 @@ class _SyncRun(_Run):
             return
         self.ready_answers = 0
         version = self.steps_done
-        dt = self.train_batch(t, list(self.groups.values()), self.setup.n_rollout_gpus, version,
-                              extra_s=self.cost.colocate_switch_s)
+        dt = self.train_batch(
+            t, list(self.groups.values()), self.setup.n_rollout_gpus, version, extra_s=self.cost.colocate_switch_s
+        )
         self.at(t + dt, self.on_trained)
 
     def on_trained(self, t: float) -> None:

@@ -25,8 +25,15 @@ def plot_ratio(alternatives: list[Alternative], path: str | Path, title: str) ->
             ax.axhline(a.throughput / 1e3, color="grey", linestyle="--", label="sync (all devices, in turn)")
     best = recommend(alternatives)
     if best.mode == "async":
-        ax.plot([best.n_rollout_gpus / best.n_trainer_gpus], [best.throughput / 1e3], "o", markersize=14,
-                markerfacecolor="none", markeredgecolor="black", label="recommended")
+        ax.plot(
+            [best.n_rollout_gpus / best.n_trainer_gpus],
+            [best.throughput / 1e3],
+            "o",
+            markersize=14,
+            markerfacecolor="none",
+            markeredgecolor="black",
+            label="recommended",
+        )
     ratios = sorted({a.n_rollout_gpus / a.n_trainer_gpus for a in asyn})
     ax.set_xscale("log")
     ax.set_xticks(ratios)

@@ -85,10 +85,18 @@ TB = 1e12
 GB = 1e9
 
 GPUS: dict[str, GPUSpec] = {
-    "H100": GPUSpec("H100", peak_flops=989e12, hbm_bandwidth=3.35 * TB, memory_bytes=80 * GB, nvlink_bandwidth=900 * GB),
-    "H800": GPUSpec("H800", peak_flops=989e12, hbm_bandwidth=3.35 * TB, memory_bytes=80 * GB, nvlink_bandwidth=400 * GB),
-    "A100": GPUSpec("A100", peak_flops=312e12, hbm_bandwidth=2.039 * TB, memory_bytes=80 * GB, nvlink_bandwidth=600 * GB),
-    "H200": GPUSpec("H200", peak_flops=989e12, hbm_bandwidth=4.8 * TB, memory_bytes=141 * GB, nvlink_bandwidth=900 * GB),
+    "H100": GPUSpec(
+        "H100", peak_flops=989e12, hbm_bandwidth=3.35 * TB, memory_bytes=80 * GB, nvlink_bandwidth=900 * GB
+    ),
+    "H800": GPUSpec(
+        "H800", peak_flops=989e12, hbm_bandwidth=3.35 * TB, memory_bytes=80 * GB, nvlink_bandwidth=400 * GB
+    ),
+    "A100": GPUSpec(
+        "A100", peak_flops=312e12, hbm_bandwidth=2.039 * TB, memory_bytes=80 * GB, nvlink_bandwidth=600 * GB
+    ),
+    "H200": GPUSpec(
+        "H200", peak_flops=989e12, hbm_bandwidth=4.8 * TB, memory_bytes=141 * GB, nvlink_bandwidth=900 * GB
+    ),
 }
 
 MODELS: dict[str, ModelSpec] = {

@@ -97,19 +97,25 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
         raise ValueError(f"{run}: no step after the {facts.warmup_steps} warm-up steps")
     in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"]).to_numpy()
     alone = np.array([cost.train_s(batches[s][0], batches[s][1], setup.n_trainer_gpus) for s in after["step"]])
-    out = {"run_dir": str(run), "name": facts.name, "mode": facts.mode, "steps_used": len(after),
-           "batch": facts.prompts_per_step * facts.answers_per_prompt,
-           "train_points": [[float(a), float(b)] for a, b in zip(alone, in_run)],
-           "train_slowdown": float(in_run.sum() / alone.sum()),
-           "step_overhead_s": float(after["publish_time_s"].mean()),
-           "train_s_in_run": float(in_run.mean()), "train_s_alone": float(alone.mean()),
-           "measured_tokens_per_s": facts.measured_tokens_per_s}
+    out = {
+        "run_dir": str(run),
+        "name": facts.name,
+        "mode": facts.mode,
+        "steps_used": len(after),
+        "batch": facts.prompts_per_step * facts.answers_per_prompt,
+        "train_points": [[float(a), float(b)] for a, b in zip(alone, in_run)],
+        "train_slowdown": float(in_run.sum() / alone.sum()),
+        "step_overhead_s": float(after["publish_time_s"].mean()),
+        "train_s_in_run": float(in_run.mean()),
+        "train_s_alone": float(alone.mean()),
+        "measured_tokens_per_s": facts.measured_tokens_per_s,
+    }
     if facts.mode == "sync":
         simulated = []
         for seed in range(seeds):
             r = simulate(sim_config(facts, cost, seed))
             steps = np.diff(np.concatenate([[0.0], r.step_end_s]))
-            simulated.append(float((steps - r.step_train_s)[facts.warmup_steps:].mean()))
+            simulated.append(float((steps - r.step_train_s)[facts.warmup_steps :].mean()))
         out["generation_s_in_run"] = float(after["wait_time_s"].mean())
         out["generation_s_simulated"] = float(np.mean(simulated))
         out["generation_slowdown"] = out["generation_s_in_run"] / out["generation_s_simulated"]
@@ -133,20 +139,28 @@ def fit(run_dirs: list[str], cost: CostModel, seeds: int = 3) -> dict:
     runs = [measure_run(d, cost, seeds) for d in run_dirs]
     by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("sync", "async")}
     if not by_mode["sync"]:
-        raise ValueError("in-situ fit: no synchronous run among " + ", ".join(run_dirs) +
-                         " (eta 0 and weight_update drain): the generation fit needs one")
+        raise ValueError(
+            "in-situ fit: no synchronous run among "
+            + ", ".join(run_dirs)
+            + " (eta 0 and weight_update drain): the generation fit needs one"
+        )
     sync = by_mode["sync"]
-    g, a = _line([r["generation_s_simulated"] for r in sync], [r["generation_s_in_run"] for r in sync],
-                 intercept_min=0.0)
+    g, a = _line(
+        [r["generation_s_simulated"] for r in sync], [r["generation_s_in_run"] for r in sync], intercept_min=0.0
+    )
     modes = {}
     for mode, rs in by_mode.items():
         if not rs:
             continue
         points = np.array([p for r in rs for p in r["train_points"]])
         k, c = _line(points[:, 0], points[:, 1])
-        modes[mode] = {"train_slowdown": k, "train_fixed_s": c,
-                       "step_overhead_s": float(np.mean([r["step_overhead_s"] for r in rs])),
-                       "generation_slowdown": g, "generation_fixed_s": a if mode == "sync" else 0.0}
+        modes[mode] = {
+            "train_slowdown": k,
+            "train_fixed_s": c,
+            "step_overhead_s": float(np.mean([r["step_overhead_s"] for r in rs])),
+            "generation_slowdown": g,
+            "generation_fixed_s": a if mode == "sync" else 0.0,
+        }
     return {"modes": modes, "runs": runs}
 
 
@@ -172,8 +186,17 @@ def _areal_flow() -> str:
 def train_run(config: str, run_dir: Path, steps: int, sets=(), quiet: bool = False) -> str:
     """One `areal-flow train` run in its own process, as a user runs it (`quiet`: its
     output discarded); returns its folder."""
-    cmd = [_areal_flow(), "train", str(config), "--no-prefect", "--no-progress",
-           "--max-steps", str(steps), "--run-dir", str(run_dir)]
+    cmd = [
+        _areal_flow(),
+        "train",
+        str(config),
+        "--no-prefect",
+        "--no-progress",
+        "--max-steps",
+        str(steps),
+        "--run-dir",
+        str(run_dir),
+    ]
     for s in sets:
         cmd += ["--set", s]
     if not quiet:
@@ -185,22 +208,37 @@ def train_run(config: str, run_dir: Path, steps: int, sets=(), quiet: bool = Fal
 def run_calibration(config: str, sets: list[str], batches: list[int], steps: int, out_dir: Path) -> list[str]:
     """The calibration runs, per batch size synchronous then asynchronous (`train_run`).
     Returns their folders."""
-    return [train_run(config, out_dir / f"b{batch}" / mode, steps, (*sets, f"trainer.batch_size={batch}", *extra))
-            for batch in batches for mode, extra in (("sync", SYNC_SETS), ("async", ()))]
+    return [
+        train_run(config, out_dir / f"b{batch}" / mode, steps, (*sets, f"trainer.batch_size={batch}", *extra))
+        for batch in batches
+        for mode, extra in (("sync", SYNC_SETS), ("async", ()))
+    ]
 
 
 def format_fit(result: dict) -> str:
-    lines = [("| run | mode | answers a step | training step in run / alone (mean) | ratio | publish per step "
-              "| generation in run / simulated (mean) | ratio |"), "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| run | mode | answers a step | training step in run / alone (mean) | ratio | publish per step "
+            "| generation in run / simulated (mean) | ratio |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["runs"]:
-        gen = (f"{r['generation_s_in_run']:.3f} s / {r['generation_s_simulated']:.3f} s | {r['generation_slowdown']:.2f}"
-               if "generation_slowdown" in r else "- | -")
-        lines.append(f"| {r['run_dir']} | {r['mode']} | {r['batch']} | {r['train_s_in_run']:.3f} s / "
-                     f"{r['train_s_alone']:.3f} s | {r['train_slowdown']:.2f} | {r['step_overhead_s'] * 1e3:.1f} ms | {gen} |")
+        gen = (
+            f"{r['generation_s_in_run']:.3f} s / {r['generation_s_simulated']:.3f} s | {r['generation_slowdown']:.2f}"
+            if "generation_slowdown" in r
+            else "- | -"
+        )
+        lines.append(
+            f"| {r['run_dir']} | {r['mode']} | {r['batch']} | {r['train_s_in_run']:.3f} s / "
+            f"{r['train_s_alone']:.3f} s | {r['train_slowdown']:.2f} | {r['step_overhead_s'] * 1e3:.1f} ms | {gen} |"
+        )
     for mode, v in result["modes"].items():
-        lines.append(f"\n{mode}: training {v['train_slowdown']:.2f} x alone {v['train_fixed_s'] * 1e3:+.1f} ms, "
-                     f"+{v['step_overhead_s'] * 1e3:.1f} ms per step outside it; generation "
-                     f"{v['generation_slowdown']:.2f} x simulated + {v['generation_fixed_s'] * 1e3:.1f} ms")
+        lines.append(
+            f"\n{mode}: training {v['train_slowdown']:.2f} x alone {v['train_fixed_s'] * 1e3:+.1f} ms, "
+            f"+{v['step_overhead_s'] * 1e3:.1f} ms per step outside it; generation "
+            f"{v['generation_slowdown']:.2f} x simulated + {v['generation_fixed_s'] * 1e3:.1f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -212,10 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="make the calibration runs (sync, then async) and fit")
     m.add_argument("--config", default=DEFAULT_CONFIG)
-    m.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help=f"config overrides of the calibration setting (default: {' '.join(DEFAULT_SETS)})")
-    m.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
-                   help="answers per step of each calibration setting, comma-separated")
+    m.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help=f"config overrides of the calibration setting (default: {' '.join(DEFAULT_SETS)})",
+    )
+    m.add_argument(
+        "--batches",
+        default=",".join(map(str, DEFAULT_BATCHES)),
+        help="answers per step of each calibration setting, comma-separated",
+    )
     m.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     m.add_argument("--out-dir", default="runs/sim-calibration")
     f = sub.add_parser("fit", help="fit from finished run folders (at least one synchronous)")

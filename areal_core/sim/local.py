@@ -45,8 +45,9 @@ DEFAULT_CALIBRATION = "areal_core/sim/data/calibration_quickstart.json"
 
 # The tiny model and a core of this machine, as the simulator's specs: only their memory
 # checks run when a calibrated cost model is given, and neither binds.
-TINY = ModelSpec("tiny (quickstart)", params=0.5e6, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32,
-                 bytes_per_param=4)
+TINY = ModelSpec(
+    "tiny (quickstart)", params=0.5e6, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, bytes_per_param=4
+)
 CPU_CORE = GPUSpec("CPU core", peak_flops=1e11, hbm_bandwidth=1e10, memory_bytes=8e9, nvlink_bandwidth=1e10)
 
 
@@ -117,12 +118,21 @@ def read_run(run_dir: str | os.PathLike) -> RunFacts:
     prompt_tokens = round(float(np.mean([lengths[p] for p in prompt_ids])))
     n = cfg.rollout.n_samples
     return RunFacts(
-        run_dir=str(run), name=cfg.name, eta=cfg.trainer.eta, weight_update=cfg.rollout.weight_update,
-        prompts_per_step=cfg.trainer.batch_size // n, answers_per_prompt=n, steps=int(summary["steps"]),
-        warmup_steps=cfg.trainer.warmup_steps_for_throughput, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-        prompt_tokens=prompt_tokens, answer_lengths=tuple(int(x) for x in ledger["n_tokens"]),
-        n_servers=cfg.rollout.n_servers, rollout_threads=cfg.rollout.torch_threads,
-        trainer_threads=int(summary["trainer_torch_threads"]), max_running=cfg.rollout.max_running,
+        run_dir=str(run),
+        name=cfg.name,
+        eta=cfg.trainer.eta,
+        weight_update=cfg.rollout.weight_update,
+        prompts_per_step=cfg.trainer.batch_size // n,
+        answers_per_prompt=n,
+        steps=int(summary["steps"]),
+        warmup_steps=cfg.trainer.warmup_steps_for_throughput,
+        max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+        prompt_tokens=prompt_tokens,
+        answer_lengths=tuple(int(x) for x in ledger["n_tokens"]),
+        n_servers=cfg.rollout.n_servers,
+        rollout_threads=cfg.rollout.torch_threads,
+        trainer_threads=int(summary["trainer_torch_threads"]),
+        max_running=cfg.rollout.max_running,
         measured_tokens_per_s=float(summary["effective_train_tokens_per_s"]),
     )
 
@@ -136,12 +146,25 @@ def sim_config(facts: RunFacts, cost: CostModel, seed: int = 0) -> SimConfig:
         n_rollout = facts.n_servers * tp
         n_gpus = n_rollout + facts.trainer_threads
     return SimConfig(
-        model=TINY, gpu=CPU_CORE, n_gpus=n_gpus, mode=facts.mode, n_rollout_gpus=n_rollout, rollout_tp=tp,
-        eta=facts.eta, weight_update=facts.weight_update, prompts_per_step=facts.prompts_per_step,
-        answers_per_prompt=facts.answers_per_prompt, prompt_tokens=facts.prompt_tokens,
-        lengths=LengthDist.empirical(facts.answer_lengths, facts.max_new_tokens), n_steps=facts.steps,
-        warmup_steps=facts.warmup_steps, seed=seed, cost=cost, max_running_per_server=facts.max_running,
-        admit_reserve_tokens=0, train_shared_prompt=True,
+        model=TINY,
+        gpu=CPU_CORE,
+        n_gpus=n_gpus,
+        mode=facts.mode,
+        n_rollout_gpus=n_rollout,
+        rollout_tp=tp,
+        eta=facts.eta,
+        weight_update=facts.weight_update,
+        prompts_per_step=facts.prompts_per_step,
+        answers_per_prompt=facts.answers_per_prompt,
+        prompt_tokens=facts.prompt_tokens,
+        lengths=LengthDist.empirical(facts.answer_lengths, facts.max_new_tokens),
+        n_steps=facts.steps,
+        warmup_steps=facts.warmup_steps,
+        seed=seed,
+        cost=cost,
+        max_running_per_server=facts.max_running,
+        admit_reserve_tokens=0,
+        train_shared_prompt=True,
     )
 
 
@@ -149,18 +172,34 @@ def predict(facts: RunFacts, cost: CostModel, seeds: int = 3) -> dict:
     """Simulated answer tokens/s (mean and spread over `seeds` draws of the lengths)."""
     results = [simulate(sim_config(facts, cost, seed)) for seed in range(seeds)]
     values = np.array([r.effective_answer_throughput for r in results])
-    return {"simulated": float(values.mean()), "simulated_std": float(values.std()),
-            "rollout_util": float(np.mean([r.rollout_util for r in results])),
-            "trainer_util": float(np.mean([r.trainer_util for r in results])),
-            "staleness_mean": float(np.mean([r.staleness_mean for r in results]))}
+    return {
+        "simulated": float(values.mean()),
+        "simulated_std": float(values.std()),
+        "rollout_util": float(np.mean([r.rollout_util for r in results])),
+        "trainer_util": float(np.mean([r.trainer_util for r in results])),
+        "staleness_mean": float(np.mean([r.staleness_mean for r in results])),
+    }
 
 
 def _setting_key(f: RunFacts) -> tuple:
     """What makes two runs repetitions of one setting: everything but the folder, the
     answers drawn and the figure measured."""
-    return (f.name, f.mode, f.eta, f.weight_update, f.prompts_per_step, f.answers_per_prompt, f.steps,
-            f.warmup_steps, f.max_new_tokens, f.prompt_tokens, f.n_servers, f.rollout_threads,
-            f.trainer_threads, f.max_running)
+    return (
+        f.name,
+        f.mode,
+        f.eta,
+        f.weight_update,
+        f.prompts_per_step,
+        f.answers_per_prompt,
+        f.steps,
+        f.warmup_steps,
+        f.max_new_tokens,
+        f.prompt_tokens,
+        f.n_servers,
+        f.rollout_threads,
+        f.trainer_threads,
+        f.max_running,
+    )
 
 
 def group_repetitions(facts: list[RunFacts]) -> list[list[RunFacts]]:
@@ -180,22 +219,36 @@ def validate_runs(run_dirs: list[str], cost: CostModel, seeds: int = 3, in_situ:
     rows = []
     for group in group_repetitions([read_run(d) for d in run_dirs]):
         measured = np.array([f.measured_tokens_per_s for f in group])
-        facts = replace(group[0], run_dir=", ".join(f.run_dir for f in group),
-                        answer_lengths=tuple(x for f in group for x in f.answer_lengths),
-                        measured_tokens_per_s=float(measured.mean()))
+        facts = replace(
+            group[0],
+            run_dir=", ".join(f.run_dir for f in group),
+            answer_lengths=tuple(x for f in group for x in f.answer_lengths),
+            measured_tokens_per_s=float(measured.mean()),
+        )
 
         # against the mean, and the range against each repetition
         def errors(simulated: float, facts=facts, measured=measured) -> dict:
-            return {"rel_error": simulated / facts.measured_tokens_per_s - 1,
-                    "rel_error_range": [float(simulated / measured.max() - 1), float(simulated / measured.min() - 1)]}
+            return {
+                "rel_error": simulated / facts.measured_tokens_per_s - 1,
+                "rel_error_range": [float(simulated / measured.max() - 1), float(simulated / measured.min() - 1)],
+            }
 
         p = predict(facts, cost, seeds)
-        row = {"run": facts.name, "run_dir": facts.run_dir, "mode": facts.mode, "eta": facts.eta,
-               "steps": facts.steps, "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
-               "answer_len_mean": float(np.mean(facts.answer_lengths)), "prompt_tokens": facts.prompt_tokens,
-               "measured": facts.measured_tokens_per_s, "measured_runs": measured.tolist(),
-               "measured_std": float(measured.std(ddof=1)) if len(measured) > 1 else 0.0, **p,
-               **errors(p["simulated"])}
+        row = {
+            "run": facts.name,
+            "run_dir": facts.run_dir,
+            "mode": facts.mode,
+            "eta": facts.eta,
+            "steps": facts.steps,
+            "batch": f"{facts.prompts_per_step} x {facts.answers_per_prompt}",
+            "answer_len_mean": float(np.mean(facts.answer_lengths)),
+            "prompt_tokens": facts.prompt_tokens,
+            "measured": facts.measured_tokens_per_s,
+            "measured_runs": measured.tolist(),
+            "measured_std": float(measured.std(ddof=1)) if len(measured) > 1 else 0.0,
+            **p,
+            **errors(p["simulated"]),
+        }
         if in_situ:
             q = predict(facts, in_situ_cost(cost, in_situ, facts.mode), seeds)
             row.update({f"in_situ_{k}": v for k, v in {**q, **errors(q["simulated"])}.items()})
@@ -213,17 +266,20 @@ def format_rows(rows: list[dict]) -> str:
     error is against the mean, with its range over the repetitions in brackets."""
     in_situ = all("in_situ_simulated" in r for r in rows)
     head = "| run | mode | steps | batch | answer mean | measured tok/s | components alone, tok/s | error |"
-    lines = [head + (" with in-situ overheads, tok/s | error |" if in_situ else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|" if in_situ else "")]
+    lines = [
+        head + (" with in-situ overheads, tok/s | error |" if in_situ else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if in_situ else ""),
+    ]
     for r in rows:
         mode = r["mode"] + (f", eta {r['eta']}" if r["mode"] == "async" else "")
         n = len(r["measured_runs"])
         measured = f"{r['measured']:,.0f}" + (f" ± {r['measured_std']:,.0f} ({n})" if n > 1 else "")
-        line = (f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
-                f"| {measured} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} | {_error(r, '')} |")
+        line = (
+            f"| {r['run']} | {mode} | {r['steps']} | {r['batch']} | {r['answer_len_mean']:.1f} "
+            f"| {measured} | {r['simulated']:,.0f} ± {r['simulated_std']:,.0f} | {_error(r, '')} |"
+        )
         if in_situ:
-            line += (f" {r['in_situ_simulated']:,.0f} ± {r['in_situ_simulated_std']:,.0f} "
-                     f"| {_error(r, 'in_situ_')} |")
+            line += f" {r['in_situ_simulated']:,.0f} ± {r['in_situ_simulated_std']:,.0f} | {_error(r, 'in_situ_')} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -236,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="JSON written by areal_core.sim.measure")
     ap.add_argument("--seeds", type=int, default=3, help="simulations per run (answer-length draws)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
-    ap.add_argument("--components-only", action="store_true",
-                    help="leave out the in-situ overheads even where the calibration file has them")
+    ap.add_argument(
+        "--components-only",
+        action="store_true",
+        help="leave out the in-situ overheads even where the calibration file has them",
+    )
     args = ap.parse_args(argv)
     cost, data = load_calibration(args.calibration)
     in_situ = None if args.components_only else data.get("in_situ")
@@ -247,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         used = ", ".join(r["run_dir"] for r in in_situ["runs"])
         print(f"in-situ overheads fitted on: {used}")
         overlap = {str(Path(r["run_dir"]).resolve()) for r in in_situ["runs"]} & {
-            str(Path(r).resolve()) for r in args.runs}
+            str(Path(r).resolve()) for r in args.runs
+        }
         if overlap:
             print(f"WARNING: these runs are their own calibration: {', '.join(sorted(overlap))}")
     if args.json:

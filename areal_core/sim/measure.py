@@ -83,8 +83,13 @@ def _engine_sampling(sampling: SamplingConfig, max_new_tokens: int) -> SamplingP
     generates exactly ``max_new_tokens``."""
     from areal_core.rollout.protocol import SamplingParams
 
-    return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                          max_new_tokens=max_new_tokens, ignore_eos=True)
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_new_tokens=max_new_tokens,
+        ignore_eos=True,
+    )
 
 
 def measure_decode(model, sampling: SamplingConfig, vocab: int, reps: int, batches=DECODE_BATCHES) -> list[dict]:
@@ -122,6 +127,7 @@ def measure_prefill(model, sampling: SamplingConfig, vocab: int, reps: int) -> l
     points = []
     for n in PREFILL_N:
         for length in PREFILL_LEN:
+
             def once(n=n, length=length):
                 engine.submit_many([(_tokens(rng, length, vocab), sp, None) for _ in range(n)])
                 engine.step()
@@ -154,11 +160,21 @@ def _batch(rng: random.Random, n_answers: int, median: float, group: int, vocab:
         prompt = _tokens(rng, rng.randint(*TRAIN_PROMPT), vocab)
         for s in range(group):
             n = max(1, min(int(4 * median), round(rng.lognormvariate(math.log(median), 0.8))))
-            batch.append(Trajectory(
-                traj_id=f"m-p{g}-s{s}", group_id=f"m-p{g}", seq_no=g * group + s, admit_version=0,
-                prompt_ids=prompt, output_ids=_tokens(rng, n, vocab), output_logprobs=[-1.0] * n,
-                output_versions=[0] * n, finish_reason="length",
-                reward=5.0 if rng.random() < 0.4 else -5.0, correct=None))
+            batch.append(
+                Trajectory(
+                    traj_id=f"m-p{g}-s{s}",
+                    group_id=f"m-p{g}",
+                    seq_no=g * group + s,
+                    admit_version=0,
+                    prompt_ids=prompt,
+                    output_ids=_tokens(rng, n, vocab),
+                    output_logprobs=[-1.0] * n,
+                    output_versions=[0] * n,
+                    finish_reason="length",
+                    reward=5.0 if rng.random() < 0.4 else -5.0,
+                    correct=None,
+                )
+            )
     return batch
 
 
@@ -183,9 +199,16 @@ def measure_train(make_model, cfg, vocab: int, threads: list[int], reps: int) ->
                 time_s = _best_time(lambda trainer=trainer, batch=batch: trainer.step(batch, 0), reps)
                 # tokens: what the trainer computes (a group's shared prompt once, as
                 # SimConfig.train_shared_prompt counts them); tokens_sq: each answer's attention span
-                points.append({"tokens": answers + sum(len(t.prompt_ids) for t in batch[::group]),
-                               "tokens_sq": sum(x * x for x in seqs), "n_devices": n, "time_s": time_s,
-                               "answer_tokens": answers, "threads": n})
+                points.append(
+                    {
+                        "tokens": answers + sum(len(t.prompt_ids) for t in batch[::group]),
+                        "tokens_sq": sum(x * x for x in seqs),
+                        "n_devices": n,
+                        "time_s": time_s,
+                        "answer_tokens": answers,
+                        "threads": n,
+                    }
+                )
     return points
 
 
@@ -227,21 +250,37 @@ def measure(config_path: str = DEFAULT_CONFIG, quick: bool = False) -> dict:
     updates = measure_weight_update(engine_model, 5 if quick else 10)
     train = measure_train(make_model, cfg, vocab, sorted({1, cores}), 2 if quick else 5)
     max_positions = cfg.model.tiny.max_position_embeddings
-    measurements = {"decode": decode, "prefill": prefill, "train": train, "weight_update_s": updates,
-                    # the engine's KV cache grows in host memory: it never runs out before max_running does
-                    "kv_capacity_tokens": cfg.rollout.max_running * max_positions}
+    measurements = {
+        "decode": decode,
+        "prefill": prefill,
+        "train": train,
+        "weight_update_s": updates,
+        # the engine's KV cache grows in host memory: it never runs out before max_running does
+        "kv_capacity_tokens": cfg.rollout.max_running * max_positions,
+    }
     cost = calibrate_from(measurements)
     return {
-        "command": "python -m areal_core.sim.measure" + (f" --config {config_path}" if config_path != DEFAULT_CONFIG
-                                                         else "") + (" --quick" if quick else ""),
+        "command": "python -m areal_core.sim.measure"
+        + (f" --config {config_path}" if config_path != DEFAULT_CONFIG else "")
+        + (" --quick" if quick else ""),
         "config": config_path,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 1),
-        "machine": {"cpu": _cpu_name(), "cores": cores, "torch": torch.__version__, "python": platform.python_version(),
-                    "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
-        "setup": {"model": "tiny", "params": sum(p.numel() for p in engine_model.parameters()),
-                  "rollout_torch_threads": cfg.rollout.torch_threads, "max_running": cfg.rollout.max_running,
-                  "trainer_threads_measured": sorted({1, cores}), "answers_per_group": cfg.rollout.n_samples},
+        "machine": {
+            "cpu": _cpu_name(),
+            "cores": cores,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        },
+        "setup": {
+            "model": "tiny",
+            "params": sum(p.numel() for p in engine_model.parameters()),
+            "rollout_torch_threads": cfg.rollout.torch_threads,
+            "max_running": cfg.rollout.max_running,
+            "trainer_threads_measured": sorted({1, cores}),
+            "answers_per_group": cfg.rollout.n_samples,
+        },
         "measurements": measurements,
         "fitted": asdict(cost),
         "fit_errors": fit_errors(measurements, cost),
@@ -267,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     f = result["fitted"]
-    print(f"decode step: {f['decode_overhead_s'] * 1e3:.2f} ms + {f['decode_flop_s_per_seq'] * 1e6:.1f} us/sequence "
-          f"+ {f['decode_flop_s_per_ctx_token'] * 1e9:.1f} ns/context token (compute plane); "
-          f"memory plane {f['decode_weight_read_s'] * 1e3:.2f} ms + {f['decode_kv_read_s_per_token'] * 1e9:.1f} ns/token")
+    print(
+        f"decode step: {f['decode_overhead_s'] * 1e3:.2f} ms + {f['decode_flop_s_per_seq'] * 1e6:.1f} us/sequence "
+        f"+ {f['decode_flop_s_per_ctx_token'] * 1e9:.1f} ns/context token (compute plane); "
+        f"memory plane {f['decode_weight_read_s'] * 1e3:.2f} ms + {f['decode_kv_read_s_per_token'] * 1e9:.1f} ns/token"
+    )
     print(f"prefill: {f['prefill_overhead_s'] * 1e3:.2f} ms + {f['prefill_s_per_token'] * 1e6:.1f} us/token")
-    print(f"train: {f['train_step_overhead_s'] * 1e3:.1f} ms + {f['train_device_s_per_token'] * 1e6:.1f} "
-          f"us/token on one core, scaling efficiency {f['train_scaling_eff']:.2f} per doubling")
+    print(
+        f"train: {f['train_step_overhead_s'] * 1e3:.1f} ms + {f['train_device_s_per_token'] * 1e6:.1f} "
+        f"us/token on one core, scaling efficiency {f['train_scaling_eff']:.2f} per doubling"
+    )
     print(f"weight update: {f['weight_update_s'] * 1e3:.1f} ms")
     for kind, e in result["fit_errors"].items():
         print(f"fit error, {kind}: median {e['median_rel_error']:.1%}, max {e['max_rel_error']:.1%} ({e['n']} points)")

@@ -109,9 +109,17 @@ def plan(
     """
     model, gpu = model_spec(model), gpu_spec(gpu)
     base = SimConfig(
-        model=model, gpu=gpu, n_gpus=n_gpus, prompt_tokens=prompt_tokens, lengths=lengths,
-        prompts_per_step=prompts_per_step, answers_per_prompt=answers_per_prompt,
-        weight_update=weight_update, n_steps=n_steps, warmup_steps=warmup_steps, seed=seed,
+        model=model,
+        gpu=gpu,
+        n_gpus=n_gpus,
+        prompt_tokens=prompt_tokens,
+        lengths=lengths,
+        prompts_per_step=prompts_per_step,
+        answers_per_prompt=answers_per_prompt,
+        weight_update=weight_update,
+        n_steps=n_steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
         efficiency=efficiency,
     )
     tp = smallest_rollout_tp(model, gpu, prompt_tokens + lengths.max_new_tokens, efficiency)

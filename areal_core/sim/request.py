@@ -34,8 +34,10 @@ def model_preset(name: str) -> ModelSpec:
         sizes = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?b)(?![a-z0-9])", key)
         key = next((s for s in sizes if s in by_size), key)
     if key not in by_size:
-        raise ValueError(f"model: unknown model {name!r}; known sizes: {', '.join(MODELS)} "
-                         f"(Qwen2.5 / R1-Distill-Qwen shapes), or a name that contains one")
+        raise ValueError(
+            f"model: unknown model {name!r}; known sizes: {', '.join(MODELS)} "
+            f"(Qwen2.5 / R1-Distill-Qwen shapes), or a name that contains one"
+        )
     return by_size[key]
 
 
@@ -63,8 +65,9 @@ def rollout_counts(n_gpus: int, tp: int, ratios) -> list[int]:
     for r, t in ratios:
         n = round(n_gpus * r / (r + t) / tp) * tp
         if n >= n_gpus:
-            raise ValueError(f"ratio: {r}:{t} leaves no trainer device of {n_gpus} GPUs ({n_gpus} would serve, "
-                             f"in servers of {tp})")
+            raise ValueError(
+                f"ratio: {r}:{t} leaves no trainer device of {n_gpus} GPUs ({n_gpus} would serve, in servers of {tp})"
+            )
         if n < tp:
             raise ValueError(f"ratio: {r}:{t} leaves no rollout server of {n_gpus} GPUs (a server takes {tp})")
         counts.append(n)
@@ -117,25 +120,46 @@ class PlanRequest:
     from_run: str | None = None  # the run the lengths came from: its cost ledger is shown beside the plan
 
     def describe(self) -> str:
-        return (f"{self.model.name} on {self.n_gpus} x {self.gpu.name}, context {self.context:,} "
-                f"({self.prompt_tokens:,}-token prompts), {self.prompts_per_step} prompts x "
-                f"{self.answers_per_prompt} answers per step, {self.weight_update} updates; answers: {self.lengths_source}")
+        return (
+            f"{self.model.name} on {self.n_gpus} x {self.gpu.name}, context {self.context:,} "
+            f"({self.prompt_tokens:,}-token prompts), {self.prompts_per_step} prompts x "
+            f"{self.answers_per_prompt} answers per step, {self.weight_update} updates; answers: {self.lengths_source}"
+        )
 
 
-def build_request(*, model: str = "7B", gpu: str = "H800", n_gpus: int = 64, context: int = 16384,
-                  prompt_tokens: int = 1024, answer_median: float = 4000.0, answer_sigma: float = 0.9,
-                  answer_lengths: list[int] | None = None, from_run: str | None = None, etas=DEFAULT_ETAS,
-                  ratios: list[str] | None = None, prompts_per_step: int = 128, answers_per_prompt: int = 16,
-                  weight_update: str = "reprefill", n_steps: int = 30, warmup_steps: int | None = None,
-                  seed: int = 0) -> PlanRequest:
+def build_request(
+    *,
+    model: str = "7B",
+    gpu: str = "H800",
+    n_gpus: int = 64,
+    context: int = 16384,
+    prompt_tokens: int = 1024,
+    answer_median: float = 4000.0,
+    answer_sigma: float = 0.9,
+    answer_lengths: list[int] | None = None,
+    from_run: str | None = None,
+    etas=DEFAULT_ETAS,
+    ratios: list[str] | None = None,
+    prompts_per_step: int = 128,
+    answers_per_prompt: int = 16,
+    weight_update: str = "reprefill",
+    n_steps: int = 30,
+    warmup_steps: int | None = None,
+    seed: int = 0,
+) -> PlanRequest:
     """Check every input and build the request; the answer lengths come from `from_run`, else
     `answer_lengths` (an empirical distribution), else a lognormal (`answer_median`,
     `answer_sigma`), all clipped at `context - prompt_tokens`. Warm-up: the first third of
     the steps unless given (the asynchronous pipeline fills in its first eta steps)."""
     if warmup_steps is None:
         warmup_steps = n_steps // 3
-    for name, value in (("n_gpus", n_gpus), ("context", context), ("prompts_per_step", prompts_per_step),
-                        ("answers_per_prompt", answers_per_prompt), ("n_steps", n_steps)):
+    for name, value in (
+        ("n_gpus", n_gpus),
+        ("context", context),
+        ("prompts_per_step", prompts_per_step),
+        ("answers_per_prompt", answers_per_prompt),
+        ("n_steps", n_steps),
+    ):
         if value < 1:
             raise ValueError(f"{name}: must be at least 1, got {value}")
     for name, value in (("prompt_tokens", prompt_tokens), ("seed", seed), ("warmup_steps", warmup_steps)):
@@ -160,11 +184,22 @@ def build_request(*, model: str = "7B", gpu: str = "H800", n_gpus: int = 64, con
         lengths = LengthDist(max_new_tokens=max_new, median=answer_median, sigma=answer_sigma)
         source = f"lognormal, median {answer_median:g}, sigma {answer_sigma:g}, clipped at {max_new:,}"
     req = PlanRequest(
-        model=model_preset(model), gpu=gpu_preset(gpu), n_gpus=n_gpus, context=context, prompt_tokens=prompt_tokens,
-        lengths=lengths, lengths_source=source, etas=etas,
-        ratios=tuple(parse_ratio(r) for r in ratios) if ratios else None, prompts_per_step=prompts_per_step,
-        answers_per_prompt=answers_per_prompt, weight_update=weight_update, n_steps=n_steps,
-        warmup_steps=warmup_steps, seed=seed, from_run=from_run,
+        model=model_preset(model),
+        gpu=gpu_preset(gpu),
+        n_gpus=n_gpus,
+        context=context,
+        prompt_tokens=prompt_tokens,
+        lengths=lengths,
+        lengths_source=source,
+        etas=etas,
+        ratios=tuple(parse_ratio(r) for r in ratios) if ratios else None,
+        prompts_per_step=prompts_per_step,
+        answers_per_prompt=answers_per_prompt,
+        weight_update=weight_update,
+        n_steps=n_steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        from_run=from_run,
     )
     if req.ratios:  # a bad split fails here, before any simulation
         rollout_counts(n_gpus, _server_devices(req), req.ratios)
@@ -186,12 +221,22 @@ class PlanOutcome:
     def to_json(self) -> dict:
         r = self.request
         return {
-            "request": {"model": r.model.name, "gpu": r.gpu.name, "n_gpus": r.n_gpus, "context": r.context,
-                        "prompt_tokens": r.prompt_tokens, "answers": r.lengths_source, "etas": list(r.etas),
-                        "ratios": [f"{a}:{b}" for a, b in r.ratios] if r.ratios else None,
-                        "prompts_per_step": r.prompts_per_step, "answers_per_prompt": r.answers_per_prompt,
-                        "weight_update": r.weight_update, "n_steps": r.n_steps, "warmup_steps": r.warmup_steps,
-                        "seed": r.seed},
+            "request": {
+                "model": r.model.name,
+                "gpu": r.gpu.name,
+                "n_gpus": r.n_gpus,
+                "context": r.context,
+                "prompt_tokens": r.prompt_tokens,
+                "answers": r.lengths_source,
+                "etas": list(r.etas),
+                "ratios": [f"{a}:{b}" for a, b in r.ratios] if r.ratios else None,
+                "prompts_per_step": r.prompts_per_step,
+                "answers_per_prompt": r.answers_per_prompt,
+                "weight_update": r.weight_update,
+                "n_steps": r.n_steps,
+                "warmup_steps": r.warmup_steps,
+                "seed": r.seed,
+            },
             "recommended": {"label": self.recommended.label, **asdict(self.recommended)},
             "alternatives": [{"label": a.label, **asdict(a)} for a in self.alternatives],
         }
@@ -205,26 +250,49 @@ def _ledger_lines(run_dir: str) -> str:
     totals = json.loads(path.read_text()).get("cost") if path.is_file() else None
     if not totals:
         return f"{run_dir} has no cost ledger (summary.json's cost): only its answer lengths were used."
-    return (f"**{run_dir}, measured** (its cost ledger, summary.json; each pool's time by stage, the stages the "
-            f"columns above simulate as `generating` and `training`): {describe_shares(shares(totals))}. The plan "
-            f"simulates the cluster asked for, not that run's machine.")
+    return (
+        f"**{run_dir}, measured** (its cost ledger, summary.json; each pool's time by stage, the stages the "
+        f"columns above simulate as `generating` and `training`): {describe_shares(shares(totals))}. The plan "
+        f"simulates the cluster asked for, not that run's machine."
+    )
 
 
 def run_plan(req: PlanRequest, out_dir: str | Path | None = None) -> PlanOutcome:
     """Simulate every alternative; with `out_dir`, write plan.json and plan_ratio.png there."""
     tp = _server_devices(req)
     counts = rollout_counts(req.n_gpus, tp, req.ratios) if req.ratios else None
-    alternatives = plan(req.model, req.gpu, req.n_gpus, req.lengths, prompt_tokens=req.prompt_tokens,
-                        prompts_per_step=req.prompts_per_step, answers_per_prompt=req.answers_per_prompt,
-                        etas=req.etas, rollout_counts=counts, weight_update=req.weight_update, n_steps=req.n_steps,
-                        warmup_steps=req.warmup_steps, seed=req.seed, efficiency=req.efficiency)
+    alternatives = plan(
+        req.model,
+        req.gpu,
+        req.n_gpus,
+        req.lengths,
+        prompt_tokens=req.prompt_tokens,
+        prompts_per_step=req.prompts_per_step,
+        answers_per_prompt=req.answers_per_prompt,
+        etas=req.etas,
+        rollout_counts=counts,
+        weight_update=req.weight_update,
+        n_steps=req.n_steps,
+        warmup_steps=req.warmup_steps,
+        seed=req.seed,
+        efficiency=req.efficiency,
+    )
     best = recommend(alternatives)
-    lines = [f"Plan for {req.describe()}.", "", format_plan(alternatives), "",
-             (f"**Recommended: {best.label}**: {best.throughput:,.0f} trained tokens/s, {best.speedup:.2f}x "
-              f"synchronous, staleness mean {best.staleness_mean:.2f} (max {best.staleness_max}).")]
+    lines = [
+        f"Plan for {req.describe()}.",
+        "",
+        format_plan(alternatives),
+        "",
+        (
+            f"**Recommended: {best.label}**: {best.throughput:,.0f} trained tokens/s, {best.speedup:.2f}x "
+            f"synchronous, staleness mean {best.staleness_mean:.2f} (max {best.staleness_max})."
+        ),
+    ]
     if not any(a.mode == "async" for a in alternatives):
-        lines.append("No asynchronous split leaves its trainer enough memory for the training state: "
-                     "only the synchronous setting fits.")
+        lines.append(
+            "No asynchronous split leaves its trainer enough memory for the training state: "
+            "only the synchronous setting fits."
+        )
     if req.from_run:
         lines += ["", _ledger_lines(req.from_run)]
     outcome = PlanOutcome(req, alternatives, best, "\n".join(lines))
@@ -233,8 +301,10 @@ def run_plan(req: PlanRequest, out_dir: str | Path | None = None) -> PlanOutcome
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        title = (f"{req.model.name} on {req.n_gpus} {req.gpu.name}, context {req.context:,}, "
-                 f"{req.prompts_per_step} x {req.answers_per_prompt} per step (simulated)")
+        title = (
+            f"{req.model.name} on {req.n_gpus} {req.gpu.name}, context {req.context:,}, "
+            f"{req.prompts_per_step} x {req.answers_per_prompt} per step (simulated)"
+        )
         png = plot_ratio(alternatives, out / "plan_ratio.png", title)
         outcome.files = {"json": str(out / "plan.json"), "png": str(png)}
         (out / "plan.json").write_text(json.dumps(outcome.to_json(), indent=1) + "\n")

@@ -96,7 +96,6 @@ class SimResult:
         }
 
 
-
 def collect_result(
     cfg: SimConfig,
     setup: Setup,

@@ -80,12 +80,27 @@ def end_to_end_rows(settings: SimConfig = PAPER_SETTING) -> list[ValidationRow]:
         w = settings.warmup_steps
         where = f"{model}, {n_gpus} H800"
         rows += [
-            ValidationRow(f"{where}: async / sync training throughput", sync_h / async_h,
-                          asyn.effective_throughput / sync.effective_throughput, BLOG, f"{sync_h} h / {async_h} h"),
-            ValidationRow(f"{where}: sync seconds per step", sync_h * 3.6, _sec_per_step(sync, w), BLOG,
-                          f"{sync_h} h / 1000 steps"),
-            ValidationRow(f"{where}: async seconds per step", async_h * 3.6, _sec_per_step(asyn, w), BLOG,
-                          f"{async_h} h / 1000 steps"),
+            ValidationRow(
+                f"{where}: async / sync training throughput",
+                sync_h / async_h,
+                asyn.effective_throughput / sync.effective_throughput,
+                BLOG,
+                f"{sync_h} h / {async_h} h",
+            ),
+            ValidationRow(
+                f"{where}: sync seconds per step",
+                sync_h * 3.6,
+                _sec_per_step(sync, w),
+                BLOG,
+                f"{sync_h} h / 1000 steps",
+            ),
+            ValidationRow(
+                f"{where}: async seconds per step",
+                async_h * 3.6,
+                _sec_per_step(asyn, w),
+                BLOG,
+                f"{async_h} h / 1000 steps",
+            ),
         ]
     return rows
 
@@ -96,8 +111,14 @@ def interruptible_rows(settings: SimConfig = PAPER_SETTING) -> list[ValidationRo
     for model, gain in (("1.5B", 1.12), ("7B", 1.17)):
         inter = _run(settings, model, 32, weight_update="reprefill")
         drain = _run(settings, model, 32, weight_update="drain")
-        rows.append(ValidationRow(f"{model}, 32 H800: generation throughput, reprefill / drain", gain,
-                                  inter.generation_throughput / drain.generation_throughput, ABLATION))
+        rows.append(
+            ValidationRow(
+                f"{model}, 32 H800: generation throughput, reprefill / drain",
+                gain,
+                inter.generation_throughput / drain.generation_throughput,
+                ABLATION,
+            )
+        )
     return rows
 
 
@@ -109,11 +130,20 @@ def scaling_rows(settings: SimConfig = PAPER_SETTING) -> list[ValidationRow]:
     gain_16k = _run(short, "7B", 64).effective_throughput / _run(short, "7B", 64, mode="sync").effective_throughput
     gain_32k = small.effective_throughput / _run(big, "7B", 64, mode="sync").effective_throughput
     return [
-        ValidationRow("7B async, 512 x 16: throughput at 512 GPUs / (8 x at 64 GPUs)", 1.0,
-                      large.effective_throughput / small.effective_throughput / 8, SCALING,
-                      "'near-linear': 1.0 stands for the claim"),
-        ValidationRow("7B, 64 H800, 512 x 16: async/sync gain at 16K / gain at 32K", 1.0, gain_16k / gain_32k,
-                      SCALING, "the claim is only '< 1': 1.0 is a bound"),
+        ValidationRow(
+            "7B async, 512 x 16: throughput at 512 GPUs / (8 x at 64 GPUs)",
+            1.0,
+            large.effective_throughput / small.effective_throughput / 8,
+            SCALING,
+            "'near-linear': 1.0 stands for the claim",
+        ),
+        ValidationRow(
+            "7B, 64 H800, 512 x 16: async/sync gain at 16K / gain at 32K",
+            1.0,
+            gain_16k / gain_32k,
+            SCALING,
+            "the claim is only '< 1': 1.0 is a bound",
+        ),
     ]
 
 
@@ -128,4 +158,3 @@ def format_validation(rows: list[ValidationRow]) -> str:
         note = f" ({r.note})" if r.note else ""
         lines.append(f"| {r.name} | {r.published:.3g} | {r.simulated:.3g} | {r.rel_error:+.0%} | {r.source}{note} |")
     return "\n".join(lines)
-

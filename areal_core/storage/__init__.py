@@ -8,10 +8,24 @@ touch a checkpoint (a Dask worker reading problem records), and the checkpoint m
 import importlib
 
 _HOME = {
-    "checkpoints": ("CheckpointError", "CheckpointStore", "CorruptCheckpointError", "ManifestError",
-                    "VersionExistsError", "VersionNotFoundError"),
-    "fsutil": ("ensure_bucket", "filesystem", "read_bytes", "read_json", "retry", "write_bytes_atomic",
-               "write_json_atomic", "write_text_atomic"),
+    "checkpoints": (
+        "CheckpointError",
+        "CheckpointStore",
+        "CorruptCheckpointError",
+        "ManifestError",
+        "VersionExistsError",
+        "VersionNotFoundError",
+    ),
+    "fsutil": (
+        "ensure_bucket",
+        "filesystem",
+        "read_bytes",
+        "read_json",
+        "retry",
+        "write_bytes_atomic",
+        "write_json_atomic",
+        "write_text_atomic",
+    ),
     "snapshot": ("snapshot_model",),
     "writer": ("CheckpointWriteError", "CheckpointWriter", "WriteResult"),
 }

@@ -100,8 +100,7 @@ def _local_files(folder: str) -> list[str]:
 class CheckpointStore:
     """Publish and read complete, immutable model versions under ``url``."""
 
-    def __init__(self, url: str, retries: int = 5, backoff_s: float = 0.5,
-                 cache_dir: str | None = None):
+    def __init__(self, url: str, retries: int = 5, backoff_s: float = 0.5, cache_dir: str | None = None):
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.fs, self.root = filesystem(url)
@@ -115,8 +114,11 @@ class CheckpointStore:
     def from_config(cls, cfg: Any, run_dir: str) -> CheckpointStore:
         """From a ``StorageConfig``: url None -> <run_dir>/checkpoints, cache_dir None ->
         <run_dir>/.ckpt_cache."""
-        return cls(cfg.url or os.path.join(run_dir, "checkpoints"), retries=cfg.retries,
-                   cache_dir=cfg.cache_dir or os.path.join(run_dir, ".ckpt_cache"))
+        return cls(
+            cfg.url or os.path.join(run_dir, "checkpoints"),
+            retries=cfg.retries,
+            cache_dir=cfg.cache_dir or os.path.join(run_dir, ".ckpt_cache"),
+        )
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
@@ -146,7 +148,8 @@ class CheckpointStore:
             raw = self._retry(_read, f"read {url}")
         except FileNotFoundError as err:
             raise VersionNotFoundError(
-                f"{url}: no manifest; version {version} does not exist or is incomplete") from err
+                f"{url}: no manifest; version {version} does not exist or is incomplete"
+            ) from err
         try:
             manifest = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -165,6 +168,7 @@ class CheckpointStore:
 
     def _candidates(self) -> list[int]:
         """Version numbers that have a folder (complete or not), sorted."""
+
         def _ls() -> list[str]:
             invalidate(self.fs, self.root)
             try:
@@ -216,8 +220,7 @@ class CheckpointStore:
             if problem:
                 problems.append(problem)
         if problems:
-            raise CorruptCheckpointError(
-                f"{self.version_url(version)}: " + "; ".join(problems))
+            raise CorruptCheckpointError(f"{self.version_url(version)}: " + "; ".join(problems))
         return manifest
 
     def local_copy(self, version: int) -> str:
@@ -237,7 +240,9 @@ class CheckpointStore:
         base = manifest["meta"].get("base_version")
         base_meta = self.read_manifest(check_version(base))["meta"]
         if base_meta.get("format") in ("delta", adapters.FORMAT):
-            raise ManifestError(f"{self.version_url(version)}: its base v{base} is itself a {base_meta['format']} version")
+            raise ManifestError(
+                f"{self.version_url(version)}: its base v{base} is itself a {base_meta['format']} version"
+            )
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
         dest = os.path.join(self._full_dir(), f"{self._url_key(version)}-full-{digest}")
         build = materialise if kind == "delta" else adapters.materialise
@@ -270,8 +275,9 @@ class CheckpointStore:
             if self._local_matches(dest, manifest):
                 return dest
             shutil.rmtree(dest, ignore_errors=True)
-        raise CheckpointError(f"{url}: local copy in {dest} does not match the manifest "
-                              "(version changed or was pruned while copying)")
+        raise CheckpointError(
+            f"{url}: local copy in {dest} does not match the manifest (version changed or was pruned while copying)"
+        )
 
     @staticmethod
     def _local_matches(folder: str, manifest: dict) -> bool:
@@ -288,8 +294,14 @@ class CheckpointStore:
         return True
 
     # -- writing -------------------------------------------------------------
-    def publish(self, version: int, model: Any, tokenizer: Any = None,
-                meta: dict | None = None, extra: dict[str, bytes | memoryview] | None = None) -> str:
+    def publish(
+        self,
+        version: int,
+        model: Any,
+        tokenizer: Any = None,
+        meta: dict | None = None,
+        extra: dict[str, bytes | memoryview] | None = None,
+    ) -> str:
         """save_pretrained ``model`` (safetensors) and ``tokenizer`` and publish them as
         ``version``, with ``extra`` files ({relative path: bytes}, e.g. a run's resumable
         state) in the same version, so they appear with it or not at all. Returns the
@@ -300,8 +312,7 @@ class CheckpointStore:
             if path_problem(name):
                 raise ValueError(f"extra file {name!r}: {path_problem(name)}")
         self._prepare_slot(version)  # fail before the (possibly long) save
-        with tempfile.TemporaryDirectory(prefix="areal-ckpt-", dir=self.cache_dir and
-                                         _makedirs(self.cache_dir)) as tmp:
+        with tempfile.TemporaryDirectory(prefix="areal-ckpt-", dir=self.cache_dir and _makedirs(self.cache_dir)) as tmp:
             model.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -322,12 +333,13 @@ class CheckpointStore:
         data = self._retry(lambda: self.fs.cat_file(path), f"read {name} of {self.version_url(version)}")
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != entry["size"] or digest != entry["sha256"]:
-            raise CorruptCheckpointError(f"{self.version_url(version)}/{name}: {len(data)} bytes, sha256 "
-                                         f"{digest}; the manifest says {entry['size']} bytes, {entry['sha256']}")
+            raise CorruptCheckpointError(
+                f"{self.version_url(version)}/{name}: {len(data)} bytes, sha256 "
+                f"{digest}; the manifest says {entry['size']} bytes, {entry['sha256']}"
+            )
         return data
 
-    def publish_folder(self, version: int, local_folder: str, meta: dict | None = None,
-                       move: bool = False) -> str:
+    def publish_folder(self, version: int, local_folder: str, meta: dict | None = None, move: bool = False) -> str:
         """Publish the files of an already saved model folder as ``version``.
 
         A ``manifest.json`` in the folder is ignored (it is written anew). ``move``
@@ -344,15 +356,16 @@ class CheckpointStore:
         for name in names:
             src = os.path.join(local_folder, *name.split("/"))
             with open(src, "rb") as f:
-                files.append({"path": name, "size": os.path.getsize(src),
-                              "sha256": _sha256_stream(f)})
+                files.append({"path": name, "size": os.path.getsize(src), "sha256": _sha256_stream(f)})
         self._prepare_slot(version)
         for entry in files:
             src = os.path.join(local_folder, *entry["path"].split("/"))
             dest = self._vpath(version, entry["path"])
             place = move_file_atomic if move and self.is_local else put_file_atomic
-            self._retry(lambda src=src, dest=dest, place=place: place(self.fs, src, dest),
-                        f"upload {entry['path']} to {self.version_url(version)}")
+            self._retry(
+                lambda src=src, dest=dest, place=place: place(self.fs, src, dest),
+                f"upload {entry['path']} to {self.version_url(version)}",
+            )
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -364,15 +377,15 @@ class CheckpointStore:
         }
         data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         path = self._vpath(version, MANIFEST)
-        self._retry(lambda: pipe_atomic(self.fs, path, data),
-                    f"write manifest of {self.version_url(version)}")
+        self._retry(lambda: pipe_atomic(self.fs, path, data), f"write manifest of {self.version_url(version)}")
         return self.version_url(version)
 
     def _prepare_slot(self, version: int) -> None:
         """Refuse a complete version; remove a partial leftover of ``version``."""
         if self._is_complete(version):
             raise VersionExistsError(
-                f"{self.version_url(version)} is already a complete version; refusing to overwrite")
+                f"{self.version_url(version)} is already a complete version; refusing to overwrite"
+            )
         folder = self._vpath(version)
 
         def _clean() -> None:

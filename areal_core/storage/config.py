@@ -19,8 +19,9 @@ class StorageConfig(Section):
     full_every: int = Field(5, ge=1)  # with format delta: every full_every-th checkpoint is full
 
 
-def checkpoint_due(step: int, last_step: int | None, last_time: float | None, now: float,
-                   cfg: StorageConfig, final: bool = False) -> bool:
+def checkpoint_due(
+    step: int, last_step: int | None, last_time: float | None, now: float, cfg: StorageConfig, final: bool = False
+) -> bool:
     """Whether training step ``step`` ends with a checkpoint.
 
     ``last_step`` / ``last_time``: the step and the time (same clock as ``now``) of the
@@ -33,5 +34,4 @@ def checkpoint_due(step: int, last_step: int | None, last_time: float | None, no
         return True
     if step - last_step >= cfg.checkpoint_every:
         return True
-    return (cfg.checkpoint_every_s is not None and last_time is not None
-            and now - last_time >= cfg.checkpoint_every_s)
+    return cfg.checkpoint_every_s is not None and last_time is not None and now - last_time >= cfg.checkpoint_every_s

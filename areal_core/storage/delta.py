@@ -51,24 +51,31 @@ def _pack_plane(plane: bytes, level: int) -> tuple[bytes, str]:
     return (packed, "zlib") if len(packed) < len(plane) else (plane, "raw")
 
 
-def encode(base_version: int, base: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
-           level: int = 1) -> bytes:
+def encode(base_version: int, base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], level: int = 1) -> bytes:
     """The delta of ``new`` against ``base`` (same names, dtypes, shapes), as file bytes."""
     if set(base) != set(new):
         missing, extra = sorted(set(base) - set(new)), sorted(set(new) - set(base))
-        raise ValueError(f"delta against v{base_version}: tensor names differ "
-                         f"(not in the new weights: {missing[:3]}, not in the base: {extra[:3]})")
+        raise ValueError(
+            f"delta against v{base_version}: tensor names differ "
+            f"(not in the new weights: {missing[:3]}, not in the base: {extra[:3]})"
+        )
     header: dict = {"base_version": base_version, "tensors": {}}
     blobs: list[bytes] = []
     offset = 0
     for name, t in new.items():
         b = base[name]
         if t.dtype != b.dtype or t.shape != b.shape:
-            raise ValueError(f"delta against v{base_version}: {name} is {t.dtype} {tuple(t.shape)}, "
-                             f"the base's {b.dtype} {tuple(b.shape)}")
+            raise ValueError(
+                f"delta against v{base_version}: {name} is {t.dtype} {tuple(t.shape)}, "
+                f"the base's {b.dtype} {tuple(b.shape)}"
+            )
         raw_new = _bytes_of(t)
-        entry = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                 "sha256": hashlib.sha256(raw_new).hexdigest(), "planes": []}
+        entry = {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "sha256": hashlib.sha256(raw_new).hexdigest(),
+            "planes": [],
+        }
         diff = np.bitwise_xor(raw_new, _bytes_of(b))
         if diff.any():
             width = t.element_size()
@@ -86,10 +93,10 @@ def read_header(data: bytes, what: str) -> tuple[dict, int]:
     """(header, offset of the blobs); ValueError naming ``what`` if it is not a delta file."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
         raise ValueError(f"{what}: not a delta file (bad magic)")
-    n = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")
+    n = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
     start = len(MAGIC) + 8
     try:
-        header = json.loads(data[start:start + n])
+        header = json.loads(data[start : start + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{what}: bad delta header ({err})") from err
     return header, start + n
@@ -104,8 +111,7 @@ def decode(data: bytes, base: dict[str, torch.Tensor], what: str) -> dict[str, t
             raise ValueError(f"{what}: tensor {name} is not in the base v{header['base_version']}")
         b = base[name]
         if str(b.dtype).removeprefix("torch.") != e["dtype"] or list(b.shape) != e["shape"]:
-            raise ValueError(f"{what}: {name} is {e['dtype']} {e['shape']}, "
-                             f"the base's {b.dtype} {list(b.shape)}")
+            raise ValueError(f"{what}: {name} is {e['dtype']} {e['shape']}, the base's {b.dtype} {list(b.shape)}")
         raw = _bytes_of(b).copy()
         if e["planes"]:
             width = b.element_size()
@@ -113,12 +119,14 @@ def decode(data: bytes, base: dict[str, torch.Tensor], what: str) -> dict[str, t
                 raise ValueError(f"{what}: {name} has {len(e['planes'])} byte planes, its dtype {width}")
             planes = []
             for off, length, codec in e["planes"]:
-                chunk = data[blobs + off:blobs + off + length]
+                chunk = data[blobs + off : blobs + off + length]
                 planes.append(np.frombuffer(zlib.decompress(chunk) if codec == "zlib" else chunk, np.uint8))
             raw ^= np.stack(planes).T.reshape(-1)
         if hashlib.sha256(raw).hexdigest() != e["sha256"]:
-            raise ValueError(f"{what}: {name} does not match its sha256 after reconstruction "
-                             f"(is v{header['base_version']} the base it was made against?)")
+            raise ValueError(
+                f"{what}: {name} does not match its sha256 after reconstruction "
+                f"(is v{header['base_version']} the base it was made against?)"
+            )
         out[name] = torch.from_numpy(raw).view(b.dtype).reshape(b.shape)
     missing = sorted(set(base) - set(out))
     if missing:

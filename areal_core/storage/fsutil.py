@@ -31,8 +31,7 @@ from areal_core.storage.localize import is_local, local_path
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_NOT_TRANSIENT = (FileNotFoundError, FileExistsError, PermissionError,
-                  IsADirectoryError, NotADirectoryError)
+_NOT_TRANSIENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def _transient_types() -> tuple[type[BaseException], ...]:
@@ -40,11 +39,13 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     try:
         from botocore.exceptions import ConnectionError as BotoConnectionError
         from botocore.exceptions import HTTPClientError
+
         types += [BotoConnectionError, HTTPClientError]
     except ImportError:
         pass
     try:
         from aiohttp import ClientError as AiohttpClientError
+
         types.append(AiohttpClientError)
     except ImportError:
         pass
@@ -52,8 +53,15 @@ def _transient_types() -> tuple[type[BaseException], ...]:
 
 
 _TRANSIENT = _transient_types()
-_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
-                    "Throttling", "ThrottlingException", "RequestTimeTooSkewed"}
+_TRANSIENT_CODES = {
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+}
 
 
 def is_transient(err: BaseException) -> bool:
@@ -70,8 +78,9 @@ def is_transient(err: BaseException) -> bool:
     return False
 
 
-def retry(fn: Callable[[], T], retries: int = 5, backoff_s: float = 0.5,
-          what: str = "operation", max_backoff_s: float = 30.0) -> T:
+def retry(
+    fn: Callable[[], T], retries: int = 5, backoff_s: float = 0.5, what: str = "operation", max_backoff_s: float = 30.0
+) -> T:
     """Call ``fn``; on a transient error retry up to ``retries`` times with
     exponential backoff (``backoff_s * 2**attempt``). The last error propagates."""
     attempt = 0
@@ -81,9 +90,10 @@ def retry(fn: Callable[[], T], retries: int = 5, backoff_s: float = 0.5,
         except BaseException as err:
             if not is_transient(err) or attempt >= retries:
                 raise
-            delay = min(backoff_s * (2 ** attempt), max_backoff_s)
-            log.warning("%s failed (%s: %s); retry %d/%d in %.2fs",
-                        what, type(err).__name__, err, attempt + 1, retries, delay)
+            delay = min(backoff_s * (2**attempt), max_backoff_s)
+            log.warning(
+                "%s failed (%s: %s); retry %d/%d in %.2fs", what, type(err).__name__, err, attempt + 1, retries, delay
+            )
             time.sleep(delay)
             attempt += 1
 
@@ -110,8 +120,15 @@ def s3_options(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 _S3_SESSIONS: dict[tuple, Any] = {}
-_SESSION_ENV = ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE",
-                "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+_SESSION_ENV = (
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
 
 
 def _drop_expect_continue(request: Any, **_: Any) -> None:
@@ -170,7 +187,6 @@ def invalidate(fs: fsspec.AbstractFileSystem, path: str) -> None:
     fs.invalidate_cache(path)
 
 
-
 # -- atomic writes / reads ----------------------------------------------------
 def _fsync_dir(folder: str) -> None:
     fd = os.open(folder, os.O_RDONLY)
@@ -212,8 +228,7 @@ def pipe_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 def write_bytes_atomic(url: str, data: bytes, retries: int = 0, backoff_s: float = 0.5) -> None:
     """Write ``data`` at ``url`` atomically (see pipe_atomic), retrying transient errors."""
     fs, path = filesystem(url)
-    retry(lambda: pipe_atomic(fs, path, data), retries=retries, backoff_s=backoff_s,
-          what=f"write {url}")
+    retry(lambda: pipe_atomic(fs, path, data), retries=retries, backoff_s=backoff_s, what=f"write {url}")
 
 
 def write_text_atomic(url: str, text: str, retries: int = 0, backoff_s: float = 0.5) -> None:
@@ -221,8 +236,7 @@ def write_text_atomic(url: str, text: str, retries: int = 0, backoff_s: float = 
 
 
 def write_json_atomic(url: str, obj: Any, retries: int = 0, backoff_s: float = 0.5) -> None:
-    write_text_atomic(url, json.dumps(obj, indent=2, sort_keys=True) + "\n",
-                      retries=retries, backoff_s=backoff_s)
+    write_text_atomic(url, json.dumps(obj, indent=2, sort_keys=True) + "\n", retries=retries, backoff_s=backoff_s)
 
 
 def read_bytes(url: str) -> bytes:
@@ -244,10 +258,12 @@ def read_json(url: str) -> Any:
 def put_file_atomic(fs: fsspec.AbstractFileSystem, src: str, dest: str) -> None:
     """Copy local file ``src`` to ``dest`` on ``fs`` so it appears whole or not at all."""
     if is_local_fs(fs):
+
         def _copy(f):
             with open(src, "rb") as s:
                 while chunk := s.read(8 << 20):
                     f.write(chunk)
+
         _local_replace_from(dest, _copy)
     else:  # S3: a PUT, or a multipart upload completed at the end: both atomic
         fs.put_file(src, dest)

@@ -16,7 +16,7 @@ def is_local(url: str) -> bool:
 
 
 def local_path(url: str) -> str:
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def localize(url: str, cache_dir: str | None = None, fs: fsspec.AbstractFileSystem | None = None) -> str:
@@ -42,7 +42,7 @@ def localize(url: str, cache_dir: str | None = None, fs: fsspec.AbstractFileSyst
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".partial-"))
     try:
         for remote in fs.find(root):
-            rel = remote[len(root.rstrip("/")) + 1:]
+            rel = remote[len(root.rstrip("/")) + 1 :]
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             fs.get_file(remote, str(target))

@@ -30,17 +30,38 @@ from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
 log = logging.getLogger(__name__)
 
 FORMAT = "areal-run-state/1"
-STATE, TRAINER, METRICS, LEDGER = "resume/state.json", "resume/trainer.pt", "resume/metrics.parquet", "resume/ledger.parquet"
+STATE, TRAINER, METRICS, LEDGER = (
+    "resume/state.json",
+    "resume/trainer.pt",
+    "resume/metrics.parquet",
+    "resume/ledger.parquet",
+)
 # config keys a resumed run may change; everything else must match the stopped run
-MUTABLE_KEYS = ("trainer.max_steps", "eval", "reward.scheduler_address", "reward.n_workers",
-                # where the servers and the cluster are, and how the run authenticates to them
-                "reward.tls_ca_file", "reward.tls_client_cert", "reward.tls_client_key", "rollout.backend.urls",
-                "rollout.backend.api_key_file", "rollout.backend.api_key_env", "rollout.backend.allow_unauthenticated",
-                "rollout.urls", "rollout.request_timeout_s", "rollout.min_servers", "rollout.join_from",
-                "storage.keep_last",
-                "storage.checkpoint_every", "storage.checkpoint_every_s", "storage.format", "storage.full_every",
-                # a run stopped by its budget continues once the budget is raised
-                "cost")
+MUTABLE_KEYS = (
+    "trainer.max_steps",
+    "eval",
+    "reward.scheduler_address",
+    "reward.n_workers",
+    # where the servers and the cluster are, and how the run authenticates to them
+    "reward.tls_ca_file",
+    "reward.tls_client_cert",
+    "reward.tls_client_key",
+    "rollout.backend.urls",
+    "rollout.backend.api_key_file",
+    "rollout.backend.api_key_env",
+    "rollout.backend.allow_unauthenticated",
+    "rollout.urls",
+    "rollout.request_timeout_s",
+    "rollout.min_servers",
+    "rollout.join_from",
+    "storage.keep_last",
+    "storage.checkpoint_every",
+    "storage.checkpoint_every_s",
+    "storage.format",
+    "storage.full_every",
+    # a run stopped by its budget continues once the budget is raised
+    "cost",
+)
 REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
 
 
@@ -61,15 +82,20 @@ class RunState:
         return int(self.state["step"])
 
 
-def encode(step: int, config: dict, controller: dict, trainer: dict, runlog_files: dict[str, bytes],
-           before: dict | None) -> dict[str, bytes | memoryview]:
+def encode(
+    step: int, config: dict, controller: dict, trainer: dict, runlog_files: dict[str, bytes], before: dict | None
+) -> dict[str, bytes | memoryview]:
     """The files of a run state, for ``CheckpointStore.publish(..., extra=...)``. The optimizer state
     is handed on as a view of its buffer, not copied: for SmolLM2-135M it is 1.1 GB."""
     state = {"format": FORMAT, "step": step, "config": config, "controller": controller, "before": before}
     buf = io.BytesIO()
     torch.save(trainer, buf)
-    return {STATE: json.dumps(state).encode(), TRAINER: buf.getbuffer(),
-            METRICS: runlog_files["metrics.parquet"], LEDGER: runlog_files["ledger.parquet"]}
+    return {
+        STATE: json.dumps(state).encode(),
+        TRAINER: buf.getbuffer(),
+        METRICS: runlog_files["metrics.parquet"],
+        LEDGER: runlog_files["ledger.parquet"],
+    }
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -102,15 +128,16 @@ def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple
     try:
         raw = store.read_file(version, STATE)
     except FileNotFoundError as err:
-        raise ResumeError(f"{store.version_url(version)} holds no run state ({STATE}); "
-                          "it cannot be resumed") from err
+        raise ResumeError(f"{store.version_url(version)} holds no run state ({STATE}); it cannot be resumed") from err
     try:
         state = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ResumeError(f"{store.version_url(version)}/{STATE}: not valid JSON ({err})") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("step") != version:
-        raise ResumeError(f"{store.version_url(version)}/{STATE}: not a run state of step {version} "
-                          f"(format {state.get('format') if isinstance(state, dict) else None!r})")
+        raise ResumeError(
+            f"{store.version_url(version)}/{STATE}: not a run state of step {version} "
+            f"(format {state.get('format') if isinstance(state, dict) else None!r})"
+        )
     saved = state["config"]
     if upgrade is not None:
         try:
@@ -119,8 +146,10 @@ def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple
             pass
     diff = config_differences(saved, config)
     if diff:
-        raise ResumeError(f"the config differs from the stopped run's in {', '.join(diff[:10])}; "
-                          f"a resumed run may change only {', '.join(MUTABLE_KEYS)}")
+        raise ResumeError(
+            f"the config differs from the stopped run's in {', '.join(diff[:10])}; "
+            f"a resumed run may change only {', '.join(MUTABLE_KEYS)}"
+        )
     return version, state
 
 

@@ -62,9 +62,15 @@ class WriteResult:
 class CheckpointWriter:
     """One checkpoint write at a time, on a background thread (see the module docstring)."""
 
-    def __init__(self, store: CheckpointStore, format: str = "full", full_every: int = 5,
-                 keep_last: int | None = None, on_published: Callable[[WriteResult], None] | None = None,
-                 level: int = 1):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        format: str = "full",
+        full_every: int = 5,
+        keep_last: int | None = None,
+        on_published: Callable[[WriteResult], None] | None = None,
+        level: int = 1,
+    ):
         if format not in ("full", "delta"):
             raise ValueError(f"format must be 'full' or 'delta', got {format!r}")
         if full_every < 1 or (keep_last is not None and keep_last < 1):
@@ -82,12 +88,20 @@ class CheckpointWriter:
     @classmethod
     def from_config(cls, store: CheckpointStore, cfg, on_published=None) -> CheckpointWriter:
         """From a ``StorageConfig`` (format, full_every, keep_last)."""
-        return cls(store, format=cfg.format, full_every=cfg.full_every, keep_last=cfg.keep_last,
-                   on_published=on_published)
+        return cls(
+            store, format=cfg.format, full_every=cfg.full_every, keep_last=cfg.keep_last, on_published=on_published
+        )
 
     # -- the caller's side ---------------------------------------------------
-    def submit(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes | memoryview],
-               meta: dict | None = None, full: bool = False, adapter_config: dict | None = None) -> Future:
+    def submit(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        files: dict[str, bytes | memoryview],
+        meta: dict | None = None,
+        full: bool = False,
+        adapter_config: dict | None = None,
+    ) -> Future:
         """Queue checkpoint ``version``; returns a Future of its WriteResult.
 
         ``tensors``: CPU tensors the writer now owns (the caller must not mutate them),
@@ -158,11 +172,23 @@ class CheckpointWriter:
         return pending.result()
 
     # -- the writer thread ---------------------------------------------------
-    def _write(self, version: int, tensors: dict[str, torch.Tensor], files: dict[str, bytes | memoryview],
-               meta: dict, full: bool, adapter_config: dict | None = None) -> WriteResult:
+    def _write(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        files: dict[str, bytes | memoryview],
+        meta: dict,
+        full: bool,
+        adapter_config: dict | None = None,
+    ) -> WriteResult:
         t0 = time.perf_counter()
-        as_delta = (self.format == "delta" and not full and self._base is not None and adapter_config is None
-                    and self._since_full < self.full_every - 1)
+        as_delta = (
+            self.format == "delta"
+            and not full
+            and self._base is not None
+            and adapter_config is None
+            and self._since_full < self.full_every - 1
+        )
         stage = tempfile.mkdtemp(dir=self._staging_root, prefix=f"v{version}-")
         try:
             for name, data in files.items():
@@ -193,8 +219,17 @@ class CheckpointWriter:
         elif adapter_config is None:
             self._base, self._since_full = (version, tensors), 0
         pruned = self.store.prune(self.keep_last) if self.keep_last else []
-        result = WriteResult(version, url, meta["format"], meta.get("base_version"), total, weight_bytes,
-                             time.perf_counter() - t0, pruned, time.monotonic())
+        result = WriteResult(
+            version,
+            url,
+            meta["format"],
+            meta.get("base_version"),
+            total,
+            weight_bytes,
+            time.perf_counter() - t0,
+            pruned,
+            time.monotonic(),
+        )
         log.info("checkpoint v%d written (%s, %d bytes, %.2f s)", version, result.format, total, result.write_s)
         if self.on_published is not None:
             self.on_published(result)
@@ -208,7 +243,7 @@ def _remove_dead_staging(store: CheckpointStore) -> str:
     os.makedirs(parent, exist_ok=True)
     for name in os.listdir(parent):
         if name.startswith(_STAGING):
-            pid = name[len(_STAGING):].split("-", 1)[0]
+            pid = name[len(_STAGING) :].split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     return tempfile.mkdtemp(dir=parent, prefix=f"{_STAGING}{os.getpid()}-")

@@ -23,6 +23,7 @@ class OptimConfig(Section):
 
 class TorchTrainerBackend(Section):
     """The torch trainer (areal_core/trainer/trainer.py): one process, packed shared-prompt forward."""
+
     kind: Literal["torch"] = "torch"
 
 
@@ -30,6 +31,7 @@ class MegatronTrainerBackend(Section):
     """A megatron-core GPTModel (areal_core/trainer/megatron/, the ``megatron`` extra) over
     ``processes`` gloo ranks: tensor parallel ``tensor_parallel_size``, data parallel the rest.
     The run starts ranks 1.. on this host itself; under ``torchrun`` it uses torchrun's."""
+
     kind: Literal["megatron"] = "megatron"
     tensor_parallel_size: int = Field(1, gt=0)
     processes: int = Field(1, gt=0)
@@ -37,8 +39,10 @@ class MegatronTrainerBackend(Section):
     @model_validator(mode="after")
     def _tp_divides(self):
         if self.processes % self.tensor_parallel_size:
-            raise ValueError(f"trainer.backend.tensor_parallel_size ({self.tensor_parallel_size}) must divide "
-                             f"trainer.backend.processes ({self.processes})")
+            raise ValueError(
+                f"trainer.backend.tensor_parallel_size ({self.tensor_parallel_size}) must divide "
+                f"trainer.backend.processes ({self.processes})"
+            )
         return self
 
 
@@ -49,6 +53,7 @@ LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 class LoraConfig(Section):
     """Low-rank adapters (areal_core/trainer/lora.py): only they train and travel to the servers;
     every base weight stays frozen at checkpoint v0."""
+
     rank: int = Field(16, gt=0)  # r: lora_A is [r, in_features], lora_B [out_features, r]
     alpha: float = Field(32.0, gt=0)  # the adapters' output is scaled by alpha / rank
     # the nn.Linear modules (by their last name part) of every decoder layer that get adapters
@@ -63,17 +68,20 @@ class LoraConfig(Section):
 
 class OffPolicyNone(Section):
     """The plain decoupled objective: each token weighted by w = pi_prox / pi_behav."""
+
     kind: Literal["none"] = "none"
 
 
 class OffPolicyCap(Section):
     """Tokens with w > cap contribute 0 (AReaL's behaviour-weight cap)."""
+
     kind: Literal["cap"] = "cap"
     cap: float = Field(5.0, gt=1)  # C: the largest w a token may have and still count
 
 
 class OffPolicyTIS(Section):
     """Token-level truncated importance sampling: each token weighted by min(w, cap)."""
+
     kind: Literal["tis"] = "tis"
     cap: float = Field(2.0, gt=1)  # C: the largest weight a token gets
 
@@ -81,12 +89,14 @@ class OffPolicyTIS(Section):
 class OffPolicyMIS(Section):
     """Sequence-level masked importance sampling: every token of a sequence weighted by the
     sequence's ratio rho = prod w over its trained tokens; sequences with rho > cap contribute 0."""
+
     kind: Literal["mis"] = "mis"
     cap: float = Field(2.0, gt=1)  # C: the largest sequence ratio that still counts
 
 
 class OffPolicyGeoMask(Section):
     """Whole sequences whose geometric-mean ratio exp(mean log w) is outside [lo, hi] contribute 0."""
+
     kind: Literal["geo_mask"] = "geo_mask"
     lo: float = Field(0.999, gt=0, lt=1)  # lower end of the kept band
     hi: float = Field(1.001, gt=1)  # upper end of the kept band
@@ -94,6 +104,7 @@ class OffPolicyGeoMask(Section):
 
 class OffPolicyIcePop(Section):
     """IcePop: tokens with w outside [lo, hi] contribute 0, the others keep w."""
+
     kind: Literal["icepop"] = "icepop"
     lo: float = Field(0.5, gt=0, lt=1)  # lower end of the kept band
     hi: float = Field(5.0, gt=1)  # upper end of the kept band
@@ -102,21 +113,22 @@ class OffPolicyIcePop(Section):
 class OffPolicyM2PO(Section):
     """M2PO: the tokens with the largest (log w)^2 contribute 0, as few as bring the mean of
     (log w)^2 over the kept tokens of a micro-batch to <= tau."""
+
     kind: Literal["m2po"] = "m2po"
     tau: float = Field(0.04, gt=0)  # tau_M2: the largest second moment of log w kept
 
 
 OffPolicyConfig = Annotated[
-    OffPolicyNone | OffPolicyCap | OffPolicyTIS | OffPolicyMIS | OffPolicyGeoMask | OffPolicyIcePop
-    | OffPolicyM2PO,
+    OffPolicyNone | OffPolicyCap | OffPolicyTIS | OffPolicyMIS | OffPolicyGeoMask | OffPolicyIcePop | OffPolicyM2PO,
     Field(discriminator="kind"),
 ]
 
 
 class TrainerConfig(Section):
     # {kind: torch} (shorthand `backend: torch`) or {kind: megatron, tensor_parallel_size, processes}
-    backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = \
+    backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = (
         TorchTrainerBackend()
+    )
     batch_size: int = Field(128, gt=0)  # B: trajectories per training step
     eta: int = Field(4, ge=0)  # max staleness; 0 = synchronous
     max_steps: int = Field(100, gt=0)
@@ -154,9 +166,11 @@ class TrainerConfig(Section):
         if "behav_weight_cap" in data:
             cap = data["behav_weight_cap"]
             if cap is not None:
-                raise ValueError(f"trainer.behav_weight_cap was replaced by trainer.off_policy: write "
-                                 f"`off_policy: {{kind: cap, cap: {cap}}}` (or --set trainer.off_policy.kind=cap "
-                                 f"--set trainer.off_policy.cap={cap})")
+                raise ValueError(
+                    f"trainer.behav_weight_cap was replaced by trainer.off_policy: write "
+                    f"`off_policy: {{kind: cap, cap: {cap}}}` (or --set trainer.off_policy.kind=cap "
+                    f"--set trainer.off_policy.cap={cap})"
+                )
             # null, as the saved configs of earlier runs hold it, is the default: no correction
             data = {k: v for k, v in data.items() if k != "behav_weight_cap"}
         for key in ("backend", "off_policy"):
@@ -167,13 +181,17 @@ class TrainerConfig(Section):
     @model_validator(mode="after")
     def _prox_needs_decoupled(self):
         if self.prox_logp != "recompute" and self.objective != "decoupled":
-            raise ValueError(f"trainer.prox_logp = {self.prox_logp!r} needs trainer.objective = 'decoupled' "
-                             f"(the {self.objective!r} objective has no proximal policy)")
+            raise ValueError(
+                f"trainer.prox_logp = {self.prox_logp!r} needs trainer.objective = 'decoupled' "
+                f"(the {self.objective!r} objective has no proximal policy)"
+            )
         return self
 
     @model_validator(mode="after")
     def _off_policy_needs_decoupled(self):
         if self.off_policy.kind != "none" and self.objective != "decoupled":
-            raise ValueError(f"trainer.off_policy.kind = {self.off_policy.kind!r} needs trainer.objective = "
-                             f"'decoupled' (the {self.objective!r} objective has no behaviour weight to correct)")
+            raise ValueError(
+                f"trainer.off_policy.kind = {self.off_policy.kind!r} needs trainer.objective = "
+                f"'decoupled' (the {self.objective!r} objective has no behaviour weight to correct)"
+            )
         return self

@@ -52,8 +52,9 @@ def scale_of(rank: int, alpha: float) -> float:
     return float(alpha) / int(rank)
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets: list[str] | tuple[str, ...],
-               seed: int) -> list[str]:
+def apply_lora(
+    model: torch.nn.Module, rank: int, alpha: float, targets: list[str] | tuple[str, ...], seed: int
+) -> list[str]:
     """Put adapters on every ``nn.Linear`` of the decoder layers named (last part) in ``targets``
     and freeze every other parameter; returns the adapted modules' names. ``lora_A`` is drawn from a
     generator seeded with ``seed`` (the same run seed gives the same adapters), ``lora_B`` is zero,
@@ -62,12 +63,18 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets: list[st
         raise ValueError("the model already has adapters")
     wanted = set(targets)
     layers = model.model.layers
-    found = [(f"model.layers.{i}.{n}", m) for i, layer in enumerate(layers) for n, m in layer.named_modules()
-             if n.rsplit(".", 1)[-1] in wanted and type(m) is torch.nn.Linear]
+    found = [
+        (f"model.layers.{i}.{n}", m)
+        for i, layer in enumerate(layers)
+        for n, m in layer.named_modules()
+        if n.rsplit(".", 1)[-1] in wanted and type(m) is torch.nn.Linear
+    ]
     missing = wanted - {name.rsplit(".", 1)[-1] for name, _ in found}
     if missing:
-        raise ValueError(f"trainer.lora.targets: the model's decoder layers have no nn.Linear named "
-                         f"{sorted(missing)} (a {type(model).__name__})")
+        raise ValueError(
+            f"trainer.lora.targets: the model's decoder layers have no nn.Linear named "
+            f"{sorted(missing)} (a {type(model).__name__})"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
@@ -95,9 +102,14 @@ def adapter_config(model: torch.nn.Module) -> dict:
     """What ``adapter_config.json`` records: enough to merge the adapters into checkpoint v0."""
     mods = lora_modules(model)
     first = next(iter(mods.values()))
-    return {"format": CONFIG_FORMAT, "rank": first.lora_rank, "alpha": first.lora_alpha,
-            "targets": sorted({n.rsplit(".", 1)[-1] for n in mods}), "modules": list(mods),
-            "base_version": BASE_VERSION}
+    return {
+        "format": CONFIG_FORMAT,
+        "rank": first.lora_rank,
+        "alpha": first.lora_alpha,
+        "targets": sorted({n.rsplit(".", 1)[-1] for n in mods}),
+        "modules": list(mods),
+        "base_version": BASE_VERSION,
+    }
 
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -119,7 +131,9 @@ def load_adapters(model: torch.nn.Module, tensors: dict[str, torch.Tensor], sour
     with torch.no_grad():
         for name, t in tensors.items():
             if tuple(t.shape) != tuple(mine[name].shape):
-                raise ValueError(f"{source}: {name} has shape {tuple(t.shape)}, the model's is {tuple(mine[name].shape)}")
+                raise ValueError(
+                    f"{source}: {name} has shape {tuple(t.shape)}, the model's is {tuple(mine[name].shape)}"
+                )
             mine[name].copy_(t)
 
 
@@ -134,7 +148,9 @@ def merge_weight(base: torch.Tensor, a: torch.Tensor, b_scaled: torch.Tensor) ->
 
     A bfloat16 base keeps the caveat of any merged bf16 weight: a delta smaller than half a bf16
     step of the base value rounds away (the adapters themselves stay exact in float32)."""
-    delta = torch.mm(b_scaled.to(device=base.device, dtype=torch.float32), a.to(device=base.device, dtype=torch.float32))
+    delta = torch.mm(
+        b_scaled.to(device=base.device, dtype=torch.float32), a.to(device=base.device, dtype=torch.float32)
+    )
     return (base.to(torch.float32) + delta).to(base.dtype)
 
 
@@ -178,8 +194,9 @@ def without_adapters(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
             m.lora_A, m.lora_B = a, b
 
 
-def merge_state(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], config: dict,
-                source: str) -> dict[str, torch.Tensor]:
+def merge_state(
+    base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], config: dict, source: str
+) -> dict[str, torch.Tensor]:
     """``base`` (checkpoint v0's tensors by name) with the checkpoint's adapters (unscaled, as
     :func:`adapter_tensors` saved them, ``config`` their ``adapter_config.json``) merged in."""
     if config.get("format") != CONFIG_FORMAT:
@@ -205,14 +222,18 @@ def adapter_pairs(named: dict[str, torch.Tensor], source: str) -> dict[str, tupl
     halves: dict[str, list] = {}
     for name, t in named.items():
         if not is_adapter_name(name):
-            raise ValueError(f"{source}: {name!r} is not an adapter tensor (<module>.lora_A or .lora_B); an "
-                             "update holds adapters only or full weights only")
-        mod, which = (name[:-len(A_SUFFIX)], 0) if name.endswith(A_SUFFIX) else (name[:-len(B_SUFFIX)], 1)
+            raise ValueError(
+                f"{source}: {name!r} is not an adapter tensor (<module>.lora_A or .lora_B); an "
+                "update holds adapters only or full weights only"
+            )
+        mod, which = (name[: -len(A_SUFFIX)], 0) if name.endswith(A_SUFFIX) else (name[: -len(B_SUFFIX)], 1)
         halves.setdefault(mod, [None, None])[which] = t
     for mod, (a, b) in halves.items():
         if a is None or b is None:
-            raise ValueError(f"{source}: {mod} has {'lora_B' if a is None else 'lora_A'} without "
-                             f"{'lora_A' if a is None else 'lora_B'}")
+            raise ValueError(
+                f"{source}: {mod} has {'lora_B' if a is None else 'lora_A'} without "
+                f"{'lora_A' if a is None else 'lora_B'}"
+            )
     return {m: (a, b) for m, (a, b) in halves.items()}
 
 
@@ -221,8 +242,10 @@ def _check_pair(mod: str, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ..
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"{source}: the adapters of {mod} are {a.dtype}/{b.dtype}; adapters are float32")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_f or b.shape[0] != out_f or a.shape[0] != b.shape[1]:
-        raise ValueError(f"{source}: {mod}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit its "
-                         f"weight {shape} (expected [r, {in_f}] and [{out_f}, r])")
+        raise ValueError(
+            f"{source}: {mod}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit its "
+            f"weight {shape} (expected [r, {in_f}] and [{out_f}, r])"
+        )
 
 
 def check_adapters(model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> None:
@@ -262,6 +285,8 @@ class AdapterMerger:
                 params = dict(model.named_parameters())
                 self._base = {m: params[m + ".weight"].detach().clone() for m in pairs}
             elif set(pairs) != set(self._base):
-                raise ValueError(f"{source}: adapters for {len(pairs)} modules, the earlier updates' were for "
-                                 f"{len(self._base)} (e.g. {sorted(set(pairs) ^ set(self._base))[:3]})")
+                raise ValueError(
+                    f"{source}: adapters for {len(pairs)} modules, the earlier updates' were for "
+                    f"{len(self._base)} (e.g. {sorted(set(pairs) ^ set(self._base))[:3]})"
+                )
             return {m + ".weight": merge_weight(self._base[m], a, b) for m, (a, b) in pairs.items()}

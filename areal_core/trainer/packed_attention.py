@@ -83,8 +83,12 @@ def per_sequence_sdpa(q, k, v, lens: list[int], scale: float) -> torch.Tensor:
     outs = []
     for a, b in _bounds(lens):
         o = F.scaled_dot_product_attention(
-            _heads_first(q[a:b]), _heads_first(k[a:b]), _heads_first(v[a:b]),
-            is_causal=True, scale=scale, enable_gqa=True,
+            _heads_first(q[a:b]),
+            _heads_first(k[a:b]),
+            _heads_first(v[a:b]),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
         )
         outs.append(o)
     return _tokens_first(outs)
@@ -99,8 +103,10 @@ def packed_causal_attention(
     ``lens``: the sequences' lengths in stream order, summing to T. Returns [T, hq, d].
     """
     if q.dim() != 3 or k.shape != v.shape or k.dim() != 3:
-        raise ValueError(f"packed attention wants q [T, hq, d] and k, v [T, hkv, d]; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"packed attention wants q [T, hq, d] and k, v [T, hkv, d]; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
     if sum(lens) != q.shape[0] or k.shape[0] != q.shape[0] or min(lens, default=0) < 1:

@@ -44,8 +44,9 @@ def _layout(seqs: list[list[int]], starts: list[int]) -> _Layout:
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (s, st) in enumerate(zip(seqs, starts)):
         if not 1 <= st < len(s):
-            raise ValueError(f"sequence {i}: response start {st} must lie in [1, {len(s) - 1}] "
-                             f"(the sequence has {len(s)} tokens)")
+            raise ValueError(
+                f"sequence {i}: response start {st} must lie in [1, {len(s) - 1}] (the sequence has {len(s)} tokens)"
+            )
         groups.setdefault(tuple(s[:st]), []).append(i)
     targets = [t for s, st in zip(seqs, starts) for t in s[st:]]
     if len(groups) == len(seqs):  # no prompt shared: each sequence is its own segment of the stream
@@ -78,9 +79,7 @@ def _layout(seqs: list[list[int]], starts: list[int]) -> _Layout:
     return _Layout(ids, pos, segments, gather, scatter, pred, targets)
 
 
-def response_logprobs(
-    model, seqs: list[list[int]], starts: list[int], temperature: float = 1.0
-) -> torch.Tensor:
+def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperature: float = 1.0) -> torch.Tensor:
     """Log-probabilities of ``seq[start:]`` for every sequence, flattened in order.
 
     Token ``seq[t]`` (t >= start >= 1) is scored from the logits at position t - 1,

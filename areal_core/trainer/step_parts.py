@@ -30,8 +30,10 @@ def trained_mask(t: Trajectory) -> torch.Tensor:
     if not t.output_mask:
         return torch.ones(len(t.output_ids), dtype=torch.bool)
     if len(t.output_mask) != len(t.output_ids) or any(m not in (0, 1) for m in t.output_mask):
-        raise ValueError(f"trajectory {t.traj_id}: output_mask must hold one 0 or 1 per output token "
-                         f"({len(t.output_ids)}), got {len(t.output_mask)} values")
+        raise ValueError(
+            f"trajectory {t.traj_id}: output_mask must hold one 0 or 1 per output token "
+            f"({len(t.output_ids)}), got {len(t.output_mask)} values"
+        )
     if not any(t.output_mask):
         raise ValueError(f"trajectory {t.traj_id}: output_mask trains no token (all 0)")
     return torch.tensor(t.output_mask, dtype=torch.bool)
@@ -49,11 +51,16 @@ def prepare_batch(batch: list[Trajectory], adv_norm: str) -> PreparedBatch:
     rewards = torch.tensor([float(t.reward) for t in batch])
     adv_seq = compute_advantages(rewards, [t.group_id for t in batch], mode=adv_norm)
     return PreparedBatch(
-        seqs=[t.prompt_ids + t.output_ids for t in batch], starts=[len(t.prompt_ids) for t in batch], n_out=n_out,
-        rewards=rewards, behav=[torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch],
+        seqs=[t.prompt_ids + t.output_ids for t in batch],
+        starts=[len(t.prompt_ids) for t in batch],
+        n_out=n_out,
+        rewards=rewards,
+        behav=[torch.tensor(t.output_logprobs, dtype=torch.float32) for t in batch],
         adv=[torch.full((n,), float(a)) for n, a in zip(n_out, adv_seq.tolist())],
-        mask=mask, n_trained=[int(m.sum()) for m in mask],
-        versions=[torch.tensor(t.output_versions) for t in batch])
+        mask=mask,
+        n_trained=[int(m.sum()) for m in mask],
+        versions=[torch.tensor(t.output_versions) for t in batch],
+    )
 
 
 def prox_path(cfg: TrainerConfig, n_minibatches: int) -> str:
@@ -64,8 +71,18 @@ def prox_path(cfg: TrainerConfig, n_minibatches: int) -> str:
     return "current_forward" if n_minibatches == 1 else cfg.prox_logp
 
 
-def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBatch, idx: list[int], *,
-             prox: dict | list | None, versions: list[torch.Tensor] | None, version: int, n_tokens: int):
+def ppo_loss(
+    cfg: TrainerConfig,
+    path: str,
+    logp: torch.Tensor,
+    prep: PreparedBatch,
+    idx: list[int],
+    *,
+    prox: dict | list | None,
+    versions: list[torch.Tensor] | None,
+    version: int,
+    n_tokens: int,
+):
     """The configured objective's loss and stats on the micro-batch ``idx`` (``logp``: its answer
     tokens' logprobs by the policy being updated, in order); environment tokens are masked out and
     ``n_tokens`` counts the minibatch's policy tokens."""
@@ -81,8 +98,9 @@ def ppo_loss(cfg: TrainerConfig, path: str, logp: torch.Tensor, prep: PreparedBa
     else:  # one minibatch: the weights before this step are the ones of this forward
         p = logp.detach()
     # logp holds the answers of idx one after another: the sequences of the off-policy correction
-    loss, stats = decoupled_ppo_loss(logp, p, b, a, mask, cfg.eps_clip, cfg.off_policy, n_tokens=n_tokens,
-                                     seq_lens=[prep.n_out[i] for i in idx])
+    loss, stats = decoupled_ppo_loss(
+        logp, p, b, a, mask, cfg.eps_clip, cfg.off_policy, n_tokens=n_tokens, seq_lens=[prep.n_out[i] for i in idx]
+    )
     if path in ("recompute", "current_forward"):  # p: the weights before this step, exactly
         stats.update(logprob_gap(p, b, mask & (torch.cat([prep.versions[i] for i in idx]).to(mask.device) == version)))
     return loss, stats
@@ -94,20 +112,28 @@ def logprob_gap(trainer_logp: torch.Tensor, behav: torch.Tensor, same_version: t
     measures the numerics mismatch alone, apart from staleness. As sums (``*_sum`` keys add up over
     a step's micro-batches; the trainer reports the mean, ``logprob_gap_mean``)."""
     gap = (trainer_logp.detach().double() - behav.double()).abs()[same_version]
-    return {"logprob_gap_sum": float(gap.sum()), "logprob_gap_tokens_sum": float(gap.numel()),
-            "logprob_gap_max": float(gap.max()) if gap.numel() else 0.0}
+    return {
+        "logprob_gap_sum": float(gap.sum()),
+        "logprob_gap_tokens_sum": float(gap.numel()),
+        "logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
+    }
 
 
 def batch_stats(batch: list[Trajectory], prep: PreparedBatch, version: int) -> dict:
     """Reward, accuracy, answer lengths and staleness of a step's batch."""
-    staleness = torch.tensor([version - v for t, m in zip(batch, prep.mask)
-                              for v, trained in zip(t.output_versions, m.tolist()) if trained], dtype=torch.float32)
+    staleness = torch.tensor(
+        [version - v for t, m in zip(batch, prep.mask) for v, trained in zip(t.output_versions, m.tolist()) if trained],
+        dtype=torch.float32,
+    )
     n = torch.tensor(prep.n_out, dtype=torch.float32)
     return {
         "reward": float(prep.rewards.mean()),
         "accuracy": sum(bool(t.correct) for t in batch) / len(batch),
-        "answer_len_mean": float(n.mean()), "answer_len_p50": float(n.quantile(0.5)),
-        "answer_len_p90": float(n.quantile(0.9)), "answer_len_max": float(n.max()),
-        "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+        "answer_len_mean": float(n.mean()),
+        "answer_len_p50": float(n.quantile(0.5)),
+        "answer_len_p90": float(n.quantile(0.9)),
+        "answer_len_max": float(n.max()),
+        "staleness_mean": float(staleness.mean()),
+        "staleness_max": int(staleness.max()),
         "tokens_trained": int(sum(prep.n_trained)),
     }

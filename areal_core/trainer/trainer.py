@@ -65,8 +65,9 @@ class Trainer:
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         # float32 parameters are their own masters; others get a float32 copy
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(p.requires_grad)
-                        for p in self._params]
+        self.masters = [
+            p if p.dtype == torch.float32 else p.detach().float().requires_grad_(p.requires_grad) for p in self._params
+        ]
         self._low = [(p, m) for p, m in zip(self._params, self.masters) if p is not m]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -129,8 +130,9 @@ class Trainer:
             if st is None:
                 continue
             if st["exp_avg"].shape != p.shape:
-                raise ValueError(f"moments for {name} have shape {tuple(st['exp_avg'].shape)}, "
-                                 f"the parameter has {tuple(p.shape)}")
+                raise ValueError(
+                    f"moments for {name} have shape {tuple(st['exp_avg'].shape)}, the parameter has {tuple(p.shape)}"
+                )
             self.optimizer.state[p] = {k: v.clone() for k, v in st.items()}
             n += 1
         return n
@@ -185,8 +187,9 @@ class Trainer:
                 idx = [mbatch[j] for j in local]
                 self.last_plan["microbatches"].append(idx)
                 logp = self._logprobs(seqs, starts, idx)
-                loss, st = ppo_loss(cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version,
-                                    n_tokens=n_tokens)
+                loss, st = ppo_loss(
+                    cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version, n_tokens=n_tokens
+                )
                 loss.backward()
                 self._accumulate_grads()
                 n_forward += 1
@@ -206,13 +209,16 @@ class Trainer:
             sums["logprob_gap_mean"] = sums["logprob_gap_sum"] / sums["logprob_gap_tokens_sum"]
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return StepResult.of({
-            **sums,
-            **batch_stats(batch, prep, version),
-            "forward_passes": n_forward,
-            "prox_logp_path": path,
-            "prox_forward_passes": n_prox_forward,
-            "grad_norm": max(grad_norms),
-            "lr": lr,
-            "train_time_s": time.perf_counter() - t0,
-        }, version)
+        return StepResult.of(
+            {
+                **sums,
+                **batch_stats(batch, prep, version),
+                "forward_passes": n_forward,
+                "prox_logp_path": path,
+                "prox_forward_passes": n_prox_forward,
+                "grad_norm": max(grad_norms),
+                "lr": lr,
+                "train_time_s": time.perf_counter() - t0,
+            },
+            version,
+        )

@@ -22,17 +22,26 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m infra.gpu_smoke",
-                                 description="A GPU smoke run: environment, engine vs HF generate, trainer, "
-                                             "async RL, megatron (each part skipped or failed on its own)")
+    ap = argparse.ArgumentParser(
+        prog="python -m infra.gpu_smoke",
+        description="A GPU smoke run: environment, engine vs HF generate, trainer, "
+        "async RL, megatron (each part skipped or failed on its own)",
+    )
     ap.add_argument("--out", default="runs/gpu_smoke", help="output folder (gpu_smoke.json, the RL run)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                    help="compute dtype (auto: bfloat16 on a bf16 GPU; the tiny model is always float32)")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="compute dtype (auto: bfloat16 on a bf16 GPU; the tiny model is always float32)",
+    )
     ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, or an HF folder")
-    ap.add_argument("--config", default=str(REPO / "configs/smollm2_quickstart.yaml"),
-                    help="the task and trainer settings of parts engine/trainer/megatron")
+    ap.add_argument(
+        "--config",
+        default=str(REPO / "configs/smollm2_quickstart.yaml"),
+        help="the task and trainer settings of parts engine/trainer/megatron",
+    )
     ap.add_argument("--rl-config", default=None, help="the RL run's config (default: --config)")
     g = ap.add_argument_group("engine vs HF generate")
     g.add_argument("--batches", type=_ints, default=[64, 256], help="batch sizes (default 64,256)")
@@ -51,8 +60,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--steps", type=int, default=30, help="RL steps (default 30)")
     g.add_argument("--eval-problems", type=int, default=None, help="held-out problems before and after")
     g.add_argument("--rl-batch", type=int, default=None, help="trajectories per step (default: the config's)")
-    g.add_argument("--rl-transport", default="auto", choices=["auto", "nccl", "gloo", "tensor"],
-                   help="auto: NCCL where two processes can share the GPU, else gloo")
+    g.add_argument(
+        "--rl-transport",
+        default="auto",
+        choices=["auto", "nccl", "gloo", "tensor"],
+        help="auto: NCCL where two processes can share the GPU, else gloo",
+    )
     g.add_argument("--rl-dir", default=None, help="the RL run's folder, emptied first (default: <out>/rl)")
     g.add_argument("--probe-timeout-s", type=float, default=60.0, help="the NCCL probe's limit (default 60 s)")
     args = ap.parse_args(argv)
@@ -92,9 +105,13 @@ def run(args) -> Results:
     def model_part():
         nonlocal setup
         setup = load_setup(args)
-        return {"model": args.model, "device": describe_device(setup.device),
-                "dtype": str(setup.dtype).removeprefix("torch."), "dtype_why": setup.dtype_why,
-                "parameters": sum(p.numel() for p in setup.model32.parameters())}
+        return {
+            "model": args.model,
+            "device": describe_device(setup.device),
+            "dtype": str(setup.dtype).removeprefix("torch."),
+            "dtype_why": setup.dtype_why,
+            "parameters": sum(p.numel() for p in setup.model32.parameters()),
+        }
 
     def needs_model(fn):
         def go():
@@ -103,6 +120,7 @@ def run(args) -> Results:
 
                 raise Skip(f"the model did not load: {res.data['parts'].get('model', {}).get('error', '?')}")
             return fn(setup)
+
         return go
 
     dev_type = "cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu"
@@ -116,8 +134,9 @@ def run(args) -> Results:
         else:
             if setup is None and "model" not in res.data["parts"]:
                 res.run("model", model_part)
-            res.run(name, needs_model({"engine": engine_part, "trainer": trainer_part,
-                                       "megatron": megatron_part}[name]))
+            res.run(
+                name, needs_model({"engine": engine_part, "trainer": trainer_part, "megatron": megatron_part}[name])
+            )
         _free(dev_type)
     # whether this run's code imported Prefect (None: it was imported before the run, in this process)
     res.data["prefect_imported"] = None if prefect_before else "prefect" in sys.modules
@@ -133,25 +152,34 @@ def headline(name: str, p: dict) -> str:
     if p["status"] != "ok":
         return p.get("reason") or p.get("error", "")[:150]
     if name == "env":
-        return (f"{p.get('gpu', 'no GPU')}, torch {p['torch']} (CUDA {p['torch_cuda']}), "
-                f"bf16 {p.get('bf16_supported', '-')}, bf16 matmul {p.get('matmul_bf16_tflops', '-')} TFLOP/s")
+        return (
+            f"{p.get('gpu', 'no GPU')}, torch {p['torch']} (CUDA {p['torch_cuda']}), "
+            f"bf16 {p.get('bf16_supported', '-')}, bf16 matmul {p.get('matmul_bf16_tflops', '-')} TFLOP/s"
+        )
     if name == "model":
         return f"{p['model']} on {p['device']}, {p['dtype']} ({p['dtype_why']})"
     if name == "engine":
-        rows = "; ".join(f"bs {r['batch']}: {_f(r['engine_tokens_per_s'])} vs HF {_f(r['hf_generate_tokens_per_s'])} "
-                         f"tok/s ({r['engine_over_hf']:.2f}x)" for r in p["rows"])
+        rows = "; ".join(
+            f"bs {r['batch']}: {_f(r['engine_tokens_per_s'])} vs HF {_f(r['hf_generate_tokens_per_s'])} "
+            f"tok/s ({r['engine_over_hf']:.2f}x)"
+            for r in p["rows"]
+        )
         lp = p["logprobs"]
         return f"{rows}; logprobs mean|d| {lp['mean_abs']:.4f} p99 {lp['p99_abs']:.3f} ok={p['ok']}"
     if name in ("trainer", "megatron"):
         eq = p["equality"]
         speed = f"{_f(p.get('tokens_per_s'))} tok/s fwd+bwd+AdamW, " if p.get("tokens_per_s") else ""
-        return (f"{speed}loss {eq['loss']:.5f} vs CPU fp32 {eq['cpu_float32_loss']:.5f} "
-                f"(rel {eq['loss_rel_diff']:.1e} <= {eq['tolerance']:.0e}) ok={p['ok']}")
+        return (
+            f"{speed}loss {eq['loss']:.5f} vs CPU fp32 {eq['cpu_float32_loss']:.5f} "
+            f"(rel {eq['loss_rel_diff']:.1e} <= {eq['tolerance']:.0e}) ok={p['ok']}"
+        )
     if name == "rl":
         push = p["weight"].get("weight_push_s", {})
-        return (f"{p['steps']} steps, {p['transport']}, ledger ok={p['ledger_ok']}, staleness "
-                f"{p['max_staleness_observed']}<={p['eta']}, push median {_f(push.get('median'), '.3f')} s, "
-                f"acc {p['accuracy_before']:.3f}->{p['accuracy_after']:.3f}")
+        return (
+            f"{p['steps']} steps, {p['transport']}, ledger ok={p['ledger_ok']}, staleness "
+            f"{p['max_staleness_observed']}<={p['eta']}, push median {_f(push.get('median'), '.3f')} s, "
+            f"acc {p['accuracy_before']:.3f}->{p['accuracy_after']:.3f}"
+        )
     return ""
 
 

@@ -64,8 +64,11 @@ class Results:
         except Skip as s:
             out = {"status": "skipped", "reason": str(s)}
         except Exception as e:  # noqa: BLE001 - recorded with its traceback; the next part still runs
-            out = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:4000],
-                   "traceback": traceback.format_exc()[-6000:]}
+            out = {
+                "status": "failed",
+                "error": f"{type(e).__name__}: {e}"[:4000],
+                "traceback": traceback.format_exc()[-6000:],
+            }
         out["seconds"] = round(time.perf_counter() - t0, 2)
         self.data["parts"][name] = out
         self.save()
@@ -175,12 +178,23 @@ def fixed_batch(prompts: list, n: int, seq_len: int, vocab: int, group: int, see
     rng = random.Random(seed)
     batch = []
     for i in range(n):
-        p = list(prompts[(i // group) % len(prompts)].input_ids)[-(seq_len // 2):]
+        p = list(prompts[(i // group) % len(prompts)].input_ids)[-(seq_len // 2) :]
         out = [rng.randrange(3, vocab) for _ in range(seq_len - len(p))]
-        batch.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // group}", seq_no=i, admit_version=0,
-                                prompt_ids=p, output_ids=out, output_logprobs=[behaviour] * len(out),
-                                output_versions=[0] * len(out), reward=float(rng.choice((-5.0, 5.0))),
-                                correct=False, finish_reason="length"))
+        batch.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // group}",
+                seq_no=i,
+                admit_version=0,
+                prompt_ids=p,
+                output_ids=out,
+                output_logprobs=[behaviour] * len(out),
+                output_versions=[0] * len(out),
+                reward=float(rng.choice((-5.0, 5.0))),
+                correct=False,
+                finish_reason="length",
+            )
+        )
     return batch
 
 
@@ -194,12 +208,24 @@ def text_batch(prompts: list, n: int, seq_len: int, group: int, reward: float = 
     stream = [t for p in prompts for t in p.input_ids]
     if len(stream) < n * seq_len:
         stream = stream * (n * seq_len // max(1, len(stream)) + 1)
-    windows = [stream[k * seq_len:(k + 1) * seq_len] for k in range(n)]
+    windows = [stream[k * seq_len : (k + 1) * seq_len] for k in range(n)]
     half = seq_len // 2
-    return [Trajectory(traj_id=f"c{i}", group_id=f"cg{i // group}", seq_no=i, admit_version=0,
-                       prompt_ids=windows[i // group][:half], output_ids=windows[i][half:],
-                       output_logprobs=[behaviour] * (seq_len - half), output_versions=[0] * (seq_len - half),
-                       reward=reward, correct=True, finish_reason="length") for i in range(n)]
+    return [
+        Trajectory(
+            traj_id=f"c{i}",
+            group_id=f"cg{i // group}",
+            seq_no=i,
+            admit_version=0,
+            prompt_ids=windows[i // group][:half],
+            output_ids=windows[i][half:],
+            output_logprobs=[behaviour] * (seq_len - half),
+            output_versions=[0] * (seq_len - half),
+            reward=reward,
+            correct=True,
+            finish_reason="length",
+        )
+        for i in range(n)
+    ]
 
 
 def describe_device(device: torch.device) -> str:

@@ -26,8 +26,14 @@ def run_engine(model, batch: list[list[int]], new: int) -> tuple[float, list]:
     """(seconds, responses) of one batch through a fresh engine driven in this thread."""
     from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
-    eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch),
-                        kv_capacity=len(batch[0]) + new + 1, seed=len(batch))
+    eng = RolloutEngine(
+        model,
+        max_running=len(batch),
+        start=False,
+        kv_slots=len(batch),
+        kv_capacity=len(batch[0]) + new + 1,
+        seed=len(batch),
+    )
     sp = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": new, "ignore_eos": True}
     try:
         with Clock(eng.device) as c:
@@ -46,8 +52,17 @@ def run_engine(model, batch: list[list[int]], new: int) -> tuple[float, list]:
 def run_hf(model, batch: list[list[int]], new: int, pad: int) -> float:
     ids = torch.tensor(batch, device=model.device)
     with torch.no_grad(), Clock(model.device) as c:
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                             top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=pad,
+        )
     if out.shape != (len(batch), len(batch[0]) + new):
         raise RuntimeError(f"HF generate returned shape {tuple(out.shape)}")
     return c.s
@@ -58,12 +73,12 @@ def hf_logprobs(model, prompts: list[list[int]], answers: list[list[int]], chunk
     """HF's log-softmax (temperature 1) of each answer token given the prompt and the answer so far."""
     out = []
     for a in range(0, len(prompts), chunk):
-        ps, ans = prompts[a:a + chunk], answers[a:a + chunk]
+        ps, ans = prompts[a : a + chunk], answers[a : a + chunk]
         ids = torch.tensor([p + x for p, x in zip(ps, ans)], device=model.device)  # equal lengths: no padding
         logits = model(input_ids=ids).logits
         L = len(ps[0])
         for j, x in enumerate(ans):
-            lp = torch.log_softmax(logits[j, L - 1:L - 1 + len(x)].float(), -1)
+            lp = torch.log_softmax(logits[j, L - 1 : L - 1 + len(x)].float(), -1)
             out.append(lp.gather(-1, torch.tensor(x, device=model.device)[:, None])[:, 0].cpu())
     return out
 
@@ -74,8 +89,13 @@ def compare(engine_out: list, prompts: list[list[int]], model) -> dict:
     got = torch.cat([torch.tensor([lp for lp, _, _ in r.meta_info.output_token_logprobs]) for r in engine_out])
     want = torch.cat(hf_logprobs(model, prompts, answers))
     d = (got - want).abs()
-    return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "p99_abs": float(d.quantile(0.99)),
-            "max_abs": float(d.max()), "mean_logprob": float(want.mean())}
+    return {
+        "tokens": int(d.numel()),
+        "mean_abs": float(d.mean()),
+        "p99_abs": float(d.quantile(0.99)),
+        "max_abs": float(d.max()),
+        "mean_logprob": float(want.mean()),
+    }
 
 
 def engine_part(s: Setup) -> dict:
@@ -98,19 +118,36 @@ def engine_part(s: Setup) -> dict:
                 else:
                     h_runs.append(bs * a.new_tokens / run_hf(model, batch, a.new_tokens, pad))
         e, h = median(e_runs), median(h_runs)
-        rows.append({"batch": bs, "prompt_tokens": len(batch[0]), "new_tokens": a.new_tokens,
-                     "engine_tokens_per_s": e, "hf_generate_tokens_per_s": h, "engine_over_hf": e / h,
-                     "engine_runs": e_runs, "hf_runs": h_runs})
+        rows.append(
+            {
+                "batch": bs,
+                "prompt_tokens": len(batch[0]),
+                "new_tokens": a.new_tokens,
+                "engine_tokens_per_s": e,
+                "hf_generate_tokens_per_s": h,
+                "engine_over_hf": e / h,
+                "engine_runs": e_runs,
+                "hf_runs": h_runs,
+            }
+        )
         if bs == max(a.batches):
             check = compare(out, batch, model)
-    check.update(dtype=str(s.dtype).removeprefix("torch."),
-                 ok=check["mean_abs"] <= BF16_MEAN_TOL and check["p99_abs"] <= BF16_P99_TOL,
-                 tolerance=f"mean <= {BF16_MEAN_TOL}, p99 <= {BF16_P99_TOL}")
+    check.update(
+        dtype=str(s.dtype).removeprefix("torch."),
+        ok=check["mean_abs"] <= BF16_MEAN_TOL and check["p99_abs"] <= BF16_P99_TOL,
+        tolerance=f"mean <= {BF16_MEAN_TOL}, p99 <= {BF16_P99_TOL}",
+    )
     del model
     model32 = s.device_model(torch.float32)
     few = equal_length_prompts(s.prompts, 8, a.prompt_len)
     _, out32 = run_engine(model32, few, min(32, a.new_tokens))
     check32 = compare(out32, few, model32)
     check32.update(ok=check32["max_abs"] <= FP32_MAX_TOL, tolerance=f"max <= {FP32_MAX_TOL}")
-    return {"device": str(s.device), "dtype": str(s.dtype).removeprefix("torch."), "rows": rows,
-            "logprobs": check, "logprobs_float32": check32, "ok": check["ok"] and check32["ok"]}
+    return {
+        "device": str(s.device),
+        "dtype": str(s.dtype).removeprefix("torch."),
+        "rows": rows,
+        "logprobs": check,
+        "logprobs_float32": check32,
+        "ok": check["ok"] and check32["ok"],
+    }

@@ -14,10 +14,33 @@ import torch
 
 from infra.gpu_smoke.common import Clock
 
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "numpy", "pandas", "pyarrow",
-            "pydantic", "pydantic-core", "fastapi", "starlette", "uvicorn", "aiohttp", "dask", "distributed",
-            "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "gguf", "megatron-core", "fsspec",
-            "pyyaml", "typing-extensions", "prefect")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pydantic",
+    "pydantic-core",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "aiohttp",
+    "dask",
+    "distributed",
+    "math-verify",
+    "latex2sympy2_extended",
+    "antlr4-python3-runtime",
+    "gguf",
+    "megatron-core",
+    "fsspec",
+    "pyyaml",
+    "typing-extensions",
+    "prefect",
+)
 
 
 def _version(name: str) -> str | None:
@@ -32,8 +55,7 @@ def _nvidia_smi() -> dict:
     if exe is None:
         return {"nvidia_smi": "not found"}
     q = "name,driver_version,memory.total,clocks.max.sm,power.limit"
-    r = subprocess.run([exe, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run([exe, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
     return {"nvidia_smi": r.stdout.strip() or r.stderr.strip()[:500]}
 
 
@@ -52,9 +74,14 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, reps: int) -
 def env_part(args) -> dict:
     from areal_core.models.smollm2 import SmolLM2Unavailable, find_smollm2_gguf
 
-    out: dict = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
-                 "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-                 "packages": {p: _version(p) for p in PACKAGES}}
+    out: dict = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "packages": {p: _version(p) for p in PACKAGES},
+    }
     try:
         out["smollm2_gguf"] = "/".join(find_smollm2_gguf())
     except SmolLM2Unavailable as e:
@@ -63,13 +90,20 @@ def env_part(args) -> dict:
     if torch.cuda.is_available():
         dev = torch.device("cuda")
         p = torch.cuda.get_device_properties(dev)
-        out.update({
-            "gpu": p.name, "capability": f"{p.major}.{p.minor}", "gpu_memory_gib": round(p.total_memory / 2**30, 1),
-            "multiprocessors": p.multi_processor_count, "bf16_supported": torch.cuda.is_bf16_supported(),
-            "cudnn": torch.backends.cudnn.version(), "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "tf32_matmul_allowed": torch.backends.cuda.matmul.allow_tf32, **_nvidia_smi(),
-            "matmul_bf16_tflops": round(matmul_tflops(dev, torch.bfloat16, 8192, 10), 1),
-        })
+        out.update(
+            {
+                "gpu": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "gpu_memory_gib": round(p.total_memory / 2**30, 1),
+                "multiprocessors": p.multi_processor_count,
+                "bf16_supported": torch.cuda.is_bf16_supported(),
+                "cudnn": torch.backends.cudnn.version(),
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "tf32_matmul_allowed": torch.backends.cuda.matmul.allow_tf32,
+                **_nvidia_smi(),
+                "matmul_bf16_tflops": round(matmul_tflops(dev, torch.bfloat16, 8192, 10), 1),
+            }
+        )
     else:
         out["matmul_bf16_gflops_cpu"] = round(1000 * matmul_tflops(torch.device("cpu"), torch.bfloat16, 512, 3), 1)
     return out

@@ -18,8 +18,11 @@ def main(argv: list[str]) -> int:
     rank, port = int(argv[0]), int(argv[1])
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
     pg = make_process_group("nccl", dist.PrefixStore("probe", store), rank, 2, 60.0)
-    t = torch.arange(1024, dtype=torch.bfloat16, device="cuda") if rank == 0 else \
-        torch.zeros(1024, dtype=torch.bfloat16, device="cuda")
+    t = (
+        torch.arange(1024, dtype=torch.bfloat16, device="cuda")
+        if rank == 0
+        else torch.zeros(1024, dtype=torch.bfloat16, device="cuda")
+    )
     pg.broadcast(t, 0).wait()
     torch.cuda.synchronize()
     if not torch.equal(t.cpu(), torch.arange(1024, dtype=torch.bfloat16)):

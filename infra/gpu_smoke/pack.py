@@ -32,25 +32,60 @@ from infra.gpu_smoke.common import REPO
 # accelerate, safetensors, tokenizers, click, cloudpickle, msgpack, psutil, toolz, sortedcontainers,
 # jinja2, packaging, h11, anyio, annotated-doc and sympy (device tool's KINDS.md).
 WHEELS = (
-    "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
     "typing-extensions==4.16.0",  # pydantic 2.14 needs a recent one; the image's version is not known
-    "fastapi==0.144.0", "starlette==1.10.0", "uvicorn==0.54.0", "opentelemetry-api==1.45.2",
-    "dask==2026.8.0", "distributed==2026.8.0", "partd==1.4.2", "locket==1.0.0", "tblib==3.2.2", "zict==3.0.0",
+    "fastapi==0.144.0",
+    "starlette==1.10.0",
+    "uvicorn==0.54.0",
+    "opentelemetry-api==1.45.2",
+    "dask==2026.8.0",
+    "distributed==2026.8.0",
+    "partd==1.4.2",
+    "locket==1.0.0",
+    "tblib==3.2.2",
+    "zict==3.0.0",
     "tornado==6.6.1",
-    "math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2",
-    "gguf==0.19.0", "megatron-core==0.16.1",
-    "cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12",  # the reward cluster's TLS (Security.temporary)
+    "math-verify==0.9.0",
+    "latex2sympy2_extended==1.11.0",
+    "antlr4-python3-runtime==4.13.2",
+    "gguf==0.19.0",
+    "megatron-core==0.16.1",
+    "cryptography==50.0.2",
+    "cffi==2.1.1",
+    "pycparser==3.12",  # the reward cluster's TLS (Security.temporary)
 )
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 WHEEL_DIR, PART_A, PART_B = REPO / "infra/gpu_wheels", REPO / "infra/gpu_model_a", REPO / "infra/gpu_model_b"
 LIMIT = 64 << 20  # bytes one call carries, the working tree included
 
 
 def download_wheels(dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-           "--implementation", "cp", "-d", str(dest), *[a for p in PLATFORMS for a in ("--platform", p)], *WHEELS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+        *[a for p in PLATFORMS for a in ("--platform", p)],
+        *WHEELS,
+    ]
     subprocess.run(cmd, check=True)
     return sorted(dest.glob("*.whl"))
 
@@ -99,8 +134,12 @@ def split_gguf(size_a: int) -> dict:
 
 def tree_bytes() -> int:
     """Bytes of what every call sends: tracked files and untracked files git does not ignore."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, check=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     return sum((REPO / p).stat().st_size for p in out.split("\0") if p and (REPO / p).is_file())
 
 
@@ -110,8 +149,12 @@ def folder_bytes(path: Path) -> int:
 
 def report() -> dict:
     tree = tree_bytes()
-    sizes = {"tree": tree, "wheels_and_spec": folder_bytes(WHEEL_DIR), "part_a": folder_bytes(PART_A),
-             "part_b": folder_bytes(PART_B)}
+    sizes = {
+        "tree": tree,
+        "wheels_and_spec": folder_bytes(WHEEL_DIR),
+        "part_a": folder_bytes(PART_A),
+        "part_b": folder_bytes(PART_B),
+    }
     sizes["call_stage"] = tree + sizes["part_a"]
     sizes["call_run"] = tree + sizes["wheels_and_spec"] + sizes["part_b"]
     for w in sorted(WHEEL_DIR.glob("*.whl")):

@@ -43,11 +43,21 @@ def _port() -> int:
 def nccl_probe(timeout_s: float) -> dict:
     """Broadcast one tensor over NCCL between two processes on this GPU; ``{"ok": ..., "error": ...}``."""
     port = _port()
-    env = {**os.environ, "NCCL_DEBUG": "WARN", "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    procs = [subprocess.Popen([sys.executable, "-m", "infra.gpu_smoke.nccl_probe", str(rank), str(port)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in (0, 1)]
+    env = {
+        **os.environ,
+        "NCCL_DEBUG": "WARN",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "infra.gpu_smoke.nccl_probe", str(rank), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outs, codes = [], []
     for p in procs:
         try:
@@ -94,8 +104,12 @@ def rl_part(args) -> dict:
     if choice == "nccl" and device.type != "cuda":
         raise Skip("the nccl transport needs the engine and the trainer on a GPU")
     transport = {"kind": "tensor"} if choice == "tensor" else {"kind": "distributed", "backend": choice}
-    over = {**model_overrides(args), "model.device": args.device, "trainer.max_steps": args.steps,
-            "rollout.weight_transport": transport}
+    over = {
+        **model_overrides(args),
+        "model.device": args.device,
+        "trainer.max_steps": args.steps,
+        "rollout.weight_transport": transport,
+    }
     if args.model != "tiny":
         over["model.dtype"] = args.dtype
     if args.eval_problems is not None:
@@ -112,14 +126,26 @@ def rl_part(args) -> dict:
     stale_ok = summary["max_staleness_observed"] <= summary["eta"]
     server_times = server_update_times(run_dir)
     res = {
-        "device": str(device), "model": cfg.model.name, "dtype": summary["dtype"], "config": str(args.rl_config),
-        "transport": transport, "nccl_same_gpu_probe": probe, "steps": summary["steps"], "eta": summary["eta"],
-        "batch_size": cfg.trainer.batch_size, "ledger_check": ledger, "ledger_ok": bool(ledger["ok"]),
-        "max_staleness_observed": summary["max_staleness_observed"], "staleness_ok": stale_ok,
-        "accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
+        "device": str(device),
+        "model": cfg.model.name,
+        "dtype": summary["dtype"],
+        "config": str(args.rl_config),
+        "transport": transport,
+        "nccl_same_gpu_probe": probe,
+        "steps": summary["steps"],
+        "eta": summary["eta"],
+        "batch_size": cfg.trainer.batch_size,
+        "ledger_check": ledger,
+        "ledger_ok": bool(ledger["ok"]),
+        "max_staleness_observed": summary["max_staleness_observed"],
+        "staleness_ok": stale_ok,
+        "accuracy_before": summary["accuracy_before"],
+        "accuracy_after": summary["accuracy_after"],
         "n_eval_problems": summary["n_eval_problems"],
-        "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"], "rl_time_s": summary["rl_time_s"],
-        "wall_time_s": summary["wall_time_s"], "weight_columns": weight_cols,
+        "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
+        "rl_time_s": summary["rl_time_s"],
+        "wall_time_s": summary["wall_time_s"],
+        "weight_columns": weight_cols,
         "weight": {c: _stats(metrics[c]) for c in weight_cols},
         "server_update_s": _stats(server_times),
         "curve": metrics[[c for c in CURVE if c in metrics.columns]].to_dict(orient="records"),

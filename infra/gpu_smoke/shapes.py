@@ -46,8 +46,11 @@ def unpack(spec: Path, into: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infra.gpu_smoke.shapes", description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", required=True,
-                    help="config + tokenizer: a folder or its .tar.xz (infra/gpu_wheels/smollm2-spec.tar.xz)")
+    ap.add_argument(
+        "--spec",
+        required=True,
+        help="config + tokenizer: a folder or its .tar.xz (infra/gpu_wheels/smollm2-spec.tar.xz)",
+    )
     ap.add_argument("--out", required=True, help="the HF folder to write")
     args = ap.parse_args(argv)
     out = Path(args.out)

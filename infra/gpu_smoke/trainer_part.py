@@ -33,9 +33,14 @@ def trainer_config(s: Setup, check: bool = False):
     from areal_core.trainer.config import OffPolicyNone
 
     t = s.cfg.trainer
-    update = {"microbatching": "dynamic", "ppo_minibatches": 1, "lora": None, "objective": "decoupled",
-              "off_policy": OffPolicyNone(),
-              "max_tokens_per_microbatch": max(s.args.microbatch_tokens, s.args.seq_len, s.args.check_len)}
+    update = {
+        "microbatching": "dynamic",
+        "ppo_minibatches": 1,
+        "lora": None,
+        "objective": "decoupled",
+        "off_policy": OffPolicyNone(),
+        "max_tokens_per_microbatch": max(s.args.microbatch_tokens, s.args.seq_len, s.args.check_len),
+    }
     if check:
         update["adv_norm"] = "none"
     return t.model_copy(update=update)
@@ -74,9 +79,15 @@ def _rel(a: float, b: float) -> float:
 
 def compare(ref: dict, stats: dict, nll: float | None, dtype: torch.dtype) -> dict:
     tol = TOL[dtype]
-    out = {"loss": stats["loss"], "cpu_float32_loss": ref["loss"], "loss_rel_diff": _rel(stats["loss"], ref["loss"]),
-           "grad_norm": stats["grad_norm"], "cpu_float32_grad_norm": ref["grad_norm"],
-           "grad_norm_rel_diff": _rel(stats["grad_norm"], ref["grad_norm"]), "tolerance": tol}
+    out = {
+        "loss": stats["loss"],
+        "cpu_float32_loss": ref["loss"],
+        "loss_rel_diff": _rel(stats["loss"], ref["loss"]),
+        "grad_norm": stats["grad_norm"],
+        "cpu_float32_grad_norm": ref["grad_norm"],
+        "grad_norm_rel_diff": _rel(stats["grad_norm"], ref["grad_norm"]),
+        "tolerance": tol,
+    }
     ok = out["loss_rel_diff"] <= tol
     if nll is not None:
         out.update(mean_nll=nll, cpu_float32_mean_nll=ref["mean_nll"], nll_rel_diff=_rel(nll, ref["mean_nll"]))
@@ -94,9 +105,15 @@ def timed_steps(trainer, batch, steps: int, device: torch.device) -> dict:
         times.append(c.s)
     tokens = sum(len(t.prompt_ids) + len(t.output_ids) for t in batch)
     best = min(times)
-    return {"trajectories": len(batch), "tokens_per_step": tokens, "trained_tokens_per_step": st["tokens_trained"],
-            "step_s": times, "tokens_per_s": tokens / best, "trained_tokens_per_s": st["tokens_trained"] / best,
-            "forward_passes_per_step": st["forward_passes"]}
+    return {
+        "trajectories": len(batch),
+        "tokens_per_step": tokens,
+        "trained_tokens_per_step": st["tokens_trained"],
+        "step_s": times,
+        "tokens_per_s": tokens / best,
+        "trained_tokens_per_s": st["tokens_trained"] / best,
+        "forward_passes_per_step": st["forward_passes"],
+    }
 
 
 def trainer_part(s: Setup) -> dict:
@@ -115,8 +132,15 @@ def trainer_part(s: Setup) -> dict:
     big = fixed_batch(s.prompts, a.train_batch, a.seq_len, s.model32.config.vocab_size, GROUP, seed=3)
     trainer = Trainer(s.device_model(), trainer_config(s), 1.0, a.train_steps + 1)
     speed = timed_steps(trainer, big, a.train_steps, s.device)
-    out = {"device": str(s.device), "dtype": str(s.dtype).removeprefix("torch."), "master_weights": "float32",
-           "microbatch_tokens": trainer_config(s).max_tokens_per_microbatch, **speed, "equality": eq, "ok": eq["ok"]}
+    out = {
+        "device": str(s.device),
+        "dtype": str(s.dtype).removeprefix("torch."),
+        "master_weights": "float32",
+        "microbatch_tokens": trainer_config(s).max_tokens_per_microbatch,
+        **speed,
+        "equality": eq,
+        "ok": eq["ok"],
+    }
     if s.device.type == "cuda":
         out["max_memory_gib"] = round(torch.cuda.max_memory_allocated(s.device) / 2**30, 2)
     return out
@@ -134,8 +158,9 @@ def megatron_part(s: Setup) -> dict:
     ref = cpu_reference(s)
     batch = check_batch(s)
     hf = copy.deepcopy(s.model32)  # the published copy stays float32 on the CPU, as run.py keeps it
-    trainer = MegatronTrainer(hf, trainer_config(s, check=True), 1.0, a.megatron_steps + 2, tp_size=1,
-                              device=str(s.device))
+    trainer = MegatronTrainer(
+        hf, trainer_config(s, check=True), 1.0, a.megatron_steps + 2, tp_size=1, device=str(s.device)
+    )
     try:
         eq = compare(ref, trainer.step(batch, 0).metrics, None, torch.float32)
         torch_dev = s.cache.get("device_torch_loss")
@@ -144,5 +169,12 @@ def megatron_part(s: Setup) -> dict:
     finally:
         trainer.close()
         parallel.shutdown()
-    return {"device": str(s.device), "tensor_parallel_size": 1, "dtype": "float32", **speed, "equality": eq,
-            "device_torch_trainer_loss": torch_dev, "ok": eq["ok"]}
+    return {
+        "device": str(s.device),
+        "tensor_parallel_size": 1,
+        "dtype": "float32",
+        **speed,
+        "equality": eq,
+        "device_torch_trainer_loss": torch_dev,
+        "ok": eq["ok"],
+    }

@@ -41,8 +41,9 @@ def test_write_json_atomic_leaves_no_temp_file(tmp_path):
 
 def test_update_summary_merges_benchmarks(tmp_path):
     update_summary("engine", True, {"summary": {"engine_over_hf_generate": 1.3}}, 1.0, results_dir=tmp_path)
-    s = update_summary("dynamic_batching", False, {"summary": {"dynamic_batching_gain": 1.2}}, 2.0,
-                       results_dir=tmp_path)
+    s = update_summary(
+        "dynamic_batching", False, {"summary": {"dynamic_batching_gain": 1.2}}, 2.0, results_dir=tmp_path
+    )
     assert s["engine_over_hf_generate"] == 1.3 and s["dynamic_batching_gain"] == 1.2
     assert set(s["benchmarks"]) == {"engine", "dynamic_batching"}
     assert s["benchmarks"]["engine"]["command"] == "python -m bench engine --quick"
@@ -99,9 +100,18 @@ def test_objective_ablation_reuses_only_a_finished_run_of_the_same_config(tmp_pa
     cfg = load_config(CONFIG, {"seed": 1, "trainer.eta": 32, "trainer.objective": "naive"}).model_dump(mode="json")
     (run_dir / "config.json").write_text(json.dumps(cfg))
     assert _finished_run(run_dir, 1, sets) is None  # no summary: it did not finish
-    (run_dir / "summary.json").write_text(json.dumps({
-        "accuracy_before": 0.4, "accuracy_after": 0.55, "wall_time_s": 200.0, "rl_time_s": 140.0,
-        "effective_train_tokens_per_s": 7000.0, "max_staleness_observed": 32}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "accuracy_before": 0.4,
+                "accuracy_after": 0.55,
+                "wall_time_s": 200.0,
+                "rl_time_s": 140.0,
+                "effective_train_tokens_per_s": 7000.0,
+                "max_staleness_observed": 32,
+            }
+        )
+    )
     row = _finished_run(run_dir, 1, sets)
     assert row["gain"] == pytest.approx(0.15) and row["seed"] == 1 and row["max_staleness"] == 32
     assert _finished_run(run_dir, 2, sets) is None  # another seed: another config

@@ -191,8 +191,9 @@ KILLED_WRITER = textwrap.dedent("""
 
 def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
     url, marker = str(tmp_path / "ckpt"), tmp_path / "marker"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, url, str(marker)], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, url, str(marker)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -15,17 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "tests/data/e2e.yaml")
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["train", CONFIG, "--set", "trainer.eta"], "--set expects KEY=VALUE"),
-    (["train", CONFIG, "--set", "trainer.eta=-1"], "--set trainer.eta=-1: trainer.eta"),  # not the file's line
-    (["train", CONFIG, "--set", "rollout.sampling.max_new_tokens='96'"], "valid integer (got '96')"),
-    (["train", str(REPO / "no/such.yaml")], "no/such.yaml"),
-    (["sweep", CONFIG, "--grid", "seed"], "--grid expects KEY=V1,V2"),
-    (["campaign", CONFIG, "--set", "nope"], "--set expects KEY=VALUE"),
-    (["eval", "--bench", "nope"], "unknown benchmark"),
-    (["eval", "--bench", "gsm8k"], "give a CHECKPOINT_OR_MODEL"),
-    (["eval", "some/model", "--bench", "gsm8k", "--reference"], "give no model"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["train", CONFIG, "--set", "trainer.eta"], "--set expects KEY=VALUE"),
+        (["train", CONFIG, "--set", "trainer.eta=-1"], "--set trainer.eta=-1: trainer.eta"),  # not the file's line
+        (["train", CONFIG, "--set", "rollout.sampling.max_new_tokens='96'"], "valid integer (got '96')"),
+        (["train", str(REPO / "no/such.yaml")], "no/such.yaml"),
+        (["sweep", CONFIG, "--grid", "seed"], "--grid expects KEY=V1,V2"),
+        (["campaign", CONFIG, "--set", "nope"], "--set expects KEY=VALUE"),
+        (["eval", "--bench", "nope"], "unknown benchmark"),
+        (["eval", "--bench", "gsm8k"], "give a CHECKPOINT_OR_MODEL"),
+        (["eval", "some/model", "--bench", "gsm8k", "--reference"], "give no model"),
+    ],
+)
 def test_bad_input_is_an_error_message_with_rc_2(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -34,16 +37,30 @@ def test_bad_input_is_an_error_message_with_rc_2(argv, words, capsys):
 
 def test_every_command_is_in_the_one_parser():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"train", "eval", "export", "sweep", "campaign", "stack", "plan", "report", "serve", "runs", "replay"}
+    assert set(sub.choices) == {
+        "train",
+        "eval",
+        "export",
+        "sweep",
+        "campaign",
+        "stack",
+        "plan",
+        "report",
+        "serve",
+        "runs",
+        "replay",
+    }
     t = build_parser().parse_args(["train", CONFIG, "--no-prefect", "--resume"])
     assert t.no_prefect and t.resume and t.evaluate_every == 50
 
 
 def test_prefect_free_paths_do_not_import_prefect():
-    code = ("import sys; from flows.cli import main; "
-            "rc = main(['train', 'tests/data/e2e.yaml', '--no-prefect', '--set', 'trainer.eta=-1']); "
-            "assert rc == 2, rc; "
-            "assert not [m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')], 'prefect imported'")
+    code = (
+        "import sys; from flows.cli import main; "
+        "rc = main(['train', 'tests/data/e2e.yaml', '--no-prefect', '--set', 'trainer.eta=-1']); "
+        "assert rc == 2, rc; "
+        "assert not [m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')], 'prefect imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 
@@ -81,8 +98,9 @@ def test_resume_with_a_changed_config_is_refused_before_starting(tmp_path, capsy
     assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--resume", "--set", "trainer.eta=0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot resume") and "trainer.eta" in err and "Traceback" not in err
-    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume",
-                 "--max-steps", "2"]) == 0
+    assert (
+        main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume", "--max-steps", "2"]) == 0
+    )
     out = capsys.readouterr().out
     assert "resuming from checkpoint v1" in out and "resumed from step: 1" in out
 
@@ -91,9 +109,11 @@ def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, ca
     (tmp_path / "ckpts/v3").mkdir(parents=True)
     (tmp_path / "ckpts/v12").mkdir()
     (tmp_path / "empty").mkdir()
-    cases = [(tmp_path / "no/such", "no such file or folder"),
-             (tmp_path / "ckpts", f"is a checkpoints folder: give one of its versions, e.g. {tmp_path / 'ckpts/v12'}"),
-             (tmp_path / "empty", "neither a checkpoint version nor an HF model folder")]
+    cases = [
+        (tmp_path / "no/such", "no such file or folder"),
+        (tmp_path / "ckpts", f"is a checkpoints folder: give one of its versions, e.g. {tmp_path / 'ckpts/v12'}"),
+        (tmp_path / "empty", "neither a checkpoint version nor an HF model folder"),
+    ]
     for model, words in cases:
         assert main(["eval", str(model), "--bench", "gsm8k", "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
@@ -105,11 +125,15 @@ def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, ca
 def test_eval_reference_with_out_writes_its_report(tmp_path, capsys):
     import json
 
-    assert main(["eval", "--reference", "--bench", "synthetic", "--limit", "5", "--out", str(tmp_path),
-                 "--no-progress"]) == 0
+    assert (
+        main(["eval", "--reference", "--bench", "synthetic", "--limit", "5", "--out", str(tmp_path), "--no-progress"])
+        == 0
+    )
     report = json.loads((tmp_path / "reference.json").read_text())
-    assert report["n"] == 5 and report["accuracy"] == json.loads(capsys.readouterr().out.strip().splitlines()[-1])[
-        "accuracy"]
+    assert (
+        report["n"] == 5
+        and report["accuracy"] == json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"]
+    )
 
 
 def test_a_bad_records_line_is_reported_before_the_run_starts(tmp_path, capsys):
@@ -119,8 +143,9 @@ def test_a_bad_records_line_is_reported_before_the_run_starts(tmp_path, capsys):
     recs = tmp_path / "records.jsonl"
     recs.write_text("\n".join(json.dumps(r) for r in (good, good, {"id": "b", "task": "chain"})) + "\n")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(Path(CONFIG).read_text().replace(
-        "data:\n", f"data:\n  dataset: {recs}\n  eval_dataset: {recs}\n", 1))
+    cfg.write_text(
+        Path(CONFIG).read_text().replace("data:\n", f"data:\n  dataset: {recs}\n  eval_dataset: {recs}\n", 1)
+    )
     assert main(["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-prefect"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "line 3" in err and "'prompt'" in err and "Traceback" not in err
@@ -138,8 +163,9 @@ def test_a_missing_dataset_file_is_the_first_error_named(tmp_path, capsys):
 def test_every_argument_has_help_and_version_prints(capsys):
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    missing = [f"{name} {a.dest}" for name, p in sub.choices.items() for a in p._actions
-               if a.dest != "help" and not a.help]
+    missing = [
+        f"{name} {a.dest}" for name, p in sub.choices.items() for a in p._actions if a.dest != "help" and not a.help
+    ]
     assert not missing, missing
     with pytest.raises(SystemExit) as e:
         main(["--version"])

@@ -21,8 +21,9 @@ PROGRAM = "def f(x): return x*2"
 
 
 def functional(pairs: list[tuple[int, int]]) -> list[dict]:
-    return [{"testtype": "functional", "input": json.dumps(x), "output": json.dumps(y), "fn_name": "f"}
-            for x, y in pairs]
+    return [
+        {"testtype": "functional", "input": json.dumps(x), "output": json.dumps(y), "fn_name": "f"} for x, y in pairs
+    ]
 
 
 DOUBLES = functional([(0, 0), (1, 2), (5, 10), (-3, -6)])  # PROGRAM passes all four
@@ -33,8 +34,10 @@ def test_prompts_carry_the_records_tests():
     from areal_core.datasets import to_prompts
     from areal_core.models.tokenizer import build_char_tokenizer
 
-    recs = [Record(id="c1", task="code", prompt="f(0)=0,f(1)=2\n", tests=DOUBLES),
-            Record(id="m1", task="chain", prompt="a1b2=", answer="3", solution="a1=1,b2=3|3")]
+    recs = [
+        Record(id="c1", task="code", prompt="f(0)=0,f(1)=2\n", tests=DOUBLES),
+        Record(id="m1", task="chain", prompt="a1b2=", answer="3", solution="a1=1,b2=3|3"),
+    ]
     code, chain = to_prompts(recs, build_char_tokenizer())
     assert code.tests == DOUBLES and code.task == "code"
     assert chain.tests is None
@@ -60,24 +63,42 @@ class _Recorder:
 def _controller(prompts, rewards, reward_correct=5.0, reward_wrong=-5.0):
     from areal_core.buffer import ReplayBuffer
 
-    settings = ControllerSettings(batch_size=2, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=8),
-                                  reward_correct=reward_correct, reward_wrong=reward_wrong)
-    return RolloutController(Servers(["http://127.0.0.1:1"]), prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(),
-                             settings, transport=None)
+    settings = ControllerSettings(
+        batch_size=2,
+        eta=0,
+        n_samples=2,
+        sampling=Sampling(max_new_tokens=8),
+        reward_correct=reward_correct,
+        reward_wrong=reward_wrong,
+    )
+    return RolloutController(
+        Servers(["http://127.0.0.1:1"]), prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(), settings, transport=None
+    )
 
 
 def _group(prompt: Prompt, first: int) -> Iterator[Trajectory]:
     gid = group_id(0, prompt.id)
     for k in range(2):
-        yield Trajectory(traj_id=f"{gid}-s{k}", group_id=gid, seq_no=first + k, admit_version=0, prompt_ids=[1],
-                         output_ids=[2, 3], finish_reason="stop", reference=prompt.reference, task=prompt.task)
+        yield Trajectory(
+            traj_id=f"{gid}-s{k}",
+            group_id=gid,
+            seq_no=first + k,
+            admit_version=0,
+            prompt_ids=[1],
+            output_ids=[2, 3],
+            finish_reason="stop",
+            reference=prompt.reference,
+            task=prompt.task,
+        )
 
 
 def test_controller_sends_each_groups_tests_and_shapes_the_reward():
     import asyncio
 
-    prompts = [Prompt(id="p-a", task="code", input_ids=[1], reference="", tests=DOUBLES),
-               Prompt(id="p-b", task="code", input_ids=[1], reference="", tests=HALF)]
+    prompts = [
+        Prompt(id="p-a", task="code", input_ids=[1], reference="", tests=DOUBLES),
+        Prompt(id="p-b", task="code", input_ids=[1], reference="", tests=HALF),
+    ]
     scores = {id(DOUBLES): None, id(HALF): 0.5}  # all or nothing for one, half the tests for the other
     rec = _Recorder(lambda item: RewardResult(correct=item[3] is DOUBLES, score=scores[id(item[3])]))
     ctl = _controller(prompts, rec)
@@ -121,7 +142,7 @@ def test_a_grade_that_arrives_after_the_controller_stopped_is_dropped():
     fut = ctl._grade(list(_group(prompts[0], 0)), [PROGRAM] * 2)
     ctl._loop.close()  # what stop() leaves behind
     ctl._loop = None
-    (items, on_done), = late.pending
+    ((items, on_done),) = late.pending
     errors = []
 
     def deliver():  # the Dask client's thread
@@ -138,7 +159,7 @@ def test_a_grade_that_arrives_after_the_controller_stopped_is_dropped():
     ctl._loop = asyncio.new_event_loop()
     try:
         fut = ctl._grade(list(_group(prompts[0], 0)), [PROGRAM] * 2)
-        (items, on_done), = late.pending[1:]
+        ((items, on_done),) = late.pending[1:]
         threading.Thread(target=on_done, args=([RewardResult(correct=True)] * 2, None)).start()
         assert [r.correct for r in ctl._loop.run_until_complete(asyncio.wait_for(fut, 5))] == [True, True]
     finally:
@@ -155,12 +176,22 @@ def test_grade_batch_runs_the_tests_in_the_sandbox(code_reward, score):
 
 
 def test_fraction_counts_every_test_and_stops_at_a_failure_of_no_single_test():
-    [(r1, r2, r3)] = [grade_batch([
-        ("code", "```python\ndef f(x): return 0\n```", "", functional([(0, 0), (1, 0), (2, 1), (3, 0)])),
-        ("code", "x = int(input())\nprint(x * 2 if x < 3 else -1)", "",
-         [{"testtype": "stdin", "input": f"{x}\n", "output": f"{2 * x}\n"} for x in range(5)]),
-        ("code", "def f(x) return x", "", DOUBLES),  # does not load: nothing passes, one sandbox run
-    ], 30.0, "fraction")]
+    [(r1, r2, r3)] = [
+        grade_batch(
+            [
+                ("code", "```python\ndef f(x): return 0\n```", "", functional([(0, 0), (1, 0), (2, 1), (3, 0)])),
+                (
+                    "code",
+                    "x = int(input())\nprint(x * 2 if x < 3 else -1)",
+                    "",
+                    [{"testtype": "stdin", "input": f"{x}\n", "output": f"{2 * x}\n"} for x in range(5)],
+                ),
+                ("code", "def f(x) return x", "", DOUBLES),  # does not load: nothing passes, one sandbox run
+            ],
+            30.0,
+            "fraction",
+        )
+    ]
     assert (r1.correct, r1.score) == (False, 0.75)  # fails test 2 only: graded on after it
     assert (r2.correct, r2.score) == (False, 0.6)  # stdin: 0, 1, 2 pass; 3 and 4 fail
     assert (r3.correct, r3.score) == (False, 0.0) and "failed to load" in r3.reason
@@ -194,20 +225,47 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.weight_transport import DiskTransport
 
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=128,
+        eos_token_id=3,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
-    prompts = [Prompt(id="doubles", task="code", input_ids=[5, 6, 7], reference="", tests=DOUBLES),
-               Prompt(id="half", task="code", input_ids=[5, 6, 8], reference="", tests=HALF)]
-    settings = ControllerSettings(batch_size=4, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=6),
-                                  reward_correct=1.0, reward_wrong=-1.0, shuffle=False)
+    prompts = [
+        Prompt(id="doubles", task="code", input_ids=[5, 6, 7], reference="", tests=DOUBLES),
+        Prompt(id="half", task="code", input_ids=[5, 6, 8], reference="", tests=HALF),
+    ]
+    settings = ControllerSettings(
+        batch_size=4,
+        eta=0,
+        n_samples=2,
+        sampling=Sampling(max_new_tokens=6),
+        reward_correct=1.0,
+        reward_wrong=-1.0,
+        shuffle=False,
+    )
     buffer = ReplayBuffer()
     # the model's answers are random tokens: every answer "is" PROGRAM, so each prompt's tests decide
-    with RewardService(RewardConfig(n_workers=1, code_reward="fraction")) as rewards, \
-            start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
-        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: PROGRAM,
-                                       rewards, buffer, settings, DiskTransport(str(tmp_path / "w")), version=0)
+    with (
+        RewardService(RewardConfig(n_workers=1, code_reward="fraction")) as rewards,
+        start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv,
+    ):
+        controller = RolloutController(
+            Servers([srv.url], model_path=str(tmp_path / "m")),
+            prompts,
+            lambda ids: PROGRAM,
+            rewards,
+            buffer,
+            settings,
+            DiskTransport(str(tmp_path / "w")),
+            version=0,
+        )
         controller.start()
         try:
             batch = buffer.take(4, version=0, eta=0, timeout=120)

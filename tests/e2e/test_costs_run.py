@@ -14,8 +14,11 @@ from areal_core.run import RunStopped, run_experiment
 
 HERE = Path(__file__).resolve().parents[1]
 # 1 USD per second of a rollout server: the first step spends the budget of 0.01 USD
-PRICED = {"cost.usd_per_device_hour": {"rollout": 3600.0, "trainer": 0.0}, "trainer.max_steps": 5,
-          "storage.checkpoint_every": 2}
+PRICED = {
+    "cost.usd_per_device_hour": {"rollout": 3600.0, "trainer": 0.0},
+    "trainer.max_steps": 5,
+    "storage.checkpoint_every": 2,
+}
 
 
 @pytest.mark.nightly

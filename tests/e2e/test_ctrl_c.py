@@ -24,11 +24,25 @@ STEPS, EVERY = 30, 4  # room after the checkpoint of step 4 for Ctrl-C to land m
 
 
 def _start(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "flows.cli", "train", CONFIG, "--no-prefect", "--run-dir", str(run_dir),
-           "--max-steps", str(STEPS), "--set", f"storage.checkpoint_every={EVERY}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "train",
+        CONFIG,
+        "--no-prefect",
+        "--run-dir",
+        str(run_dir),
+        "--max-steps",
+        str(STEPS),
+        "--set",
+        f"storage.checkpoint_every={EVERY}",
+        *extra,
+    ]
     with open(out, "ab") as f:  # its own process group: the terminal's foreground group, for the test
-        return subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -89,10 +103,28 @@ def test_ctrl_c_stops_at_a_checkpoint_and_resume_finishes_exactly_once(tmp_path)
     assert not _alive(children), f"left running: {_alive(children)}"
     assert not (run_dir / "summary.json").exists()
 
-    resumed = subprocess.run([sys.executable, "-m", "flows.cli", "train", CONFIG, "--no-prefect", "--no-progress",
-                              "--run-dir", str(run_dir), "--max-steps", str(STEPS), "--set",
-                              f"storage.checkpoint_every={EVERY}", "--resume"],
-                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "train",
+            CONFIG,
+            "--no-prefect",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+            "--max-steps",
+            str(STEPS),
+            "--set",
+            f"storage.checkpoint_every={EVERY}",
+            "--resume",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from checkpoint v{step}" in resumed.stdout
     summary = json.loads((run_dir / "summary.json").read_text())

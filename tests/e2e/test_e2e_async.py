@@ -24,8 +24,9 @@ def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch, warm_cache):
             monkeypatch.setenv(k, v)
         ensure_bucket("s3://areal-e2e")
         url = "s3://areal-e2e/runs/e2e"
-        cfg = load_config(HERE / "data/e2e.yaml", {"storage.url": url, "storage.format": "delta",
-                                                   "storage.full_every": 2})
+        cfg = load_config(
+            HERE / "data/e2e.yaml", {"storage.url": url, "storage.format": "delta", "storage.full_every": 2}
+        )
         steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
         summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.nightly  # (two runs with servers killed; CI runs the n
 def base(tmp_path) -> str:
     """A model folder of the run's architecture: what the servers start from (the run loads its own)."""
     folder = tmp_path / "base"
-    build_tiny(load_config(HERE / "data/e2e.yaml").model.tiny, tok := build_char_tokenizer(), seed=3).save_pretrained(folder)
+    build_tiny(load_config(HERE / "data/e2e.yaml").model.tiny, tok := build_char_tokenizer(), seed=3).save_pretrained(
+        folder
+    )
     tok.save_pretrained(folder)
     return str(folder)
 
@@ -44,10 +46,16 @@ def _info(url: str) -> dict:
 
 
 def _config(urls: list[str], tmp_path: Path, steps: int, **rollout):
-    return load_config(HERE / "data/e2e.yaml", {
-        "rollout.backend": {"kind": "external", "urls": urls, "api_key_env": KEY_ENV},
-        "rollout.weight_transport": {"kind": "distributed"}, "trainer.max_steps": steps,
-        "storage.checkpoint_every": 4, **{f"rollout.{k}": v for k, v in rollout.items()}})
+    return load_config(
+        HERE / "data/e2e.yaml",
+        {
+            "rollout.backend": {"kind": "external", "urls": urls, "api_key_env": KEY_ENV},
+            "rollout.weight_transport": {"kind": "distributed"},
+            "trainer.max_steps": steps,
+            "storage.checkpoint_every": 4,
+            **{f"rollout.{k}": v for k, v in rollout.items()},
+        },
+    )
 
 
 def test_a_server_dies_and_another_joins(tmp_path, base, monkeypatch, warm_cache):
@@ -110,8 +118,13 @@ def test_too_few_servers_stop_the_run_at_a_checkpoint_that_resumes(tmp_path, bas
 
         b = _server(base, tmp_path, "b")
         servers.append(b)
-        summary = run_experiment(_config([b.url], tmp_path, 8, min_servers=1), tmp_path / "run", progress=False,
-                                 cache_dir=warm_cache, resume=True)
+        summary = run_experiment(
+            _config([b.url], tmp_path, 8, min_servers=1),
+            tmp_path / "run",
+            progress=False,
+            cache_dir=warm_cache,
+            resume=True,
+        )
         assert summary["resumed_from_step"] == step
         assert summary["ledger_check"]["ok"], summary["ledger_check"]
         assert len(pd.read_parquet(tmp_path / "run/ledger.parquet")) == 8 * cfg.trainer.batch_size

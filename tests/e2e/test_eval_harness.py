@@ -32,8 +32,16 @@ def test_summary_metrics_match_enumeration_of_subsets():
         for s in range(5):
             ok = rng.random() < p / 7
             wrong = None if s == 4 else str(s % 2 + 2)  # None: no answer found (stored as NaN by pandas)
-            rows.append({"problem_id": f"p{p}", "sample": s, "correct": ok, "parsed": "1" if ok else wrong,
-                         "n_tokens": 10 + s, "finish_reason": "stop"})
+            rows.append(
+                {
+                    "problem_id": f"p{p}",
+                    "sample": s,
+                    "correct": ok,
+                    "parsed": "1" if ok else wrong,
+                    "n_tokens": 10 + s,
+                    "finish_reason": "stop",
+                }
+            )
     df = pd.DataFrame(rows)
     got = _bench_summary(get_benchmark("gsm8k"), df, samples=5)
     by_problem = [list(g.sort_values("sample")["correct"]) for _, g in df.groupby("problem_id")]
@@ -56,8 +64,17 @@ def test_real_run_on_a_tiny_checkpoint(tmp_path):
     store = CheckpointStore(f"file://{tmp_path}/ckpt")
     url = store.publish(0, build_tiny(SMALL, tok, seed=0), tok)
     out = tmp_path / "eval"
-    summary = evaluate_checkpoint(url, ["synthetic"], out_dir=str(out), samples=3, limit=6, temperature=1.0,
-                                  top_p=1.0, max_new_tokens=24, progress=False)
+    summary = evaluate_checkpoint(
+        url,
+        ["synthetic"],
+        out_dir=str(out),
+        samples=3,
+        limit=6,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=24,
+        progress=False,
+    )
     assert json.loads((out / "summary.json").read_text()) == summary
     bench = summary["benchmarks"]["synthetic"]
     assert bench["n_problems"] == 6 and bench["samples"] == 3
@@ -85,8 +102,16 @@ def test_answers_fit_the_model_context_and_prompts_that_fill_it_are_graded_wrong
     tok = build_char_tokenizer()
     arch = SMALL.model_copy(update={"max_position_embeddings": 96})
     url = CheckpointStore(f"file://{tmp_path}/ckpt").publish(0, build_tiny(arch, tok, seed=0), tok)
-    summary = evaluate_checkpoint(url, ["humaneval", "synthetic"], out_dir=str(tmp_path / "eval"), limit=3,
-                                  temperature=1.0, top_p=1.0, max_new_tokens=1024, progress=False)
+    summary = evaluate_checkpoint(
+        url,
+        ["humaneval", "synthetic"],
+        out_dir=str(tmp_path / "eval"),
+        limit=3,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=1024,
+        progress=False,
+    )
     he = pd.read_parquet(tmp_path / "eval" / "humaneval" / "results.parquet")
     assert len(he) == 3 and not he["correct"].any() and (he["finish_reason"] == "context").all()
     assert he["reason"].str.contains("leaves no room in the model's context \\(96 positions\\)").all()

@@ -80,9 +80,13 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch, warm_ca
             await self.pause()
             call = asyncio.ensure_future(original_call(self, method, path, body, **kw))
             deadline = time.monotonic() + 30
-            while (await asyncio.to_thread(lambda: httpx.get(srv.url + "/get_model_info", timeout=5, headers={
-                    "Authorization": f"Bearer {srv.api_key}"}).json()))[
-                    "waiting"] == 0:
+            while (
+                await asyncio.to_thread(
+                    lambda: httpx.get(
+                        srv.url + "/get_model_info", timeout=5, headers={"Authorization": f"Bearer {srv.api_key}"}
+                    ).json()
+                )
+            )["waiting"] == 0:
                 assert time.monotonic() < deadline and not call.done(), "the held request never reached the server"
                 await asyncio.sleep(0.01)
             events["server_pid"] = srv.pid
@@ -117,8 +121,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch, warm_ca
                 events["worker_pids_after"] = set(made["rewards"].worker_pids().values())
             seen_versions.append(CheckpointStore(url).versions() if step >= 7 else [])  # (S3 is down in step 6's hook)
 
-        summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False,
-                                            cache_dir=warm_cache, on_step=faults)
+        summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache, on_step=faults)
         events["backstop"].cancel()
         s3.resume()
 
@@ -236,7 +239,7 @@ def test_a_group_is_graded_in_one_task_in_order():
             rewards.submit_batch(items, on_done=lambda r, e: (got.append((r, e)), done.set()))
             assert done.wait(60)
         ran = [t["key"] for t in stream.data]
-    (results, error), = got
+    ((results, error),) = got
     assert error is None and [r.correct for r in results] == [k % 2 == 1 for k in range(6)]
     assert rewards.n_tasks == 1
     assert len(ran) == 1 and str(ran[0]).startswith("grade_batch")  # not one per answer
@@ -257,6 +260,7 @@ def test_batches_submitted_while_the_worker_is_busy_go_out_as_one_task():
                 got[b] = (error, [r.correct for r in results] if results is not None else None)
                 if len(got) == 11:
                     all_done.set()
+
         return f
 
     def slow_on_request():
@@ -306,6 +310,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
                 await getattr(c, action)()
             finally:
                 await c.aclose()
+
         asyncio.run(go())
 
     class Servers(EmbeddedServers):
@@ -333,8 +338,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
         # run's own calls in this window depend on timing (which answers server 1 still has in flight, and
         # whether the staleness gate lets new groups in while the push is pending), these never do.
         sampling = cfg.rollout.sampling.to_sampling(max_new_tokens=4)
-        probes = [asyncio.ensure_future(made["pool"].generate([1, 2, 3], sampling, rid=f"probe-{k}"))
-                  for k in range(3)]
+        probes = [asyncio.ensure_future(made["pool"].generate([1, 2, 3], sampling, rid=f"probe-{k}")) for k in range(3)]
         await asyncio.sleep(8.0)  # a large model's weights take a while to arrive
         await real_resend(self, clients, i)
         times.setdefault("resent", time.monotonic())
@@ -356,6 +360,7 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
                 return (await c.info()).running
             finally:
                 await c.aclose()
+
         return asyncio.run(ask())
 
     def kill(row):  # at the first step from 2 on where server 1 has answers in flight, whose next turns
@@ -366,11 +371,18 @@ def test_a_restarted_server_gets_no_request_before_it_holds_the_current_weights(
             times["killed"] = time.monotonic()
 
     eta = 1
-    cfg = load_config(HERE / "data/e2e.yaml", {
-        "rollout.n_servers": 2, "trainer.eta": eta, "trainer.max_steps": 6, "storage.checkpoint_every": 100,
-        "episode": {"kind": "retry", "max_turns": 3}, "rollout.sampling.max_new_tokens": 24})
-    summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache,
-                                        on_step=kill)
+    cfg = load_config(
+        HERE / "data/e2e.yaml",
+        {
+            "rollout.n_servers": 2,
+            "trainer.eta": eta,
+            "trainer.max_steps": 6,
+            "storage.checkpoint_every": 100,
+            "episode": {"kind": "retry", "max_turns": 3},
+            "rollout.sampling.max_new_tokens": 24,
+        },
+    )
+    summary = run_module.run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache, on_step=kill)
     assert "killed" in times, "server 1 never had answers in flight at a step boundary: nothing to test"
     assert made["servers"].restarts >= 1 and "resent" in times
     url0 = made["servers"].servers[0].url

@@ -41,8 +41,9 @@ async def _events(name: str):
 @pytest.mark.nightly
 def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     out = tmp_path / "campaign"
-    result = campaign(config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8,
-                      evaluate_every=1, cache_dir=warm_cache)
+    result = campaign(
+        config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8, evaluate_every=1, cache_dir=warm_cache
+    )
     run_dir = out / "tiny"
     assert result["run_dirs"] == [str(run_dir)]
 
@@ -124,8 +125,22 @@ def test_sweep_command_prints_report_last(prefect_harness, tmp_path, capsys):
     from flows.cli import main
 
     out = tmp_path / "sweep"
-    rc = main(["sweep", CONFIG, "--eta", "0", "--objective", "naive", "--max-steps", "1",
-               "--out", str(out), "--evaluate-every", "0"])
+    rc = main(
+        [
+            "sweep",
+            CONFIG,
+            "--eta",
+            "0",
+            "--objective",
+            "naive",
+            "--max-steps",
+            "1",
+            "--out",
+            str(out),
+            "--evaluate-every",
+            "0",
+        ]
+    )
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == str(out / "report.md") and Path(lines[-1]).exists()
@@ -162,8 +177,10 @@ def test_train_command_is_a_flow_run(prefect_harness, tmp_path, capsys):
     from flows.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["train", CONFIG, "--run-dir", str(run_dir), "--max-steps", "1", "--no-progress",
-                 "--evaluate-every", "0"]) == 0
+    assert (
+        main(["train", CONFIG, "--run-dir", str(run_dir), "--max-steps", "1", "--no-progress", "--evaluate-every", "0"])
+        == 0
+    )
     assert "ledger: every trajectory trained exactly once" in capsys.readouterr().out
     runs = [r for name, r in asyncio.run(_flow_runs()) if name == "train" and r.parameters["run_dir"] == str(run_dir)]
     assert len(runs) == 1 and runs[0].state.is_completed() and runs[0].parent_task_run_id is None
@@ -192,8 +209,9 @@ def test_provision_with_s3_credentials_from_a_block(prefect_harness, monkeypatch
         monkeypatch.delenv(k)
     with MotoS3Server() as s3:
         Secret(value={k: v for k, v in s3.env().items() if k in S3_ENV_KEYS}).save("areal-s3-test", overwrite=True)
-        out = provision(CONFIG, "unused", overrides={"storage.url": "s3://provisioned/ckpts"},
-                        s3_credentials_block="areal-s3-test")
+        out = provision(
+            CONFIG, "unused", overrides={"storage.url": "s3://provisioned/ckpts"}, s3_credentials_block="areal-s3-test"
+        )
         assert out["storage"] == {"url": "s3://provisioned/ckpts", "writable": True}
         assert out["rollout"]["backend"] == "embedded" and out["dask"]["workers"] == 1
         fs, _ = filesystem("s3://provisioned")
@@ -212,11 +230,23 @@ def test_train_task_retry_resumes(prefect_harness, tmp_path, monkeypatch):
         if len(calls) == 1:
             raise RuntimeError("rollout server died")
         kw["on_checkpoint"](1, f"{run_dir}/checkpoints/v1")
-        return {"name": "tiny", "accuracy_before": 0.1, "accuracy_after": 0.2, "n_eval_problems": 8,
-                "steps": 1, "eta": 1, "objective": "decoupled", "max_staleness_observed": 0,
-                "effective_train_tokens_per_s": 1.0, "rl_time_s": 1.0, "wall_time_s": 1.0,
-                "ledger_check": {"ok": True}, "resumed_from_step": 0, "final_version": 1,
-                "checkpoints": f"{run_dir}/checkpoints"}
+        return {
+            "name": "tiny",
+            "accuracy_before": 0.1,
+            "accuracy_after": 0.2,
+            "n_eval_problems": 8,
+            "steps": 1,
+            "eta": 1,
+            "objective": "decoupled",
+            "max_staleness_observed": 0,
+            "effective_train_tokens_per_s": 1.0,
+            "rl_time_s": 1.0,
+            "wall_time_s": 1.0,
+            "ledger_check": {"ok": True},
+            "resumed_from_step": 0,
+            "final_version": 1,
+            "checkpoints": f"{run_dir}/checkpoints",
+        }
 
     monkeypatch.setattr(areal_core.run, "run_experiment", fake_run_experiment)
     out = train(config_path=CONFIG, run_dir=str(tmp_path / "r"), max_steps=1)
@@ -224,10 +254,23 @@ def test_train_task_retry_resumes(prefect_harness, tmp_path, monkeypatch):
 
 
 def _summary(run_dir, final_version=3):
-    return {"name": "tiny", "accuracy_before": 0.25, "accuracy_after": 0.5, "n_eval_problems": 40, "steps": 3,
-            "eta": 1, "objective": "decoupled", "max_staleness_observed": 1, "effective_train_tokens_per_s": 812.4,
-            "rl_time_s": 30.2, "wall_time_s": 41.0, "ledger_check": {"ok": True}, "resumed_from_step": None,
-            "final_version": final_version, "checkpoints": f"{run_dir}/checkpoints"}
+    return {
+        "name": "tiny",
+        "accuracy_before": 0.25,
+        "accuracy_after": 0.5,
+        "n_eval_problems": 40,
+        "steps": 3,
+        "eta": 1,
+        "objective": "decoupled",
+        "max_staleness_observed": 1,
+        "effective_train_tokens_per_s": 812.4,
+        "rl_time_s": 30.2,
+        "wall_time_s": 41.0,
+        "ledger_check": {"ok": True},
+        "resumed_from_step": None,
+        "final_version": final_version,
+        "checkpoints": f"{run_dir}/checkpoints",
+    }
 
 
 def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_path, monkeypatch):
@@ -236,13 +279,16 @@ def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_pat
 
     run_dir = str(tmp_path / "runA")
     (tmp_path / "runA/evals/v2").mkdir(parents=True)
-    (tmp_path / "runA/evals/v2/summary.json").write_text(json.dumps({"benchmarks": {"heldout": {
-        "pass@1": 0.09000000000000002}}}))
+    (tmp_path / "runA/evals/v2/summary.json").write_text(
+        json.dumps({"benchmarks": {"heldout": {"pass@1": 0.09000000000000002}}})
+    )
 
     class Found:  # the evaluation of v2 has its artifact; v3's is not scored yet
         latest_id = "1234"
 
-    monkeypatch.setattr(tasks.evaluation, "latest_artifacts", lambda keys: {k: Found() for k in keys if k.endswith("v2")})
+    monkeypatch.setattr(
+        tasks.evaluation, "latest_artifacts", lambda keys: {k: Found() for k in keys if k.endswith("v2")}
+    )
     md = result_markdown(_summary(run_dir), run_dir, evaluate_every=2)
     assert "held-out accuracy 0.250 -> 0.500" in md and "(+0.250)" in md and "812 tokens/s" in md
     assert "| measure | value |" in md and "every trajectory trained exactly once" in md and "resumed" not in md
@@ -250,7 +296,8 @@ def test_result_markdown_tables_the_summary_and_links_marked_evaluations(tmp_pat
     lines = [line for line in md.splitlines() if line.startswith("- v")]
     assert len(lines) == 2 and lines[0].startswith("- v2: [evaluate-runA-v2](")  # a link to the artifact itself
     assert lines[0].endswith("/artifacts/artifact/1234): heldout pass@1 0.09")  # rounded for people
-    assert lines[1] == ("- v3: evaluate-runA-v3: not scored yet (the evaluate deployment scores it while "
-                        "`areal-flow stack up` runs)")
+    assert lines[1] == (
+        "- v3: evaluate-runA-v3: not scored yet (the evaluate deployment scores it while `areal-flow stack up` runs)"
+    )
     none = result_markdown({**_summary(run_dir), "resumed_from_step": 2}, run_dir, evaluate_every=0)
     assert "none: evaluate_every = 0" in none and "| resumed from step | 2 |" in none

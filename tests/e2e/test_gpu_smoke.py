@@ -14,9 +14,36 @@ from infra.gpu_smoke import cli
 from infra.gpu_smoke.cli import main
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
-TINY = ["--model", "tiny", "--config", str(HERE / "data/e2e.yaml"), "--device", "cpu", "--batches", "4,8",
-        "--new-tokens", "8", "--reps", "1", "--train-batch", "8", "--seq-len", "48", "--train-steps", "1",
-        "--check-batch", "8", "--check-len", "32", "--megatron-steps", "1", "--steps", "2", "--eval-problems", "8"]
+TINY = [
+    "--model",
+    "tiny",
+    "--config",
+    str(HERE / "data/e2e.yaml"),
+    "--device",
+    "cpu",
+    "--batches",
+    "4,8",
+    "--new-tokens",
+    "8",
+    "--reps",
+    "1",
+    "--train-batch",
+    "8",
+    "--seq-len",
+    "48",
+    "--train-steps",
+    "1",
+    "--check-batch",
+    "8",
+    "--check-len",
+    "32",
+    "--megatron-steps",
+    "1",
+    "--steps",
+    "2",
+    "--eval-problems",
+    "8",
+]
 
 
 def _read(out: Path) -> dict:
@@ -32,7 +59,8 @@ def test_every_part_runs_on_the_cpu(tmp_path, capsys):
     parts = res["parts"]
     assert res["finished"] and res["prefect_imported"] is (None if prefect_before else False)
     assert {n: p["status"] for n, p in parts.items()} == dict.fromkeys(
-        ["env", "model", "engine", "trainer", "rl", "megatron"], "ok")
+        ["env", "model", "engine", "trainer", "rl", "megatron"], "ok"
+    )
     assert parts["env"]["torch"] and parts["env"]["cuda_available"] is False
     eng = parts["engine"]
     assert [r["batch"] for r in eng["rows"]] == [4, 8] and all(r["engine_tokens_per_s"] > 0 for r in eng["rows"])
@@ -91,8 +119,9 @@ def test_parts_that_cannot_run_say_why(tmp_path, monkeypatch):
     assert parts["megatron"]["status"] == "skipped" and "megatron-core is not installed" in parts["megatron"]["reason"]
 
     out2 = tmp_path / "no-model"
-    assert main(TINY[:1] + [str(tmp_path / "missing-model")] + TINY[2:] + ["--out", str(out2),
-                                                                           "--parts", "engine"]) == 1
+    assert (
+        main(TINY[:1] + [str(tmp_path / "missing-model")] + TINY[2:] + ["--out", str(out2), "--parts", "engine"]) == 1
+    )
     parts = _read(out2)["parts"]
     assert parts["model"]["status"] == "failed"
     assert parts["engine"]["status"] == "skipped" and parts["engine"]["reason"].startswith("the model did not load")
@@ -108,8 +137,16 @@ def test_the_table_reads_every_status(tmp_path, capsys):
 
     res = Results(tmp_path / "r.json")
     res.start({})
-    res.run("env", lambda: {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "torch_cuda": "13.0",
-                            "bf16_supported": True, "matmul_bf16_tflops": 790.0})
+    res.run(
+        "env",
+        lambda: {
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "torch": "2.11.0",
+            "torch_cuda": "13.0",
+            "bf16_supported": True,
+            "matmul_bf16_tflops": 790.0,
+        },
+    )
     res.run("rl", lambda: (_ for _ in ()).throw(ValueError("no port")))
     res.data["prefect_imported"] = False
     res.finish()

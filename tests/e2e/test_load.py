@@ -18,8 +18,9 @@ pytestmark = pytest.mark.nightly  # load, not behaviour: make test-nightly (CI r
 @pytest.mark.slow
 def test_concurrent_generate_requests(tmp_path):
     n = 200
-    out = load_test.generate_load(load_test.tiny_model_dir(str(tmp_path / "m")), n, max_new_tokens=8,
-                                  rounds=2, max_running=64)
+    out = load_test.generate_load(
+        load_test.tiny_model_dir(str(tmp_path / "m")), n, max_new_tokens=8, rounds=2, max_running=64
+    )
     assert out["server_alive"]
     for r in out["rounds"]:
         assert r["errors"] == 0 and r["ok"] == n, r

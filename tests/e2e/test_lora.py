@@ -29,9 +29,17 @@ RANK, ALPHA = 4, 8.0
 
 def llama(seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
     """A 2-layer random LlamaForCausalLM (untied head), weights large enough to matter."""
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=256, eos_token_id=3,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=256,
+        eos_token_id=3,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -124,13 +132,29 @@ def test_only_adapters_get_gradients_and_train():
     assert all(m.lora_B.grad.abs().sum() > 0 for m in lora.lora_modules(model).values())
     model.zero_grad(set_to_none=True)
 
-    trainer = Trainer(model, TrainerConfig(batch_size=2, optim={"lr": 1e-2, "weight_decay": 0.0}), temperature=1.0, total_steps=3)
+    trainer = Trainer(
+        model, TrainerConfig(batch_size=2, optim={"lr": 1e-2, "weight_decay": 0.0}), temperature=1.0, total_steps=3
+    )
     assert set(trainer.named_masters()) == set(lora.adapter_tensors(model))
     frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
     before = {n: t.clone() for n, t in lora.adapter_tensors(model).items()}
-    batch = [Trajectory(traj_id=f"t{i}", group_id="g", seq_no=i, admit_version=0, prompt_ids=[1, 5, 9],
-                        reference="", task="chain", output_ids=[7, 2, 8], output_logprobs=[-1.0] * 3,
-                        output_versions=[0] * 3, reward=r, finish_reason="stop") for i, r in enumerate((1.0, -1.0))]
+    batch = [
+        Trajectory(
+            traj_id=f"t{i}",
+            group_id="g",
+            seq_no=i,
+            admit_version=0,
+            prompt_ids=[1, 5, 9],
+            reference="",
+            task="chain",
+            output_ids=[7, 2, 8],
+            output_logprobs=[-1.0] * 3,
+            output_versions=[0] * 3,
+            reward=r,
+            finish_reason="stop",
+        )
+        for i, r in enumerate((1.0, -1.0))
+    ]
     trainer.step(batch, 0)
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
     moved = [n for n, t in lora.adapter_tensors(model).items() if not torch.equal(t, before[n])]
@@ -179,8 +203,13 @@ def test_engine_checkpoint_and_export_merge_bit_for_bit(tmp_path, dtype):
             m.lora_B.mul_(-3.0)
             m.lora_A.add_(0.01)
     with CheckpointWriter(store) as w:
-        w.submit(2, {n: t.clone() for n, t in lora.adapter_tensors(model).items()}, snapshot_files(model),
-                 meta={"step": 2}, adapter_config=lora.adapter_config(model)).result()
+        w.submit(
+            2,
+            {n: t.clone() for n, t in lora.adapter_tensors(model).items()},
+            snapshot_files(model),
+            meta={"step": 2},
+            adapter_config=lora.adapter_config(model),
+        ).result()
     manifest = store.read_manifest(2)
     assert manifest["meta"]["format"] == "lora" and manifest["meta"]["base_version"] == 0
     assert {f["path"] for f in manifest["files"]} >= {lora.ADAPTER_FILE, lora.ADAPTER_CONFIG}
@@ -189,6 +218,7 @@ def test_engine_checkpoint_and_export_merge_bit_for_bit(tmp_path, dtype):
     engine = _engine_weights(store.local_copy(0), [first, lora.wire_adapters(model)], dtype)
     trainer_merged = lora.merged_weights(model)
     from safetensors.torch import load_file
+
     materialised = load_file(f"{store.local_copy(2)}/model.safetensors")
     exported = load_file(f"{export_checkpoint(store.version_url(2), str(tmp_path / 'out'))}/model.safetensors")
     for name, want in trainer_merged.items():
@@ -214,11 +244,15 @@ def test_servers_refuse_bad_adapters_by_name():
     with pytest.raises(ValueError, match=r"do not fit its weight \(64, 64\)"):
         check_weights(model, {q + ".lora_A": torch.zeros(4, 63), q + ".lora_B": torch.zeros(64, 4)}, "t")
     with pytest.raises(ValueError, match="adapters are float32"):
-        check_weights(model, {q + ".lora_A": torch.zeros(4, 64, dtype=torch.bfloat16),
-                              q + ".lora_B": torch.zeros(64, 4)}, "t")
+        check_weights(
+            model, {q + ".lora_A": torch.zeros(4, 64, dtype=torch.bfloat16), q + ".lora_B": torch.zeros(64, 4)}, "t"
+        )
     with pytest.raises(ValueError, match=r"no linear weight model.layers.0.nope.weight"):
-        check_weights(model, {"model.layers.0.nope.lora_A": torch.zeros(4, 64),
-                              "model.layers.0.nope.lora_B": torch.zeros(64, 4)}, "t")
+        check_weights(
+            model,
+            {"model.layers.0.nope.lora_A": torch.zeros(4, 64), "model.layers.0.nope.lora_B": torch.zeros(64, 4)},
+            "t",
+        )
     with pytest.raises(ValueError, match="adapters only or full weights only"):
         check_weights(model, {**good, "lm_head.weight": model.lm_head.weight.detach()}, "t")
 
@@ -275,8 +309,11 @@ def test_export_of_a_full_checkpoint_loads_with_plain_transformers(tmp_path):
     store = CheckpointStore(str(tmp_path / "run/checkpoints"))
     store.publish(0, base, meta={"step": 0}, extra={"resume/state.json": b"{}"})
     out = export_checkpoint(str(tmp_path / "run"), str(tmp_path / "model"))  # the run's latest
-    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json", "generation_config.json",
-                                                                     "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     loaded = AutoModelForCausalLM.from_pretrained(out)
     assert all(torch.equal(p, base.state_dict()[n]) for n, p in loaded.named_parameters())
 

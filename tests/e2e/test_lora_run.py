@@ -45,8 +45,10 @@ class SimulatedCrash(Exception):
 def lora_config(**overrides):
     # adv_norm none: every answer's reward is its advantage, so the adapters move at every step even
     # when the tiny model gets every answer wrong (normalised, a group of equal rewards trains nothing)
-    return load_config(HERE / "data/e2e.yaml", {"trainer.lora": LORA, "trainer.optim.lr": 0.01,
-                                                 "trainer.adv_norm": "none", **overrides})
+    return load_config(
+        HERE / "data/e2e.yaml",
+        {"trainer.lora": LORA, "trainer.optim.lr": 0.01, "trainer.adv_norm": "none", **overrides},
+    )
 
 
 async def _probe(url: str, version: int, timeout_s: float = 180.0) -> tuple[list[float], list[int], torch.Tensor]:
@@ -104,16 +106,22 @@ def lora_run(tmp_path_factory, request):
         servers = made["servers"]
         got = [asyncio.run(_probe(url, v)) for url in servers.urls]
         want_lp, want_w = trainer_merged(made["model"], got[0][1])
-        probes[v] = {"servers": got, "trainer_logprobs": want_lp, "trainer_weight": want_w,
-                     "bytes": row["weight_update_bytes"], "pids": [s.pid for s in servers.servers]}
+        probes[v] = {
+            "servers": got,
+            "trainer_logprobs": want_lp,
+            "trainer_weight": want_w,
+            "bytes": row["weight_update_bytes"],
+            "pids": [s.pid for s in servers.servers],
+        }
         if v == 2:
             probes["killed_pid"] = servers.servers[1].pid
             os.kill(servers.servers[1].pid, signal.SIGKILL)  # the next push or request finds it gone
 
     run_dir = tmp_path_factory.mktemp("lora") / "run"
     cfg = lora_config(**{"rollout.n_servers": 2, "trainer.max_steps": 5})
-    summary = run_experiment(cfg, run_dir, progress=False, on_step=on_step,
-                             cache_dir=str(tmp_path_factory.getbasetemp() / "warm"))  # its own (with the shared cache the
+    summary = run_experiment(
+        cfg, run_dir, progress=False, on_step=on_step, cache_dir=str(tmp_path_factory.getbasetemp() / "warm")
+    )  # its own (with the shared cache the
     # 5 steps at lr 0.01 once collapsed the policy to one answer for every prompt: whether the warm start ran here
     # or was loaded changes the random state the run starts from)
     return {"summary": summary, "probes": probes, "run_dir": run_dir, "made": made, "cfg": cfg}
@@ -175,7 +183,12 @@ def test_export_round_trips_through_plain_transformers(lora_run, tmp_path):
     run_dir, cfg = lora_run["run_dir"], lora_run["cfg"]
     out = export_checkpoint(str(run_dir), str(tmp_path / "exported"))
     assert sorted(p.name for p in Path(out).iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
 
     store = CheckpointStore(str(run_dir / "checkpoints"))
@@ -195,8 +208,13 @@ def test_export_round_trips_through_plain_transformers(lora_run, tmp_path):
     mismatched = []
     for p, want in zip(prompts, served):
         with torch.no_grad():
-            out_ids = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                  do_sample=False, max_new_tokens=n_new, pad_token_id=0)[0, len(p):].tolist()
+            out_ids = hf.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=n_new,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
         got = out_ids[: out_ids.index(eos) + 1] if eos in out_ids else out_ids
         if got != want:
             mismatched.append((p, got, want))
@@ -209,8 +227,9 @@ def test_lora_run_resumes_exactly_once(tmp_path, warm_cache):
     """A synchronous LoRA run stopped after the checkpoint of step 2 resumes: trainer base from v0,
     adapters and optimizer from v2, servers given the adapters before generating (eta 0: every
     token of step 3's batch is version 2's; one sampled by the base would be labelled 0)."""
-    cfg = lora_config(**{"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4,
-                         "storage.checkpoint_every": 2})
+    cfg = lora_config(
+        **{"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4, "storage.checkpoint_every": 2}
+    )
     run_dir = tmp_path / "run"
 
     def crash(row):

@@ -29,8 +29,10 @@ from areal_core.trainer.trainer import Trainer
 from areal_core.types import Trajectory
 
 # megatron's own notices about the CPU fallbacks (no Apex / Transformer Engine) and its deprecations
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning:megatron"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning:megatron"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
+]
 
 CONFIGS = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}
 VOCAB = 61  # not a multiple of 2: tensor parallelism pads the vocabulary
@@ -40,9 +42,19 @@ def hf_model(kind: str = "qwen2", tied: bool | None = None, seed: int = 0):
     """A tiny random HF model (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16) whose norms and
     biases are perturbed, so a mapping that mixes them up shows."""
     tied = kind == "qwen2" if tied is None else tied
-    cfg = CONFIGS[kind](hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=128,
-                        tie_word_embeddings=tied, rope_theta=10000.0, initializer_range=0.1)
+    cfg = CONFIGS[kind](
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        rope_theta=10000.0,
+        initializer_range=0.1,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
@@ -87,16 +99,31 @@ def batch(n: int = 8, seed: int = 0) -> list[Trajectory]:
         if i % 4 == 0:
             prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 7))]
         answer = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 12))]
-        out.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // 4}", seq_no=i, admit_version=0, prompt_ids=prompt,
-                              output_ids=answer, output_logprobs=[-4.1 + 0.05 * (k % 3) for k in range(len(answer))],
-                              output_versions=[0] * len(answer), finish_reason="stop",
-                              reward=float(i % 3 == 0) * 10 - 5, correct=i % 3 == 0))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                seq_no=i,
+                admit_version=0,
+                prompt_ids=prompt,
+                output_ids=answer,
+                output_logprobs=[-4.1 + 0.05 * (k % 3) for k in range(len(answer))],
+                output_versions=[0] * len(answer),
+                finish_reason="stop",
+                reward=float(i % 3 == 0) * 10 - 5,
+                correct=i % 3 == 0,
+            )
+        )
     return out
 
 
 def trainer_cfg(grad_clip: float = 1e6, **kw) -> TrainerConfig:
-    return TrainerConfig(batch_size=8, max_tokens_per_microbatch=40,
-                         optim={"lr": 1e-3, "lr_schedule": "constant", "grad_clip": grad_clip}, **kw)
+    return TrainerConfig(
+        batch_size=8,
+        max_tokens_per_microbatch=40,
+        optim={"lr": 1e-3, "lr_schedule": "constant", "grad_clip": grad_clip},
+        **kw,
+    )
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -113,6 +140,7 @@ def torch_reference(model, cfg: TrainerConfig, b, temperature: float = 0.8):
 
 
 # --------------------------------------------------------------------------- in-process (world size 1)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
@@ -155,27 +183,43 @@ def test_megatron_to_hf_round_trip_is_bit_exact(kind, tp):
 
 @pytest.mark.parametrize("tp, heads, kv", [(3, 4, 2), (4, 4, 2)])
 def test_tp_that_does_not_divide_the_heads_is_a_clear_error(tp, heads, kv):
-    cfg = Qwen2Config(hidden_size=64, num_attention_heads=heads, num_key_value_heads=kv, num_hidden_layers=1,
-                      intermediate_size=64, vocab_size=VOCAB)
+    cfg = Qwen2Config(
+        hidden_size=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+    )
     with pytest.raises(ValueError, match=rf"tensor-parallel size {tp} must divide .*heads \({heads}\).*heads \({kv}\)"):
         mapping.arch_of(cfg, tp)
 
 
 def test_unsupported_model_and_world_size_are_clear_errors():
-    cfg = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
-                      intermediate_size=64, vocab_size=VOCAB, hidden_act="gelu")
+    cfg = Qwen2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        hidden_act="gelu",
+    )
     with pytest.raises(NotImplementedError, match="hidden_act 'gelu'"):
         mapping.arch_of(cfg, 1)
     with pytest.raises(ValueError, match=r"tensor-parallel size 2 must divide the number of processes \(1\)"):
         MegatronTrainer(hf_model("qwen2"), trainer_cfg(), 0.8, 10, tp_size=2)
 
 
-@pytest.mark.parametrize("kind, kw", [
-    ("qwen2", {"grad_clip": 0.5}),  # decoupled, one minibatch: pi_prox is the update's own forward; clipped
-    ("llama", {"ppo_minibatches": 2}),  # decoupled, pi_prox recomputed before the update
-    ("llama", {"ppo_minibatches": 2, "prox_logp": "loglinear"}),
-    ("qwen2", {"objective": "naive", "microbatching": "fixed", "n_microbatches": 3, "temperature": 1.0}),
-])
+@pytest.mark.parametrize(
+    "kind, kw",
+    [
+        ("qwen2", {"grad_clip": 0.5}),  # decoupled, one minibatch: pi_prox is the update's own forward; clipped
+        ("llama", {"ppo_minibatches": 2}),  # decoupled, pi_prox recomputed before the update
+        ("llama", {"ppo_minibatches": 2, "prox_logp": "loglinear"}),
+        ("qwen2", {"objective": "naive", "microbatching": "fixed", "n_microbatches": 3, "temperature": 1.0}),
+    ],
+)
 def test_one_step_matches_the_torch_trainer(kind, kw):
     kw = dict(kw)
     temperature = kw.pop("temperature", 0.8)
@@ -185,8 +229,19 @@ def test_one_step_matches_the_torch_trainer(kind, kw):
     trainer = MegatronTrainer(model, cfg, temperature=temperature, total_steps=10)
     stats = trainer.step(b, version=1).metrics
     assert stats["prox_logp_path"] == ref_stats["prox_logp_path"]
-    for k in ("loss", "clip_fraction", "behav_weight_mean", "behav_weight_max", "approx_kl",
-              "importance_weight_mean", "grad_norm", "lr", "tokens_trained", "staleness_max", "reward"):
+    for k in (
+        "loss",
+        "clip_fraction",
+        "behav_weight_mean",
+        "behav_weight_max",
+        "approx_kl",
+        "importance_weight_mean",
+        "grad_norm",
+        "lr",
+        "tokens_trained",
+        "staleness_max",
+        "reward",
+    ):
         assert stats[k] == pytest.approx(ref_stats[k], abs=1e-5), k
     # the last minibatch's gradients, then the weights after the step (synced into the HF model)
     assert max_diff(trainer.named_grads(), ref_grads) < 1e-5
@@ -214,14 +269,29 @@ def test_state_dict_resumes_exactly():
 
 # --------------------------------------------------------------------------- 2 gloo processes
 
+
 def run_two_ranks(case: str, tmp_path) -> dict:
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, __file__, case, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, case, str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = []
     for p in procs:
         try:

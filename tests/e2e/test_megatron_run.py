@@ -27,8 +27,11 @@ def test_short_run_with_megatron_tp2_on_two_processes(tmp_path, warm_cache):
     assert summary["steps"] == 3 and summary["max_staleness_observed"] <= cfg.trainer.eta
     assert summary["trainer_backend"] == "megatron"
     assert (tmp_path / "run/megatron_rank1.log").is_file()
-    left = [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and "megatron" in " ".join(p.cmdline())]
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and "megatron" in " ".join(p.cmdline())
+    ]
     assert not left, f"megatron ranks still running: {left}"
 
 

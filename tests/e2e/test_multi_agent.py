@@ -46,8 +46,11 @@ def test_selection_takes_the_top_k_every_m_steps_only():
     assert r.table()["a"] == TRAINABLE
     assert r.maybe_select(3)
     assert r.table() == {"a": FROZEN, "b": FROZEN, "c": TRAINABLE, "d": TRAINABLE}
-    assert r.selections[-1] == {"step": 3, "trainable": ["c", "d"],
-                                "averages": {"a": -5.0, "b": 1.0, "c": 5.0, "d": 3.0}}
+    assert r.selections[-1] == {
+        "step": 3,
+        "trainable": ["c", "d"],
+        "averages": {"a": -5.0, "b": 1.0, "c": 5.0, "d": 3.0},
+    }
     assert not r.maybe_select(3)  # once per step
     r.record("a", 5.0, True, FROZEN)  # a: mean (-5 + 5 + 5 + 5) / 4 = 2.5 > b's 1.0, < d's 3.0
     for _ in range(2):
@@ -73,8 +76,13 @@ def test_step_metrics_report_each_agent_and_reset():
     r.record("a", -5.0, False, TRAINABLE)
     r.record("b", 5.0, True, FROZEN)
     m = r.step_metrics()
-    assert (m["agent_a_R"], m["agent_a_reward"], m["agent_a_accuracy"], m["agent_a_n"], m["agent_a_trainable"]) \
-        == (0.0, 0.0, 0.5, 2, 1)
+    assert (m["agent_a_R"], m["agent_a_reward"], m["agent_a_accuracy"], m["agent_a_n"], m["agent_a_trainable"]) == (
+        0.0,
+        0.0,
+        0.5,
+        2,
+        1,
+    )
     assert (m["agent_b_R"], m["agent_b_n"], m["agent_b_trainable"]) == (5.0, 1, 0)
     again = r.step_metrics()  # nothing new since: no rewards, the averages stay
     assert again["agent_a_n"] == 0 and math.isnan(again["agent_a_reward"]) and again["agent_a_R"] == 0.0
@@ -98,6 +106,7 @@ def test_router_state_round_trips():
 
 # --- config ----------------------------------------------------------------------------------------
 
+
 def _ma(**kw):
     return {"agents": [{"id": "a"}, {"id": "b", "prefix": "> "}], "top_k": 1, **kw}
 
@@ -109,13 +118,16 @@ def test_multi_agent_is_off_by_default_and_typed():
     assert not MultiAgentConfig(agents=[{"id": "a"}], top_k=1).needs_frozen_server
 
 
-@pytest.mark.parametrize("bad, says", [
-    ({"agents": [{"id": "a"}, {"id": "a"}], "top_k": 1}, "unique"),
-    (_ma(top_k=3), "exceeds the number of agents"),
-    (_ma(top_k=0), "top_k"),
-    ({"agents": [{"id": "a-b"}], "top_k": 1}, "id"),
-    ({"agents": [], "top_k": 1}, "agents"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"agents": [{"id": "a"}, {"id": "a"}], "top_k": 1}, "unique"),
+        (_ma(top_k=3), "exceeds the number of agents"),
+        (_ma(top_k=0), "top_k"),
+        ({"agents": [{"id": "a-b"}], "top_k": 1}, "id"),
+        ({"agents": [], "top_k": 1}, "agents"),
+    ],
+)
 def test_bad_multi_agent_configs_are_named(bad, says):
     with pytest.raises(ConfigError, match=says):
         load_config("tests/data/e2e.yaml", {"multi_agent": bad})
@@ -123,8 +135,12 @@ def test_bad_multi_agent_configs_are_named(bad, says):
 
 def test_frozen_policy_needs_an_embedded_server_and_v0_kept():
     with pytest.raises(ConfigError, match="embedded"):
-        parse_config({"multi_agent": _ma(), "rollout": {"backend": {"kind": "external", "urls": ["http://x:1"],
-                                                                     "allow_unauthenticated": True}}})
+        parse_config(
+            {
+                "multi_agent": _ma(),
+                "rollout": {"backend": {"kind": "external", "urls": ["http://x:1"], "allow_unauthenticated": True}},
+            }
+        )
     with pytest.raises(ConfigError, match="keep_last"):
         parse_config({"multi_agent": _ma(), "storage": {"keep_last": 2}})
     # every agent trainable: no frozen server, so neither applies
@@ -139,8 +155,9 @@ def test_agent_prompter_puts_the_prefix_before_the_prompt_text():
     tok = build_char_tokenizer()
     recs = [Record(id="r1", task="chain", prompt="a3b5=", solution="a3=3,b5=8|8")]
     (p,) = to_prompts(recs, tok)
-    ids = agent_prompter(MultiAgentConfig(agents=[{"id": "plain"}, {"id": "q", "prefix": "Q:"}], top_k=1).agents,
-                         recs, tok)
+    ids = agent_prompter(
+        MultiAgentConfig(agents=[{"id": "plain"}, {"id": "q", "prefix": "Q:"}], top_k=1).agents, recs, tok
+    )
     assert ids("plain", p) == p.input_ids
     assert tok.decode(ids("q", p)) == "Q:a3b5="
 
@@ -168,17 +185,29 @@ class _ByAgent:
 def _controller(agents: AgentRouter, servers: dict, transport, buffer, B=8, n=2, eta=1):
     names = {v: k for k, v in AGENT_TOKEN.items()}
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(40)]
-    settings = ControllerSettings(batch_size=B, eta=eta, n_samples=n, sampling=Sampling(max_new_tokens=4),
-                                  reward_correct=5.0, reward_wrong=-5.0)
+    settings = ControllerSettings(
+        batch_size=B, eta=eta, n_samples=n, sampling=Sampling(max_new_tokens=4), reward_correct=5.0, reward_wrong=-5.0
+    )
 
     def make_client(url, timeout_s=0):
         servers[url] = ScriptedServer(url)
         return servers[url]
 
-    return RolloutController(Servers(["http://trainable:1"], make_client=make_client), prompts,
-                             lambda ids: names.get(ids[0], "?"), _ByAgent(), buffer, settings, transport, version=0,
-                             agents=AgentSetup(agents, lambda a, p: [AGENT_TOKEN[a], *p.input_ids],
-                                               Servers(["http://frozen:1"], model_path="/v0", make_client=make_client)))
+    return RolloutController(
+        Servers(["http://trainable:1"], make_client=make_client),
+        prompts,
+        lambda ids: names.get(ids[0], "?"),
+        _ByAgent(),
+        buffer,
+        settings,
+        transport,
+        version=0,
+        agents=AgentSetup(
+            agents,
+            lambda a, p: [AGENT_TOKEN[a], *p.input_ids],
+            Servers(["http://frozen:1"], model_path="/v0", make_client=make_client),
+        ),
+    )
 
 
 def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_gets_no_weights():
@@ -228,11 +257,29 @@ def test_only_trainable_routed_answers_reach_the_trainer_and_the_frozen_server_g
 def test_a_state_saved_without_agents_restores_with_the_initial_table():
     agents = AgentRouter(["bad", "good"], top_k=1, every_steps=3, window=16)
     c = _controller(agents, {}, RecordingTransport(), ReplayBuffer())
-    old_row = {"traj_id": "e0-p1-s0", "group_id": "e0-p1", "seq_no": 0, "admit_version": 0, "prompt_ids": [5, 6, 1],
-               "output_ids": [1, 3], "output_logprobs": [-1.0, -1.0], "output_versions": [0, 0],
-               "finish_reason": "stop", "reward": 5.0, "correct": True}  # a row from before agent_id & co
-    c.restore({"n_submitted": 2, "n_groups": 1, "version": 0, "groups": [
-        {"group_id": "e0-p1", "first_seq_no": 0, "admit_version": 0, "size": 2, "trajectories": [old_row]}]})
+    old_row = {
+        "traj_id": "e0-p1-s0",
+        "group_id": "e0-p1",
+        "seq_no": 0,
+        "admit_version": 0,
+        "prompt_ids": [5, 6, 1],
+        "output_ids": [1, 3],
+        "output_logprobs": [-1.0, -1.0],
+        "output_versions": [0, 0],
+        "finish_reason": "stop",
+        "reward": 5.0,
+        "correct": True,
+    }  # a row from before agent_id & co
+    c.restore(
+        {
+            "n_submitted": 2,
+            "n_groups": 1,
+            "version": 0,
+            "groups": [
+                {"group_id": "e0-p1", "first_seq_no": 0, "admit_version": 0, "size": 2, "trajectories": [old_row]}
+            ],
+        }
+    )
     assert agents.table() == {"bad": TRAINABLE, "good": FROZEN}
     t = Trajectory.from_row(old_row)
     assert (t.agent_id, t.route, t.policy_version) == ("", "", None)
@@ -241,14 +288,36 @@ def test_a_state_saved_without_agents_restores_with_the_initial_table():
 def test_an_old_ledger_resumes_and_new_rows_carry_agent_and_versions(tmp_path):
     import io
 
-    old = pd.DataFrame([{"trajectory_id": "e0-p1-s0", "step": 1, "trained_by_version": 0, "admit_version": 0,
-                         "min_token_version": 0, "max_token_version": 0, "n_tokens": 2, "reward": 1.0}])
+    old = pd.DataFrame(
+        [
+            {
+                "trajectory_id": "e0-p1-s0",
+                "step": 1,
+                "trained_by_version": 0,
+                "admit_version": 0,
+                "min_token_version": 0,
+                "max_token_version": 0,
+                "n_tokens": 2,
+                "reward": 1.0,
+            }
+        ]
+    )
     buf = io.BytesIO()
     old.to_parquet(buf, index=False)
     log = RunLog(tmp_path)
     log.restore(pd.DataFrame([{"step": 1}]).to_parquet(index=False), buf.getvalue())
-    t = Trajectory(traj_id="e0-p2-s0", group_id="e0-p2", seq_no=2, admit_version=1, prompt_ids=[1],
-                   output_ids=[4, 5], output_logprobs=[0.0, 0.0], output_versions=[1, 2], reward=5.0, agent_id="good")
+    t = Trajectory(
+        traj_id="e0-p2-s0",
+        group_id="e0-p2",
+        seq_no=2,
+        admit_version=1,
+        prompt_ids=[1],
+        output_ids=[4, 5],
+        output_logprobs=[0.0, 0.0],
+        output_versions=[1, 2],
+        reward=5.0,
+        agent_id="good",
+    )
     log.log_step({"step": 2}, ledger_rows([t], 2, 2, prox_version=2))
     led = pd.read_parquet(tmp_path / "ledger.parquet")
     assert list(led["agent_id"]) == ["", "good"]
@@ -256,6 +325,7 @@ def test_an_old_ledger_resumes_and_new_rows_carry_agent_and_versions(tmp_path):
 
 
 # --- a real short run: embedded servers (one frozen), Dask grading, the trainer; crash and resume ----
+
 
 class _Crash(Exception):
     pass
@@ -280,10 +350,15 @@ def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch, warm_cach
 
     monkeypatch.setattr(Trainer, "step", step)
     agents = [{"id": "x", "prefix": "a9="}, {"id": "plain"}, {"id": "q", "prefix": "> "}]
-    cfg = load_config("tests/data/e2e.yaml", {"trainer.max_steps": 4, "rollout.sampling.max_new_tokens": 24,
-                                              "storage.checkpoint_every": 2,
-                                              "multi_agent": {"agents": agents, "top_k": 1, "every_steps": 2,
-                                                              "window": 32}})
+    cfg = load_config(
+        "tests/data/e2e.yaml",
+        {
+            "trainer.max_steps": 4,
+            "rollout.sampling.max_new_tokens": 24,
+            "storage.checkpoint_every": 2,
+            "multi_agent": {"agents": agents, "top_k": 1, "every_steps": 2, "window": 32},
+        },
+    )
     run, cache = tmp_path / "run", warm_cache
     with pytest.raises(_Crash):
         run_experiment(cfg, run, progress=False, cache_dir=cache, on_step=crash)

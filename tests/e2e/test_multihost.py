@@ -38,7 +38,8 @@ pytestmark = [pytest.mark.nightly]
 
 def _wait(host, url: str, timeout_s: float = 120.0) -> None:
     """Wait, in ``host``, until ``url`` answers (any HTTP status)."""
-    host.python(f"""
+    host.python(
+        f"""
 import time, urllib.request, urllib.error
 deadline = time.monotonic() + {timeout_s}
 while True:
@@ -48,15 +49,19 @@ while True:
     except OSError:
         if time.monotonic() > deadline: raise
         time.sleep(0.3)
-""", timeout_s=timeout_s + 30)
+""",
+        timeout_s=timeout_s + 30,
+    )
 
 
 def _model_info(host, url: str, key: str) -> dict:
-    return json.loads(host.python(f"""
+    return json.loads(
+        host.python(f"""
 import urllib.request
 r = urllib.request.Request({url!r} + "/model_info", headers={{"Authorization": "Bearer {key}"}})
 print(urllib.request.urlopen(r, timeout=30).read().decode())
-"""))
+""")
+    )
 
 
 @pytest.mark.skipif(bool(unavailable()), reason=f"network namespaces: {unavailable()}")
@@ -71,34 +76,84 @@ def test_async_run_across_three_hosts(tmp_path):
         s3 = moto.endpoint_url
         env = {**moto.env(), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DASK_LOGGING__DISTRIBUTED": "warning"}
         t.start([moto_server_executable(), "-H", t.address, "-p", "9000"], tmp_path / "moto.log")
-        t.start([str(BIN / "dask"), "scheduler", "--host", t.address, "--port", "8786", "--no-dashboard"],
-                tmp_path / "scheduler.log", env)
+        t.start(
+            [str(BIN / "dask"), "scheduler", "--host", t.address, "--port", "8786", "--no-dashboard"],
+            tmp_path / "scheduler.log",
+            env,
+        )
         _wait(t, f"{s3}/moto-api/data.json")
         t.python("from areal_core.storage.fsutil import ensure_bucket; ensure_bucket('s3://multihost')", env)
         engine = json.dumps({"max_running": 64, "weight_hashes": True})
         for h in remotes:
-            h.start([str(BIN / "dask"), "worker", f"tcp://{t.address}:8786", "--host", h.address, "--nthreads", "1",
-                     "--no-dashboard", "--name", h.name, "--preload", "areal_core.data.synthetic",
-                     "--preload", "areal_core.reward.math"], tmp_path / f"worker-{h.name}.log", env)
-            h.start([sys.executable, "-m", "areal_core.rollout.backends.embedded.server", "--model-path",
-                     str(tmp_path / "base"), "--host", h.address, "--port", "30000", "--engine-config", engine],
-                    tmp_path / f"server-{h.name}.log", {**env, "AREAL_ROLLOUT_API_KEY": key})
+            h.start(
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    f"tcp://{t.address}:8786",
+                    "--host",
+                    h.address,
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--name",
+                    h.name,
+                    "--preload",
+                    "areal_core.data.synthetic",
+                    "--preload",
+                    "areal_core.reward.math",
+                ],
+                tmp_path / f"worker-{h.name}.log",
+                env,
+            )
+            h.start(
+                [
+                    sys.executable,
+                    "-m",
+                    "areal_core.rollout.backends.embedded.server",
+                    "--model-path",
+                    str(tmp_path / "base"),
+                    "--host",
+                    h.address,
+                    "--port",
+                    "30000",
+                    "--engine-config",
+                    engine,
+                ],
+                tmp_path / f"server-{h.name}.log",
+                {**env, "AREAL_ROLLOUT_API_KEY": key},
+            )
         urls = [f"http://{h.address}:30000" for h in remotes]
         for u in urls:
             _wait(t, u + "/health")
 
         cfg = yaml.safe_load((HERE / "data/e2e.yaml").read_text())
-        cfg["rollout"].update(backend={"kind": "external", "urls": urls, "api_key_env": KEY_ENV},
-                              weight_transport={"kind": "distributed", "master_address": t.address})
+        cfg["rollout"].update(
+            backend={"kind": "external", "urls": urls, "api_key_env": KEY_ENV},
+            weight_transport={"kind": "distributed", "master_address": t.address},
+        )
         cfg["trainer"]["max_steps"] = STEPS
         cfg["storage"] = {"url": "s3://multihost/run", "checkpoint_every": EVERY}
         cfg["reward"] = {"scheduler_address": f"tcp://{t.address}:8786"}
         (tmp_path / "multihost.yaml").write_text(yaml.safe_dump(cfg))
         run_dir = tmp_path / "run"
-        train = subprocess.run(t.command([str(BIN / "areal-flow"), "train", str(tmp_path / "multihost.yaml"),
-                                          "--run-dir", str(run_dir), "--no-prefect", "--no-progress"]),
-                               env={**os.environ, **env, KEY_ENV: key}, cwd=REPO,
-                               capture_output=True, text=True, timeout=900)
+        train = subprocess.run(
+            t.command(
+                [
+                    str(BIN / "areal-flow"),
+                    "train",
+                    str(tmp_path / "multihost.yaml"),
+                    "--run-dir",
+                    str(run_dir),
+                    "--no-prefect",
+                    "--no-progress",
+                ]
+            ),
+            env={**os.environ, **env, KEY_ENV: key},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-5000:]
 
         # every trajectory trained exactly once, none staler than eta
@@ -124,8 +179,10 @@ def test_async_run_across_three_hosts(tmp_path):
             assert hashes[0][int(step)] == sha, step
 
         # the checkpoints are on the S3 endpoint, complete, and v0 is what the servers started with
-        versions = t.python("from areal_core.storage import CheckpointStore; "
-                            "print(CheckpointStore('s3://multihost/run').versions())", env)
+        versions = t.python(
+            "from areal_core.storage import CheckpointStore; print(CheckpointStore('s3://multihost/run').versions())",
+            env,
+        )
         assert versions.strip() == str([0, *range(EVERY, STEPS + 1, EVERY)])
         for h in remotes:
             assert "s3://multihost/run/v0" in (tmp_path / f"server-{h.name}.log").read_text()

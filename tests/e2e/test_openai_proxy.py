@@ -42,8 +42,12 @@ class ScriptedContext:
         self.max_new.append(max_new_tokens)
         for t in trajs:
             if self.refuse.get(t.traj_id) == self.calls[t.traj_id]:
-                raise RolloutServerError("http://127.0.0.1:1", 400, "POST /generate: prompt (70 tokens) + "
-                                         "max_new_tokens (64) = 134 exceeds the model's context of 128 positions")
+                raise RolloutServerError(
+                    "http://127.0.0.1:1",
+                    400,
+                    "POST /generate: prompt (70 tokens) + "
+                    "max_new_tokens (64) = 134 exceeds the model's context of 128 positions",
+                )
         for t in trajs:
             text = self.script[t.traj_id][self.calls[t.traj_id]]
             self.calls[t.traj_id] += 1
@@ -51,9 +55,9 @@ class ScriptedContext:
             ids = self.encode(text) + [EOS]
             for k, tok in enumerate(ids):
                 if tok in stop_token_ids:
-                    ids = ids[:k + 1]
+                    ids = ids[: k + 1]
                     break
-            ids = ids[:max_new_tokens or None]
+            ids = ids[: max_new_tokens or None]
             if t.output_mask:
                 t.output_mask += [1] * len(ids)
             t.output_ids += ids
@@ -74,8 +78,10 @@ class ScriptedContext:
 
 
 def _group(n, prompt="a3b5="):
-    return [Trajectory(traj_id=f"t{i}", group_id="g", seq_no=i, admit_version=5, prompt_ids=[ord(c) for c in prompt])
-            for i in range(n)]
+    return [
+        Trajectory(traj_id=f"t{i}", group_id="g", seq_no=i, admit_version=5, prompt_ids=[ord(c) for c in prompt])
+        for i in range(n)
+    ]
 
 
 def _run(episode, group, ctx):
@@ -94,8 +100,9 @@ def three_calls(client, prompt):
     seen.append(r1)
     r2 = llm.completions.create(model="m", prompt="Q:" + prompt + r1.choices[0].text + "\nobs\n")
     seen.append(r2)
-    r3 = llm.completions.create(model="m", prompt="Q:" + prompt + r1.choices[0].text + "\nobs\n"
-                                + r2.choices[0].text + "!", max_tokens=2)
+    r3 = llm.completions.create(
+        model="m", prompt="Q:" + prompt + r1.choices[0].text + "\nobs\n" + r2.choices[0].text + "!", max_tokens=2
+    )
     seen.append(r3)
     three_calls.seen = seen
     return r3.choices[0].text
@@ -118,8 +125,9 @@ def test_a_three_call_conversation_is_one_trajectory_with_its_mask():
     # the trajectory: the first call's prompt, then answer, environment, answer, environment, answer
     assert traj.prompt_ids == ctx.encode("Q:a3b5=")
     E = [EOS]
-    assert traj.output_ids == ctx.encode("x1") + E + ctx.encode("\nobs\n") + ctx.encode("yy2") + E + [ord("!")] \
-        + ctx.encode("ok")
+    assert traj.output_ids == ctx.encode("x1") + E + ctx.encode("\nobs\n") + ctx.encode("yy2") + E + [
+        ord("!")
+    ] + ctx.encode("ok")
     assert traj.output_mask == [1] * 3 + [0] * 5 + [1] * 4 + [0] + [1] * 2
     assert _policy_text(traj, ctx) == "x1yy2ok"
     # behaviour logprobs as the policy reported them; placeholders (0) for environment tokens
@@ -132,8 +140,10 @@ def test_a_three_call_conversation_is_one_trajectory_with_its_mask():
     assert traj.finish_reason == "length"
 
 
-CHATML = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<E>{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<E>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def chat_twice(client, prompt):
@@ -141,8 +151,7 @@ def chat_twice(client, prompt):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}]
     first = llm.chat.completions.create(model="m", messages=msgs)
     chat_twice.first = first
-    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
-             {"role": "user", "content": "sure?"}]
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "sure?"}]
     return llm.chat.completions.create(model="m", messages=msgs).choices[0].message.content
 
 
@@ -167,8 +176,10 @@ def test_a_tokenizer_chat_template_and_the_prompt_the_agent_gets(tmp_path):
     from areal_core.models import build_char_tokenizer
 
     tok = build_char_tokenizer()
-    tok.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}"
-                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     tok.save_pretrained(tmp_path)
     render = ChatRenderer(tokenizer=str(tmp_path))
     chat = [{"role": "user", "content": "a3b5="}]
@@ -190,8 +201,11 @@ def test_plain_chat_rendering_and_the_api_key_route():
     def agent(client, prompt):
         llm = openai.OpenAI(base_url=client["base_url"].split("/c/")[0] + "/v1", api_key=client["api_key"])
         assert [m.id for m in llm.models.list()] == ["policy"]
-        return llm.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}]) \
-            .choices[0].message.content
+        return (
+            llm.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}])
+            .choices[0]
+            .message.content
+        )
 
     [traj] = group = _group(1, "a3=")
     _run(OpenAIAgent(agent), group, ctx)
@@ -264,23 +278,30 @@ def test_bad_requests_get_openai_style_errors():
     def agent(client, prompt):
         llm = openai.OpenAI(**client, max_retries=0)
         c = llm.chat.completions
-        errors["stream"] = _status_error(lambda: c.create(model="m", messages=[{"role": "user", "content": "x"}],
-                                                          stream=True))
+        errors["stream"] = _status_error(
+            lambda: c.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        )
         errors["n"] = _status_error(lambda: c.create(model="m", messages=[{"role": "user", "content": "x"}], n=2))
-        errors["image"] = _status_error(lambda: c.create(model="m", messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x"}}]}]))
+        errors["image"] = _status_error(
+            lambda: c.create(
+                model="m",
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
+            )
+        )
         errors["max_tokens"] = _status_error(lambda: llm.completions.create(model="m", prompt="x", max_tokens=0))
         key = {"Authorization": f"Bearer {client['api_key']}"}
         raw = httpx.post(client["base_url"] + "/chat/completions", content=b"{not json", headers=key, timeout=10)
         errors["json"] = (raw.status_code, raw.json())
         errors["path"] = httpx.get(client["base_url"] + "/embeddings", headers=key, timeout=10)
-        errors["who"] = _status_error(lambda: openai.OpenAI(base_url=client["base_url"].replace("/c/", "/c/x"),
-                                                            api_key=client["api_key"], max_retries=0)
-                                      .completions.create(model="m", prompt="x"))
-        errors["nokey"] = httpx.post(client["base_url"] + "/completions", json={"model": "m", "prompt": "x"},
-                                     timeout=10)
-        errors["badkey"] = httpx.get(client["base_url"] + "/models", headers={"Authorization": "Bearer k"},
-                                     timeout=10)
+        errors["who"] = _status_error(
+            lambda: openai.OpenAI(
+                base_url=client["base_url"].replace("/c/", "/c/x"), api_key=client["api_key"], max_retries=0
+            ).completions.create(model="m", prompt="x")
+        )
+        errors["nokey"] = httpx.post(
+            client["base_url"] + "/completions", json={"model": "m", "prompt": "x"}, timeout=10
+        )
+        errors["badkey"] = httpx.get(client["base_url"] + "/models", headers={"Authorization": "Bearer k"}, timeout=10)
         first = llm.completions.create(model="m", prompt=prompt).choices[0].text
         again = llm.completions.create(model="m", prompt=prompt).choices[0].text  # a retry: the same answer
         assert again == first
@@ -291,9 +312,14 @@ def test_bad_requests_get_openai_style_errors():
 
     [traj] = group = _group(1)
     _run(OpenAIAgent(agent, max_calls=2), group, ctx)
-    for key, words in [("stream", "streaming is not supported"), ("n", "one choice per call"),
-                       ("image", "only text content"), ("max_tokens", "positive integer"),
-                       ("rewrite", "does not continue conversation"), ("max_calls", "max_calls=2")]:
+    for key, words in [
+        ("stream", "streaming is not supported"),
+        ("n", "one choice per call"),
+        ("image", "only text content"),
+        ("max_tokens", "positive integer"),
+        ("rewrite", "does not continue conversation"),
+        ("max_calls", "max_calls=2"),
+    ]:
         e = errors[key]
         assert isinstance(e, openai.BadRequestError) and words in e.message, (key, e.message)
         assert e.body["type"] == "invalid_request_error"
@@ -355,9 +381,14 @@ def test_a_short_real_run_through_the_controller(tmp_path, warm_cache):
     from areal_core.experiment import load_config
     from areal_core.run import run_experiment
 
-    cfg = load_config("tests/data/e2e.yaml", {
-        "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent"},
-        "trainer.max_steps": 2, "rollout.sampling.max_new_tokens": 24})
+    cfg = load_config(
+        "tests/data/e2e.yaml",
+        {
+            "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent"},
+            "trainer.max_steps": 2,
+            "rollout.sampling.max_new_tokens": 24,
+        },
+    )
     summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
     m = pd.read_parquet(tmp_path / "run/metrics.parquet")
@@ -422,11 +453,19 @@ def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path
     from areal_core.run import run_experiment
 
     budget = 44
-    cfg = load_config("tests/data/e2e.yaml", {
-        "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent",
-                    "on_agent_error": "wrong"},
-        "trainer.max_steps": 2, "rollout.sampling.max_new_tokens": 24,
-        "trainer.max_tokens_per_microbatch": budget})
+    cfg = load_config(
+        "tests/data/e2e.yaml",
+        {
+            "episode": {
+                "kind": "openai_agent",
+                "path": "areal_core.episodes.examples:chain_agent",
+                "on_agent_error": "wrong",
+            },
+            "trainer.max_steps": 2,
+            "rollout.sampling.max_new_tokens": 24,
+            "trainer.max_tokens_per_microbatch": budget,
+        },
+    )
     summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 2 and summary["ledger_check"]["ok"], summary["ledger_check"]
     ledger = pd.read_parquet(tmp_path / "run/ledger.parquet")

@@ -9,9 +9,31 @@ import pytest
 from flows.cli import main
 
 # 1.5B on 8 H800s with short answers: a few seconds for the whole plan
-SMALL = ["plan", "--model", "1.5B", "--gpus", "8", "--context", "2048", "--prompt-tokens", "128",
-         "--answer-median", "300", "--answer-sigma", "1.0", "--prompts-per-step", "8", "--answers-per-prompt", "4",
-         "--eta", "1,4", "--ratio", "1:1,3:1", "--steps", "9"]
+SMALL = [
+    "plan",
+    "--model",
+    "1.5B",
+    "--gpus",
+    "8",
+    "--context",
+    "2048",
+    "--prompt-tokens",
+    "128",
+    "--answer-median",
+    "300",
+    "--answer-sigma",
+    "1.0",
+    "--prompts-per-step",
+    "8",
+    "--answers-per-prompt",
+    "4",
+    "--eta",
+    "1,4",
+    "--ratio",
+    "1:1,3:1",
+    "--steps",
+    "9",
+]
 
 
 def test_plan_prints_the_alternatives_and_writes_json_and_plot(tmp_path, capsys):
@@ -38,27 +60,37 @@ def test_plan_takes_answer_lengths_from_a_past_run(tmp_path, capsys):
     only_metrics = tmp_path / "run2"  # no ledger: a lognormal through the per-step percentiles
     only_metrics.mkdir()
     pd.DataFrame({"answer_len_p50": [50.0, 60.0], "answer_len_p90": [200.0, 220.0]}).to_parquet(
-        only_metrics / "metrics.parquet")
+        only_metrics / "metrics.parquet"
+    )
     assert main(SMALL + ["--from-run", str(only_metrics)]) == 0
     assert "lognormal through" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--ratio", "1:0"], "error: ratio: 1:0 leaves no trainer device"),
-    (["--ratio", "15:1"], "error: ratio: 15:1 leaves no trainer device of 8 GPUs"),
-    (["--ratio", "three"], "error: ratio: expected ROLLOUT:TRAINER"),
-    (["--lengths", "100,-3,50"], "error: lengths.samples: lengths must be >= 0"),
-    (["--answer-median", "-5"], "error: lengths.median must be > 0"),
-    (["--model", "32B", "--gpus", "4", "--ratio", "1:1"], "error: n_gpus: model 32B does not fit 4 x H800 for training"),
-    (["--model", "32B", "--context", "2000000"], "error: model: model 32B does not fit a rollout server of 8 x H800"),
-    (["--gpu-type", "B300"], "error: gpu: unknown GPU type 'B300'"),
-    (["--model", "70B"], "error: model: unknown model '70B'"),
-    (["--gpus", "0"], "error: n_gpus: must be at least 1"),
-    (["--context", "100"], "error: context: 100 leaves no room to answer"),
-    (["--eta", "1,x"], "error: --eta expects comma-separated whole numbers"),
-    (["--weight-update", "hot"], "error: weight_update: must be one of"),
-    (["--from-run", "/nonexistent/run"], "error: from_run: /nonexistent/run holds neither"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ratio", "1:0"], "error: ratio: 1:0 leaves no trainer device"),
+        (["--ratio", "15:1"], "error: ratio: 15:1 leaves no trainer device of 8 GPUs"),
+        (["--ratio", "three"], "error: ratio: expected ROLLOUT:TRAINER"),
+        (["--lengths", "100,-3,50"], "error: lengths.samples: lengths must be >= 0"),
+        (["--answer-median", "-5"], "error: lengths.median must be > 0"),
+        (
+            ["--model", "32B", "--gpus", "4", "--ratio", "1:1"],
+            "error: n_gpus: model 32B does not fit 4 x H800 for training",
+        ),
+        (
+            ["--model", "32B", "--context", "2000000"],
+            "error: model: model 32B does not fit a rollout server of 8 x H800",
+        ),
+        (["--gpu-type", "B300"], "error: gpu: unknown GPU type 'B300'"),
+        (["--model", "70B"], "error: model: unknown model '70B'"),
+        (["--gpus", "0"], "error: n_gpus: must be at least 1"),
+        (["--context", "100"], "error: context: 100 leaves no room to answer"),
+        (["--eta", "1,x"], "error: --eta expects comma-separated whole numbers"),
+        (["--weight-update", "hot"], "error: weight_update: must be one of"),
+        (["--from-run", "/nonexistent/run"], "error: from_run: /nonexistent/run holds neither"),
+    ],
+)
 def test_bad_input_is_one_error_line(args, message, capsys):
     assert main(SMALL + args) == 2
     captured = capsys.readouterr()
@@ -88,8 +120,19 @@ def test_plan_flow_publishes_table_and_plot_artifacts(tmp_path, prefect_harness)
             keys = ArtifactFilter(key=ArtifactFilterKey(any_=["plan", "plan-alternatives"]))
             return {a.key: a for a in await c.read_artifacts(artifact_filter=keys, limit=50)}
 
-    out = plan(model="1.5B", n_gpus=8, context=2048, prompt_tokens=128, answer_median=300.0, etas=[2],
-               ratios=["3:1"], prompts_per_step=8, answers_per_prompt=4, n_steps=9, out_dir=str(tmp_path))
+    out = plan(
+        model="1.5B",
+        n_gpus=8,
+        context=2048,
+        prompt_tokens=128,
+        answer_median=300.0,
+        etas=[2],
+        ratios=["3:1"],
+        prompts_per_step=8,
+        answers_per_prompt=4,
+        n_steps=9,
+        out_dir=str(tmp_path),
+    )
     found = asyncio.run(artifacts())
     assert out["recommended"]["label"] and (tmp_path / "plan_ratio.png").is_file()
     assert found["plan-alternatives"].type == "table"

@@ -68,11 +68,23 @@ def test_stack_sweep_deployment_triggers_evaluations(tmp_path):
             assert all(d.description for _, d in deps.values()), [n for n, (_, d) in deps.items() if not d.description]
             asyncio.run(_limit_evaluations(deps["evaluate"][1].id))
 
-            run_id = asyncio.run(_start("sweep/sweep", {
-                "config_path": CONFIG, "eta": [1], "objective": ["decoupled"], "max_steps": 2,
-                "out_dir": str(out), "evaluate_every": 1, "cache_dir": str(tmp_path / "cache")}))
-            sweep_run = wait_for(lambda: (r := asyncio.run(_flow_run(run_id))).state.is_final() and r,
-                              240, "the sweep flow run")
+            run_id = asyncio.run(
+                _start(
+                    "sweep/sweep",
+                    {
+                        "config_path": CONFIG,
+                        "eta": [1],
+                        "objective": ["decoupled"],
+                        "max_steps": 2,
+                        "out_dir": str(out),
+                        "evaluate_every": 1,
+                        "cache_dir": str(tmp_path / "cache"),
+                    },
+                )
+            )
+            sweep_run = wait_for(
+                lambda: (r := asyncio.run(_flow_run(run_id))).state.is_final() and r, 240, "the sweep flow run"
+            )
             assert sweep_run.state.is_completed(), sweep_run.state
             run_dir = out / "eta1-decoupled"
             assert json.loads((run_dir / "summary.json").read_text())["final_version"] == 2

@@ -84,8 +84,10 @@ def test_a_counterfactual_replay_says_so(original, tmp_path, capsys):
 
 
 def test_replay_refuses_what_it_cannot_do(original, tmp_path, capsys):
-    assert main(["replay", str(original), "--out", str(tmp_path / "x"), "--set", "rollout.n_servers=2",
-                 "--no-prefect"]) == 2
+    assert (
+        main(["replay", str(original), "--out", str(tmp_path / "x"), "--set", "rollout.n_servers=2", "--no-prefect"])
+        == 2
+    )
     assert "may change the trainer's settings only" in capsys.readouterr().err
     assert main(["replay", str(original), "--out", str(tmp_path / "y"), "--from-step", "4", "--no-prefect"]) == 2
     assert "has no checkpoint v4 (it has v0, v3, v6, v8)" in capsys.readouterr().err
@@ -96,14 +98,19 @@ def test_replay_refuses_what_it_cannot_do(original, tmp_path, capsys):
 def test_a_synchronous_run_repeats_bit_for_bit(tmp_path, warm_cache, servers):
     """eta 0, drained updates, batch-invariant servers: two runs with one seed give the same metrics
     (timings aside) and the same weights at every checkpoint."""
-    sync = {"trainer.eta": 0, "rollout.weight_update": "drain", "rollout.batch_invariant": True,
-            "rollout.n_servers": servers}
+    sync = {
+        "trainer.eta": 0,
+        "rollout.weight_update": "drain",
+        "rollout.batch_invariant": True,
+        "rollout.n_servers": servers,
+    }
     a, b = (train(tmp_path / f"run{i}", warm_cache, **sync) for i in (1, 2))
     hashes = a["weights_sha256"].dropna().tolist()
     assert len(hashes) == 3 and hashes == b["weights_sha256"].dropna().tolist()
     # timings, and the tokens the servers happened to generate while each step trained
-    timing = [c for c in a.columns if c.endswith(("_s", "generated_tokens")) or "per_s" in c
-              or c == "cost_reprefilled_tokens"]
+    timing = [
+        c for c in a.columns if c.endswith(("_s", "generated_tokens")) or "per_s" in c or c == "cost_reprefilled_tokens"
+    ]
     assert len(a.columns) - len(timing) > 20
     differ = [c for c in a.columns if c not in timing and not a[c].equals(b[c])]
     assert not differ, {c: (a[c].tolist(), b[c].tolist()) for c in differ}
@@ -121,4 +128,5 @@ def test_a_deterministic_async_run_repeats_bit_for_bit(tmp_path, warm_cache):
     assert a["staleness_max"].max() == 2
     la, lb = (pd.read_parquet(tmp_path / f"run{i}/ledger.parquet") for i in (1, 2))
     assert la[["trajectory_id", "step", "min_token_version", "max_token_version"]].equals(
-        lb[["trajectory_id", "step", "min_token_version", "max_token_version"]])
+        lb[["trajectory_id", "step", "min_token_version", "max_token_version"]]
+    )

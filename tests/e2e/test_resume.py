@@ -80,8 +80,19 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
     cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12})  # room to be killed mid-run
     steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--no-prefect", str(HERE / "data/e2e.yaml"),
-           "--run-dir", str(run_dir), "--no-progress", "--set", "trainer.max_steps=12"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "train",
+        "--no-prefect",
+        str(HERE / "data/e2e.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--set",
+        "trainer.max_steps=12",
+    ]
     with open(tmp_path / "killed.log", "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
@@ -107,8 +118,12 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
     saved = run_state.load_latest(store, cfg.model_dump(mode="json"))
     # answers in flight at the snapshot: partly generated ones are likely but depend on timing;
     # test_partial_answer_is_continued_not_restarted covers that path deterministically
-    partial = [t for g in saved.state["controller"]["groups"] for t in g["trajectories"]
-               if t["output_ids"] and not t["finish_reason"]]
+    partial = [
+        t
+        for g in saved.state["controller"]["groups"]
+        for t in g["trajectories"]
+        if t["output_ids"] and not t["finish_reason"]
+    ]
     assert saved.state["controller"]["groups"], "nothing admitted and untrained at the snapshot"
 
     summary = run_experiment(cfg, run_dir, progress=False, resume=True)
@@ -130,8 +145,10 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
 def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache):
     """eta 0 (synchronous): the trained set is fixed by the data stream, so a run that
     crashed after step 2 and resumed trains exactly the uninterrupted run's ids, step by step."""
-    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.eta": 0, "rollout.weight_update": "drain",
-                                                 "trainer.max_steps": 4, "storage.checkpoint_every": 2})
+    cfg = load_config(
+        HERE / "data/e2e.yaml",
+        {"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4, "storage.checkpoint_every": 2},
+    )
     B, n, steps = cfg.trainer.batch_size, cfg.rollout.n_samples, 4
     run_dir = tmp_path / "run"
 
@@ -148,7 +165,7 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache)
     ledger = check_run(run_dir, summary, steps, B, 0, every=2)
     expected = stream_ids(cfg, steps * B // n)
     for step in range(1, steps + 1):
-        want = {tid for g in expected[(step - 1) * B // n: step * B // n] for tid in g}
+        want = {tid for g in expected[(step - 1) * B // n : step * B // n] for tid in g}
         assert set(ledger[ledger["step"] == step]["trajectory_id"]) == want
     summary_file = json.loads((run_dir / "summary.json").read_text())
     assert summary_file["ledger_check"]["ok"] and summary_file["resumed_from_step"] == 2
@@ -156,8 +173,9 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache)
 
 def test_resume_refuses_a_changed_config(tmp_path):
     saved = load_config(HERE / "data/e2e.yaml").model_dump(mode="json")
-    changed = load_config(HERE / "data/e2e.yaml", {"trainer.batch_size": 32, "trainer.max_steps": 99,
-                                                   "eval.n_problems": 5}).model_dump(mode="json")
+    changed = load_config(
+        HERE / "data/e2e.yaml", {"trainer.batch_size": 32, "trainer.max_steps": 99, "eval.n_problems": 5}
+    ).model_dump(mode="json")
     assert run_state.config_differences(saved, changed) == ["trainer.batch_size"]
 
 
@@ -186,27 +204,82 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=64, max_position_embeddings=128, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=128,
+        eos_token_id=3,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     prefix, lps, vers = [10, 11, 12, 13, 14], [-1.0, -2.0, -3.0, -4.0, -5.0], [3, 3, 4, 4, 4]
-    base = {"group_id": "e0-pA", "admit_version": 4, "prompt_ids": [5, 6, 7], "reference": "r", "task": "chain",
-            "reward": None}
+    base = {
+        "group_id": "e0-pA",
+        "admit_version": 4,
+        "prompt_ids": [5, 6, 7],
+        "reference": "r",
+        "task": "chain",
+        "reward": None,
+    }
     # consistent with the gate: versions 0..4 trained 5 batches of 2, plus this group = 12 submitted
-    state = {"n_submitted": 12, "n_groups": 1, "version": 4, "groups": [{
-        "group_id": "e0-pA", "first_seq_no": 0, "admit_version": 4, "size": 2, "trajectories": [
-            {**base, "traj_id": "e0-pA-s0", "seq_no": 0, "output_ids": prefix, "output_logprobs": lps,
-             "output_versions": vers, "finish_reason": ""},
-            {**base, "traj_id": "e0-pA-s1", "seq_no": 1, "output_ids": [20, 3], "output_logprobs": [-1.0, -1.0],
-             "output_versions": [4, 4], "finish_reason": "stop"}]}]}
+    state = {
+        "n_submitted": 12,
+        "n_groups": 1,
+        "version": 4,
+        "groups": [
+            {
+                "group_id": "e0-pA",
+                "first_seq_no": 0,
+                "admit_version": 4,
+                "size": 2,
+                "trajectories": [
+                    {
+                        **base,
+                        "traj_id": "e0-pA-s0",
+                        "seq_no": 0,
+                        "output_ids": prefix,
+                        "output_logprobs": lps,
+                        "output_versions": vers,
+                        "finish_reason": "",
+                    },
+                    {
+                        **base,
+                        "traj_id": "e0-pA-s1",
+                        "seq_no": 1,
+                        "output_ids": [20, 3],
+                        "output_logprobs": [-1.0, -1.0],
+                        "output_versions": [4, 4],
+                        "finish_reason": "stop",
+                    },
+                ],
+            }
+        ],
+    }
     buffer = ReplayBuffer()
-    settings = ControllerSettings(batch_size=2, eta=1, n_samples=2, sampling=Sampling(max_new_tokens=12, ignore_eos=True),
-                                  reward_correct=1.0, reward_wrong=-1.0)
+    settings = ControllerSettings(
+        batch_size=2,
+        eta=1,
+        n_samples=2,
+        sampling=Sampling(max_new_tokens=12, ignore_eos=True),
+        reward_correct=1.0,
+        reward_wrong=-1.0,
+    )
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i % 60], reference="r") for i in range(8)]
     with start_server(str(tmp_path / "m"), weight_version=5, max_running=8) as srv:
-        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
-                                       _InstantRewards(), buffer, settings, DiskTransport(str(tmp_path / "w")), version=5)
+        controller = RolloutController(
+            Servers([srv.url], model_path=str(tmp_path / "m")),
+            prompts,
+            lambda ids: "",
+            _InstantRewards(),
+            buffer,
+            settings,
+            DiskTransport(str(tmp_path / "w")),
+            version=5,
+        )
         controller.restore(state)
         controller.start()
         try:
@@ -234,18 +307,39 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     from areal_core.types import Prompt
 
     # big enough that 2 answers of 400 tokens take a few seconds to generate, so reads land mid-answer
-    cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=512, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=512,
+        eos_token_id=3,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     buffer = ReplayBuffer()
-    settings = ControllerSettings(batch_size=2, eta=0, n_samples=2,
-                                  sampling=Sampling(max_new_tokens=400, ignore_eos=True),
-                                  reward_correct=1.0, reward_wrong=-1.0)
+    settings = ControllerSettings(
+        batch_size=2,
+        eta=0,
+        n_samples=2,
+        sampling=Sampling(max_new_tokens=400, ignore_eos=True),
+        reward_correct=1.0,
+        reward_wrong=-1.0,
+    )
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
-        controller = RolloutController(Servers([srv.url], model_path=str(tmp_path / "m")), prompts, lambda ids: "",
-                                       _InstantRewards(), buffer, settings, DiskTransport(str(tmp_path / "w")), version=0)
+        controller = RolloutController(
+            Servers([srv.url], model_path=str(tmp_path / "m")),
+            prompts,
+            lambda ids: "",
+            _InstantRewards(),
+            buffer,
+            settings,
+            DiskTransport(str(tmp_path / "w")),
+            version=0,
+        )
         controller.start()
         try:
             deadline = time.monotonic() + 60
@@ -255,8 +349,9 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
                 controller.refresh_partials()
                 time.sleep(0.05)
                 snap = controller.snapshot()
-                partial = [t for g in snap["groups"] for t in g["trajectories"]
-                           if t["output_ids"] and not t["finish_reason"]]
+                partial = [
+                    t for g in snap["groups"] for t in g["trajectories"] if t["output_ids"] and not t["finish_reason"]
+                ]
             batch = buffer.take(2, version=0, eta=0, timeout=120)
         finally:
             controller.stop()

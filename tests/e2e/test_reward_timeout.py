@@ -31,12 +31,13 @@ def test_grading_past_the_timeout_is_graded_wrong_and_counted():
         rewards.client.run(slow_grader, 60.0)
         got, done = [], threading.Event()
         t0 = time.monotonic()
-        rewards.submit_batch([("chain", CORRECT, CORRECT, None), ("chain", "slow", CORRECT, None),
-                              ("chain", CORRECT, CORRECT, None)],
-                             on_done=lambda r, e: (got.append((r, e)), done.set()))
+        rewards.submit_batch(
+            [("chain", CORRECT, CORRECT, None), ("chain", "slow", CORRECT, None), ("chain", CORRECT, CORRECT, None)],
+            on_done=lambda r, e: (got.append((r, e)), done.set()),
+        )
         assert done.wait(10), "the group waited for the slow grading"
         assert time.monotonic() - t0 < 5
-        (results, error), = got
+        ((results, error),) = got
         assert error is None
         assert [(r.correct, r.reason == TIMED_OUT) for r in results] == [(True, False), (False, True), (True, False)]
         assert rewards.n_timed_out == 1

@@ -25,31 +25,39 @@ def _rollout(**kw):
 
 
 def _make(rollout, log_dir, seed=0, device="auto"):
-    return make_backend(rollout, engine=rollout.engine_config(seed=seed, dtype="float32", device=device),
-                        log_dir=log_dir)
+    return make_backend(
+        rollout, engine=rollout.engine_config(seed=seed, dtype="float32", device=device), log_dir=log_dir
+    )
 
 
 def test_make_backend_picks_the_configured_one(tmp_path):
     assert isinstance(_make(_rollout(), tmp_path), EmbeddedBackend)
-    ext = _make(_rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"], "allow_unauthenticated": True}),
-                tmp_path)
+    ext = _make(
+        _rollout(backend={"kind": "external", "urls": ["http://127.0.0.1:1"], "allow_unauthenticated": True}), tmp_path
+    )
     assert isinstance(ext, ExternalBackend) and not ext.restartable
     sg = _make(_rollout(backend={"kind": "sglang", "tp_size": 2}), tmp_path)
     assert isinstance(sg, SGLangBackend) and sg.cfg.tp_size == 2 and sg.restartable
     assert _rollout(backend="embedded").backend.kind == "embedded"  # the shorthand
 
 
-@pytest.mark.parametrize("rollout, words", [
-    ({"backend": "external"}, "urls"),
-    ({"backend": {"kind": "external", "urls": []}}, "urls"),
-    ({"backend": {"kind": "vlm"}}, "kind"),
-    ({"backend": {"kind": "sglang", "tp_size": 0}}, "tp_size"),
-    ({"backend": "external", "urls": ["http://x"]}, "backend: {kind: external, urls: [...]}"),
-    ({"backend": {"kind": "external", "urls": ["http://x"]}}, "have no API key: set rollout.backend.api_key_file"),
-    ({"backend": {"kind": "sglang", "urls": ["http://x"]}}, "have no API key"),
-    ({"backend": {"kind": "external", "urls": ["http://x"], "api_key_file": "k", "api_key_env": "K"}}, "not both"),
-    ({"backend": {"kind": "sglang", "allow_unauthenticated": True}}, "servers the run starts get the run's own key"),
-])
+@pytest.mark.parametrize(
+    "rollout, words",
+    [
+        ({"backend": "external"}, "urls"),
+        ({"backend": {"kind": "external", "urls": []}}, "urls"),
+        ({"backend": {"kind": "vlm"}}, "kind"),
+        ({"backend": {"kind": "sglang", "tp_size": 0}}, "tp_size"),
+        ({"backend": "external", "urls": ["http://x"]}, "backend: {kind: external, urls: [...]}"),
+        ({"backend": {"kind": "external", "urls": ["http://x"]}}, "have no API key: set rollout.backend.api_key_file"),
+        ({"backend": {"kind": "sglang", "urls": ["http://x"]}}, "have no API key"),
+        ({"backend": {"kind": "external", "urls": ["http://x"], "api_key_file": "k", "api_key_env": "K"}}, "not both"),
+        (
+            {"backend": {"kind": "sglang", "allow_unauthenticated": True}},
+            "servers the run starts get the run's own key",
+        ),
+    ],
+)
 def test_bad_backend_config_is_an_error_naming_the_key(rollout, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         ExperimentConfig.model_validate({"rollout": rollout})
@@ -63,8 +71,10 @@ def test_generation_needs_one_logprob_and_version_per_token():
 
 def test_unreachable_external_server_fails_at_launch_naming_it(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    with (pytest.raises(RolloutServerError, match=f"{url}.*do not answer GET /health"),
-          ExternalBackend([url]).launch(str(tmp_path), 0)):
+    with (
+        pytest.raises(RolloutServerError, match=f"{url}.*do not answer GET /health"),
+        ExternalBackend([url]).launch(str(tmp_path), 0),
+    ):
         pass
 
 

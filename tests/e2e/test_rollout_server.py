@@ -25,8 +25,16 @@ VOCAB = 64
 
 
 def tiny_qwen2(seed: int) -> torch.nn.Module:
-    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        eos_token_id=3,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -37,8 +45,13 @@ def tiny_qwen2(seed: int) -> torch.nn.Module:
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=n,
+        pad_token_id=0,
+    )[0, len(prompt) :].tolist()
     return out[: out.index(3) + 1] if 3 in out else out
 
 
@@ -75,8 +88,11 @@ async def _with_client(url, fn):
 
 def test_generate_matches_hf_greedy(server, models):
     prompt = [5, 6, 7, 8]
-    resp = run(_with_client(server.url, lambda c: c.generate(prompt, Sampling(temperature=0.0, max_new_tokens=20),
-                                                             rid="greedy-1")))
+    resp = run(
+        _with_client(
+            server.url, lambda c: c.generate(prompt, Sampling(temperature=0.0, max_new_tokens=20), rid="greedy-1")
+        )
+    )
     assert resp.output_ids == hf_greedy(models["v0"][1], prompt, 20)
     assert len(resp.logprobs) == len(resp.output_ids) and resp.finish_reason == "length"
     assert set(resp.versions) == {0}
@@ -129,8 +145,9 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
             for c in clients:
                 await c.aclose()
 
-    with EmbeddedServers(path, 2, seed=5, startup_timeout_s=60,
-                         log_paths=[str(tmp_path / f"s{k}.log") for k in range(2)]) as servers:
+    with EmbeddedServers(
+        path, 2, seed=5, startup_timeout_s=60, log_paths=[str(tmp_path / f"s{k}.log") for k in range(2)]
+    ) as servers:
         got = run(ask(servers.urls))
     assert got[0] != got[1]
     for k in range(2):
@@ -144,9 +161,10 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
 def test_32_concurrent_requests(server):
     async def go(c: EmbeddedClient):
         before = (await c.model_info()).generated_tokens
-        reqs = [c.generate([i % VOCAB, 9, 10], Sampling(max_new_tokens=16, ignore_eos=True, seed=i),
-                           rid=f"r{i}")
-                for i in range(32)]
+        reqs = [
+            c.generate([i % VOCAB, 9, 10], Sampling(max_new_tokens=16, ignore_eos=True, seed=i), rid=f"r{i}")
+            for i in range(32)
+        ]
         resps = await asyncio.gather(*reqs)
         return before, resps, await c.model_info()
 
@@ -189,25 +207,33 @@ def test_pause_and_continue(server):
     assert len(resp.output_ids) >= 1 and not info.paused
 
 
-@pytest.mark.parametrize("path,body,status,words", [
-    ("/generate", b"{not json", 400, "JSON"),
-    ("/generate", b'{"input_ids": "abc"}', 400, "input_ids"),
-    ("/generate", b'{"input_ids": []}', 400, "input_ids"),
-    ("/generate", b'{"input_ids": [1], "bogus": 1}', 400, "bogus"),
-    ("/generate", b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 10000000000}}', 400, "max_new_tokens"),
-    ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400, "temperature"),
-    ("/generate", b'{"input_ids": [99999999999999999999]}', 400, "vocabulary"),
-    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 511}}', 400, "context"),
-    ("/generate", b'{"input_ids": [1], "sampling_params": {"sampling_seed": -5}}', 400, "sampling_seed"),
-    ("/generate", b'{"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 1}]}', 400,
-     "sampling_params has 1 entries for 2 prompts"),
-    ("/update_weights_from_disk", b'{"model_path": "/no/such/folder", "weight_version": 1}', 400, "does not exist"),
-    ("/update_weights_from_disk", b'{"model_path": "x", "weight_version": -1}', 400, "weight_version"),
-    ("/pause_generation", b'{"mode": "abort"}', 400, "mode"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,words",
+    [
+        ("/generate", b"{not json", 400, "JSON"),
+        ("/generate", b'{"input_ids": "abc"}', 400, "input_ids"),
+        ("/generate", b'{"input_ids": []}', 400, "input_ids"),
+        ("/generate", b'{"input_ids": [1], "bogus": 1}', 400, "bogus"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 10000000000}}', 400, "max_new_tokens"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400, "temperature"),
+        ("/generate", b'{"input_ids": [99999999999999999999]}', 400, "vocabulary"),
+        ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 511}}', 400, "context"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"sampling_seed": -5}}', 400, "sampling_seed"),
+        (
+            "/generate",
+            b'{"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 1}]}',
+            400,
+            "sampling_params has 1 entries for 2 prompts",
+        ),
+        ("/update_weights_from_disk", b'{"model_path": "/no/such/folder", "weight_version": 1}', 400, "does not exist"),
+        ("/update_weights_from_disk", b'{"model_path": "x", "weight_version": -1}', 400, "weight_version"),
+        ("/pause_generation", b'{"mode": "abort"}', 400, "mode"),
+    ],
+)
 def test_bad_requests_get_4xx_and_server_stays_up(server, path, body, status, words):
-    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json", **_key(server)},
-                   trust_env=False)
+    r = httpx.post(
+        server.url + path, content=body, headers={"content-type": "application/json", **_key(server)}, trust_env=False
+    )
     assert r.status_code == status, r.text
     assert words in r.json()["message"]
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
@@ -225,17 +251,31 @@ def _key(server) -> dict:
     return {"Authorization": f"Bearer {server.api_key}"}
 
 
-WEIGHT_ENDPOINTS = [("POST", "/update_weights_from_tensor", {"shm_name": "x", "tensors": [], "weight_version": 1}),
-                    ("POST", "/update_weights_from_disk", {"model_path": "/tmp", "weight_version": 1}),
-                    ("POST", "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
-                                                            "rank_offset": 1, "world_size": 2, "group_name": "g"}),
-                    ("POST", "/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [],
-                                                                  "group_name": "g", "weight_version": 1}),
-                    ("POST", "/get_weights_by_name", {"name": "lm_head.weight"})]
-OTHER_ENDPOINTS = [("POST", "/generate", {"input_ids": [1]}), ("POST", "/pause_generation", {}),
-                   ("POST", "/continue_generation", {}), ("POST", "/abort_request", {"abort_all": True}),
-                   ("GET", "/get_model_info", None), ("GET", "/model_info", None), ("GET", "/get_requests", None),
-                   ("GET", "/no/such/endpoint", None)]
+WEIGHT_ENDPOINTS = [
+    ("POST", "/update_weights_from_tensor", {"shm_name": "x", "tensors": [], "weight_version": 1}),
+    ("POST", "/update_weights_from_disk", {"model_path": "/tmp", "weight_version": 1}),
+    (
+        "POST",
+        "/init_weights_update_group",
+        {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": "g"},
+    ),
+    (
+        "POST",
+        "/update_weights_from_distributed",
+        {"names": [], "dtypes": [], "shapes": [], "group_name": "g", "weight_version": 1},
+    ),
+    ("POST", "/get_weights_by_name", {"name": "lm_head.weight"}),
+]
+OTHER_ENDPOINTS = [
+    ("POST", "/generate", {"input_ids": [1]}),
+    ("POST", "/pause_generation", {}),
+    ("POST", "/continue_generation", {}),
+    ("POST", "/abort_request", {"abort_all": True}),
+    ("GET", "/get_model_info", None),
+    ("GET", "/model_info", None),
+    ("GET", "/get_requests", None),
+    ("GET", "/no/such/endpoint", None),
+]
 
 
 @pytest.mark.parametrize("method, path, body", WEIGHT_ENDPOINTS + OTHER_ENDPOINTS)
@@ -243,8 +283,11 @@ OTHER_ENDPOINTS = [("POST", "/generate", {"input_ids": [1]}), ("POST", "/pause_g
 def test_every_endpoint_but_health_needs_the_key(server, method, path, body, auth):
     """A request without the server's key, with a wrong one, or not as a bearer token: 401 with one line
     of JSON, before the body is even read; the weights and the version stay as they were."""
-    headers = {"none": {}, "wrong": {"Authorization": "Bearer " + "x" * len(server.api_key)},
-               "not bearer": {"Authorization": server.api_key}}[auth]
+    headers = {
+        "none": {},
+        "wrong": {"Authorization": "Bearer " + "x" * len(server.api_key)},
+        "not bearer": {"Authorization": server.api_key},
+    }[auth]
     before = httpx.get(server.url + "/get_model_info", headers=_key(server), trust_env=False).json()
     r = httpx.request(method, server.url + path, json=body, headers=headers, trust_env=False)
     assert r.status_code == 401, (path, r.status_code, r.text)
@@ -265,8 +308,21 @@ def test_the_key_travels_in_the_environment_not_the_command_line(server):
 
 def test_a_server_without_a_key_does_not_start_unless_told(models, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "AREAL_ROLLOUT_API_KEY"}
-    r = subprocess.run([sys.executable, "-m", "areal_core.rollout.backends.embedded.server", "--model-path", models["v0"][0],
-                        "--port", "9"], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_core.rollout.backends.embedded.server",
+            "--model-path",
+            models["v0"][0],
+            "--port",
+            "9",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "no API key: set AREAL_ROLLOUT_API_KEY" in r.stderr
 
 
@@ -292,8 +348,9 @@ def test_update_weights_mid_generation(server, models):
     path1, m1 = models["v1"]
 
     async def go(c: EmbeddedClient):
-        long = [asyncio.create_task(c.generate([i + 4, 7], Sampling(max_new_tokens=400, ignore_eos=True)))
-                for i in range(8)]
+        long = [
+            asyncio.create_task(c.generate([i + 4, 7], Sampling(max_new_tokens=400, ignore_eos=True))) for i in range(8)
+        ]
         while (await c.model_info()).running < 8:  # noqa: ASYNC110 - polls the server over HTTP
             await asyncio.sleep(0.01)
         await c.update_weights_from_disk(path1, 1)
@@ -313,8 +370,13 @@ def test_update_weights_mid_generation(server, models):
 
 
 def test_non_interruptible_server_and_stop(models, tmp_path):
-    s = start_server(models["v0"][0], weight_update="drain", weight_version=7, startup_timeout_s=60,
-                     log_path=str(tmp_path / "server.log"))
+    s = start_server(
+        models["v0"][0],
+        weight_update="drain",
+        weight_version=7,
+        startup_timeout_s=60,
+        log_path=str(tmp_path / "server.log"),
+    )
     try:
         info = run(_with_client(s.url, lambda c: c.model_info()))
         assert info.weight_update == "drain" and info.weight_version == 7
@@ -368,9 +430,11 @@ def test_server_exits_when_its_parent_dies(models, tmp_path):
 def test_partial_outputs_of_running_requests(server):
     """/get_requests shows what an unfinished request has so far; it is a prefix of the answer,
     and continuing from it (prompt + prefix, fewer tokens) is how a resumed run goes on."""
+
     async def go(c: EmbeddedClient):
-        task = asyncio.ensure_future(c.generate([5, 6, 7], Sampling(max_new_tokens=300, ignore_eos=True, seed=3),
-                                                rid="long-1"))
+        task = asyncio.ensure_future(
+            c.generate([5, 6, 7], Sampling(max_new_tokens=300, ignore_eos=True, seed=3), rid="long-1")
+        )
         seen = None
         for _ in range(500):
             snap = await c.requests()
@@ -380,8 +444,11 @@ def test_partial_outputs_of_running_requests(server):
                 break
             await asyncio.sleep(0.01)
         resp = await task
-        cont = await c.generate([5, 6, 7] + seen.output_ids,
-                                Sampling(max_new_tokens=300 - len(seen.output_ids), ignore_eos=True), rid="long-1")
+        cont = await c.generate(
+            [5, 6, 7] + seen.output_ids,
+            Sampling(max_new_tokens=300 - len(seen.output_ids), ignore_eos=True),
+            rid="long-1",
+        )
         return seen, resp, cont, await c.requests()
 
     seen, resp, cont, after = run(_with_client(server.url, go))

@@ -107,8 +107,7 @@ def test_publish_and_load_over_s3(s3, tmp_path):
         from areal_core.storage import CheckpointStore
         CheckpointStore({url!r}).publish(1, make_model(1), make_tokenizer(), meta={{"step": 1}})
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert reader.versions() == [0, 1] and reader.latest() == 1
     for v, m in ((0, m0), (1, make_model(1))):
@@ -195,8 +194,13 @@ def test_server_stop_is_final_and_idempotent():
 
 
 def test_cli_prints_env_and_stops_its_server():
-    proc = subprocess.Popen([sys.executable, "-m", "infra.s3", "--bucket", "cli-bucket"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.s3", "--bucket", "cli-bucket"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 60
@@ -207,7 +211,7 @@ def test_cli_prints_env_and_stops_its_server():
             lines.append(line.strip())
             if line.startswith("# moto_server pid"):
                 break
-        env = dict(ln[len("export "):].split("=", 1) for ln in lines if ln.startswith("export "))
+        env = dict(ln[len("export ") :].split("=", 1) for ln in lines if ln.startswith("export "))
         assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
         moto_pid = int(lines[-1].split()[3].rstrip(";"))
         assert alive(moto_pid)

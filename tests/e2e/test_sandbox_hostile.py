@@ -26,8 +26,9 @@ import pytest
 from areal_core.reward import grade_code, sandbox
 from areal_core.reward.sandbox import SandboxLimits, guarantees, sandbox_mode
 
-LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8,
-                       max_open_files=64)
+LIMITS = SandboxLimits(
+    wall_s=3.0, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8, max_open_files=64
+)
 SLACK_S = 6.0  # sandbox start-up and teardown on a busy 2-core machine
 SECRET = "s3cr3t-4e9b1"
 UNREACHABLE = "this output is never printed"
@@ -40,8 +41,7 @@ PROGRAMS = {
     "thread_bomb": "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,)).start()\n",
     "memory_bomb": "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))\n",
     "disk_fill_many_files": (
-        "i = 0\nwhile i < 64:\n    open(f'f{{i}}', 'wb').write(b'x' * 512 * 1024)\n    i += 1\n"
-        "print('wrote 32 MB')\n"
+        "i = 0\nwhile i < 64:\n    open(f'f{{i}}', 'wb').write(b'x' * 512 * 1024)\n    i += 1\nprint('wrote 32 MB')\n"
     ),
     "one_huge_file": "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * 2**20)\n",
     "huge_output": "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)\n",
@@ -171,8 +171,16 @@ def hostile(request):
         assert len(markers) >= len(names)  # every program ran in a sandbox with its own marker
         time.sleep(0.2)
         leftovers = _sandbox_processes(markers)
-        yield {"mode": mode, "results": results, "outside": outside, "listener": listener, "decoy": decoy,
-               "leftovers": leftovers, "guarantees": guarantees(mode), "ran": names}
+        yield {
+            "mode": mode,
+            "results": results,
+            "outside": outside,
+            "listener": listener,
+            "decoy": decoy,
+            "leftovers": leftovers,
+            "guarantees": guarantees(mode),
+            "ran": names,
+        }
     finally:
         listener.close()
         shutil.rmtree(outside_dir)
@@ -285,26 +293,41 @@ def test_forcing_an_unavailable_mode_is_an_error(monkeypatch):
         sandbox_mode.cache_clear()
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Forged passes: programs that do not solve the problem but try to be graded passed anyway, against each test style.
 # The problem is "square a number"; none of these programs computes a square. Each must be graded failed with no test
 # passed (partial credit is a reward too), in every mode, while the control (a correct program) passes.
 
-FORGERY_LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=512, max_processes=16, file_size_mb=4, disk_mb=8,
-                               max_open_files=64)
+FORGERY_LIMITS = SandboxLimits(
+    wall_s=3.0, cpu_s=2, memory_mb=512, max_processes=16, file_size_mb=4, disk_mb=8, max_open_files=64
+)
 ASSERT_PREFIX = 'def close(a, b):\n    return abs(a - b) < 1e-9\n\n\ndef square(x):\n    """x squared."""\n'
 STYLES = {
-    "stdin": ([{"testtype": "stdin", "input": "7\n", "output": "49\n"},
-               {"testtype": "stdin", "input": "12\n", "output": "144\n"}],
-              "print(int(input()) ** 2)\n"),
-    "functional": ([{"testtype": "functional", "input": "7", "output": "49", "fn_name": "square"},
-                    {"testtype": "functional", "input": "12", "output": "144", "fn_name": "square"}],
-                   "def square(x):\n    return x * x\n"),
-    "assert": ([{"testtype": "assert", "prefix": ASSERT_PREFIX,
-                 "code": "def check(candidate):\n    assert close(candidate(7), 49)\n    assert close(candidate(12), 144)\n"
-                         "    assert candidate(-3) == 9\n\n\ncheck(square)\n"}],
-               "def square(x):\n    return x * x\n"),
+    "stdin": (
+        [
+            {"testtype": "stdin", "input": "7\n", "output": "49\n"},
+            {"testtype": "stdin", "input": "12\n", "output": "144\n"},
+        ],
+        "print(int(input()) ** 2)\n",
+    ),
+    "functional": (
+        [
+            {"testtype": "functional", "input": "7", "output": "49", "fn_name": "square"},
+            {"testtype": "functional", "input": "12", "output": "144", "fn_name": "square"},
+        ],
+        "def square(x):\n    return x * x\n",
+    ),
+    "assert": (
+        [
+            {
+                "testtype": "assert",
+                "prefix": ASSERT_PREFIX,
+                "code": "def check(candidate):\n    assert close(candidate(7), 49)\n    assert close(candidate(12), 144)\n"
+                "    assert candidate(-3) == 9\n\n\ncheck(square)\n",
+            }
+        ],
+        "def square(x):\n    return x * x\n",
+    ),
 }
 # what a fake "everything passed" looks like in every format the graders have used (the old harness printed a
 # per-run token followed by {"results": ...}; the checker writes {"results": ..., "calls": ...}; the functional
@@ -336,7 +359,7 @@ FORGERS = {
         "import json, os, re, sys\ndata = sys.stdin.read()\ntexts = [data, ' '.join(sys.argv), repr(dict(os.environ))]\n"
         "for name in os.listdir('.'):\n    try:\n        texts.append(open(name).read())\n    except OSError:\n"
         "        pass\nprint(*texts, sep='\\n')\ntable = {}\nfor t in texts:\n"
-        "    for a, b in re.findall(r'\"input\": \"(-?\\d+)\", \"output\": \"(-?\\d+)\"', t):\n"
+        '    for a, b in re.findall(r\'"input": "(-?\\d+)", "output": "(-?\\d+)"\', t):\n'
         "        table[int(a)] = int(b)\ndef square(x):\n    return table.get(x, 0)\n"
     ),
     # patch the exit and assert machinery and the builtins the tests use, then raise SystemExit(0) from the function
@@ -350,7 +373,7 @@ FORGERS = {
     # tamper with the modules the harness uses: json.dumps always claims success, os._exit is a no-op
     "patch_json_and_sys_modules": (
         "import json, os, sys, types\nfake = types.ModuleType('json')\n"
-        "fake.dumps = lambda *a, **k: '{\"v\": true, \"ok\": true, \"i\": 0, \"value\": 49}'\n"
+        'fake.dumps = lambda *a, **k: \'{"v": true, "ok": true, "i": 0, "value": 49}\'\n'
         "fake.loads = lambda *a, **k: {'op': 'noop'}\nsys.modules['json'] = fake\n"
         "json.dumps = fake.dumps\nos._exit = lambda code: None\n"
         "sys.modules['builtins'].AssertionError = KeyError\ndef square(x):\n    return 0\n"
@@ -376,7 +399,7 @@ FORGERS = {
     ),
     # write what a grader might read: result, verdict and expected-output files, in the work folder and outside
     "write_expected_files": (
-        "import os\nblob = '49\\n144\\n{\"results\": [{\"ok\": true}], \"calls\": 3}\\n{\"i\": 0, \"value\": 49}\\n'\n"
+        'import os\nblob = \'49\\n144\\n{"results": [{"ok": true}], "calls": 3}\\n{"i": 0, "value": 49}\\n\'\n'
         "for p in ['stdout', 'verdict', 'verdict.json', 'results.json', 'expected_output', 'job.json', 'status',\n"
         "          '../stdout', '../stderr', '../status', '../spec.json', '../checker/stdout', '../checker/files/job.json',\n"
         "          '../check/job.json', '../check/stdout', '/tmp/check/job.json', '/tmp/check/stdout']:\n"
@@ -395,7 +418,7 @@ FORGERS = {
     # the protocol's fd, a well-formed conversation claiming a handle for the function and True for every call)
     "forked_child_late": (
         f"import os, time\nfakes = '{_FAKES}'.encode()\n"
-        "talk = ('{\"ready\": true}\\n{\"v\": null}\\n' + '{\"v\": {\"handle\": 0}}\\n' * 3 + '{\"v\": true}\\n' * 50).encode()\n"
+        'talk = (\'{"ready": true}\\n{"v": null}\\n\' + \'{"v": {"handle": 0}}\\n\' * 3 + \'{"v": true}\\n\' * 50).encode()\n'
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(0.3)\n    for fd in range(1, 20):\n        try:\n"
         "            os.write(fd, talk if fd == 4 else fakes)\n        except OSError:\n            pass\n"
         "    time.sleep(0.5)\n    os._exit(0)\nos._exit(0)\n"

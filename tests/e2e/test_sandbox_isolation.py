@@ -35,8 +35,9 @@ from tests.e2e.test_sandbox_hostile import _Listener, _modes, _recorded_markers,
 from tests.sandbox_attacks import ANSWER_FILE, ATTACKS, CONTROL, TESTS, fill
 
 REPO = str(Path(__file__).resolve().parents[2])
-LIMITS = SandboxLimits(wall_s=3.0, cpu_s=3, memory_mb=512, max_processes=16, file_size_mb=4, disk_mb=8,
-                       max_open_files=64)
+LIMITS = SandboxLimits(
+    wall_s=3.0, cpu_s=3, memory_mb=512, max_processes=16, file_size_mb=4, disk_mb=8, max_open_files=64
+)
 SECRET = "run-folder-secret-5d1c"
 PATHS = ("batched", "single")
 STANDS_FOR = ("scheduler", "worker", "rollout server", "proxy")  # one listener each
@@ -45,10 +46,17 @@ STANDS_FOR = ("scheduler", "worker", "rollout server", "proxy")  # one listener 
 def _params():
     out = [pytest.param(m, id=m) for m in _modes()]
     if os.geteuid() == 0:
-        out.append(pytest.param("rlimits-unprivileged", id="rlimits-unprivileged", marks=pytest.mark.skip(
-            reason="the tests run as root here: rlimits without root needs the grader itself to run unprivileged; "
-                   "its column in docs/EVALUATION.md follows from sandbox.guarantees (no own user id: no batching, "
-                   "no network namespace)")))
+        out.append(
+            pytest.param(
+                "rlimits-unprivileged",
+                id="rlimits-unprivileged",
+                marks=pytest.mark.skip(
+                    reason="the tests run as root here: rlimits without root needs the grader itself to run unprivileged; "
+                    "its column in docs/EVALUATION.md follows from sandbox.guarantees (no own user id: no batching, "
+                    "no network namespace)"
+                ),
+            )
+        )
     return out
 
 
@@ -112,12 +120,21 @@ def matrix(request):
             with ThreadPoolExecutor(4) as pool:
                 singles = dict(zip(names, pool.map(single, names)))
         time.sleep(0.2)
-        results = {"batched": {n: batched[2 * i + 1] for i, n in enumerate(names)},
-                   "single": {n: singles[n][1] for n in names}}
+        results = {
+            "batched": {n: batched[2 * i + 1] for i, n in enumerate(names)},
+            "single": {n: singles[n][1] for n in names},
+        }
         controls = {"batched": batched[0::2], "single": [r for n in names for r in singles[n][0::2]]}
-        yield {"mode": mode, "g": guarantees(mode), "results": results, "controls": controls,
-               "batch_launches": batch_launches, "batch_s": batch_s, "listeners": listeners,
-               "leftovers": _sandbox_processes(markers)}
+        yield {
+            "mode": mode,
+            "g": guarantees(mode),
+            "results": results,
+            "controls": controls,
+            "batch_launches": batch_launches,
+            "batch_s": batch_s,
+            "listeners": listeners,
+            "leftovers": _sandbox_processes(markers),
+        }
     finally:
         for x in listeners:
             x.close()
@@ -208,16 +225,19 @@ exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), ns)
 print(json.dumps([ns["square"](7), ns["square"](12)]))
 """
 ALONE = ["unshare", "--pid", "--fork", "--mount", "--mount-proc"]  # a PID namespace: no other process in reach
-needs_alone = pytest.mark.skipif(sandbox._probe_namespaces() is not None,
-                                 reason="needs root and util-linux unshare, to run unsandboxed attacks alone")
+needs_alone = pytest.mark.skipif(
+    sandbox._probe_namespaces() is not None,
+    reason="needs root and util-linux unshare, to run unsandboxed attacks alone",
+)
 
 
 @needs_alone
 @pytest.mark.parametrize("name", [n for n, a in ATTACKS.items() if a.live])
 def test_each_forger_passes_where_its_target_is_within_reach(name, tmp_path):
     (tmp_path / "attack.py").write_text(fill(name, REPO, str(tmp_path), []))
-    out = subprocess.run([*ALONE, sys.executable, "-c", LIVE, "attack.py"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [*ALONE, sys.executable, "-c", LIVE, "attack.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == [49, 144]
 
@@ -230,8 +250,13 @@ def test_the_probes_report_where_their_targets_are_within_reach(tmp_path):
         for name, want in (("host_files_probe", f"{REPO}/tests/sandbox_attacks.py"), ("network", "connected")):
             (tmp_path / "attack.py").write_text(fill(name, REPO, str(tmp_path), _targets([listener.port])))
             code = "import sys\nns = {}\nexec(open(sys.argv[1]).read(), ns)\nprint(ns['square'](7))\n"
-            out = subprocess.run([*ALONE, sys.executable, "-c", code, "attack.py"], cwd=tmp_path,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [*ALONE, sys.executable, "-c", code, "attack.py"],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert want in out.stdout, (name, out.stdout, out.stderr[-2000:])
         assert listener.connections > 0
     finally:
@@ -276,8 +301,13 @@ def test_the_training_path_grades_with_the_configs_choice():
 
     for allow in (False, True):
         svc = RewardService.__new__(RewardService)  # no cluster: only what submit_batch sends
-        svc.cfg, svc.n_tasks, svc._pending, svc._in_flight, svc._max_in_flight = \
-            RewardConfig(allow_weak_sandbox=allow), 0, [], 0, 1
+        svc.cfg, svc.n_tasks, svc._pending, svc._in_flight, svc._max_in_flight = (
+            RewardConfig(allow_weak_sandbox=allow),
+            0,
+            [],
+            0,
+            1,
+        )
         svc._coalesce_lock = threading.Lock()
         sent = []
         svc._submit = lambda fn, args, done, sent=sent: sent.append((fn, args))

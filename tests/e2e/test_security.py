@@ -34,7 +34,7 @@ from tests.e2e.test_sandbox_hostile import _modes
 # What the program does: stdlib only (the namespaces mode's root has nothing else). For each target it
 # connects; a Dask one gets a TLS handshake without a client certificate and a message, an HTTP one a
 # request without a key. It prints one line per target: what it reached.
-PROBE = r'''
+PROBE = r"""
 import http.client, json, socket, ssl, sys
 targets = json.loads(TARGETS)
 
@@ -64,7 +64,7 @@ def web(host, port, method, path):
 
 for name, host, port, kind, method, path in targets:
     print(name + ": " + (dask(host, port) if kind == "dask" else web(host, port, method, path)))
-'''
+"""
 
 
 def _source(targets: list) -> str:
@@ -91,6 +91,7 @@ class _Endpoint:
         async def stop():
             self.agent._server[1].cancel()
             await asyncio.gather(self.agent._server[1], return_exceptions=True)
+
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -102,8 +103,10 @@ def services(tmp_path_factory):
     tiny_qwen2(3).save_pretrained(root / "v0")
     endpoint = _Endpoint()
     try:
-        with RewardService(RewardConfig(n_workers=1)) as rewards, \
-                start_server(str(root / "v0"), log_path=str(root / "server.log"), startup_timeout_s=120) as server:
+        with (
+            RewardService(RewardConfig(n_workers=1)) as rewards,
+            start_server(str(root / "v0"), log_path=str(root / "server.log"), startup_timeout_s=120) as server,
+        ):
             workers = rewards.client.scheduler_info()["workers"]
             worker, info = next(iter(workers.items()))
 
@@ -111,12 +114,14 @@ def services(tmp_path_factory):
                 host, port = address.split("://", 1)[1].rsplit(":", 1)
                 return host, int(port)
 
-            targets = [("scheduler", *hp(rewards.scheduler_address), "dask", "", ""),
-                       ("worker", *hp(worker), "dask", "", ""),
-                       ("nanny", *hp(info["nanny"]), "dask", "", ""),
-                       ("rollout server", "127.0.0.1", server.port, "http", "POST", "/pause_generation"),
-                       ("rollout weights", "127.0.0.1", server.port, "http", "POST", "/update_weights_from_disk"),
-                       ("proxy", "127.0.0.1", endpoint.port, "http", "GET", "/v1/models")]
+            targets = [
+                ("scheduler", *hp(rewards.scheduler_address), "dask", "", ""),
+                ("worker", *hp(worker), "dask", "", ""),
+                ("nanny", *hp(info["nanny"]), "dask", "", ""),
+                ("rollout server", "127.0.0.1", server.port, "http", "POST", "/pause_generation"),
+                ("rollout weights", "127.0.0.1", server.port, "http", "POST", "/update_weights_from_disk"),
+                ("proxy", "127.0.0.1", endpoint.port, "http", "GET", "/v1/models"),
+            ]
             yield {"rewards": rewards, "server": server, "endpoint": endpoint, "targets": targets}
     finally:
         endpoint.close()
@@ -150,8 +155,9 @@ def test_a_sandboxed_program_reaches_no_service_of_the_run(services, mode):
         got = rewards.client.submit(grade_code, _source(targets), tests).result()
         raise AssertionError(f"the sandboxed program reached: {got.details}; expected {expect}")
     server = services["server"]
-    info = httpx.get(server.url + "/get_model_info", headers={"Authorization": f"Bearer {server.api_key}"},
-                     trust_env=False).json()
+    info = httpx.get(
+        server.url + "/get_model_info", headers={"Authorization": f"Bearer {server.api_key}"}, trust_env=False
+    ).json()
     assert not info["paused"] and info["weight_version"] == 0
 
 
@@ -181,8 +187,12 @@ def test_no_process_without_the_clusters_certificate_reaches_the_cluster(service
 def test_an_external_tls_scheduler_is_reached_with_the_configured_certificates(services):
     rewards = services["rewards"]
     folder = rewards._cluster._folder  # the files a cluster operator would hand out
-    cfg = RewardConfig(scheduler_address=rewards.scheduler_address, tls_ca_file=f"{folder}/ca.pem",
-                       tls_client_cert=f"{folder}/cert.pem", tls_client_key=f"{folder}/key.pem")
+    cfg = RewardConfig(
+        scheduler_address=rewards.scheduler_address,
+        tls_ca_file=f"{folder}/ca.pem",
+        tls_client_cert=f"{folder}/cert.pem",
+        tls_client_key=f"{folder}/key.pem",
+    )
     with RewardService(cfg) as external:
         [r] = external.grade_many("chain", ["a1b2|2"], ["a1b2|2"])
     assert r.correct
@@ -194,8 +204,14 @@ def test_an_external_tls_scheduler_is_reached_with_the_configured_certificates(s
 
 def test_the_server_and_the_endpoint_answer_401_without_the_key(services):
     server, endpoint = services["server"], services["endpoint"]
-    for path in ("/update_weights_from_disk", "/update_weights_from_tensor", "/init_weights_update_group",
-                 "/update_weights_from_distributed", "/pause_generation", "/generate"):
+    for path in (
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/pause_generation",
+        "/generate",
+    ):
         r = httpx.post(server.url + path, json={}, trust_env=False)
         assert r.status_code == 401 and "API key" in r.json()["message"], (path, r.text)
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200

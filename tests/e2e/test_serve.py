@@ -45,9 +45,20 @@ async def _generate(url: str) -> list[int]:
 def test_pool_serves_restarts_a_dead_server_and_stops(model_dir, tmp_path):
     cfg = load_config(CONFIG, {"rollout.n_servers": 2})
     up, checks, stop, result = [], [], threading.Event(), {}
-    t = threading.Thread(target=lambda: result.update(serve_rollout(
-        cfg, model_dir, log_dir=tmp_path, check_every_s=0.5, on_up=up.extend, on_check=checks.append,
-        should_stop=stop.is_set)), daemon=True)
+    t = threading.Thread(
+        target=lambda: result.update(
+            serve_rollout(
+                cfg,
+                model_dir,
+                log_dir=tmp_path,
+                check_every_s=0.5,
+                on_up=up.extend,
+                on_check=checks.append,
+                should_stop=stop.is_set,
+            )
+        ),
+        daemon=True,
+    )
     t.start()
     try:
         deadline = time.monotonic() + 120
@@ -99,12 +110,20 @@ def test_hold_counts_from_when_the_servers_are_up(model_dir, tmp_path, monkeypat
 
                 async def aclose(self):
                     pass
+
             return Client()
 
     monkeypatch.setattr(serve, "make_backend", lambda *a, **k: SlowBackend())
     up_at, checks = [], []
-    result = serve_rollout(load_config(CONFIG), model_dir, log_dir=tmp_path, hold_s=1.0, check_every_s=0.2,
-                           on_up=lambda urls: up_at.append(time.monotonic()), on_check=checks.append)
+    result = serve_rollout(
+        load_config(CONFIG),
+        model_dir,
+        log_dir=tmp_path,
+        hold_s=1.0,
+        check_every_s=0.2,
+        on_up=lambda urls: up_at.append(time.monotonic()),
+        on_check=checks.append,
+    )
     assert time.monotonic() - up_at[0] >= 1.0 and result["up_s"] >= 1.0
     assert len(checks) >= 3 and all(ok == [True] for ok in checks)
 
@@ -121,8 +140,12 @@ def test_flow_publishes_urls_while_up(model_dir, tmp_path, monkeypatch, prefect_
     monkeypatch.setattr(flows.serve, "serve_rollout", lambda *a, **k: real(*a, **k, should_stop=seen_event.is_set))
     name = urls_variable("e2e")
     seen, result = [], {}
-    t = threading.Thread(target=lambda: result.update(rollout_servers(
-        model_dir, CONFIG, hold_s=120.0, check_every_s=1.0, log_dir=str(tmp_path))), daemon=True)
+    t = threading.Thread(
+        target=lambda: result.update(
+            rollout_servers(model_dir, CONFIG, hold_s=120.0, check_every_s=1.0, log_dir=str(tmp_path))
+        ),
+        daemon=True,
+    )
     t.start()
     deadline = time.monotonic() + 180
     while t.is_alive() and not seen and time.monotonic() < deadline:
@@ -138,8 +161,9 @@ def test_serve_command_without_prefect_serves_for_hold_s_then_stops(model_dir, t
     from flows.cli import main
 
     log_dir = tmp_path / "logs" / "new"  # made by the command
-    assert main(["serve", model_dir, "--config", CONFIG, "--hold-s", "2", "--no-prefect", "--log-dir",
-                 str(log_dir)]) == 0
+    assert (
+        main(["serve", model_dir, "--config", CONFIG, "--hold-s", "2", "--no-prefect", "--log-dir", str(log_dir)]) == 0
+    )
     out = capsys.readouterr().out
     assert "rollout servers up: http://127.0.0.1:" in out and '"restarts": 0' in out
     assert (log_dir / "rollout_server_0.log").is_file()

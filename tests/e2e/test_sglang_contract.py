@@ -45,12 +45,14 @@ def standin():
 
 def run(coro_fn, url: str, **kw):
     """``coro_fn(client)`` with a fresh client, closed afterwards."""
+
     async def go():
         client = SGLangClient(url, **kw)
         try:
             return await coro_fn(client)
         finally:
             await client.aclose()
+
     return asyncio.run(go())
 
 
@@ -72,6 +74,7 @@ async def wait_tokens(standin: SGLangContractStandIn, rid: str, n: int) -> int:
 
 # -- generate ---------------------------------------------------------------------------------
 
+
 def test_generate_single(standin):
     g = run(lambda c: c.generate([3, 4, 5], Sampling(max_new_tokens=6), "r1"), standin.url)
     ids, lps = expected(5, 6)
@@ -80,16 +83,26 @@ def test_generate_single(standin):
     assert g.logprobs == pytest.approx(lps)
     path, body = standin.log[-1]
     assert path == "/generate"
-    assert body == {"input_ids": [3, 4, 5], "rid": "2:r1", "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": -1}}
+    assert body == {
+        "input_ids": [3, 4, 5],
+        "rid": "2:r1",
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
+    }
 
 
 def test_generate_sampling_fields_and_stop(standin):
     s = Sampling(max_new_tokens=50, temperature=0.7, top_p=0.9, top_k=20, stop_token_ids=(12,), seed=1234)
     g = run(lambda c: c.generate([9], s, "r-stop"), standin.url)
     assert g.output_ids == [10, 11, 12] and g.finish_reason == "stop"
-    assert standin.log[-1][1]["sampling_params"] == {"max_new_tokens": 50, "temperature": 0.7, "top_p": 0.9,
-                                                     "top_k": 20, "stop_token_ids": [12], "sampling_seed": 1234}
+    assert standin.log[-1][1]["sampling_params"] == {
+        "max_new_tokens": 50,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop_token_ids": [12],
+        "sampling_seed": 1234,
+    }
 
 
 def test_generate_batch(standin):
@@ -108,6 +121,7 @@ def test_generate_batch(standin):
 
 # -- versions across a weight update, pause modes, abort --------------------------------------
 
+
 def test_versions_across_update_mid_request_keep_kv(standin):
     async def go(c: SGLangClient):
         task = asyncio.create_task(c.generate([100], Sampling(max_new_tokens=40), "mid"))
@@ -118,6 +132,7 @@ def test_versions_across_update_mid_request_keep_kv(standin):
         info = await c.info()
         await c.resume()
         return k, await task, info
+
     k, g, info = run(go, standin.url, pause_mode="in_place")
     assert 5 <= k < 40
     assert info.weight_version == 1 and info.paused and info.running == 1
@@ -126,8 +141,12 @@ def test_versions_across_update_mid_request_keep_kv(standin):
     assert g.output_ids == ids
     assert g.logprobs == pytest.approx([token_logprob(t, str(v)) for t, v in zip(ids, g.versions)])
     update = [b for p, b in standin.log if p == "/update_weights_from_disk"][-1]
-    assert update == {"model_path": "/ckpt/step1", "weight_version": "1", "abort_all_requests": False,
-                      "flush_cache": False}  # in_place: SGLang cannot flush while requests are held
+    assert update == {
+        "model_path": "/ckpt/step1",
+        "weight_version": "1",
+        "abort_all_requests": False,
+        "flush_cache": False,
+    }  # in_place: SGLang cannot flush while requests are held
     assert ("/pause_generation", {"mode": "in_place"}) in standin.log
 
 
@@ -141,6 +160,7 @@ def test_pause_abort_then_continue_from_partial(standin):
         await c.resume()
         rest = await c.generate([20] + part.output_ids, Sampling(max_new_tokens=30 - len(part.output_ids)), "p1-2")
         return part, rest
+
     part, rest = run(go, standin.url, pause_mode="abort")
     assert part.finish_reason == "abort" and 4 <= len(part.output_ids) < 30
     assert part.versions == [0] * len(part.output_ids)
@@ -157,6 +177,7 @@ def test_pause_retract_holds_new_requests_until_continue(standin):
         held = not task.done()
         await c.resume()
         return held, await task
+
     held, g = run(go, standin.url, pause_mode="retract")
     assert held and g.output_ids == [2, 3, 4] and g.finish_reason == "length"
 
@@ -168,6 +189,7 @@ def test_abort_request(standin):
         await wait_tokens(standin, wire_rid("victim"), 3)
         await c.abort_request("victim")
         return await task, await other
+
     g, other = run(go, standin.url)
     assert g.finish_reason == "abort" and 3 <= len(g.output_ids) < 500
     assert g.output_ids == expected(7, len(g.output_ids))[0]
@@ -178,13 +200,17 @@ def test_abort_request(standin):
 def test_abort_of_one_answer_leaves_its_siblings_whose_ids_it_prefixes(standin):
     """SGLang aborts every request whose rid starts with the one given: answer s1 of a group is a prefix
     of answers s10..s15, yet aborting it must stop it alone."""
+
     async def go(c: SGLangClient):
         rids = ["e0-p7-s1", *(f"e0-p7-s{k}" for k in range(10, 16))]
-        tasks = {r: asyncio.create_task(c.generate([7], Sampling(max_new_tokens=40 if r != rids[0] else 500), r))
-                 for r in rids}
+        tasks = {
+            r: asyncio.create_task(c.generate([7], Sampling(max_new_tokens=40 if r != rids[0] else 500), r))
+            for r in rids
+        }
         await wait_tokens(standin, wire_rid(rids[0]), 3)
         await c.abort_request(rids[0])
         return {r: await t for r, t in tasks.items()}
+
     gens = run(go, standin.url)
     assert gens["e0-p7-s1"].finish_reason == "abort"
     survivors = {r: g.finish_reason for r, g in gens.items() if r != "e0-p7-s1"}
@@ -215,6 +241,7 @@ def test_update_weights_from_disk_and_info(standin):
         with pytest.raises(RolloutServerError) as e:
             await c.update_weights_from_disk("/missing/ckpt", 6)
         return before, after, g, e.value, await c.health()
+
     before, after, g, err, healthy = run(go, standin.url)
     assert (before.weight_version, before.running, before.waiting, before.paused) == (0, 0, 0, False)
     assert after.weight_version == 5 and g.versions == [5, 5]
@@ -228,20 +255,27 @@ def test_distributed_update_fields(standin):
         specs = [TensorSpec("w1", "bfloat16", (4, 8), 0), TensorSpec("w2", "float32", (8,), 64)]
         await c.update_weights_from_distributed(specs, "areal", 3)
         return await c.info()
+
     assert run(go, standin.url).weight_version == 3
     # not paused by the caller: the update is wrapped in pause (retract) and continue
     paths = [p for p, _ in standin.log]
     i = paths.index("/update_weights_from_distributed")
     assert paths[i - 1] == "/pause_generation" and paths[i + 1] == "/continue_generation"
     posts = dict(standin.log)
-    assert posts["/init_weights_update_group"] == {"master_address": "10.0.0.1", "master_port": 29500,
-                                                   "rank_offset": 1, "world_size": 3, "group_name": "areal",
-                                                   "backend": "nccl"}
+    assert posts["/init_weights_update_group"] == {
+        "master_address": "10.0.0.1",
+        "master_port": 29500,
+        "rank_offset": 1,
+        "world_size": 3,
+        "group_name": "areal",
+        "backend": "nccl",
+    }
     assert posts["/update_weights_from_distributed"]["shapes"] == [[4, 8], [8]]
     assert posts["/update_weights_from_distributed"]["weight_version"] == "3"
 
 
 # -- errors -----------------------------------------------------------------------------------
+
 
 def test_unreachable_server():
     url = f"http://127.0.0.1:{free_port()}"
@@ -263,12 +297,15 @@ def test_malformed_response_names_the_field(standin):
     def drop_logprobs(body):
         del body["meta_info"]["output_token_logprobs"]
         return body
+
     standin.mutate_next = drop_logprobs
     with pytest.raises(RolloutServerError, match=r"meta_info\.output_token_logprobs") as e:
         run(lambda c: c.generate([1], Sampling(max_new_tokens=3), "x"), standin.url)
     assert not e.value.server_down and standin.url in str(e.value)
-    standin.mutate_next = lambda body: {**body, "meta_info": {k: v for k, v in body["meta_info"].items()
-                                                             if k != "finish_reason"}}
+    standin.mutate_next = lambda body: {
+        **body,
+        "meta_info": {k: v for k, v in body["meta_info"].items() if k != "finish_reason"},
+    }
     with pytest.raises(RolloutServerError, match=r"meta_info\.finish_reason"):
         run(lambda c: c.generate([1], Sampling(max_new_tokens=3), "x"), standin.url)
 
@@ -276,12 +313,14 @@ def test_malformed_response_names_the_field(standin):
 def test_standin_refuses_unknown_fields(standin):
     async def go(c: SGLangClient):
         return await c._json("POST", "/generate", {"input_ids": [1], "rid": "x", "sampling_params": {"seed": 1}})
+
     with pytest.raises(RolloutServerError, match="unknown field") as e:
         run(go, standin.url)
     assert e.value.status == 400
 
 
 # -- parsing SGLang-shaped bodies (no server) -------------------------------------------------
+
 
 def test_parse_sglang_shaped_response():
     g = parse_generate_response(copy.deepcopy(SGLANG_GENERATE_RESPONSE_FIXTURE))
@@ -307,6 +346,7 @@ def test_parse_rejects_bad_bodies():
         body = copy.deepcopy(SGLANG_GENERATE_RESPONSE_FIXTURE)
         mutate(body)
         return body
+
     cases = [
         (lambda b: b.pop("output_ids"), "output_ids"),
         (lambda b: b.pop("meta_info"), "meta_info"),
@@ -322,8 +362,11 @@ def test_parse_rejects_bad_bodies():
 
 
 def test_versions_from_spans_edge_cases():
-    assert versions_from_spans([{"version": "1", "start": 0, "end": 2}, {"version": 2, "start": 2, "end": 3}], 3) \
-        == [1, 1, 2]
+    assert versions_from_spans([{"version": "1", "start": 0, "end": 2}, {"version": 2, "start": 2, "end": 3}], 3) == [
+        1,
+        1,
+        2,
+    ]
     assert versions_from_spans([{"version": "0", "start": 0, "end": 0}], 0) == []  # no output tokens
     with pytest.raises(ValueError, match="does not continue"):  # gap
         versions_from_spans([{"version": 1, "start": 0, "end": 2}, {"version": 2, "start": 3, "end": 4}], 4)
@@ -343,13 +386,34 @@ def test_versions_from_spans_edge_cases():
 
 # -- launcher ---------------------------------------------------------------------------------
 
+
 def test_launch_command():
-    cfg = SGLangConfig(tp_size=2, mem_fraction_static=0.7, host="0.0.0.0", python="/venvs/sglang/bin/python",
-                       extra_args=["--dtype", "bfloat16"])
+    cfg = SGLangConfig(
+        tp_size=2,
+        mem_fraction_static=0.7,
+        host="0.0.0.0",
+        python="/venvs/sglang/bin/python",
+        extra_args=["--dtype", "bfloat16"],
+    )
     assert sglang_launch_command(cfg, "/models/qwen", 31000, weight_version=4) == [
-        "/venvs/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
-        "--tp-size", "2", "--mem-fraction-static", "0.7", "--host", "0.0.0.0", "--port", "31000",
-        "--weight-version", "4", "--dtype", "bfloat16"]
+        "/venvs/sglang/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/qwen",
+        "--tp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31000",
+        "--weight-version",
+        "4",
+        "--dtype",
+        "bfloat16",
+    ]
     with pytest.raises(ValueError):
         SGLangConfig(tp_size=0)
     with pytest.raises(ValueError):
@@ -399,8 +463,9 @@ def test_backend_starts_restarts_and_stops_servers(tmp_path):
     (pkg / "launch_server.py").write_text("from sglang_standin import main\n\nmain()\n")
     tests_dir = str(Path(__file__).resolve().parents[1])  # tests/: sglang_standin.py
     port = _listen_ports(2)
-    cfg = SGLangConfig(num_servers=2, port=port, port_stride=1, startup_timeout_s=120,
-                       env={"PYTHONPATH": f"{tmp_path}:{tests_dir}"})
+    cfg = SGLangConfig(
+        num_servers=2, port=port, port_stride=1, startup_timeout_s=120, env={"PYTHONPATH": f"{tmp_path}:{tests_dir}"}
+    )
     backend = SGLangBackend(cfg, log_dir=str(tmp_path), api_key="the-run-key")
     with backend.launch("/models/m", 3) as urls:
         assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
@@ -429,8 +494,10 @@ def test_backend_reports_a_server_that_dies_at_start(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text("import sys\nprint('no CUDA here', flush=True)\nsys.exit(3)\n")
     cfg = SGLangConfig(port=free_port(), startup_timeout_s=30, env={"PYTHONPATH": str(tmp_path)})
-    with (pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no CUDA here"),
-          SGLangBackend(cfg, log_dir=str(tmp_path)).launch("/models/m", 0)):
+    with (
+        pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no CUDA here"),
+        SGLangBackend(cfg, log_dir=str(tmp_path)).launch("/models/m", 0),
+    ):
         pass
 
 
@@ -443,14 +510,18 @@ def test_a_training_run_through_the_sglang_client(tmp_path, warm_cache):
     from areal_core.models import build_char_tokenizer
     from areal_core.run import run_experiment
 
-    s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()),
-                              api_key="its-key")
+    s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()), api_key="its-key")
     s.start()
     try:
         os.environ["SGLANG_TEST_KEY"] = "its-key"  # the run reads the servers' key from the variable named
-        cfg = load_config(Path(__file__).resolve().parents[1] / "data/e2e.yaml", {
-            "rollout.backend": {"kind": "sglang", "urls": [s.url], "api_key_env": "SGLANG_TEST_KEY"},
-            "rollout.weight_transport": {"kind": "disk"}, "trainer.max_steps": 3})
+        cfg = load_config(
+            Path(__file__).resolve().parents[1] / "data/e2e.yaml",
+            {
+                "rollout.backend": {"kind": "sglang", "urls": [s.url], "api_key_env": "SGLANG_TEST_KEY"},
+                "rollout.weight_transport": {"kind": "disk"},
+                "trainer.max_steps": 3,
+            },
+        )
         summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     finally:
         os.environ.pop("SGLANG_TEST_KEY", None)

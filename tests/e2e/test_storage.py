@@ -37,16 +37,21 @@ def make_tokenizer():
     vocab.update({f"w{i}": 3 + i for i in range(61)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
-                                   eos_token="<eos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
 def make_model(seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, vocab_size=64)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -114,10 +119,9 @@ def test_crash_mid_publish_leaves_previous_version(tmp_path, saved, tokenizer):
             real(fs, src, dest)
             os._exit(9)
         checkpoints.put_file_atomic = put_then_die
-        CheckpointStore({str(tmp_path / 'ckpt')!r}).publish_folder(1, {saved!r})
+        CheckpointStore({str(tmp_path / "ckpt")!r}).publish_folder(1, {saved!r})
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120, capture_output=True, text=True)
     assert proc.returncode == 9, proc.stderr
     partial = tmp_path / "ckpt" / "v1"
     assert partial.is_dir() and len(os.listdir(partial)) == 1
@@ -266,8 +270,7 @@ def test_prune_keeps_latest_and_deletes_manifest_first(tmp_path, saved, monkeypa
     monkeypatch.setattr(store.fs, "rm_file", rm_file)
     monkeypatch.setattr(store.fs, "rm", rm)
     assert store.prune(2) == [0, 1]
-    assert events == [("rm_file", "v0/manifest.json"), ("rm", "v0"),
-                      ("rm_file", "v1/manifest.json"), ("rm", "v1")]
+    assert events == [("rm_file", "v0/manifest.json"), ("rm", "v0"), ("rm_file", "v1/manifest.json"), ("rm", "v1")]
     assert store.versions() == [2, 3]
     assert not (root / "v0").exists() and not (root / "v1").exists()
     assert store.prune(1) == [2]
@@ -333,9 +336,9 @@ def test_retry_and_transient_classification():
     assert fsutil.is_transient(ReadTimeoutError(endpoint_url="http://x"))
     assert fsutil.is_transient(ConnectionResetError())
     assert fsutil.is_transient(ClientError({"Error": {"Code": "SlowDown"}}, "PutObject"))
-    assert not fsutil.is_transient(ClientError({"Error": {"Code": "NoSuchBucket"},
-                                                "ResponseMetadata": {"HTTPStatusCode": 404}},
-                                               "PutObject"))
+    assert not fsutil.is_transient(
+        ClientError({"Error": {"Code": "NoSuchBucket"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "PutObject")
+    )
     assert not fsutil.is_transient(FileNotFoundError())
     assert not fsutil.is_transient(ValueError())
     attempts = []
@@ -377,8 +380,14 @@ def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, m
     runlog = RunLog(tmp_path / "run")
     for step in (0, 1):
         ctrl = {"n_submitted": 4 * step, "n_groups": step, "version": step, "groups": []}
-        store.publish(step, model, tokenizer, extra=run_state.encode(
-            step, cfg, ctrl, {"optimizer": {"x": torch.ones(2)}}, runlog.to_parquet_bytes(), None))
+        store.publish(
+            step,
+            model,
+            tokenizer,
+            extra=run_state.encode(
+                step, cfg, ctrl, {"optimizer": {"x": torch.ones(2)}}, runlog.to_parquet_bytes(), None
+            ),
+        )
 
     real_pipe = ckpt_mod.pipe_atomic
 
@@ -389,8 +398,19 @@ def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, m
 
     monkeypatch.setattr(ckpt_mod, "pipe_atomic", crash_on_manifest)
     with pytest.raises(KeyboardInterrupt):
-        store.publish(2, model, tokenizer, extra=run_state.encode(
-            2, cfg, {"n_submitted": 8, "n_groups": 2, "version": 2, "groups": []}, {}, runlog.to_parquet_bytes(), None))
+        store.publish(
+            2,
+            model,
+            tokenizer,
+            extra=run_state.encode(
+                2,
+                cfg,
+                {"n_submitted": 8, "n_groups": 2, "version": 2, "groups": []},
+                {},
+                runlog.to_parquet_bytes(),
+                None,
+            ),
+        )
     assert (tmp_path / "ckpt/v2/resume/state.json").exists()  # written, but not part of any version
     saved = run_state.load_latest(store, cfg)
     assert saved.version == 1 and saved.state["controller"]["n_groups"] == 1

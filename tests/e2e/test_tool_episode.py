@@ -62,8 +62,7 @@ class ScriptedPolicy:
 
     async def grade(self, trajs, texts):
         self.graded.append(list(texts))
-        return [RewardResult(correct=x == self.want.get(t.traj_id), parsed=x, reason="")
-                for t, x in zip(trajs, texts)]
+        return [RewardResult(correct=x == self.want.get(t.traj_id), parsed=x, reason="") for t, x in zip(trajs, texts)]
 
     def encode(self, text):
         return [ord(c) for c in text]
@@ -90,8 +89,10 @@ def _policy_text(t, ctx):
 
 def test_a_call_runs_in_the_sandbox_and_its_output_is_masked_environment_text():
     # 10**12 + 7 mod 97 is not in the policy's text: only running the call gives it
-    ctx = ScriptedPolicy({"t0": "<py>(10**12 + 7) % 97</py>|ok", "t1": "a3=3,b4=7|7"},
-                         want={"t0": f"<py>(10**12 + 7) % 97</py><out>{(10**12 + 7) % 97}</out>|ok"})
+    ctx = ScriptedPolicy(
+        {"t0": "<py>(10**12 + 7) % 97</py>|ok", "t1": "a3=3,b4=7|7"},
+        want={"t0": f"<py>(10**12 + 7) % 97</py><out>{(10**12 + 7) % 97}</out>|ok"},
+    )
     group = _group(2)
     tool = PythonTool(timeout_s=2.0)
     results = asyncio.run(ToolUse(max_calls=2, tool=tool).run(group, ctx))
@@ -146,8 +147,9 @@ def test_max_calls_then_plain_text():
 def test_timeout_and_output_cut():
     tool = PythonTool(timeout_s=0.5, max_output_chars=10)
     t0 = time.perf_counter()
-    spin, sleep, loud, err, ok = tool.run(["while True: pass", "import time; time.sleep(30)", "print('y' * 10**6)",
-                                           "1/0", "x = 6\nx * 7"])
+    spin, sleep, loud, err, ok = tool.run(
+        ["while True: pass", "import time; time.sleep(30)", "print('y' * 10**6)", "1/0", "x = 6\nx * 7"]
+    )
     assert time.perf_counter() - t0 < 10
     assert spin.timed_out and sleep.timed_out and "ran past 0.5s" in spin.output
     assert loud.truncated and loud.output == "y" * 10 + "..."
@@ -198,8 +200,9 @@ def test_hostile_calls_cannot_hurt_the_host_or_each_other(tmp_path, monkeypatch)
         hostile.append(f"import os; os.kill({os.getpid()}, 9)")
     ctx = ScriptedPolicy({f"t{i}": f"<py>{c}</py>|" for i, c in enumerate(hostile)})
     group = _group(len(hostile))
-    asyncio.run(ToolUse(max_calls=1, timeout_s=2.0, tool=PythonTool(timeout_s=2.0, max_output_chars=200))
-                .run(group, ctx))
+    asyncio.run(
+        ToolUse(max_calls=1, timeout_s=2.0, tool=PythonTool(timeout_s=2.0, max_output_chars=200)).run(group, ctx)
+    )
     outs = {c: _env_text(t, ctx) for c, t in zip(hostile, group)}
     assert not target.exists() or target.read_text() == ""  # no call writes a file (RLIMIT_FSIZE 0)
     if g["writes_confined"]:
@@ -227,20 +230,27 @@ def test_config_and_the_chain_task_tool_format():
     digits = [3, 5, 7, 2, 9, 1]
     assert make_solution(digits, "tool", 6) == "<py>sum(map(int,'a3b5c7d2e9f1'[1::2]))</py><out>27</out>|27"
     assert make_solution(digits, "tool", 7) == make_solution(digits) == "a3=3,b5=8,c7=15,d2=17,e9=26,f1=27|27"
-    assert grade_chain("<py>sum(map(int,'a3b5c7d2e9f1'[1::2]))</py><out>27</out>|27", make_solution(digits, "tool", 6))[0]
+    assert grade_chain("<py>sum(map(int,'a3b5c7d2e9f1'[1::2]))</py><out>27</out>|27", make_solution(digits, "tool", 6))[
+        0
+    ]
     # the default task's records do not change
     base = ChainTask(SyntheticTask(n_train=300, n_eval=50)).train_records()
     tool = ChainTask(SyntheticTask(n_train=300, n_eval=50, format="tool", tool_min_chain=6)).train_records()
     assert [r.prompt for r in base] == [r.prompt for r in tool]
     for b, t in zip(base, tool):
-        assert t.solution == (b.solution if b.meta["k"] < 6 else make_solution([int(c) for c in b.prompt[1::2]],
-                                                                              "tool", 6))
+        assert t.solution == (
+            b.solution if b.meta["k"] < 6 else make_solution([int(c) for c in b.prompt[1::2]], "tool", 6)
+        )
 
 
 def test_heldout_with_tools_command():
     """``python -m areal_core.eval.with_tools heldout RUN_DIR``: the held-out evaluation with tools."""
-    out = subprocess.run([sys.executable, "-m", "areal_core.eval.with_tools", "heldout", "--help"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_core.eval.with_tools", "heldout", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "run_dir" in out.stdout and "--n-problems" in out.stdout
 
@@ -251,12 +261,24 @@ def test_tool_episode_runs_end_to_end(tmp_path, warm_cache):
     from areal_core.experiment import load_config
     from areal_core.run import run_experiment
 
-    cfg = load_config("tests/data/e2e.yaml", {
-        "data.synthetic": {"n_train": 500, "n_eval": 200, "min_chain": 2, "max_chain": 6, "format": "tool",
-                           "tool_min_chain": 2},
-        "model.warm_start": {"steps": 150, "batch_size": 32, "lr": 0.003},
-        "episode": {"kind": "tool", "max_calls": 1, "timeout_s": 1.0},
-        "trainer.max_steps": 3, "rollout.sampling.max_new_tokens": 32, "eval.n_problems": 16})
+    cfg = load_config(
+        "tests/data/e2e.yaml",
+        {
+            "data.synthetic": {
+                "n_train": 500,
+                "n_eval": 200,
+                "min_chain": 2,
+                "max_chain": 6,
+                "format": "tool",
+                "tool_min_chain": 2,
+            },
+            "model.warm_start": {"steps": 150, "batch_size": 32, "lr": 0.003},
+            "episode": {"kind": "tool", "max_calls": 1, "timeout_s": 1.0},
+            "trainer.max_steps": 3,
+            "rollout.sampling.max_new_tokens": 32,
+            "eval.n_problems": 16,
+        },
+    )
     summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
     assert summary["steps"] == 3 and summary["ledger_check"]["ok"], summary["ledger_check"]
     m = pd.read_parquet(tmp_path / "run/metrics.parquet")

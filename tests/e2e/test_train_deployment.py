@@ -50,22 +50,29 @@ def _evaluation_of(run_dir: Path, timeout_s: float = 600):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     def done():
-        runs = _client().read_flow_runs(flow_run_filter=FlowRunFilter(
-            name=FlowRunFilterName(like_=f"evaluate-{run_dir.name}-")))
+        runs = _client().read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"evaluate-{run_dir.name}-"))
+        )
         return runs[0] if runs and runs[0].state.is_final() else None
+
     return wait_for(done, timeout_s, f"the evaluation of {run_dir.name}")
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _logs(flow_run_id) -> list[str]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    return [lg.message for lg in _client().read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-        any_=[flow_run_id])))]
+    return [
+        lg.message
+        for lg in _client().read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +91,25 @@ def deployed(tmp_path_factory):
             before = _hashes(first_dir)
             second = _run("train/train", form)
             refused = _run("train/train", {**form, "run_dir": str(first_dir)})
-            yield {"state": state, "runs": runs, "first": first, "second": second, "refused": refused,
-                   "first_dir": first_dir, "before": before, "after": _hashes(first_dir),
-                   "evaluation": evaluation,
-                   # the flow run's logs reach the server in batches, after its state: wait for its error line
-                   "refused_logs": wait_for(lambda: (logs := _logs(refused.id)) and any(
-                       refused.state.message in line for line in logs) and logs, 60, "the refused run's error log")}
+            yield {
+                "state": state,
+                "runs": runs,
+                "first": first,
+                "second": second,
+                "refused": refused,
+                "first_dir": first_dir,
+                "before": before,
+                "after": _hashes(first_dir),
+                "evaluation": evaluation,
+                # the flow run's logs reach the server in batches, after its state: wait for its error line
+                "refused_logs": wait_for(
+                    lambda: (
+                        (logs := _logs(refused.id)) and any(refused.state.message in line for line in logs) and logs
+                    ),
+                    60,
+                    "the refused run's error log",
+                ),
+            }
     finally:
         stack.down(log=print)
 
@@ -118,8 +138,10 @@ def _browser_or_skip() -> str:
 
     exe = find_browser()
     if exe is None:
-        why = ("no headless Chromium, so the UI was not checked: `apt-get install -y chromium` "
-               "(or chromium-headless-shell; `make test` installs one where apt-get can)")
+        why = (
+            "no headless Chromium, so the UI was not checked: `apt-get install -y chromium` "
+            "(or chromium-headless-shell; `make test` installs one where apt-get can)"
+        )
         if os.environ.get("AREAL_REQUIRE_BROWSER") == "1":
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
@@ -149,9 +171,11 @@ def test_the_runs_artifacts_show_its_curves_and_a_rounded_result_in_the_browser(
 
         arts = {a.key: a for a in _client().read_artifacts() if a.flow_run_id == run.id and a.key}
         assert set(key.values()) <= set(arts), sorted(arts)
-        page = {"run": ui_link(f"runs/flow-run/{run.id}?tab=Artifacts"),
-                "curves": ui_link(f"artifacts/artifact/{arts[key['train-curves']].id}"),
-                "result": ui_link(f"artifacts/artifact/{arts[key['train-result']].id}")}
+        page = {
+            "run": ui_link(f"runs/flow-run/{run.id}?tab=Artifacts"),
+            "curves": ui_link(f"artifacts/artifact/{arts[key['train-curves']].id}"),
+            "result": ui_link(f"artifacts/artifact/{arts[key['train-result']].id}"),
+        }
     assert all(p.startswith(f"{ui}/v2/") for p in page.values()), page
 
     with Browser(exe) as b:
@@ -161,8 +185,11 @@ def test_the_runs_artifacts_show_its_curves_and_a_rounded_result_in_the_browser(
         _shot(b, "train_run_artifacts", tmp_path)
 
         b.goto(page["curves"])
-        widths = b.wait_for(f"{IMAGES}.length && {IMAGES}.every(i => i.complete) && {IMAGES}.map(i => i.naturalWidth)",
-                            120, "the learning curves' image")
+        widths = b.wait_for(
+            f"{IMAGES}.length && {IMAGES}.every(i => i.complete) && {IMAGES}.map(i => i.naturalWidth)",
+            120,
+            "the learning curves' image",
+        )
         assert widths[0] > 300, widths  # decoded and drawn, not a broken image
         _shot(b, "train_curves", tmp_path)
 
@@ -170,7 +197,10 @@ def test_the_runs_artifacts_show_its_curves_and_a_rounded_result_in_the_browser(
         shown = b.wait_for(  # read in one go: the page may draw itself again meanwhile
             "(() => { const th = Array.from(document.querySelectorAll('table th')).map(t => t.innerText.trim());"
             " return th.length >= 2 && {header: th, table: document.querySelector('table').innerText,"
-            " links: Array.from(document.querySelectorAll('a')).map(a => a.href)}; })()", 120, "the result table")
+            " links: Array.from(document.querySelectorAll('a')).map(a => a.href)}; })()",
+            120,
+            "the result table",
+        )
         header, table, links = shown["header"], shown["table"], shown["links"]
         assert header == ["measure", "value"], header  # a header row that says what the columns are
         assert "held-out accuracy" in table and "every trajectory trained exactly once" in table, table

@@ -31,8 +31,10 @@ def _browser() -> str:
     if exe is None:
         # `make test` installs it where apt-get can (as root). Elsewhere the test is reported as
         # SKIPPED with this reason (make test runs pytest with -rs); AREAL_REQUIRE_BROWSER=1 makes it fail.
-        why = (f"{BROWSER} is not installed, so no UI screenshot was taken: `apt-get install -y {BROWSER}` "
-               "(Debian; `make test` does it when apt-get is available)")
+        why = (
+            f"{BROWSER} is not installed, so no UI screenshot was taken: `apt-get install -y {BROWSER}` "
+            "(Debian; `make test` does it when apt-get is available)"
+        )
         if os.environ.get("AREAL_REQUIRE_BROWSER") == "1":
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
@@ -41,10 +43,23 @@ def _browser() -> str:
 
 def _chromium(exe: str, url: str, *args: str, budget_ms: int = 5000) -> subprocess.CompletedProcess:
     # without --run-all-compositor-stages-before-draw the capture can catch the page mid-fade (blank)
-    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1400,900",
-                           "--run-all-compositor-stages-before-draw", f"--virtual-time-budget={budget_ms}", *args, url],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,900",
+            "--run-all-compositor-stages-before-draw",
+            f"--virtual-time-budget={budget_ms}",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _state_pixels(path) -> tuple[int, int]:
@@ -144,15 +159,23 @@ def test_train_result_and_deployments_pages_screenshot(tmp_path):
         with prefect_api(state["api_url"]):
             from flows.train import train
 
-            summary = train(config_path=str(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml"),
-                            run_dir=str(run_dir), max_steps=1, evaluate_every=1, cache_dir=str(tmp_path / "cache"))
+            summary = train(
+                config_path=str(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml"),
+                run_dir=str(run_dir),
+                max_steps=1,
+                evaluate_every=1,
+                cache_dir=str(tmp_path / "cache"),
+            )
             result = asyncio.run(_artifact("train-result-uirun"))
         assert summary["final_version"] == 1
         ui = state["ui_url"]
         # the artifact's page (its key page lists every version of it, with links here)
-        _page(exe, f"{ui}/artifacts/artifact/{result.id}", shots["train_result"],
-              ["held-out accuracy", "every trajectory trained exactly once",
-               "evaluate-uirun-v1: not scored yet"])  # (no worker here: the evaluation it triggered waits)
+        _page(
+            exe,
+            f"{ui}/artifacts/artifact/{result.id}",
+            shots["train_result"],
+            ["held-out accuracy", "every trajectory trained exactly once", "evaluate-uirun-v1: not scored yet"],
+        )  # (no worker here: the evaluation it triggered waits)
 
         dom = _page(exe, f"{ui}/deployments", shots["deployments"], ["campaign", "evaluate", "At 02:00 AM every day"])
         rows = dom.split('<tr class="p-table-row')[1:]
@@ -162,8 +185,12 @@ def test_train_result_and_deployments_pages_screenshot(tmp_path):
             deployments = asyncio.run(_deployments())
         assert set(deployments) == EXPECTED and deployments["campaign"].paused
         for name, shot in (("campaign", "campaign"), ("evaluate", "evaluate")):  # a deployment's page: its description
-            _page(exe, f"{ui}/deployments/deployment/{deployments[name].id}?tab=Description", shots[shot],
-                  [deployments[name].description.split(".")[0][:60]])
+            _page(
+                exe,
+                f"{ui}/deployments/deployment/{deployments[name].id}?tab=Description",
+                shots[shot],
+                [deployments[name].description.split(".")[0][:60]],
+            )
     finally:
         stack.down(log=print)
         if os.environ.get("AREAL_SCREENSHOT_DIR"):

@@ -40,6 +40,7 @@ RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "vllm_gene
 
 # ---- argv, environment, sampling -------------------------------------------------------------
 
+
 def test_command_has_the_flags_the_client_needs():
     cfg = VLLMConfig(max_num_seqs=8, max_model_len=512, extra_args=["--enforce-eager"])
     cmd = vllm_command(cfg, "/venv/bin/python", "/m/v0", 8123, dtype="float32", seed=5, weight_update="reprefill")
@@ -66,14 +67,26 @@ def test_env_dev_mode_threads_and_overrides():
 
 def test_sampling_fields():
     sp = sampling_params(Sampling(max_new_tokens=7, temperature=0.5, stop_token_ids=(1, 2), seed=9))
-    assert sp == {"max_tokens": 7, "temperature": 0.5, "top_p": 1.0, "top_k": 0, "ignore_eos": False,
-                  "logprobs": 0, "detokenize": False, "stop_token_ids": [1, 2], "seed": 9}
+    assert sp == {
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": 0,
+        "ignore_eos": False,
+        "logprobs": 0,
+        "detokenize": False,
+        "stop_token_ids": [1, 2],
+        "seed": 9,
+    }
     assert "seed" not in sampling_params(Sampling(max_new_tokens=1))
 
 
 def test_weight_update_modes_map_to_pause_modes():
-    assert {m: VLLMClient("http://x", weight_update=m).pause_mode for m in ("keep_kv", "reprefill", "drain")} == \
-        {"keep_kv": "keep", "reprefill": "abort", "drain": "wait"}
+    assert {m: VLLMClient("http://x", weight_update=m).pause_mode for m in ("keep_kv", "reprefill", "drain")} == {
+        "keep_kv": "keep",
+        "reprefill": "abort",
+        "drain": "wait",
+    }
 
 
 def test_missing_venv_is_a_clear_error(tmp_path, monkeypatch):
@@ -86,17 +99,23 @@ def test_missing_venv_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_spans_with_vllm_string_labels():
-    assert versions_from_spans([{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}], 3) \
-        == [3, 3, 4]
+    assert versions_from_spans([{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}], 3) == [
+        3,
+        3,
+        4,
+    ]
 
 
 def test_metric_sums_the_engines_samples():
-    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
-            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\nvllm:num_requests_running_x{a="b"} 9.0\n')
+    text = (
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\nvllm:num_requests_running_x{a="b"} 9.0\n'
+    )
     assert vb._metric(text, "vllm:num_requests_running") == 3 and vb._metric(text, "vllm:num_requests_waiting") == 0
 
 
 # ---- parsing recorded responses --------------------------------------------------------------
+
 
 def test_parse_recorded_responses():
     g = parse_generate_response(RECORDED["greedy"]["response"])
@@ -112,15 +131,18 @@ def test_parse_recorded_responses():
     assert aborted.finish_reason == "abort" and 0 < len(aborted.output_ids) < 1500
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda c: c.update(logprobs=None), "logprobs.content"),
-    (lambda c: c["logprobs"]["content"][0].update(token_id=-5), "content[0]"),
-    (lambda c: c.update(weight_versions=None), "weight_versions"),
-    (lambda c: c["weight_versions"][0].update(version="default"), "weight_versions"),
-    (lambda c: c["weight_versions"][0].update(end=3), "weight_versions"),
-    (lambda c: c.update(finish_reason="error"), "finish_reason"),
-    (lambda c: c.update(token_ids="abc"), "token_ids"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda c: c.update(logprobs=None), "logprobs.content"),
+        (lambda c: c["logprobs"]["content"][0].update(token_id=-5), "content[0]"),
+        (lambda c: c.update(weight_versions=None), "weight_versions"),
+        (lambda c: c["weight_versions"][0].update(version="default"), "weight_versions"),
+        (lambda c: c["weight_versions"][0].update(end=3), "weight_versions"),
+        (lambda c: c.update(finish_reason="error"), "finish_reason"),
+        (lambda c: c.update(token_ids="abc"), "token_ids"),
+    ],
+)
 def test_parse_rejects_malformed(edit, field):
     body = copy.deepcopy(RECORDED["greedy"]["response"])
     edit(body["choices"][0])
@@ -134,20 +156,28 @@ def test_untied_copy(tmp_path):
     src = tmp_path / "v3"
     make_model(src, 0)
     dest = Path(untied_copy(str(src)))
-    assert dest == tmp_path / "v3.vllm-untied" and not json.loads((dest / "config.json").read_text())["tie_word_embeddings"]
+    assert (
+        dest == tmp_path / "v3.vllm-untied"
+        and not json.loads((dest / "config.json").read_text())["tie_word_embeddings"]
+    )
     w = load_file(str(dest / "model.safetensors"))
     assert torch.equal(load_file(str(dest / "lm_head.safetensors"))["lm_head.weight"], w["model.embed_tokens.weight"])
     assert (dest / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino  # a hard link
-    assert untied_copy(str(src)) == str(dest) and (dest / "lm_head.safetensors").stat().st_mtime_ns == \
-        (dest / "lm_head.safetensors").stat().st_mtime_ns
+    assert (
+        untied_copy(str(src)) == str(dest)
+        and (dest / "lm_head.safetensors").stat().st_mtime_ns == (dest / "lm_head.safetensors").stat().st_mtime_ns
+    )
     make_model(src, 1)  # the folder is rewritten (a new version under the same name): a new copy
-    assert torch.equal(load_file(str(Path(untied_copy(str(src))) / "lm_head.safetensors"))["lm_head.weight"],
-                       load_file(str(src / "model.safetensors"))["model.embed_tokens.weight"])
+    assert torch.equal(
+        load_file(str(Path(untied_copy(str(src))) / "lm_head.safetensors"))["lm_head.weight"],
+        load_file(str(src / "model.safetensors"))["model.embed_tokens.weight"],
+    )
     assert untied_copy(str(dest)) == str(dest)  # already untied: used as it is
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v3", "v3.vllm-untied"]
 
 
 # ---- what the client sends (a recording aiohttp app, not vLLM) -------------------------------
+
 
 def _recording_app(calls: list):
     from aiohttp import web
@@ -161,9 +191,16 @@ def _recording_app(calls: list):
                 return web.json_response({"error": {"message": "engine dead", "code": 503}}, status=503)
             return web.json_response(RECORDED["greedy"]["response"])
         if path == "/metrics":
-            return web.Response(text='vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_waiting{engine="0"} 0.0\n')
-        answers = {"/weight_info": {"weight_version": "7"}, "/load": {"server_load": 5}, "/is_paused": {"is_paused": True},
-                   "/reset_prefix_cache": {"success": True}, "/collective_rpc": {"results": [None]}}
+            return web.Response(
+                text='vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_waiting{engine="0"} 0.0\n'
+            )
+        answers = {
+            "/weight_info": {"weight_version": "7"},
+            "/load": {"server_load": 5},
+            "/is_paused": {"is_paused": True},
+            "/reset_prefix_cache": {"success": True},
+            "/collective_rpc": {"results": [None]},
+        }
         return web.json_response(answers.get(path, {"status": "ok"}))
 
     app = web.Application()
@@ -207,7 +244,11 @@ def test_client_requests():
     assert (info.weight_version, info.running, info.waiting, info.paused) == (7, 1, 4, True)
     gen = [b for m, p, b in calls if p == "/inference/v1/generate"]
     assert sorted(b["request_id"] for b in gen[:2]) == ["a", "b"] and gen[0]["sampling_params"]["logprobs"] == 0
-    rest = [(m, p, b) for m, p, b in calls if p not in ("/inference/v1/generate", "/metrics", "/weight_info", "/is_paused", "/load")]
+    rest = [
+        (m, p, b)
+        for m, p, b in calls
+        if p not in ("/inference/v1/generate", "/metrics", "/weight_info", "/is_paused", "/load")
+    ]
     assert rest == [
         ("POST", "/abort_requests", {"request_ids": ["generate-tokens-a"]}),
         ("POST", "/pause?mode=abort", None),
@@ -236,8 +277,9 @@ def make_model(folder: Path, seed: int):
     from areal_core.models.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
-    arch = TinyArch(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
-                    max_position_embeddings=8192)
+    arch = TinyArch(
+        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128, max_position_embeddings=8192
+    )
     model = build_tiny(arch, tok, seed)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -251,7 +293,7 @@ def make_model(folder: Path, seed: int):
 def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced: the argmax and the logprob of each output token under ``model``."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].double()
+        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1].double()
     lp = torch.log_softmax(logits / (temperature or 1.0), -1)
     return logits.argmax(-1), lp[torch.arange(len(out)), torch.tensor(out)]
 
@@ -313,7 +355,9 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         assert (await c.info()).weight_version == 1
         await c.resume()
         new = await waiting
-        assert new.versions == [1] * 16 and new.output_ids == hf_logprobs(hf1, prompts[0], new.output_ids, 0)[0].tolist()
+        assert (
+            new.versions == [1] * 16 and new.output_ids == hf_logprobs(hf1, prompts[0], new.output_ids, 0)[0].tolist()
+        )
         assert new.output_ids != gens0[0].output_ids  # the new weights answer differently
         more = await c.generate(prompts[0] + cut.output_ids, Sampling(max_new_tokens=4), "continue")
         assert more.versions == [1] * 4
@@ -374,8 +418,9 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
 def test_real_vllm_cpu_server(tmp_path):
     m0, m1 = tmp_path / "m0", tmp_path / "m1"
     hf0, hf1 = make_model(m0, 0), make_model(m1, 1)
-    cfg = VLLMConfig(port=free_port(), cpu_threads_bind=["1"], max_num_seqs=8, max_model_len=8192,
-                     startup_timeout_s=240.0)
+    cfg = VLLMConfig(
+        port=free_port(), cpu_threads_bind=["1"], max_num_seqs=8, max_model_len=8192, startup_timeout_s=240.0
+    )
     backend = VLLMBackend(cfg, weight_update="reprefill", seed=0, log_dir=str(tmp_path))
     report: dict = {}
     t0 = time.monotonic()
@@ -391,10 +436,12 @@ def test_real_vllm_cpu_server(tmp_path):
         async def after_restart():
             c = backend.client(urls[0])
             try:
-                return await c.info(), await c.generate([5, 6, 7, 8], Sampling(max_new_tokens=16, temperature=0.0,
-                                                                                ignore_eos=True), "r")
+                return await c.info(), await c.generate(
+                    [5, 6, 7, 8], Sampling(max_new_tokens=16, temperature=0.0, ignore_eos=True), "r"
+                )
             finally:
                 await c.aclose()
+
         info, g = asyncio.run(after_restart())
         assert info.weight_version == 9 and g.versions == [9] * 16
         assert g.output_ids == hf_logprobs(hf1, [5, 6, 7, 8], g.output_ids, 0)[0].tolist()

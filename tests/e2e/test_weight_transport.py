@@ -59,8 +59,11 @@ def test_every_server_gets_the_staged_weights_bit_for_bit(two_servers, kind, tmp
     servers, _ = two_servers
     model = tiny_qwen2(100 + len(kind))
     expected = {n: t.clone().flatten() for n, t in named_weights(model).items()}
-    transport = {"tensor": TensorTransport, "distributed": DistributedTransport,
-                 "disk": lambda: DiskTransport(str(tmp_path / "w"))}[kind]()
+    transport = {
+        "tensor": TensorTransport,
+        "distributed": DistributedTransport,
+        "disk": lambda: DiskTransport(str(tmp_path / "w")),
+    }[kind]()
     version = 10 + len(kind)
     try:
         asyncio.run(_push(transport, servers.urls, model, version))
@@ -112,16 +115,19 @@ def test_bad_updates_are_refused_and_leave_the_weights(two_servers):
         try:
             with pytest.raises(RolloutServerError, match="does not exist on this host"):
                 from areal_core.rollout.weight_layout import TensorSpec
+
                 await c.update_weights_from_shared_memory("no-such-segment", [TensorSpec("x", "float32", (2,))], 3)
             with pytest.raises(RolloutServerError, match="no weight-update group 'nope'"):
                 from areal_core.rollout.weight_layout import TensorSpec
+
                 await c.update_weights_from_distributed([TensorSpec("lm_head.weight", "float32", (64, 64))], "nope", 3)
         finally:
             await c.aclose()
 
     asyncio.run(go())
-    assert torch.equal(asyncio.run(_server_weights(url, ["lm_head.weight"]))["lm_head.weight"],
-                       before["lm_head.weight"])
+    assert torch.equal(
+        asyncio.run(_server_weights(url, ["lm_head.weight"]))["lm_head.weight"], before["lm_head.weight"]
+    )
 
 
 def test_a_model_of_another_shape_is_refused_by_name(two_servers):
@@ -238,6 +244,8 @@ def test_a_recovering_server_never_loads_a_mix_of_two_versions(two_servers, kind
         transport.close()
     assert label in want
     mixed = [n for n in names if not torch.equal(got[n], want[label][n].flatten())]
-    assert not mixed, f"labelled {label}, but {len(mixed)} of {len(names)} tensors are not version {label}'s: {mixed[:3]}"
+    assert not mixed, (
+        f"labelled {label}, but {len(mixed)} of {len(names)} tensors are not version {label}'s: {mixed[:3]}"
+    )
     for n in names:
         assert torch.equal(after[0][n], after[1][n]) and torch.equal(after[0][n], want[51][n].flatten())

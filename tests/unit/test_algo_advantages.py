@@ -44,8 +44,9 @@ def test_group_mode_binary_rewards():
     # GRPO-style 0/1 correctness: group "x" has 1 of 4 right, group "y" all right
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     got = compute_advantages(rewards, ["x"] * 4 + ["y"] * 2, mode="group", eps=0.0)
-    np.testing.assert_allclose(got.numpy(), [np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3), 0, 0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        got.numpy(), [np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3), 0, 0], rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("value", [0.1, 1.0, -3.7])

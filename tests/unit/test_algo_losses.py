@@ -143,8 +143,9 @@ def _single_token(d, a, eps, w=1.0):
     prox = torch.zeros(1, dtype=F64)
     behav = prox - math.log(w)
     lp = torch.tensor([d], dtype=F64, requires_grad=True)
-    loss, stats = decoupled_ppo_loss(lp, prox, behav, torch.tensor([a], dtype=F64),
-                                     torch.ones(1, dtype=torch.bool), eps_clip=eps)
+    loss, stats = decoupled_ppo_loss(
+        lp, prox, behav, torch.tensor([a], dtype=F64), torch.ones(1, dtype=torch.bool), eps_clip=eps
+    )
     loss.backward()
     return loss.item(), lp.grad.item(), stats
 
@@ -224,8 +225,9 @@ def test_n_tokens_split_equals_whole_batch(which):
 
     def run(lp, sl, n_tokens):
         if which == "decoupled":
-            return decoupled_ppo_loss(lp[sl], prox[sl], behav[sl], adv[sl], mask[sl],
-                                      off_policy=OffPolicyCap(cap=1.5), n_tokens=n_tokens)[0]
+            return decoupled_ppo_loss(
+                lp[sl], prox[sl], behav[sl], adv[sl], mask[sl], off_policy=OffPolicyCap(cap=1.5), n_tokens=n_tokens
+            )[0]
         return naive_ppo_loss(lp[sl], behav[sl], adv[sl], mask[sl], n_tokens=n_tokens)[0]
 
     lp_whole = logp.clone().requires_grad_(True)

@@ -39,11 +39,15 @@ def test_current_version_tokens_keep_behaviour_logprob():
 
 def test_alpha_by_gap_and_limits():
     versions = torch.tensor([7, 6, 5, 3, 0])
-    torch.testing.assert_close(prox_alpha(versions, prox_version=7, theta_version=8),
-                               torch.tensor([0.0, 1 / 2, 2 / 3, 4 / 5, 7 / 8], dtype=torch.float64))
+    torch.testing.assert_close(
+        prox_alpha(versions, prox_version=7, theta_version=8),
+        torch.tensor([0.0, 1 / 2, 2 / 3, 4 / 5, 7 / 8], dtype=torch.float64),
+    )
     # AReaL's labelling (one lower): fresh and one-step-old tokens both keep the behaviour logprob
-    torch.testing.assert_close(prox_alpha(versions, prox_version=6, theta_version=7),
-                               torch.tensor([0.0, 0.0, 1 / 2, 3 / 4, 6 / 7], dtype=torch.float64))
+    torch.testing.assert_close(
+        prox_alpha(versions, prox_version=6, theta_version=7),
+        torch.tensor([0.0, 0.0, 1 / 2, 3 / 4, 6 / 7], dtype=torch.float64),
+    )
     # v_theta <= v_behav: alpha 0, never a division by zero; alpha is clipped to [0, 1]
     assert prox_alpha(torch.tensor([5, 9]), prox_version=5, theta_version=5).tolist() == [0.0, 0.0]
     assert prox_alpha(torch.tensor([2]), prox_version=9, theta_version=4).tolist() == [1.0]

@@ -35,15 +35,18 @@ def test_admits_exactly_a_prefix_of_size_capacity(batch_size, version, eta):
     assert capacity == (version + eta + 1) * batch_size
     assert all(allowed[:capacity]) and not any(allowed[capacity:])
     # the same capacity via exact rational arithmetic: N_r - 1 < (i + eta + 1) * B
-    assert all(
-        a == (Fraction(n, batch_size) < version + eta + 1) for n, a in enumerate(allowed)
-    )
+    assert all(a == (Fraction(n, batch_size) < version + eta + 1) for n, a in enumerate(allowed))
 
 
 @pytest.mark.parametrize(
     "args,name",
-    [((-1, 0, 4, 0), "n_submitted"), ((0, -1, 4, 0), "version"), ((0, 0, 0, 0), "batch_size"),
-     ((0, 0, -3, 0), "batch_size"), ((0, 0, 4, -1), "eta")],
+    [
+        ((-1, 0, 4, 0), "n_submitted"),
+        ((0, -1, 4, 0), "version"),
+        ((0, 0, 0, 0), "batch_size"),
+        ((0, 0, -3, 0), "batch_size"),
+        ((0, 0, 4, -1), "eta"),
+    ],
 )
 def test_errors_name_the_argument(args, name):
     with pytest.raises(ValueError, match=name):

@@ -30,17 +30,26 @@ from areal_core.storage.checkpoints import (
 HERE = Path(__file__).resolve().parents[1]  # tests/
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                    st.text(max_size=20))
-json_values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                           st.dictionaries(st.text(max_size=8), kids, max_size=4)),
-                           max_leaves=12)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=20)
+)
+json_values = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+    max_leaves=12,
+)
 
 
 # -- configs ------------------------------------------------------------------------
 BASE = yaml.safe_load((HERE / "data/e2e.yaml").read_text())
-KEYS = [f"{s}.{k}" for s, sec in BASE.items() if isinstance(sec, dict) for k in sec] + \
-       ["trainer.eta", "trainer.batch_size", "rollout.n_samples", "storage.keep_last", "nonsense.key", "seed"]
+KEYS = [f"{s}.{k}" for s, sec in BASE.items() if isinstance(sec, dict) for k in sec] + [
+    "trainer.eta",
+    "trainer.batch_size",
+    "rollout.n_samples",
+    "storage.keep_last",
+    "nonsense.key",
+    "seed",
+]
 
 
 @FAST
@@ -70,9 +79,18 @@ def test_config_files_valid_or_named_error(tmp_path_factory, text):
 
 # -- dataset rows --------------------------------------------------------------------
 record_like = st.fixed_dictionaries(
-    {}, optional={"id": json_values, "task": st.sampled_from(["chain", "math", "code", "poem", 3]),
-                  "prompt": json_values, "answer": json_values, "solution": json_values,
-                  "tests": json_values, "meta": json_values, "extra": json_values})
+    {},
+    optional={
+        "id": json_values,
+        "task": st.sampled_from(["chain", "math", "code", "poem", 3]),
+        "prompt": json_values,
+        "answer": json_values,
+        "solution": json_values,
+        "tests": json_values,
+        "meta": json_values,
+        "extra": json_values,
+    },
+)
 
 
 @FAST
@@ -101,9 +119,14 @@ def test_dataset_garbage_lines_named_error(tmp_path_factory, lines):
 
 
 # -- checkpoint manifests -------------------------------------------------------------
-GOOD = {"format": "areal-checkpoint/1", "version": 0, "created": "2026-01-01T00:00:00+00:00",
-        "created_unix": 0.0, "meta": {}, "files": [{"path": "model.safetensors", "size": 4,
-                                                      "sha256": "0" * 64}]}
+GOOD = {
+    "format": "areal-checkpoint/1",
+    "version": 0,
+    "created": "2026-01-01T00:00:00+00:00",
+    "created_unix": 0.0,
+    "meta": {},
+    "files": [{"path": "model.safetensors", "size": 4, "sha256": "0" * 64}],
+}
 
 
 def _mutations():
@@ -111,8 +134,13 @@ def _mutations():
     entry_fields = st.sampled_from(["path", "size", "sha256"])
     whole = json_values
     field = st.tuples(st.just("field"), fields, json_values)
-    entry = st.tuples(st.just("entry"), entry_fields, st.one_of(json_values, st.sampled_from(
-        ["../x", "/etc/passwd", "manifest.json", "a\\b", "", -1, 2**64, "A" * 64])))
+    entry = st.tuples(
+        st.just("entry"),
+        entry_fields,
+        st.one_of(
+            json_values, st.sampled_from(["../x", "/etc/passwd", "manifest.json", "a\\b", "", -1, 2**64, "A" * 64])
+        ),
+    )
     return st.one_of(st.tuples(st.just("whole"), whole, st.none()), field, entry)
 
 
@@ -166,8 +194,16 @@ VOCAB = 64
 
 
 def _model():
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        eos_token_id=3,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -180,15 +216,28 @@ def http():
     engine.shutdown()
 
 
-sampling_like = st.fixed_dictionaries({}, optional={
-    "temperature": json_values, "top_p": json_values, "top_k": json_values,
-    "max_new_tokens": st.one_of(json_values, st.integers(-5, 10**9)), "stop_token_ids": json_values,
-    "ignore_eos": json_values, "sampling_seed": st.one_of(json_values, st.integers(-5, 2**64)),
-    "bogus": json_values})
-generate_like = st.fixed_dictionaries({}, optional={
-    "input_ids": st.one_of(json_values, st.lists(st.integers(-10, 2**66), max_size=6)),
-    "sampling_params": st.one_of(sampling_like, json_values), "rid": json_values,
-    "return_logprob": json_values})
+sampling_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": json_values,
+        "top_p": json_values,
+        "top_k": json_values,
+        "max_new_tokens": st.one_of(json_values, st.integers(-5, 10**9)),
+        "stop_token_ids": json_values,
+        "ignore_eos": json_values,
+        "sampling_seed": st.one_of(json_values, st.integers(-5, 2**64)),
+        "bogus": json_values,
+    },
+)
+generate_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "input_ids": st.one_of(json_values, st.lists(st.integers(-10, 2**66), max_size=6)),
+        "sampling_params": st.one_of(sampling_like, json_values),
+        "rid": json_values,
+        "return_logprob": json_values,
+    },
+)
 
 
 def _post(client, path, body):
@@ -198,8 +247,10 @@ def _post(client, path, body):
 
 
 @FAST
-@given(body=st.one_of(generate_like, json_values, st.binary(max_size=60)),
-       path=st.sampled_from(["/generate", "/update_weights_from_disk", "/pause_generation"]))
+@given(
+    body=st.one_of(generate_like, json_values, st.binary(max_size=60)),
+    path=st.sampled_from(["/generate", "/update_weights_from_disk", "/pause_generation"]),
+)
 def test_server_http_bad_bodies(http, body, path):
     client, engine = http
     if path == "/generate" and isinstance(body, dict) and isinstance(body.get("sampling_params"), dict):
@@ -218,9 +269,17 @@ def test_server_http_bad_bodies(http, body, path):
 
 def test_server_still_serves_after_bad_input(http):
     client, engine = http
-    for body in (b"{", b"\xff\xfe", b"[]", b'{"input_ids": {}}', b'{"input_ids": [1e400]}', b'{"input_ids": [99999]}',
-                 json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10**9}}).encode(),
-                 json.dumps({"input_ids": [1] * 70000}).encode(), b"0" * (9 << 20)):
+    for body in (
+        b"{",
+        b"\xff\xfe",
+        b"[]",
+        b'{"input_ids": {}}',
+        b'{"input_ids": [1e400]}',
+        b'{"input_ids": [99999]}',
+        json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10**9}}).encode(),
+        json.dumps({"input_ids": [1] * 70000}).encode(),
+        b"0" * (9 << 20),
+    ):
         r = _post(client, "/generate", body)
         assert 400 <= r.status_code < 500, (body[:40], r.status_code, r.text[:200])
         assert r.json()["message"]

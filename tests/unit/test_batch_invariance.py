@@ -24,8 +24,9 @@ def model():
 @pytest.fixture(scope="module")
 def wide_groups():
     """Six query heads per KV head (more than one attention call takes in the mode)."""
-    return tiny_model("llama", hidden_size=192, intermediate_size=256, vocab_size=64, num_attention_heads=12,
-                      num_key_value_heads=2)
+    return tiny_model(
+        "llama", hidden_size=192, intermediate_size=256, vocab_size=64, num_attention_heads=12, num_key_value_heads=2
+    )
 
 
 def generate(model, jobs, late=(), after=0, invariant=True):
@@ -45,8 +46,14 @@ def answer(resp):
 
 
 def neighbours(rng: random.Random, k: int):
-    return [([rng.randrange(4, 64) for _ in range(rng.randrange(1, 150))],
-             {"temperature": 1.0, "max_new_tokens": rng.randrange(1, 200), "ignore_eos": True}, None) for _ in range(k)]
+    return [
+        (
+            [rng.randrange(4, 64) for _ in range(rng.randrange(1, 150))],
+            {"temperature": 1.0, "max_new_tokens": rng.randrange(1, 200), "ignore_eos": True},
+            None,
+        )
+        for _ in range(k)
+    ]
 
 
 def test_keyed_uniform_depends_on_key_and_position_only():
@@ -104,5 +111,7 @@ def test_without_the_mode_batches_change_the_numbers(model):
     results = []
     for _ in range(3):
         others = neighbours(rng, 20)
-        results.append(answer(generate(model, others[:10] + [(prompt, SEEDED, "x")] + others[10:], invariant=False)[10]))
+        results.append(
+            answer(generate(model, others[:10] + [(prompt, SEEDED, "x")] + others[10:], invariant=False)[10])
+        )
     assert any(r != alone for r in results)

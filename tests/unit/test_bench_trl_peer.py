@@ -46,10 +46,23 @@ def test_records_file_is_deterministic_math_and_in_the_tokenizer(tmp_path):
         assert unk not in ids and len(ids) == len(r.prompt)
 
 
-@pytest.mark.parametrize("text", ["so #### 12", "The answer is -3.", "#### 4\nthe answer is 5", "12", "answer: 7",
-                                  "#### 2 \n#### 9", "44 + 24 = 68. The answer is 68.", r"so \boxed{85}.",
-                                  r"The answer is \textbf{42}.", "The answer is $1,000$.", "#### $7$",
-                                  r"\boxed{\frac{1}{2}} and the answer is 3"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "so #### 12",
+        "The answer is -3.",
+        "#### 4\nthe answer is 5",
+        "12",
+        "answer: 7",
+        "#### 2 \n#### 9",
+        "44 + 24 = 68. The answer is 68.",
+        r"so \boxed{85}.",
+        r"The answer is \textbf{42}.",
+        "The answer is $1,000$.",
+        "#### $7$",
+        r"\boxed{\frac{1}{2}} and the answer is 3",
+    ],
+)
 def test_trl_reward_extracts_like_the_math_grader(text):
     assert final_answer(text) == extract_final_answer(text)
 
@@ -75,10 +88,17 @@ def test_trl_reward_counts_the_tokens_of_each_batch():
 
 
 def _out(ends, tokens, cpu=None, start=10.0):
-    steps = [{"end_s": e, "completion_tokens": t, **({"cpu_s": c} if cpu else {})}
-             for e, t, c in zip(ends, tokens, cpu or [None] * len(ends))]
-    return {"steps": steps, "train_start_s": start, "train_start_cpu_s": 1.0, "train_call_s": 6.0,
-            "trl_metrics": {"train_runtime": 5.5, "train_samples_per_second": 20.0}}
+    steps = [
+        {"end_s": e, "completion_tokens": t, **({"cpu_s": c} if cpu else {})}
+        for e, t, c in zip(ends, tokens, cpu or [None] * len(ends))
+    ]
+    return {
+        "steps": steps,
+        "train_start_s": start,
+        "train_start_cpu_s": 1.0,
+        "train_call_s": 6.0,
+        "trl_metrics": {"train_runtime": 5.5, "train_samples_per_second": 20.0},
+    }
 
 
 def test_trl_throughput_skips_the_warmup_steps_and_puts_the_clocks_side_by_side(monkeypatch):
@@ -98,9 +118,20 @@ def test_trl_throughput_skips_the_warmup_steps_and_puts_the_clocks_side_by_side(
 
 
 def _workload(**kw) -> inputs.Workload:
-    base = dict(name="tiny", model="/m", records="/r.jsonl", eval_records="/e.jsonl", prompts_per_step=8,
-                answers_per_prompt=4, max_new_tokens=64, temperature=1.0, lr=1e-4, dtype="float32", chat=False,
-                steps=30)
+    base = dict(
+        name="tiny",
+        model="/m",
+        records="/r.jsonl",
+        eval_records="/e.jsonl",
+        prompts_per_step=8,
+        answers_per_prompt=4,
+        max_new_tokens=64,
+        temperature=1.0,
+        lr=1e-4,
+        dtype="float32",
+        chat=False,
+        steps=30,
+    )
     return inputs.Workload(**{**base, **kw})
 
 
@@ -121,10 +152,25 @@ def test_areal_config_sync_and_async():
         inputs.areal_config("fast", w, None)
 
 
-@pytest.mark.parametrize("w", [_workload(), _workload(name="smollm2", prompts_per_step=8, answers_per_prompt=8,
-                                                      max_new_tokens=40, temperature=0.6, lr=1e-5, dtype="bfloat16",
-                                                      chat=True, steps=10, max_tokens_per_microbatch=2048,
-                                                      trl_micro_batches=4)])
+@pytest.mark.parametrize(
+    "w",
+    [
+        _workload(),
+        _workload(
+            name="smollm2",
+            prompts_per_step=8,
+            answers_per_prompt=8,
+            max_new_tokens=40,
+            temperature=0.6,
+            lr=1e-5,
+            dtype="bfloat16",
+            chat=True,
+            steps=10,
+            max_tokens_per_microbatch=2048,
+            trl_micro_batches=4,
+        ),
+    ],
+)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_both_sides_get_the_same_settings(w, mode, tmp_path):
     cfg = inputs.areal_config(mode, w, None)
@@ -178,17 +224,21 @@ def _chat_ids_agree(folder: str, prompts: list[str]) -> None:
     """TRL's rendering of conversational prompts (the tokenizer the worker loads) = areal-flow's encode_prompt."""
     trl_tok, areal_tok = worker_load_tokenizer(folder), areal_load_tokenizer(folder)
     messages = [[{"role": "user", "content": p}] for p in prompts]
-    trl_ids = trl_tok.apply_chat_template(conversation=messages, add_generation_prompt=True, tokenize=True,
-                                          return_dict=True)["input_ids"]
-    areal_ids = [encode_prompt(areal_tok, Record(id=str(i), task="math", prompt=p, answer="0"))
-                 for i, p in enumerate(prompts)]
+    trl_ids = trl_tok.apply_chat_template(
+        conversation=messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    areal_ids = [
+        encode_prompt(areal_tok, Record(id=str(i), task="math", prompt=p, answer="0")) for i, p in enumerate(prompts)
+    ]
     assert trl_ids == areal_ids
 
 
 def test_chat_prompts_token_ids_agree_with_a_chat_template(tmp_path):
     tok = build_char_tokenizer()
-    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     tok.save_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # what misleads AutoTokenizer
     _chat_ids_agree(str(tmp_path), ["What is 47 plus 38?\nWrite it.", "Mia has 12 cards. How many?"])
@@ -216,8 +266,13 @@ def test_smollm2_chat_prompts_token_ids_agree():
 
 
 def test_report_statistics_and_ratios():
-    runs = [{label: {"effective_train_tokens_per_s": v, "load_avg_1m": [1.0, 1.5]}
-             for label, v in zip(trl_peer_systems.SYSTEMS, vals)} for vals in ([100, 150, 200], [110, 160, 240])]
+    runs = [
+        {
+            label: {"effective_train_tokens_per_s": v, "load_avg_1m": [1.0, 1.5]}
+            for label, v in zip(trl_peer_systems.SYSTEMS, vals)
+        }
+        for vals in ([100, 150, 200], [110, 160, 240])
+    ]
     reps = [{"runs": r, "ratios": trl_peer_report.repetition_ratios(r)} for r in runs]
     res = trl_peer_report.summarize(_workload(), reps)
     assert res["ratios"]["async_over_trl"]["values"] == [2.0, pytest.approx(240 / 110)]

@@ -33,10 +33,18 @@ def adamw_snapshots(n: int, seed: int = 0):
 
 def test_encode_decode_is_bit_exact_and_small_for_small_moves():
     gen = torch.Generator().manual_seed(0)
-    base = {"a": torch.randn(1000, generator=gen), "b": torch.randn(7, 3, generator=gen).to(torch.bfloat16),
-            "same": torch.randn(50, generator=gen), "ids": torch.arange(10)}
-    new = {"a": base["a"] * (1 + 1e-4 * torch.randn(1000, generator=gen)), "b": -base["b"],
-           "same": base["same"].clone(), "ids": torch.arange(10).flip(0)}
+    base = {
+        "a": torch.randn(1000, generator=gen),
+        "b": torch.randn(7, 3, generator=gen).to(torch.bfloat16),
+        "same": torch.randn(50, generator=gen),
+        "ids": torch.arange(10),
+    }
+    new = {
+        "a": base["a"] * (1 + 1e-4 * torch.randn(1000, generator=gen)),
+        "b": -base["b"],
+        "same": base["same"].clone(),
+        "ids": torch.arange(10).flip(0),
+    }
     data = delta.encode(4, base, new)
     header, _ = delta.read_header(data, "x")
     assert header["base_version"] == 4 and header["tensors"]["same"]["planes"] == []
@@ -63,8 +71,15 @@ def test_delta_round_trip_full_every_k_and_prune_keeps_bases(tmp_path):
         for v, (tensors, files) in enumerate(snaps):
             results.append(writer.submit(v, tensors, files, meta={"step": v}).result(60))
     kinds = [(r.format, r.base_version) for r in results]
-    assert kinds == [("full", None), ("delta", 0), ("delta", 0), ("full", None), ("delta", 3),
-                     ("delta", 3), ("full", None)]
+    assert kinds == [
+        ("full", None),
+        ("delta", 0),
+        ("delta", 0),
+        ("full", None),
+        ("delta", 3),
+        ("delta", 3),
+        ("full", None),
+    ]
     for r in results:
         if r.format == "delta":  # realistic AdamW moves: the XOR compresses
             assert r.weight_bytes < 0.8 * results[0].weight_bytes
@@ -137,13 +152,16 @@ def test_checkpoint_due():
     assert not checkpoint_due(2, 0, 0.0, 1e9, StorageConfig(checkpoint_every=3))  # no time limit set
 
 
-@pytest.mark.parametrize("text, key", [
-    ("storage:\n  checkpoint_every: 0\n", "storage.checkpoint_every"),
-    ("storage:\n  checkpoint_every_s: -5\n", "storage.checkpoint_every_s"),
-    ("storage:\n  format: zip\n", "storage.format"),
-    ("storage:\n  full_every: 0\n", "storage.full_every"),
-    ("storage:\n  checkpoint_every: '10'\n", "storage.checkpoint_every"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("storage:\n  checkpoint_every: 0\n", "storage.checkpoint_every"),
+        ("storage:\n  checkpoint_every_s: -5\n", "storage.checkpoint_every_s"),
+        ("storage:\n  format: zip\n", "storage.format"),
+        ("storage:\n  full_every: 0\n", "storage.full_every"),
+        ("storage:\n  checkpoint_every: '10'\n", "storage.checkpoint_every"),
+    ],
+)
 def test_bad_storage_config_names_the_key(tmp_path, text, key):
     p = tmp_path / "exp.yaml"
     p.write_text(text)

@@ -18,7 +18,8 @@ from areal_core.data.sources import CODE_BENCHMARKS, SOURCES, read_source, sourc
 TRAIN_COUNTS = {"livecodebench_train": 580, "leetcode_train": 1889}
 needs_train_files = pytest.mark.skipif(
     not all(__import__("os").path.exists(source_path(n)) for n in TRAIN_COUNTS),
-    reason="the train splits are not shipped: they are read from ../shared/data (data/SOURCES.md)")
+    reason="the train splits are not shipped: they are read from ../shared/data (data/SOURCES.md)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_no_prepared_train_problem_is_an_evaluation_problem(prepared, eval_recor
     eval_keys = {statement_key(r.prompt) for r in eval_records}
 
     def opening(r: Record) -> str:
-        return statement_key(r.prompt)[:80 if entry_point(r) else 300]
+        return statement_key(r.prompt)[: 80 if entry_point(r) else 300]
 
     eval_openings = {(entry_point(r), opening(r)) for r in eval_records}
     for name, m in prepared.items():
@@ -89,26 +90,49 @@ def test_no_prepared_train_problem_is_an_evaluation_problem(prepared, eval_recor
 
 
 def test_overlap_sees_through_formatting_and_rewording():
-    stmt = ("You are given a 0-indexed integer array nums and an integer k. Return the number of subarrays "
-            "whose sum is divisible by k, where a subarray is a contiguous non-empty sequence of elements.")
-    held = [Record(id="leetcode/1", task="code", prompt=stmt, tests=[
-        {"testtype": "assert", "code": "def check(candidate):\n    assert candidate([1], 1) == 1\n\n"
-                                        "check(Solution().countDivisible)"}])]
-    dressed = ("Please solve the programming task below using a self-contained code snippet in a markdown code "
-               "block.\n\n" + stmt.upper().replace(" ", "  ").replace("0-indexed", "0 - indexed")
-               + "\n\nExample 1:\nInput: nums = [4,5], k = 5\nOutput: 1\n\nPlease complete the following python "
-                 "code precisely:\n```python\nclass Solution:\n    def countDivisible(self, nums, k):\n```")
+    stmt = (
+        "You are given a 0-indexed integer array nums and an integer k. Return the number of subarrays "
+        "whose sum is divisible by k, where a subarray is a contiguous non-empty sequence of elements."
+    )
+    held = [
+        Record(
+            id="leetcode/1",
+            task="code",
+            prompt=stmt,
+            tests=[
+                {
+                    "testtype": "assert",
+                    "code": "def check(candidate):\n    assert candidate([1], 1) == 1\n\n"
+                    "check(Solution().countDivisible)",
+                }
+            ],
+        )
+    ]
+    dressed = (
+        "Please solve the programming task below using a self-contained code snippet in a markdown code "
+        "block.\n\n"
+        + stmt.upper().replace(" ", "  ").replace("0-indexed", "0 - indexed")
+        + "\n\nExample 1:\nInput: nums = [4,5], k = 5\nOutput: 1\n\nPlease complete the following python "
+        "code precisely:\n```python\nclass Solution:\n    def countDivisible(self, nums, k):\n```"
+    )
     subscripts = stmt.replace("nums and", "nums_i and")  # LiveCodeBench writes a_i where LeetCode writes ai
     edited = stmt.replace("Return the number", "Please return how many") + " Each element is positive."
-    other = ("There is a tree with n nodes labelled from 1 to n; return the length of its longest path "
-             "whose node values are all distinct.")
+    other = (
+        "There is a tree with n nodes labelled from 1 to n; return the length of its longest path "
+        "whose node values are all distinct."
+    )
     func = [{"testtype": "functional", "input": "[1]\n1", "output": "1", "fn_name": "f"}]
-    train = [Record(id=f"t/{i}", task="code", prompt=p, tests=func) for i, p in
-             enumerate([dressed, subscripts, edited, other])]
+    train = [
+        Record(id=f"t/{i}", task="code", prompt=p, tests=func)
+        for i, p in enumerate([dressed, subscripts, edited, other])
+    ]
     kept, dropped = split_off_overlaps(train, held)
     assert [r.id for r in kept] == ["t/3"]
-    assert [(d.train_id, d.eval_id) for d in dropped] == [("t/0", "leetcode/1"), ("t/1", "leetcode/1"),
-                                                          ("t/2", "leetcode/1")]
+    assert [(d.train_id, d.eval_id) for d in dropped] == [
+        ("t/0", "leetcode/1"),
+        ("t/1", "leetcode/1"),
+        ("t/2", "leetcode/1"),
+    ]
     assert dropped[0].why == "same statement" and re.fullmatch(r"shared text \d+%", dropped[2].why)
     assert EvalProblems(held).match(Record(id="leetcode/1", task="code", prompt="x", tests=func)).why == "same id"
 
@@ -125,14 +149,27 @@ def test_leetcode_train_reference_solutions_pass_their_tests(prepared):
 
 def test_a_train_file_with_a_malformed_test_is_a_clear_error(tmp_path):
     path = tmp_path / "train_livecodebench.json"
-    path.write_text(json.dumps([
-        {"problem": "p", "starter_code": "class Solution:\n    def f(self, x):\n",
-         "tests": [{"input": "1", "output": "2", "testtype": "functional"}]},
-        {"problem": "q", "starter_code": "class Solution:\n    def g(self, x):\n",
-         "tests": [{"input": "[1,", "output": "2", "testtype": "functional"}]},
-    ]))
-    with pytest.raises(RecordError, match=r"train_livecodebench\.json, row 1 \(record 'livecodebench_train/1'\): "
-                                          r"field 'tests\.0\.input': expected JSON"):
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "problem": "p",
+                    "starter_code": "class Solution:\n    def f(self, x):\n",
+                    "tests": [{"input": "1", "output": "2", "testtype": "functional"}],
+                },
+                {
+                    "problem": "q",
+                    "starter_code": "class Solution:\n    def g(self, x):\n",
+                    "tests": [{"input": "[1,", "output": "2", "testtype": "functional"}],
+                },
+            ]
+        )
+    )
+    with pytest.raises(
+        RecordError,
+        match=r"train_livecodebench\.json, row 1 \(record 'livecodebench_train/1'\): "
+        r"field 'tests\.0\.input': expected JSON",
+    ):
         read_source("livecodebench_train", str(path))
     with pytest.raises(RecordError, match=r"row 1 \(record 'livecodebench_train/1'\)"):
         prepare("livecodebench_train", str(tmp_path / "out"), path=str(path))
@@ -140,6 +177,7 @@ def test_a_train_file_with_a_malformed_test_is_a_clear_error(tmp_path):
 
 
 # the synthetic code task ------------------------------------------------------------------
+
 
 def _task(**kw):
     from areal_core.data.config import SyntheticCodeTask
@@ -186,8 +224,12 @@ def test_synthetic_code_prompts_survive_a_saved_tokenizer(tmp_path):
 
 
 def test_prepare_writes_the_synthetic_code_task(tmp_path):
-    m = prepare("synthetic", str(tmp_path / "code"), fmt="jsonl",
-                synthetic={"kind": "code", "n_train": 50, "n_eval": 10, "max_args": 2})
+    m = prepare(
+        "synthetic",
+        str(tmp_path / "code"),
+        fmt="jsonl",
+        synthetic={"kind": "code", "n_train": 50, "n_eval": 10, "max_args": 2},
+    )
     assert m["counts"] == {"train": 50, "eval": 10}
     train = read_records(m["files"]["train"])
     assert all(r.task == "code" and r.tests and r.meta["k"] in (1, 2) for r in train)

@@ -154,8 +154,11 @@ def test_trainer_threads_default_split():
 def test_micro_batch_must_hold_a_whole_trajectory(tmp_path):
     text = "rollout:\n  sampling: {max_new_tokens: 128}\ntrainer:\n  max_tokens_per_microbatch: %d\n"
     assert load_config(_write(tmp_path, text % 129)).trainer.max_tokens_per_microbatch == 129
-    with pytest.raises(ConfigError, match=r"trainer.max_tokens_per_microbatch \(128\) must hold a whole trajectory.*"
-                                          r"rollout.sampling.max_new_tokens \(128\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer.max_tokens_per_microbatch \(128\) must hold a whole trajectory.*"
+        r"rollout.sampling.max_new_tokens \(128\)",
+    ):
         load_config(_write(tmp_path, text % 128))
     load_config(_write(tmp_path, text % 128), {"trainer.microbatching": "fixed"})  # no token budget
 
@@ -173,17 +176,21 @@ def test_longest_prompt_is_checked_against_the_micro_batch_budget_before_the_mod
         raise AssertionError("the model was loaded before the check")
 
     monkeypatch.setattr(run_module, "load_base_model", no_model)
-    cfg = load_config(_write(tmp_path, "rollout:\n  sampling: {max_new_tokens: 40}\n"
-                                       "trainer:\n  max_tokens_per_microbatch: 48\n"))
+    cfg = load_config(
+        _write(tmp_path, "rollout:\n  sampling: {max_new_tokens: 40}\ntrainer:\n  max_tokens_per_microbatch: 48\n")
+    )
     prompts = to_prompts(ChainTask(cfg.data.synthetic).train_records(), build_char_tokenizer())
     longest = max(prompts, key=lambda p: len(p.input_ids))
     need = len(longest.input_ids) + 40
     assert need > 48
     with pytest.raises(ValueError, match="exceeds the micro-batch budget"):
         allocate_microbatches([need], 48)  # what a training step would have hit
-    with pytest.raises(ConfigError, match=rf"trainer.max_tokens_per_microbatch \(48\) is too small for record "
-                                          rf"'{longest.id}': its prompt of {len(longest.input_ids)} tokens \+ "
-                                          rf"rollout.sampling.max_new_tokens \(40\) = {need} tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"trainer.max_tokens_per_microbatch \(48\) is too small for record "
+        rf"'{longest.id}': its prompt of {len(longest.input_ids)} tokens \+ "
+        rf"rollout.sampling.max_new_tokens \(40\) = {need} tokens",
+    ):
         run_module.run_experiment(cfg, tmp_path / "run", progress=False)
 
 

@@ -14,8 +14,15 @@ def figures(busy, gate, again=0, n=2):
     return {"busy_s": busy, "gate_wait_s": gate, "reprefilled_tokens": again, "n_servers": n}
 
 
-ROW = {"step": 1, "step_time_s": 2.0, "wait_time_s": 0.5, "reward_wait_s": 0.2, "train_time_s": 1.0,
-       "publish_time_s": 0.3, "checkpoint_wait_s": 0.1}
+ROW = {
+    "step": 1,
+    "step_time_s": 2.0,
+    "wait_time_s": 0.5,
+    "reward_wait_s": 0.2,
+    "train_time_s": 1.0,
+    "publish_time_s": 0.3,
+    "checkpoint_wait_s": 0.1,
+}
 
 
 def test_stages_add_up_to_each_pools_time():
@@ -23,13 +30,21 @@ def test_stages_add_up_to_each_pools_time():
     led.start(figures(10.0, 1.0, 100))
     c = led.step_row(ROW, figures(12.5, 1.5, 160), generated=300)
     trainer = {k: v for k, v in c.items() if k.startswith("cost_trainer_")}
-    assert trainer == pytest.approx({"cost_trainer_training_s": 1.0, "cost_trainer_weight_sync_s": 0.3,
-                                     "cost_trainer_waiting_grades_s": 0.2, "cost_trainer_waiting_rollout_s": 0.3,
-                                     "cost_trainer_checkpoint_s": 0.1, "cost_trainer_other_s": 0.1})
+    assert trainer == pytest.approx(
+        {
+            "cost_trainer_training_s": 1.0,
+            "cost_trainer_weight_sync_s": 0.3,
+            "cost_trainer_waiting_grades_s": 0.2,
+            "cost_trainer_waiting_rollout_s": 0.3,
+            "cost_trainer_checkpoint_s": 0.1,
+            "cost_trainer_other_s": 0.1,
+        }
+    )
     assert sum(trainer.values()) == pytest.approx(2.0)
     # 2 servers x 2 s = 4 s: 2.5 s generating, the gate held admission 0.5 s (x 2 servers), the rest idle
     assert (c["cost_rollout_generating_s"], c["cost_rollout_gate_s"], c["cost_rollout_idle_s"]) == pytest.approx(
-        (2.5, 1.0, 0.5))
+        (2.5, 1.0, 0.5)
+    )
     assert c["cost_reprefilled_tokens"] == 60 and c["cost_generated_tokens"] == 300
     assert c["cost_usd"] == pytest.approx(2.0 / 3600 * (2 * 2.0 + 4.0))
 
@@ -68,9 +83,17 @@ def test_the_planner_shows_a_runs_ledger_in_its_own_stage_names(tmp_path):
     from areal_core.costs import describe_shares, shares
     from areal_core.sim.request import _ledger_lines
 
-    totals = {"rollout_s": {"generating": 60.0, "gate": 30.0, "idle": 10.0},
-              "trainer_s": {"training": 75.0, "weight_sync": 5.0, "waiting_grades": 0.0, "waiting_rollout": 20.0,
-                            "checkpoint": 0.0, "other": float("nan")}}
+    totals = {
+        "rollout_s": {"generating": 60.0, "gate": 30.0, "idle": 10.0},
+        "trainer_s": {
+            "training": 75.0,
+            "weight_sync": 5.0,
+            "waiting_grades": 0.0,
+            "waiting_rollout": 20.0,
+            "checkpoint": 0.0,
+            "other": float("nan"),
+        },
+    }
     by_pool = shares(totals)
     assert by_pool["rollout"] == {"generating": 0.6, "gate": 0.3, "idle": 0.1}
     assert by_pool["trainer"]["training"] == 0.75 and "other" not in by_pool["trainer"]  # unmeasured: left out

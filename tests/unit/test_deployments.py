@@ -24,6 +24,10 @@ def test_every_entrypoint_names_a_flow_function():
     for dep in _deployments():
         path, func = dep["entrypoint"].split(":")
         tree = ast.parse((ROOT / path).read_text())
-        flows = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and any("flow" in ast.unparse(d) for d in node.decorator_list)}
+        flows = {
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any("flow" in ast.unparse(d) for d in node.decorator_list)
+        }
         assert func in flows, f"{dep['name']}: {dep['entrypoint']} is not a @flow function"

@@ -38,7 +38,9 @@ def test_the_receiver_allocates_on_its_device(device):
     got = rx.receive("g", SPECS)
     assert group.devices == [torch.device(device)] * 2
     assert {n: (t.device.type, t.dtype, tuple(t.shape)) for n, t in got.items()} == {
-        "a.weight": (device, torch.bfloat16, (4, 3)), "b.bias": (device, torch.float32, (5,))}
+        "a.weight": (device, torch.bfloat16, (4, 3)),
+        "b.bias": (device, torch.float32, (5,)),
+    }
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta", "cuda"])
@@ -81,14 +83,22 @@ def test_the_megatron_engine_names_the_devices_it_runs_on():
     from areal_core.trainer.config import TrainerConfig
     from areal_core.trainer.megatron.engine import MegatronEngine
 
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=40, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=40,
+        max_position_embeddings=64,
+    )
     with pytest.raises(ValueError, match="runs on 'cpu' or 'cuda', not 'mps'"):
         MegatronEngine(cfg, TrainerConfig(batch_size=8), 1.0, 1, 1, device="mps")
 
 
-@pytest.mark.parametrize("device,backend,current", [("cpu", "gloo", None), ("cuda", "nccl", "cuda:0"),
-                                                    ("cuda:1", "nccl", "cuda:1")])
+@pytest.mark.parametrize(
+    "device,backend,current", [("cpu", "gloo", None), ("cuda", "nccl", "cuda:0"), ("cuda:1", "nccl", "cuda:1")]
+)
 def test_the_megatron_trainer_joins_with_the_backend_of_its_device(monkeypatch, device, backend, current):
     """Rank 0 makes its GPU current, then asks for an NCCL group (gloo on the CPU): the process group
     and the engine must agree, or the engine's init_parallel would meet a group of another backend."""

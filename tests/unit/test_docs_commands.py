@@ -12,10 +12,23 @@ from flows.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PLACEHOLDERS = {"CONFIG": "configs/quickstart.yaml", "DIR": "runs/x", "N": "3", "K": "4", "S": "0",
-                "CHECKPOINT_OR_MODEL": "runs/x/checkpoints/v1", "RUN/checkpoints/vN": "runs/x/checkpoints/v1",
-                "NAME": "gsm8k", "NAME2": "math500", "VALUE": "1", "T": "0.7", "P": "0.9", "M": "64",
-                "DASK_ADDRESS": "tcp://127.0.0.1:8786", "RUN": "runs/x"}
+PLACEHOLDERS = {
+    "CONFIG": "configs/quickstart.yaml",
+    "DIR": "runs/x",
+    "N": "3",
+    "K": "4",
+    "S": "0",
+    "CHECKPOINT_OR_MODEL": "runs/x/checkpoints/v1",
+    "RUN/checkpoints/vN": "runs/x/checkpoints/v1",
+    "NAME": "gsm8k",
+    "NAME2": "math500",
+    "VALUE": "1",
+    "T": "0.7",
+    "P": "0.9",
+    "M": "64",
+    "DASK_ADDRESS": "tcp://127.0.0.1:8786",
+    "RUN": "runs/x",
+}
 
 
 def command_lines(text: str) -> list[str]:
@@ -28,8 +41,11 @@ def command_lines(text: str) -> list[str]:
         if line.startswith("```"):
             in_block = not in_block
             continue
-        cands = [line] if in_block else [c for c in re.findall(r"`([^`]*areal-flow [^`]*)`", line)
-                                         if "/" in c and " ... " not in c]
+        cands = (
+            [line]
+            if in_block
+            else [c for c in re.findall(r"`([^`]*areal-flow [^`]*)`", line) if "/" in c and " ... " not in c]
+        )
         for cand in cands:
             c = re.sub(r"^\s*(\.venv/bin/)?(?=areal-flow )", "", cand.split(" #")[0]).strip().rstrip("&").strip()
             if c.startswith("areal-flow "):
@@ -49,8 +65,12 @@ def expand(cmd: str) -> list[list[str]]:
     return out
 
 
-CASES = [(doc.relative_to(REPO).as_posix(), argv) for doc in DOCS
-         for cmd in command_lines(doc.read_text()) for argv in expand(cmd)]
+CASES = [
+    (doc.relative_to(REPO).as_posix(), argv)
+    for doc in DOCS
+    for cmd in command_lines(doc.read_text())
+    for argv in expand(cmd)
+]
 
 
 def test_the_docs_show_commands_of_every_kind():

@@ -14,19 +14,26 @@ from areal_core.models.loading import model_dtype
 @pytest.fixture
 def cpuinfo(tmp_path, monkeypatch):
     """Point the flag reader at a fake /proc/cpuinfo holding the given flags."""
+
     def with_flags(flags: str):
         path = tmp_path / "cpuinfo"
         path.write_text(f"processor\t: 0\nflags\t\t: fpu sse2 avx2 {flags}\n\nprocessor\t: 1\nflags\t\t: fpu\n")
         real_open = open
         monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(path if p == "/proc/cpuinfo" else p, *a, **k))
         device.cpu_bf16_units.cache_clear()
+
     yield with_flags
     device.cpu_bf16_units.cache_clear()
 
 
-@pytest.mark.parametrize("flags,want,units", [("avx512f avx512_bf16 amx_bf16 amx_tile", torch.bfloat16, "amx_bf16+avx512_bf16"),
-                                              ("avx512f avx512_bf16", torch.bfloat16, "avx512_bf16"),
-                                              ("fma", torch.float32, None)])
+@pytest.mark.parametrize(
+    "flags,want,units",
+    [
+        ("avx512f avx512_bf16 amx_bf16 amx_tile", torch.bfloat16, "amx_bf16+avx512_bf16"),
+        ("avx512f avx512_bf16", torch.bfloat16, "avx512_bf16"),
+        ("fma", torch.float32, None),
+    ],
+)
 def test_auto_follows_the_cpus_bf16_units(cpuinfo, flags, want, units):
     cpuinfo(flags)
     assert device.cpu_bf16_units() == units

@@ -47,8 +47,9 @@ def test_a_pool_keeps_indices_as_servers_leave_and_join():
 
 
 def _generator(urls: list[str], make) -> Generator:
-    settings = ControllerSettings(batch_size=1, eta=1, n_samples=1, sampling=Sampling(max_new_tokens=8),
-                                  reward_correct=1.0, reward_wrong=0.0)
+    settings = ControllerSettings(
+        batch_size=1, eta=1, n_samples=1, sampling=Sampling(max_new_tokens=8), reward_correct=1.0, reward_wrong=0.0
+    )
     recovery = ServerRecovery(RecordingTransport(), 5.0, None, "", 0, elastic=True)
     gen = Generator(settings, recovery, lambda: 0)
     gen.open(Servers(urls, make_client=make), None)
@@ -89,11 +90,21 @@ def test_an_answer_continues_on_another_server_from_what_the_dead_one_generated(
 
 def test_a_prefix_read_before_the_answer_moved_on_is_not_reused():
     async def main():
-        gen = _generator(["http://dead", "http://ok"], lambda url, timeout_s=0: (DeadServer if url == "http://dead"
-                                                                                 else ScriptedServer)(url))
+        gen = _generator(
+            ["http://dead", "http://ok"],
+            lambda url, timeout_s=0: (DeadServer if url == "http://dead" else ScriptedServer)(url),
+        )
         gen.pools["trainable"].in_flight[1] = 5
-        traj = Trajectory(traj_id="t", group_id="g", seq_no=0, admit_version=0, prompt_ids=[7], output_ids=[9],
-                          output_logprobs=[-1.0], output_versions=[0])
+        traj = Trajectory(
+            traj_id="t",
+            group_id="g",
+            seq_no=0,
+            admit_version=0,
+            prompt_ids=[7],
+            output_ids=[9],
+            output_logprobs=[-1.0],
+            output_versions=[0],
+        )
         gen.partials = {"t": (0, Generation([20], [-0.5], [0], ""))}  # read when it held nothing: stale
         await gen.finish(traj)
         assert traj.output_ids == [9, 7, 3] and gen.prefix_kept == 0
@@ -118,5 +129,9 @@ def test_min_servers_beyond_the_first_servers_needs_a_join_list():
     two = {"rollout.backend": {"kind": "external", "urls": ["http://a:1", "http://b:1"], "allow_unauthenticated": True}}
     with pytest.raises(ValueError, match=r"rollout.min_servers \(3\) is more than the 2 server\(s\).*join_from"):
         load_config("configs/quickstart.yaml", {**two, "rollout.min_servers": 3})
-    assert load_config("configs/quickstart.yaml", {**two, "rollout.min_servers": 3,
-                                                   "rollout.join_from": "join.txt"}).rollout.min_servers == 3
+    assert (
+        load_config(
+            "configs/quickstart.yaml", {**two, "rollout.min_servers": 3, "rollout.join_from": "join.txt"}
+        ).rollout.min_servers
+        == 3
+    )

@@ -20,8 +20,14 @@ VOCAB = 64
 
 def tiny_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Module:
     common = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=3,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        eos_token_id=3,
     )
     common.update(overrides)
     if arch == "qwen2":
@@ -47,8 +53,13 @@ def run_to_end(engine: RolloutEngine, max_steps: int = 10_000) -> None:
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=n,
+        pad_token_id=0,
+    )[0, len(prompt) :].tolist()
     eos = model.config.eos_token_id
     return out[: out.index(eos) + 1] if eos in out else out
 
@@ -58,7 +69,7 @@ def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float, to
     (with ``top_k``: under the distribution renormalised over the k most likely tokens)."""
     ids = torch.tensor([prompt + out])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1: -1].float()
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     t = temperature if temperature > 0 else 1.0
     logits = logits / t
     if top_k:
@@ -67,7 +78,14 @@ def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float, to
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
-PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40, 41], [50] * 13]
+PROMPTS = [
+    [5],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
+    [20, 21, 22],
+    [30, 31, 32, 33, 34, 35, 36],
+    [40, 41],
+    [50] * 13,
+]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -99,8 +117,9 @@ def test_greedy_ignore_eos_crosses_capacity_growth_with_chunked_prefill():
     futs = [engine.submit(p, dict(temperature=0.0, max_new_tokens=50, ignore_eos=True)) for p in PROMPTS]
     run_to_end(engine)
     for p, f in zip(PROMPTS, futs):
-        want = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=50, min_new_tokens=50,
-                              pad_token_id=0)[0, len(p):].tolist()
+        want = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=50, min_new_tokens=50, pad_token_id=0)[
+            0, len(p) :
+        ].tolist()
         assert f.result().output_ids == want
 
 
@@ -193,8 +212,10 @@ def test_sampling_top_k_top_p_stop_and_length():
     top1 = engine.submit(p, dict(temperature=1.0, top_k=1, max_new_tokens=16, ignore_eos=True))
     nucleus = engine.submit(p, dict(temperature=1.0, top_p=1e-6, max_new_tokens=16, ignore_eos=True))
     top3 = [engine.submit(p, dict(temperature=2.0, top_k=3, max_new_tokens=1, sampling_seed=i)) for i in range(40)]
-    seeded = [engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True, sampling_seed=s))
-              for s in (123, 123, 124)]
+    seeded = [
+        engine.submit(p, dict(temperature=1.0, max_new_tokens=16, ignore_eos=True, sampling_seed=s))
+        for s in (123, 123, 124)
+    ]
     run_to_end(engine)
     g = greedy.result()
     assert g.meta_info.finish_reason.type == "length" and len(g.output_ids) == 16

@@ -36,8 +36,16 @@ PROMPTS = [[5, 6, 7], [9], [11, 12, 13, 14, 15, 16], [20, 21]]
 CONT = [[30, 31, 32, 33], [34, 35, 36, 37], [38, 39, 40, 41], [42, 43, 44, 45]]
 
 
-@pytest.mark.parametrize("arch,extra", [("qwen2", {}), ("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
-                                        ("llama", {"num_key_value_heads": 4}), ("mistral", {})])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("qwen2", {}),
+        ("llama", {}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("llama", {"num_key_value_heads": 4}),
+        ("mistral", {}),
+    ],
+)
 def test_prefill_and_decode_match_hf(arch, extra):
     model = tiny_model(arch, seed=11, **extra)
     if extra.get("attention_bias"):
@@ -137,7 +145,8 @@ def test_seeded_rows_repeat_and_mix_with_unseeded_ones():
     assert torch.equal(draws[0][:3], draws[1][:3])  # seeded rows ignore the engine's generator
     moved = BatchSampler(rows(), vocab, torch.Generator().manual_seed(0)).sample(logits, [p + 1 for p in positions])[0]
     assert not torch.equal(moved[:3], draws[0][:3]) or not torch.equal(
-        BatchSampler(rows(), vocab, torch.Generator()).sample(logits, [p + 5 for p in positions])[0][:3], draws[0][:3])
+        BatchSampler(rows(), vocab, torch.Generator()).sample(logits, [p + 5 for p in positions])[0][:3], draws[0][:3]
+    )
     with pytest.raises(ValueError, match="position"):
         BatchSampler(rows(), vocab, torch.Generator()).sample(logits)
 
@@ -161,8 +170,9 @@ def test_two_level_draw_is_the_one_level_draw():
     want = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 2.0**-52), right=True)[:, 0]
     assert torch.equal(tokens, want)
     assert (w.gather(1, tokens[:, None]) > 0).all()
-    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0],
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0], atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("dtype,max_abs,max_kl", [(torch.float32, 2e-4, 1e-6), (torch.bfloat16, 0.3, 5e-3)])

@@ -71,12 +71,18 @@ def test_in_flight_update_continues_as_the_mode_says(mode):
     out, lps = resp.output_ids, [lp for lp, _, _ in resp.meta_info.output_token_logprobs]
     assert out[:n_before] == before
     assert resp.meta_info.output_token_versions == [0] * n_before + [1] * (8 - n_before)  # both versions
-    ref = (_reference_keep_kv(old, new, PROMPT, before, 8 - n_before) if mode == "keep_kv"
-           else _reference_fresh(new, PROMPT, before, 8 - n_before))
+    ref = (
+        _reference_keep_kv(old, new, PROMPT, before, 8 - n_before)
+        if mode == "keep_kv"
+        else _reference_fresh(new, PROMPT, before, 8 - n_before)
+    )
     assert out[n_before:] == ref[0]
     assert lps[n_before:] == pytest.approx(ref[1], abs=1e-4)
-    other = _reference_fresh(new, PROMPT, before, 8 - n_before) if mode == "keep_kv" else \
-        _reference_keep_kv(old, new, PROMPT, before, 8 - n_before)
+    other = (
+        _reference_fresh(new, PROMPT, before, 8 - n_before)
+        if mode == "keep_kv"
+        else _reference_keep_kv(old, new, PROMPT, before, 8 - n_before)
+    )
     assert lps[n_before:] != pytest.approx(other[1], abs=1e-4)  # the two modes are told apart
 
 

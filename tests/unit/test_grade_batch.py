@@ -17,15 +17,20 @@ from areal_core.reward.dispatch import grade_batch
 from areal_core.reward.sandbox import SandboxLimits, guarantees
 from tests.e2e.test_sandbox_hostile import FORGERS, FORGERY_LIMITS, PROGRAMS, STYLES
 
-pytestmark = pytest.mark.skipif(not guarantees()["own_user"],
-                                reason="batched grading needs a sandbox user id of its own (root); elsewhere "
-                                       "grade_functional_many grades one by one")
+pytestmark = pytest.mark.skipif(
+    not guarantees()["own_user"],
+    reason="batched grading needs a sandbox user id of its own (root); elsewhere "
+    "grade_functional_many grades one by one",
+)
 
-TESTS = [{"testtype": "functional", "input": "1\n2", "output": "5", "fn_name": "f"},
-         {"testtype": "functional", "input": "3\n0", "output": "7", "fn_name": "f"},
-         {"testtype": "functional", "input": "0\n0", "output": "1", "fn_name": "f"}]
-LIMITS = SandboxLimits(wall_s=2.0, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8,
-                       max_open_files=64)
+TESTS = [
+    {"testtype": "functional", "input": "1\n2", "output": "5", "fn_name": "f"},
+    {"testtype": "functional", "input": "3\n0", "output": "7", "fn_name": "f"},
+    {"testtype": "functional", "input": "0\n0", "output": "1", "fn_name": "f"},
+]
+LIMITS = SandboxLimits(
+    wall_s=2.0, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8, max_open_files=64
+)
 MIXED = {
     "right": "def f(x, y):\n    return 2 * x + y + 1\n",
     "wrong": "def f(x, y):\n    return 0\n",
@@ -72,8 +77,9 @@ def test_batched_verdicts_equal_one_by_one():
         together = grade_functional_many(programs, [TESTS] * len(programs), LIMITS)
     assert runs == {"batched": 1, "single": 0}  # one sandbox run for all of them
     assert {n: _key(r) for n, r in zip(names, together)} == {n: _key(r) for n, r in zip(names, alone)}
-    assert [r.passed for r in together] == [n in ("right", "class_solution", "prints_and_answers", "float_close")
-                                            for n in names]
+    assert [r.passed for r in together] == [
+        n in ("right", "class_solution", "prints_and_answers", "float_close") for n in names
+    ]
     by_name = dict(zip(names, together))
     assert by_name["loops_on_second"].n_passed == 1 and by_name["first_test_only"].n_passed == 1
     assert by_name["raises"].reason == alone[names.index("raises")].reason
@@ -92,7 +98,7 @@ CROSS = {
     ),
     # a daemon writing fake result lines on every fd number, and into every pipe it can find in /proc
     "daemon_fakes_later": (
-        "import os, time\nfake = b'{\"i\": 0, \"value\": 49}\\n{\"i\": 1, \"value\": 144}\\n'\nif os.fork() == 0:\n"
+        'import os, time\nfake = b\'{"i": 0, "value": 49}\\n{"i": 1, "value": 144}\\n\'\nif os.fork() == 0:\n'
         "    os.setsid()\n    end = time.time() + 4\n    while time.time() < end:\n        for fd in range(1, 64):\n"
         "            try:\n                os.write(fd, fake)\n            except OSError:\n                pass\n"
         "        for p in os.listdir('/proc'):\n            for fd in range(0, 16):\n                try:\n"
@@ -102,7 +108,7 @@ CROSS = {
     ),
     # modules planted where a later program or the runner might import them from
     "plant_modules": (
-        "import os\nevil = 'def dumps(*a, **k):\\n    return \"{\\\\\"i\\\\\": 0, \\\\\"value\\\\\": 49}\"\\nloads = dumps\\n'\n"
+        'import os\nevil = \'def dumps(*a, **k):\\n    return "{\\\\"i\\\\": 0, \\\\"value\\\\": 49}"\\nloads = dumps\\n\'\n'
         "for d in ('.', '..', '/tmp', '/tmp/work'):\n    for name in ('json.py', 'math.py', 'solution.py', 'runner.py'):\n"
         "        try:\n            open(os.path.join(d, name), 'w').write(evil)\n        except OSError:\n            pass\n"
         "def square(x):\n    return 0\n"
@@ -127,14 +133,28 @@ def _hostile_batch(names):
     return labels, results, runs
 
 
-@pytest.mark.parametrize("group", [
-    sorted(FORGERS),
-    ["daemon_kills_later", "daemon_fakes_later", "plant_modules"],
-    ["kill_the_runner", "stop_the_runner"],
-    # resource attacks: what one program does to the processes, memory and disk of the run
-    ["fork_bomb", "thread_bomb", "memory_bomb", "disk_fill_many_files", "one_huge_file", "huge_output",
-     "huge_stderr", "infinite_loop", "sleep_past_limit", "kill_parent"],
-], ids=["forgeries", "cross_program", "runner_attacks", "resources"])
+@pytest.mark.parametrize(
+    "group",
+    [
+        sorted(FORGERS),
+        ["daemon_kills_later", "daemon_fakes_later", "plant_modules"],
+        ["kill_the_runner", "stop_the_runner"],
+        # resource attacks: what one program does to the processes, memory and disk of the run
+        [
+            "fork_bomb",
+            "thread_bomb",
+            "memory_bomb",
+            "disk_fill_many_files",
+            "one_huge_file",
+            "huge_output",
+            "huge_stderr",
+            "infinite_loop",
+            "sleep_past_limit",
+            "kill_parent",
+        ],
+    ],
+    ids=["forgeries", "cross_program", "runner_attacks", "resources"],
+)
 @pytest.mark.slow
 def test_no_program_changes_another_programs_verdict(group):
     labels, results, runs = _hostile_batch(group)
@@ -154,10 +174,14 @@ def test_a_batch_that_fails_as_a_whole_is_graded_one_by_one(monkeypatch):
 
 
 def test_each_program_of_a_batch_runs_under_a_user_id_of_its_own():
-    job = {"source": code_mod.PREAMBLE + "import os\ndef f(x, y):\n    return os.getuid()\n", "fn_name": "f",
-           "cases": ["1\n2"]}
-    runs = sandbox.run_each(code_mod.RUNNER_SOURCE, "batch_prepare", "batch_functional", [json.dumps(job).encode()] * 4,
-                            LIMITS)
+    job = {
+        "source": code_mod.PREAMBLE + "import os\ndef f(x, y):\n    return os.getuid()\n",
+        "fn_name": "f",
+        "cases": ["1\n2"],
+    }
+    runs = sandbox.run_each(
+        code_mod.RUNNER_SOURCE, "batch_prepare", "batch_functional", [json.dumps(job).encode()] * 4, LIMITS
+    )
     uids = [json.loads(r.stdout)["value"] for r in runs]
     assert len(set(uids)) == 4 and min(uids) >= 2_000_000
 

@@ -75,8 +75,13 @@ def test_bad_tests_are_rejected():
     with pytest.raises(ValueError):
         grade_code("print(1)", [{"testtype": "functional", "input": "1", "output": "1"}])  # no fn_name
     with pytest.raises(ValueError, match=r"test 1 \(functional\): field 'output' is not JSON"):
-        grade_code("print(1)", [{"testtype": "functional", "input": "1", "output": "1", "fn_name": "f"},
-                                {"testtype": "functional", "input": "1", "output": "[1,", "fn_name": "f"}])
+        grade_code(
+            "print(1)",
+            [
+                {"testtype": "functional", "input": "1", "output": "1", "fn_name": "f"},
+                {"testtype": "functional", "input": "1", "output": "[1,", "fn_name": "f"},
+            ],
+        )
     with pytest.raises(ValueError, match=r"test 0 \(functional\): field 'input' is not JSON"):
         grade_code("print(1)", [{"testtype": "functional", "input": "[1]\nabc", "output": "1", "fn_name": "f"}])
 
@@ -104,8 +109,7 @@ def test_humaneval_canonical_solutions_sample_pass_and_broken_ones_fail():
     with ThreadPoolExecutor(4) as pool:
         good = list(pool.map(lambda r: grade_code(r.solution, r.tests), recs))
         # the same solutions with every return value replaced must fail their checks
-        broken = list(pool.map(lambda r: grade_code(r.solution.replace("return ", "return None and "), r.tests),
-                               recs))
+        broken = list(pool.map(lambda r: grade_code(r.solution.replace("return ", "return None and "), r.tests), recs))
     assert [g.passed for g in good] == [True] * len(recs), [(r.id, g.reason) for r, g in zip(recs, good)]
     assert sum(b.passed for b in broken) <= 1  # a check() may accept None/False for one problem
 
@@ -131,13 +135,19 @@ def test_functional_result_stream_is_parsed_strictly():
     assert _parse_results(ok, 2) == ([{"i": 0, "value": [1, 2]}, {"i": 1, "value": None}], None)
     assert _parse_results('{"i": 0, "error": "ValueError()"}\n', 2) == ([{"i": 0, "error": "ValueError()"}], None)
     assert _parse_results('{"error": "program failed to load: X"}\n', 2)[1] is None
-    for bad in (ok + '{"i": 2, "value": 1}\n',  # more lines than tests
-                '{"i": 1, "value": 1}\n',  # out of order
-                '{"i": 0, "value": 1}\n{"i": 0, "value": 1}\n',  # repeated
-                '{"i": 0, "value": 1, "ok": true}\n',  # extra key
-                '{"i": "0", "value": 1}\n', '{"i": 0}\n', "[1]\n", "ok\n", "0123abcd{\"results\": []}\n",
-                '{"i": 0, "error": "E"}\n{"i": 1, "value": 1}\n',  # a result after an error
-                "[" * 100000 + "\n"):  # nesting deeper than the parser's recursion
+    for bad in (
+        ok + '{"i": 2, "value": 1}\n',  # more lines than tests
+        '{"i": 1, "value": 1}\n',  # out of order
+        '{"i": 0, "value": 1}\n{"i": 0, "value": 1}\n',  # repeated
+        '{"i": 0, "value": 1, "ok": true}\n',  # extra key
+        '{"i": "0", "value": 1}\n',
+        '{"i": 0}\n',
+        "[1]\n",
+        "ok\n",
+        '0123abcd{"results": []}\n',
+        '{"i": 0, "error": "E"}\n{"i": 1, "value": 1}\n',  # a result after an error
+        "[" * 100000 + "\n",
+    ):  # nesting deeper than the parser's recursion
         assert _parse_results(bad, 2)[1] is not None, bad[:60]
 
 
@@ -170,8 +180,24 @@ class _Node:
 
 
 def test_wire_values_keep_their_exact_types():
-    value = [None, True, 3, -2**20000, 2.5, float("inf"), float("-inf"), "é\ud800", b"\x00\xff", 1 + 2j,
-             (1, (2,)), {1: "a", (2, 3): [4]}, {1, 2}, frozenset({3}), [], {}]
+    value = [
+        None,
+        True,
+        3,
+        -(2**20000),
+        2.5,
+        float("inf"),
+        float("-inf"),
+        "é\ud800",
+        b"\x00\xff",
+        1 + 2j,
+        (1, (2,)),
+        {1: "a", (2, 3): [4]},
+        {1, 2},
+        frozenset({3}),
+        [],
+        {},
+    ]
     back = _round_trip(value)
     assert back == value and [type(v) for v in back] == [type(v) for v in value]
     assert math.isnan(_round_trip(float("nan")))
@@ -194,15 +220,28 @@ def test_wire_objects_by_value_keep_sharing_and_cycles():
     assert n == 20000
 
 
-@pytest.mark.parametrize("wire", [
-    {"v": {"nope": 1}}, {"v": {"tuple": 1}}, {"v": {"dict": [[1]]}}, {"v": {"dict": [[[1], 2]]}},
-    {"v": {"set": [[1]]}}, {"v": {"float": "1.5"}}, {"v": {"int": "xyz"}}, {"v": {"bytes": "zz"}},
-    {"v": {"complex": ["a", 1]}}, {"v": {"obj": 0}}, {"v": {"obj": -1}}, {"v": {"handle": "0"}},
-    {"v": {"tuple": [], "set": []}}, {"v": [[[[1]]]] * 1, "objs": [["_Node"]]},
-    {"v": {"obj": 0}, "objs": [["Unknown", {}]]},  # not a class this side trusts
-    {"v": {"obj": 0}, "objs": [["_Node", {"__class__": 1}]]},  # dunder attribute
-    {"v": {"obj": 0}, "objs": [["_Node", {"val": {"handle": 0}}]]},  # a handle inside an object
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"v": {"nope": 1}},
+        {"v": {"tuple": 1}},
+        {"v": {"dict": [[1]]}},
+        {"v": {"dict": [[[1], 2]]}},
+        {"v": {"set": [[1]]}},
+        {"v": {"float": "1.5"}},
+        {"v": {"int": "xyz"}},
+        {"v": {"bytes": "zz"}},
+        {"v": {"complex": ["a", 1]}},
+        {"v": {"obj": 0}},
+        {"v": {"obj": -1}},
+        {"v": {"handle": "0"}},
+        {"v": {"tuple": [], "set": []}},
+        {"v": [[[[1]]]] * 1, "objs": [["_Node"]]},
+        {"v": {"obj": 0}, "objs": [["Unknown", {}]]},  # not a class this side trusts
+        {"v": {"obj": 0}, "objs": [["_Node", {"__class__": 1}]]},  # dunder attribute
+        {"v": {"obj": 0}, "objs": [["_Node", {"val": {"handle": 0}}]]},  # a handle inside an object
+    ],
+)
 def test_wire_rejects_malformed_values(wire):
     def make(name):
         if name != "_Node":
@@ -227,14 +266,19 @@ def _assert_test(code, prefix=None):
 
 
 def test_assert_tests_compare_exact_types_and_see_exceptions():
-    types = _assert_test("def check(c):\n    assert c() == ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n"
-                         "    assert type(c()[0]) is tuple\n\ncheck(f)\n")
-    assert grade_code("def f():\n    return ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n",
-                      types, FAST).passed
-    assert not grade_code("def f():\n    return ([1, 2], {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n",
-                          types, FAST).passed
-    raises = _assert_test("def check(c):\n    try:\n        c(-1)\n    except ValueError:\n        return\n"
-                          "    assert False\n\ncheck(f)\n")
+    types = _assert_test(
+        "def check(c):\n    assert c() == ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n"
+        "    assert type(c()[0]) is tuple\n\ncheck(f)\n"
+    )
+    assert grade_code(
+        "def f():\n    return ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n", types, FAST
+    ).passed
+    assert not grade_code(
+        "def f():\n    return ([1, 2], {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n", types, FAST
+    ).passed
+    raises = _assert_test(
+        "def check(c):\n    try:\n        c(-1)\n    except ValueError:\n        return\n    assert False\n\ncheck(f)\n"
+    )
     assert grade_code("def f(x):\n    raise ValueError('negative')\n", raises, FAST).passed
     assert not grade_code("def f(x):\n    return 0\n", raises, FAST).passed
     # the program's exception is seen as its nearest built-in class, as `except` would see it
@@ -258,49 +302,67 @@ def test_assert_objects_of_the_program_are_handles():
 def test_assert_trusted_names_win_over_the_programs():
     # an entry point named like an import (math.gcd): the prefix's stub says it is the program's
     prefix = 'def gcd(a, b):\n    """Greatest common divisor."""\n'
-    tests = _assert_test("import math\n\ndef check(candidate):\n    assert candidate(12, 18) == math.gcd(12, 18)\n\n"
-                         "check(gcd)\n", prefix)
+    tests = _assert_test(
+        "import math\n\ndef check(candidate):\n    assert candidate(12, 18) == math.gcd(12, 18)\n\ncheck(gcd)\n", prefix
+    )
     assert grade_code("def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n", tests, FAST).passed
     assert not grade_code("def gcd(a, b):\n    return 1\n", tests, FAST).passed
     # a helper with a body in the prefix is trusted: the program's redefinition is not what the tests call
-    prefix = ("class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return self.v == 49\n"
-              "\n\ndef square_box(x):\n    \"\"\"A Box of x squared.\"\"\"\n")
+    prefix = (
+        "class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return self.v == 49\n"
+        '\n\ndef square_box(x):\n    """A Box of x squared."""\n'
+    )
     tests = _assert_test("def check(c):\n    assert c(7).ok()\n\n\ncheck(square_box)\n", prefix)
     assert grade_code("def square_box(x):\n    return Box(x * x)\n", tests, FAST).passed
-    for forged in ("def square_box(x):\n    b = Box(0)\n    b.ok = lambda: True\n    return b\n",  # shadow the method
-                   "def square_box(x):\n    b = Box(0)\n    b.ok = True\n    return b\n",
-                   ("class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return True\n"
-                    "def square_box(x):\n    return Box(0)\n")):  # redefine the class
+    for forged in (
+        "def square_box(x):\n    b = Box(0)\n    b.ok = lambda: True\n    return b\n",  # shadow the method
+        "def square_box(x):\n    b = Box(0)\n    b.ok = True\n    return b\n",
+        (
+            "class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return True\n"
+            "def square_box(x):\n    return Box(0)\n"
+        ),
+    ):  # redefine the class
         assert not grade_code(forged, tests, FAST).passed, forged
     # top-level asserts (MBPP style), no prefix: the function is the program's
     assert grade_code("def add(a, b):\n    return a + b\n", _assert_test("assert add(1, 2) == 3\n"), FAST).passed
 
 
 def test_assert_leetcode_node_helpers():
-    tests = _assert_test("def check(candidate):\n    assert is_same_list(candidate(head=list_node([1, 2, 3])), "
-                         "list_node([3, 2, 1]))\n    assert candidate(head=None) is None\n    n = 3000\n"
-                         "    assert is_same_list(candidate(head=list_node(list(range(n)))), list_node(list(range(n))[::-1]))"
-                         "\n\n\ncheck(Solution().reverseList)\n")
-    prog = ("class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
-            "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
-            "        return prev\n")
+    tests = _assert_test(
+        "def check(candidate):\n    assert is_same_list(candidate(head=list_node([1, 2, 3])), "
+        "list_node([3, 2, 1]))\n    assert candidate(head=None) is None\n    n = 3000\n"
+        "    assert is_same_list(candidate(head=list_node(list(range(n)))), list_node(list(range(n))[::-1]))"
+        "\n\n\ncheck(Solution().reverseList)\n"
+    )
+    prog = (
+        "class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+        "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
+        "        return prev\n"
+    )
     assert grade_code(prog, tests, FAST).passed
     assert not grade_code(prog.replace("return prev", "return head"), tests, FAST).passed
-    trees = _assert_test("def check(candidate):\n    assert is_same_tree(candidate(root=tree_node([4, 2, 7, 1, 3])), "
-                         "tree_node([4, 7, 2, None, None, 3, 1]))\n\n\ncheck(Solution().invertTree)\n")
-    inv = ("class Solution:\n    def invertTree(self, root):\n        if root:\n"
-           "            root.left, root.right = self.invertTree(root.right), self.invertTree(root.left)\n"
-           "        return root\n")
+    trees = _assert_test(
+        "def check(candidate):\n    assert is_same_tree(candidate(root=tree_node([4, 2, 7, 1, 3])), "
+        "tree_node([4, 7, 2, None, None, 3, 1]))\n\n\ncheck(Solution().invertTree)\n"
+    )
+    inv = (
+        "class Solution:\n    def invertTree(self, root):\n        if root:\n"
+        "            root.left, root.right = self.invertTree(root.right), self.invertTree(root.left)\n"
+        "        return root\n"
+    )
     assert grade_code(inv, trees, FAST).passed
     assert not grade_code(inv.replace("root.left, root.right =", "root.right, root.left ="), trees, FAST).passed
 
 
 def test_stub_and_global_name_analysis():
-    prefix = ("import math\n\ndef helper(x):\n    return x + 1\n\ndef f(grid, k):\n    import math\n"
-              "    \"\"\"Doc.\"\"\"\n\ndef g():\n    ...\n")
+    prefix = (
+        "import math\n\ndef helper(x):\n    return x + 1\n\ndef f(grid, k):\n    import math\n"
+        '    """Doc."""\n\ndef g():\n    ...\n'
+    )
     assert _stub_names(prefix) == ["f", "g"]
-    refs, bound = _global_names("import math\ndef check(c):\n    x = c(3)\n    assert abs(x - poly(x)) < 1\n"
-                                "check(find_zero)\n")
+    refs, bound = _global_names(
+        "import math\ndef check(c):\n    x = c(3)\n    assert abs(x - poly(x)) < 1\ncheck(find_zero)\n"
+    )
     assert refs - bound == {"abs", "poly", "find_zero"}
 
 

@@ -83,8 +83,7 @@ def _burst(engine: RolloutEngine, n: int, seed: int, arrive_over: int = 30):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_never_over_budget_under_a_random_burst(seed):
     budget = 150
-    engine = RolloutEngine(tiny_qwen2(3), start=False, max_running=64, seed=seed,
-                           kv_budget=KVBudget(tokens=budget))
+    engine = RolloutEngine(tiny_qwen2(3), start=False, max_running=64, seed=seed, kv_budget=KVBudget(tokens=budget))
     jobs, futs, rec = _burst(engine, 40, seed)
     assert rec.accounted == rec.independent  # the engine's figure is the requests' own
     assert max(rec.accounted) <= budget
@@ -136,8 +135,9 @@ def test_the_server_answers_400_for_an_oversized_request_and_serves_the_others()
     async def go():
         transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            good = [c.post("/generate", json={"input_ids": [9] * 4, "sampling_params": _sampling(30)})
-                    for _ in range(3)]
+            good = [
+                c.post("/generate", json={"input_ids": [9] * 4, "sampling_params": _sampling(30)}) for _ in range(3)
+            ]
             big = c.post("/generate", json={"input_ids": [9] * 30, "sampling_params": _sampling(30)})
             return await asyncio.gather(big, *good)
 
@@ -183,8 +183,9 @@ def test_admission_is_fifo_and_a_large_head_request_is_not_starved():
 @pytest.mark.parametrize("mode", ["reprefill", "keep_kv", "drain"])
 def test_weight_updates_keep_the_budget_and_finish_every_request(mode):
     budget = 120
-    engine = RolloutEngine(tiny_qwen2(3), start=False, max_running=64, weight_update=mode,
-                           kv_budget=KVBudget(tokens=budget))
+    engine = RolloutEngine(
+        tiny_qwen2(3), start=False, max_running=64, weight_update=mode, kv_budget=KVBudget(tokens=budget)
+    )
     r = random.Random(5)
     reserve, futs = {}, {}
     for i in range(20):
@@ -248,13 +249,20 @@ def _outputs(engine: RolloutEngine, jobs, update_at: int | None = 12) -> list[tu
         step += 1
         if step == update_at:
             engine.update_weights_from_tensors(named_weights(tiny_qwen2(9)), 1, "t")
-    return [(f.result().output_ids, [lp for lp, _, _ in f.result().meta_info.output_token_logprobs],
-             f.result().meta_info.output_token_versions) for f in futs]
+    return [
+        (
+            f.result().output_ids,
+            [lp for lp, _, _ in f.result().meta_info.output_token_logprobs],
+            f.result().meta_info.output_token_versions,
+        )
+        for f in futs
+    ]
 
 
 @pytest.mark.parametrize("mode", ["reprefill", "keep_kv", "drain"])
 def test_the_unbounded_default_is_unchanged_and_a_budget_that_never_binds_changes_nothing(mode):
     assert EngineConfig().kv_budget is None and RolloutConfig().kv_budget is None
+
     def make(**kw):
         return RolloutEngine(tiny_qwen2(3), start=False, seed=7, max_running=8, weight_update=mode, **kw)
 
@@ -277,6 +285,7 @@ def test_a_binding_budget_changes_the_schedule_not_the_answers():
 
 # -- config -------------------------------------------------------------------------------------
 
+
 def test_kv_budget_config_forms():
     def load(text):
         return RolloutConfig.model_validate(yaml.safe_load(text))
@@ -285,9 +294,15 @@ def test_kv_budget_config_forms():
     assert load("kv_budget: {bytes: 2e9}").kv_budget.bytes == 2 * 10**9  # YAML reads 2e9 as text
     assert load("kv_budget: {bytes: 2.5e+9}").kv_budget.bytes == 25 * 10**8
     assert load("kv_budget: null").kv_budget is None
-    for bad, why in (("{}", "exactly one"), ("{tokens: 10, bytes: 10}", "exactly one"),
-                     ("{bytes: 1.5}", "integer"), ("{bytes: lots}", "integer"), ("{tokens: 0}", "greater than 0"),
-                     ("{tokens: '100'}", "integer"), ("{token: 100}", "Extra inputs")):
+    for bad, why in (
+        ("{}", "exactly one"),
+        ("{tokens: 10, bytes: 10}", "exactly one"),
+        ("{bytes: 1.5}", "integer"),
+        ("{bytes: lots}", "integer"),
+        ("{tokens: 0}", "greater than 0"),
+        ("{tokens: '100'}", "integer"),
+        ("{token: 100}", "Extra inputs"),
+    ):
         with pytest.raises(ValidationError, match=why):
             load(f"kv_budget: {bad}")
 
@@ -297,10 +312,13 @@ def test_kv_budget_is_checked_against_the_backend_and_the_answer_length():
         RolloutConfig(kv_budget={"tokens": 128}, sampling={"max_new_tokens": 128})
     # external servers: a limit the client keeps, in positions (bytes need the server's model)
     with pytest.raises(ValidationError, match="give \\{tokens: N\\}"):
-        RolloutConfig(kv_budget={"bytes": 10**9}, backend={"kind": "external", "urls": ["http://x"],
-                                                            "allow_unauthenticated": True})
-    ext = RolloutConfig(kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"],
-                                                             "allow_unauthenticated": True})
+        RolloutConfig(
+            kv_budget={"bytes": 10**9},
+            backend={"kind": "external", "urls": ["http://x"], "allow_unauthenticated": True},
+        )
+    ext = RolloutConfig(
+        kv_budget={"tokens": 1000}, backend={"kind": "external", "urls": ["http://x"], "allow_unauthenticated": True}
+    )
     assert ext.client_kv_budget_tokens() == 1000
     assert RolloutConfig(kv_budget={"tokens": 1000}).client_kv_budget_tokens() is None  # the engine's own
 
@@ -336,8 +354,11 @@ def test_client_side_budget_for_external_servers_under_a_random_burst(seed):
     (the fake servers check their own sums), batches too big together go one by one, every request is
     answered, and one larger than the whole budget is refused with its size."""
     rng, log, budget = random.Random(seed), [], 400
-    pool = RolloutPool([f"http://s{i}" for i in range(2)], make_client=lambda u, t: _SlowServer(u, t, budget, rng, log),
-                       kv_budget_tokens=budget)
+    pool = RolloutPool(
+        [f"http://s{i}" for i in range(2)],
+        make_client=lambda u, t: _SlowServer(u, t, budget, rng, log),
+        kv_budget_tokens=budget,
+    )
 
     async def burst():
         jobs = []

@@ -17,26 +17,43 @@ VERSION = 7
 
 
 def _model():
-    return build_tiny(TinyArch(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                      build_char_tokenizer(), seed=0)
+    return build_tiny(
+        TinyArch(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64),
+        build_char_tokenizer(),
+        seed=0,
+    )
 
 
 def _batch(model):
     """Two groups; the first answer is multi-turn: policy tokens, 4 environment tokens, policy tokens.
     Behaviour logprobs are the model's own (ratio 1), environment tokens' are junk (-30)."""
-    specs = [([5, 9, 11], [14, 15, 16, 20, 21, 22, 23, 30, 31], [1, 1, 1, 0, 0, 0, 0, 1, 1], 5.0, "a"),
-             ([5, 9, 11], [17, 18, 19], [], -5.0, "a"),
-             ([6, 7], [24, 25, 26, 27, 28, 29], [1, 0, 0, 1, 1, 1], 5.0, "b"),
-             ([6, 7], [33, 34], [], -5.0, "b")]
+    specs = [
+        ([5, 9, 11], [14, 15, 16, 20, 21, 22, 23, 30, 31], [1, 1, 1, 0, 0, 0, 0, 1, 1], 5.0, "a"),
+        ([5, 9, 11], [17, 18, 19], [], -5.0, "a"),
+        ([6, 7], [24, 25, 26, 27, 28, 29], [1, 0, 0, 1, 1, 1], 5.0, "b"),
+        ([6, 7], [33, 34], [], -5.0, "b"),
+    ]
     out = []
     for i, (prompt, answer, mask, reward, group) in enumerate(specs):
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1:-1]
+            logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
         lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(answer)[:, None])[:, 0].tolist()
         lp = [x if (not mask or m) else -30.0 for x, m in zip(lp, mask or [1] * len(answer))]
-        out.append(Trajectory(traj_id=f"t{i}", group_id=group, seq_no=i, admit_version=VERSION, prompt_ids=prompt,
-                              output_ids=answer, output_logprobs=lp, output_versions=[VERSION] * len(answer),
-                              output_mask=mask, finish_reason="stop", reward=reward))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=group,
+                seq_no=i,
+                admit_version=VERSION,
+                prompt_ids=prompt,
+                output_ids=answer,
+                output_logprobs=lp,
+                output_versions=[VERSION] * len(answer),
+                output_mask=mask,
+                finish_reason="stop",
+                reward=reward,
+            )
+        )
     return out
 
 
@@ -51,8 +68,17 @@ def _trainer_grad(model, batch, objective):
     model.zero_grad(set_to_none=True)
     idx = list(range(len(batch)))
     logp = trainer._logprobs(prep.seqs, prep.starts, idx)
-    loss, _ = ppo_loss(cfg, trainer.prox_path(1), logp, prep, idx, prox=None, versions=None, version=VERSION,
-                       n_tokens=sum(prep.n_trained))
+    loss, _ = ppo_loss(
+        cfg,
+        trainer.prox_path(1),
+        logp,
+        prep,
+        idx,
+        prox=None,
+        versions=None,
+        version=VERSION,
+        n_tokens=sum(prep.n_trained),
+    )
     loss.backward()
     return _grads(model), float(loss)
 
@@ -62,10 +88,13 @@ def _reference_grad(model, batch, use_mask=True):
     model.zero_grad(set_to_none=True)
     terms, n = [], 0
     for t in batch:
-        logits = model(torch.tensor([t.prompt_ids + t.output_ids])).logits[0, len(t.prompt_ids) - 1:-1]
+        logits = model(torch.tensor([t.prompt_ids + t.output_ids])).logits[0, len(t.prompt_ids) - 1 : -1]
         lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(t.output_ids)[:, None])[:, 0]
-        keep = torch.tensor(t.output_mask, dtype=torch.bool) if (t.output_mask and use_mask) else \
-            torch.ones(len(t.output_ids), dtype=torch.bool)
+        keep = (
+            torch.tensor(t.output_mask, dtype=torch.bool)
+            if (t.output_mask and use_mask)
+            else torch.ones(len(t.output_ids), dtype=torch.bool)
+        )
         terms.append(t.reward * lp[keep].sum())
         n += int(keep.sum())
     (-sum(terms) / n).backward()
@@ -100,11 +129,22 @@ def test_environment_tokens_do_not_move_the_loss_or_the_stats():
     assert [r["min_token_version"] for r in rows] == [VERSION] * 4 and rows[0]["n_tokens"] == 9
 
 
-@pytest.mark.parametrize("mask, match", [([1, 1], "one 0 or 1 per output token"), ([1, 2, 1], "one 0 or 1"),
-                                         ([0, 0, 0], "trains no token")])
+@pytest.mark.parametrize(
+    "mask, match", [([1, 1], "one 0 or 1 per output token"), ([1, 2, 1], "one 0 or 1"), ([0, 0, 0], "trains no token")]
+)
 def test_bad_masks_are_named(mask, match):
-    t = Trajectory(traj_id="bad", group_id="g", seq_no=0, admit_version=0, prompt_ids=[5], output_ids=[6, 7, 8],
-                   output_logprobs=[-1.0] * 3, output_versions=[0] * 3, output_mask=mask, finish_reason="stop",
-                   reward=1.0)
+    t = Trajectory(
+        traj_id="bad",
+        group_id="g",
+        seq_no=0,
+        admit_version=0,
+        prompt_ids=[5],
+        output_ids=[6, 7, 8],
+        output_logprobs=[-1.0] * 3,
+        output_versions=[0] * 3,
+        output_mask=mask,
+        finish_reason="stop",
+        reward=1.0,
+    )
     with pytest.raises(ValueError, match=f"trajectory bad: .*{match}"):
         prepare_batch([t], "none")

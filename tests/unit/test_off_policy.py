@@ -67,7 +67,7 @@ def ref_weights(spec, seqs):
                 g = math.exp(math.fsum(logs) / len(logs))
                 out[i][t] = (w, False, False) if spec.lo <= g <= spec.hi else (0.0, True, False)
     if spec.kind == "m2po":
-        ranked = sorted(valid, key=lambda it: -log_w(*it) ** 2)  # stable: ties keep token order
+        ranked = sorted(valid, key=lambda it: -(log_w(*it) ** 2))  # stable: ties keep token order
         m = [log_w(*it) ** 2 for it in ranked]
         k = 0
         while k < len(m) and sum(m[k:]) / (len(m) - k) > spec.tau:
@@ -103,8 +103,12 @@ def reference(spec, seqs, lp=None):
     masked = sum(d for i, row in enumerate(weights) for t, (_, d, _) in enumerate(row) if seqs[i]["valid"][t])
     trunc = sum(r for i, row in enumerate(weights) for t, (_, _, r) in enumerate(row) if seqs[i]["valid"][t])
     sq = sum(c * c for c in cs)
-    stats = {"offpolicy_masked_fraction": masked / n, "offpolicy_truncated_fraction": trunc / n,
-             "offpolicy_ess": sum(cs) ** 2 / (n * sq) if sq > 0 else 0.0, "offpolicy_weight_max": max(cs)}
+    stats = {
+        "offpolicy_masked_fraction": masked / n,
+        "offpolicy_truncated_fraction": trunc / n,
+        "offpolicy_ess": sum(cs) ** 2 / (n * sq) if sq > 0 else 0.0,
+        "offpolicy_weight_max": max(cs),
+    }
     return total / n, [[x / n for x in g] for g in grads], stats
 
 
@@ -119,8 +123,15 @@ def make_seqs(seed, lengths=(5, 0, 8, 3, 7, 1, 6), spread=0.3):
         valid = [True] * length
         if length >= 5:
             valid[2] = False  # an environment token inside the answer
-        seqs.append({"lp": lp.tolist(), "px": px.tolist(), "bh": bh.tolist(),
-                     "adv": gen.standard_normal(length).tolist(), "valid": valid})
+        seqs.append(
+            {
+                "lp": lp.tolist(),
+                "px": px.tolist(),
+                "bh": bh.tolist(),
+                "adv": gen.standard_normal(length).tolist(),
+                "valid": valid,
+            }
+        )
     for s in seqs:  # keep u away from the clip boundaries, where the gradient jumps
         for x, p in zip(s["lp"], s["px"]):
             assert min(abs(math.exp(x - p) - b) for b in (1 - EPS, 1 + EPS)) > 1e-4
@@ -144,8 +155,16 @@ def as_packed(seqs):
 
 def run(spec, t, seq_lens=None, dtype=F64):
     lp = t["lp"].to(dtype).clone().requires_grad_(True)
-    loss, stats = decoupled_ppo_loss(lp, t["px"].to(dtype), t["bh"].to(dtype), t["adv"].to(dtype), t["mask"],
-                                     eps_clip=EPS, off_policy=spec, seq_lens=seq_lens)
+    loss, stats = decoupled_ppo_loss(
+        lp,
+        t["px"].to(dtype),
+        t["bh"].to(dtype),
+        t["adv"].to(dtype),
+        t["mask"],
+        eps_clip=EPS,
+        off_policy=spec,
+        seq_lens=seq_lens,
+    )
     (grad,) = torch.autograd.grad(loss, lp)
     return loss, grad, stats
 
@@ -208,8 +227,9 @@ def test_mis_and_m2po_by_hand():
 
     def m2po(lw, tau):
         lp = z1.clone().requires_grad_(True)
-        loss, stats = decoupled_ppo_loss(lp, z1, -torch.tensor(lw, dtype=F64), adv1, ones,
-                                         off_policy=OffPolicyM2PO(tau=tau))
+        loss, stats = decoupled_ppo_loss(
+            lp, z1, -torch.tensor(lw, dtype=F64), adv1, ones, off_policy=OffPolicyM2PO(tau=tau)
+        )
         return torch.autograd.grad(loss, lp)[0], stats
 
     grad, stats = m2po([1.0, 0.5, -0.5, 0.5], 0.25)
@@ -220,8 +240,11 @@ def test_mis_and_m2po_by_hand():
     assert stats["offpolicy_masked_fraction"] == 0.25 and grad[0].item() == 0.0 and grad[1].item() != 0.0
 
 
-@pytest.mark.parametrize("spec", [OffPolicyCap(cap=2.0), OffPolicyMIS(cap=2.0), OffPolicyGeoMask(),
-                                  OffPolicyIcePop(), OffPolicyM2PO(tau=1e-6)], ids=lambda s: s.kind)
+@pytest.mark.parametrize(
+    "spec",
+    [OffPolicyCap(cap=2.0), OffPolicyMIS(cap=2.0), OffPolicyGeoMask(), OffPolicyIcePop(), OffPolicyM2PO(tau=1e-6)],
+    ids=lambda s: s.kind,
+)
 def test_everything_dropped_gives_zero_loss_and_gradient(spec):
     t = as_rows(make_seqs(seed=3))
     t["bh"] = t["px"] - 3.0  # w = e^3 = 20 everywhere: outside every band, above every cap
@@ -254,17 +277,20 @@ def test_sequence_kinds_need_the_sequences():
     assert run(OffPolicyMIS(), t, seq_lens=[n])[0].requires_grad  # one sequence of all tokens
 
 
-@pytest.mark.parametrize("value, field", [
-    ({"kind": "tis", "cap": 0.5}, "off_policy.tis.cap"),
-    ({"kind": "cap", "cap": 1.0}, "off_policy.cap.cap"),
-    ({"kind": "mis", "cap": -2.0}, "off_policy.mis.cap"),
-    ({"kind": "icepop", "lo": 1.5}, "off_policy.icepop.lo"),
-    ({"kind": "icepop", "hi": 0.9}, "off_policy.icepop.hi"),
-    ({"kind": "geo_mask", "lo": 0.0}, "off_policy.geo_mask.lo"),
-    ({"kind": "m2po", "tau": 0.0}, "off_policy.m2po.tau"),
-    ({"kind": "tis", "lo": 0.5}, "off_policy.tis.lo"),  # a setting of another kind
-    ({"kind": "clip"}, "off_policy"),
-])
+@pytest.mark.parametrize(
+    "value, field",
+    [
+        ({"kind": "tis", "cap": 0.5}, "off_policy.tis.cap"),
+        ({"kind": "cap", "cap": 1.0}, "off_policy.cap.cap"),
+        ({"kind": "mis", "cap": -2.0}, "off_policy.mis.cap"),
+        ({"kind": "icepop", "lo": 1.5}, "off_policy.icepop.lo"),
+        ({"kind": "icepop", "hi": 0.9}, "off_policy.icepop.hi"),
+        ({"kind": "geo_mask", "lo": 0.0}, "off_policy.geo_mask.lo"),
+        ({"kind": "m2po", "tau": 0.0}, "off_policy.m2po.tau"),
+        ({"kind": "tis", "lo": 0.5}, "off_policy.tis.lo"),  # a setting of another kind
+        ({"kind": "clip"}, "off_policy"),
+    ],
+)
 def test_invalid_settings_name_the_field(value, field):
     with pytest.raises(ValidationError) as err:
         TrainerConfig(off_policy=value)
@@ -287,7 +313,9 @@ def test_set_overrides(tmp_path):
     p.write_text("trainer:\n  batch_size: 16\n")
     cfg = load_config(p, {"trainer.off_policy.kind": "icepop", "trainer.off_policy.hi": 3})
     assert cfg.trainer.off_policy == OffPolicyIcePop(lo=0.5, hi=3.0)
-    with pytest.raises(ConfigError, match=r"trainer\.off_policy\.tis\.cap: Input should be greater than 1 \(got 0\.5\)"):
+    with pytest.raises(
+        ConfigError, match=r"trainer\.off_policy\.tis\.cap: Input should be greater than 1 \(got 0\.5\)"
+    ):
         load_config(p, {"trainer.off_policy.kind": "tis", "trainer.off_policy.cap": 0.5})
 
 
@@ -298,16 +326,32 @@ def test_ppo_loss_takes_each_trajectory_as_a_sequence():
 
     seqs = make_seqs(seed=5, lengths=(4, 6, 2, 5))
     seqs[0]["bh"] = [p - 0.3 for p in seqs[0]["px"]]  # rho = e^1.2 > 1.5: dropped
-    prep = PreparedBatch(seqs=[], starts=[], n_out=[len(s["lp"]) for s in seqs], rewards=torch.zeros(4),
-                         behav=[torch.tensor(s["bh"]) for s in seqs], adv=[torch.tensor(s["adv"]) for s in seqs],
-                         mask=[torch.tensor(s["valid"]) for s in seqs], n_trained=[sum(s["valid"]) for s in seqs],
-                         versions=[torch.zeros(len(s["lp"]), dtype=torch.long) for s in seqs])
+    prep = PreparedBatch(
+        seqs=[],
+        starts=[],
+        n_out=[len(s["lp"]) for s in seqs],
+        rewards=torch.zeros(4),
+        behav=[torch.tensor(s["bh"]) for s in seqs],
+        adv=[torch.tensor(s["adv"]) for s in seqs],
+        mask=[torch.tensor(s["valid"]) for s in seqs],
+        n_trained=[sum(s["valid"]) for s in seqs],
+        versions=[torch.zeros(len(s["lp"]), dtype=torch.long) for s in seqs],
+    )
     idx = [2, 0, 3]  # micro-batching reorders the trajectories
     cfg = TrainerConfig(off_policy={"kind": "mis", "cap": 1.5})
     logp = torch.tensor([x for i in idx for x in seqs[i]["lp"]], requires_grad=True)
     prox = [torch.tensor(s["px"]) for s in seqs]
-    loss, stats = ppo_loss(cfg, "recompute", logp, prep, idx, prox=prox, versions=None, version=0,
-                           n_tokens=sum(prep.n_trained[i] for i in idx))
+    loss, stats = ppo_loss(
+        cfg,
+        "recompute",
+        logp,
+        prep,
+        idx,
+        prox=prox,
+        versions=None,
+        version=0,
+        n_tokens=sum(prep.n_trained[i] for i in idx),
+    )
     ref_loss, _, ref_stats = reference(cfg.off_policy, [seqs[i] for i in idx])
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
     assert stats["offpolicy_masked_fraction"] == pytest.approx(ref_stats["offpolicy_masked_fraction"])
@@ -324,26 +368,42 @@ def test_trainer_step_reports_the_correction():
     from areal_core.trainer.trainer import Trainer
     from areal_core.types import Trajectory
 
-    model = build_tiny(TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                       build_char_tokenizer(), seed=0)
+    model = build_tiny(
+        TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+        build_char_tokenizer(),
+        seed=0,
+    )
     rng = random.Random(0)
     batch, stale = [], {1, 4, 6}
     for i in range(8):
         prompt = [rng.randrange(3, 40) for _ in range(rng.randint(2, 6))]
         answer = [rng.randrange(3, 40) for _ in range(rng.randint(3, 25))]
-        batch.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // 4}", seq_no=i, admit_version=0, prompt_ids=prompt,
-                                output_ids=answer, output_logprobs=[0.0] * len(answer),
-                                output_versions=[0] * len(answer), finish_reason="stop", reward=float(i % 2)))
+        batch.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                seq_no=i,
+                admit_version=0,
+                prompt_ids=prompt,
+                output_ids=answer,
+                output_logprobs=[0.0] * len(answer),
+                output_versions=[0] * len(answer),
+                finish_reason="stop",
+                reward=float(i % 2),
+            )
+        )
     with torch.no_grad():
-        logp = response_logprobs(model, [t.prompt_ids + t.output_ids for t in batch],
-                                 [len(t.prompt_ids) for t in batch]).split([len(t.output_ids) for t in batch])
+        logp = response_logprobs(
+            model, [t.prompt_ids + t.output_ids for t in batch], [len(t.prompt_ids) for t in batch]
+        ).split([len(t.output_ids) for t in batch])
     for i, (t, lp) in enumerate(zip(batch, logp)):
         t.output_logprobs = (lp - (1.0 if i in stale else 0.0)).tolist()
     n_stale = sum(len(t.output_ids) for i, t in enumerate(batch) if i in stale)
     n_all = sum(len(t.output_ids) for t in batch)
     for spec in ({"kind": "mis", "cap": 2.0}, {"kind": "geo_mask", "lo": 0.99, "hi": 1.01}):
-        cfg = TrainerConfig(batch_size=8, max_tokens_per_microbatch=48, off_policy=spec,
-                            optim={"lr": 1e-12, "lr_schedule": "constant"})
+        cfg = TrainerConfig(
+            batch_size=8, max_tokens_per_microbatch=48, off_policy=spec, optim={"lr": 1e-12, "lr_schedule": "constant"}
+        )
         stats = Trainer(model, cfg, temperature=1.0, total_steps=1).step(batch, 1).metrics
         assert stats["forward_passes"] > 1
         assert stats["offpolicy_masked_fraction"] == pytest.approx(n_stale / n_all, rel=1e-6)

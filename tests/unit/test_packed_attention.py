@@ -11,7 +11,7 @@ def _reference(q, k, v, lens, scale):
     rep = q.shape[1] // k.shape[1]
     outs, a = [], 0
     for n in lens:
-        qs, ks, vs = (t[a:a + n].double().transpose(0, 1) for t in (q, k, v))  # [h, n, d]
+        qs, ks, vs = (t[a : a + n].double().transpose(0, 1) for t in (q, k, v))  # [h, n, d]
         ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
         s = qs @ ks.transpose(1, 2) * scale
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))

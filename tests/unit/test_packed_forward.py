@@ -9,12 +9,31 @@ from areal_core.trainer.packed_forward import response_logprobs
 
 def _models():
     torch.manual_seed(0)
-    q = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                     tie_word_embeddings=True))
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                                         rope_theta=100000.0, tie_word_embeddings=False))
+    q = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=50,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+        )
+    )
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rope_theta=100000.0,
+            tie_word_embeddings=False,
+        )
+    )
     return [q, llama]
 
 
@@ -100,8 +119,11 @@ def test_gradients_do_not_depend_on_the_thread_count():
     model = _models()[0]
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 50, (30,), generator=g).tolist() for _ in range(16)]
-    seqs = [p + torch.randint(0, 50, (int(torch.randint(10, 40, (1,), generator=g)),), generator=g).tolist()
-            for p in prompts for _ in range(8)]
+    seqs = [
+        p + torch.randint(0, 50, (int(torch.randint(10, 40, (1,), generator=g)),), generator=g).tolist()
+        for p in prompts
+        for _ in range(8)
+    ]
     starts = [30] * len(seqs)
     weights = torch.randn(sum(len(s) - 30 for s in seqs), generator=g)
     before = torch.get_num_threads()
@@ -133,9 +155,19 @@ def test_trainer_and_engine_forwards_agree_on_a_mistral_decoder():
     from areal_core.rollout.backends.embedded.kv_forward import KVForward
 
     torch.manual_seed(1)
-    m = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         sliding_window=None, rope_theta=5000.0)).eval()
+    m = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=50,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            sliding_window=None,
+            rope_theta=5000.0,
+        )
+    ).eval()
     seq, start = [3, 9, 14, 2, 7, 7, 30, 41], 3
     want = _reference(m, [seq], [start], 1.0)
     with torch.no_grad():

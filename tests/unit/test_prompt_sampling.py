@@ -23,7 +23,7 @@ def test_prompt_stream_is_the_seeded_permutation_per_epoch():
     for epoch in range(3):
         order = list(range(7))
         random.Random(3 * 1_000_003 + epoch).shuffle(order)  # the documented order, computed here
-        assert got[7 * epoch: 7 * epoch + 7] == [(epoch, prompts[i]) for i in order]
+        assert got[7 * epoch : 7 * epoch + 7] == [(epoch, prompts[i]) for i in order]
     plain = PromptStream(prompts, shuffle=False, seed=3)
     assert [plain.next()[1].id for _ in range(9)] == [f"p{i}" for i in (0, 1, 2, 3, 4, 5, 6, 0, 1)]
 
@@ -129,7 +129,9 @@ def test_curriculum_names_a_record_without_the_field():
     from areal_core.datasets import bucket
 
     rec = Record(id="math-17", task="math", prompt="1+1?", answer="2", meta={"subject": "algebra"})
-    with pytest.raises(ValueError, match=r"record math-17 has no meta field 'level' \(its meta fields: \['subject'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"record math-17 has no meta field 'level' \(its meta fields: \['subject'\]\)"
+    ):
         bucket(rec, "level")
     assert bucket(Record(id="c", task="chain", prompt="a1=", answer="1", meta={"k": 2}), "k") == "2"
 
@@ -160,14 +162,32 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
     from areal_core.types import Prompt
     from tests.fake_servers import RecordingTransport, scripted_servers
 
-    prompts = [Prompt(id=f"{kind}{i}", task="chain", input_ids=[5, 6, i], reference=kind, bucket=kind)
-               for kind in ("easy", "mixed", "hard") for i in range(10)]
-    settings = ControllerSettings(batch_size=8, eta=0, n_samples=2, sampling=Sampling(max_new_tokens=2, ignore_eos=True),
-                                  reward_correct=1.0, reward_wrong=-1.0, curriculum={"ema": 0.5, "floor": 0.02})
+    prompts = [
+        Prompt(id=f"{kind}{i}", task="chain", input_ids=[5, 6, i], reference=kind, bucket=kind)
+        for kind in ("easy", "mixed", "hard")
+        for i in range(10)
+    ]
+    settings = ControllerSettings(
+        batch_size=8,
+        eta=0,
+        n_samples=2,
+        sampling=Sampling(max_new_tokens=2, ignore_eos=True),
+        reward_correct=1.0,
+        reward_wrong=-1.0,
+        curriculum={"ema": 0.5, "floor": 0.02},
+    )
     buffer, transport = ReplayBuffer(), RecordingTransport()
     servers, make_client = scripted_servers()
-    controller = RolloutController(Servers(["http://a:1"], make_client=make_client), prompts, lambda ids: "",
-                                   _ByReference(), buffer, settings, transport, version=0)
+    controller = RolloutController(
+        Servers(["http://a:1"], make_client=make_client),
+        prompts,
+        lambda ids: "",
+        _ByReference(),
+        buffer,
+        settings,
+        transport,
+        version=0,
+    )
     controller.start()
     try:
         taken = []
@@ -181,15 +201,23 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
         controller.stop()
     assert len(servers["http://a:1"].prompts) >= 12 * 8 and len(transport.pushed_to) == 12
     assert rates["easy"] > 0.9 and rates["hard"] < 0.1
-    kinds = Counter(t.reference for t in taken[len(taken) // 2:])
+    kinds = Counter(t.reference for t in taken[len(taken) // 2 :])
     assert kinds["mixed"] > kinds["easy"] + kinds["hard"], kinds  # the mix moved to where results differ
     assert snap["sampler"]["pass_rate"] == pytest.approx(rates)
     assert snap["sampler"]["n_drawn"] == snap["n_groups"]
     for gid, (prompt_id, correct, done) in snap["tally"].items():
         assert gid.endswith(f"-p{prompt_id}") and 0 <= correct <= done < 2
     # a restored controller starts from the saved pass rates, positions and tallies
-    again = RolloutController(Servers(["http://127.0.0.1:9"]), prompts, lambda ids: "",
-                              _ByReference(), ReplayBuffer(), settings, RecordingTransport(), version=snap["version"])
+    again = RolloutController(
+        Servers(["http://127.0.0.1:9"]),
+        prompts,
+        lambda ids: "",
+        _ByReference(),
+        ReplayBuffer(),
+        settings,
+        RecordingTransport(),
+        version=snap["version"],
+    )
     again.restore(snap)
     assert again.pass_rates == pytest.approx(rates)
     assert again.admission.sampler.state() == snap["sampler"] and again.admission.tally == snap["tally"]

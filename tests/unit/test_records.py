@@ -12,8 +12,10 @@ RECORDS = [
         id="p1",
         task="code",
         prompt="Write f(x) returning x+1.",
-        tests=[{"testtype": "functional", "input": "1", "output": "2", "fn_name": "f"},
-               {"testtype": "functional", "input": "5", "output": "6", "fn_name": "f"}],
+        tests=[
+            {"testtype": "functional", "input": "1", "output": "2", "fn_name": "f"},
+            {"testtype": "functional", "input": "5", "output": "6", "fn_name": "f"},
+        ],
     ),
 ]
 
@@ -99,7 +101,9 @@ def test_parquet_bad_row(tmp_path):
     path = tmp_path / "bad.parquet"
     table = pa.Table.from_pylist(
         [GOOD, {"id": "b", "task": "chain", "prompt": None, "answer": "1"}],
-        schema=pa.schema([("id", pa.string()), ("task", pa.string()), ("prompt", pa.string()), ("answer", pa.string())]),
+        schema=pa.schema(
+            [("id", pa.string()), ("task", pa.string()), ("prompt", pa.string()), ("answer", pa.string())]
+        ),
     )
     pq.write_table(table, path)
     with pytest.raises(RecordError) as e:
@@ -155,25 +159,38 @@ def test_non_utf8_line_names_file_and_line(tmp_path):
         read_records(str(p))
 
 
-CODE = {"id": "lcb/7", "task": "code", "prompt": "Write f.",
-        "tests": [{"testtype": "functional", "input": "1\n[2, 3]", "output": "6", "fn_name": "f"}]}
+CODE = {
+    "id": "lcb/7",
+    "task": "code",
+    "prompt": "Write f.",
+    "tests": [{"testtype": "functional", "input": "1\n[2, 3]", "output": "6", "fn_name": "f"}],
+}
 
 
-@pytest.mark.parametrize("test,field,what", [
-    ({"testtype": "functional", "input": "1", "output": "2"}, "tests.0.fn_name", "expected a string, got missing"),
-    ({"testtype": "functional", "input": "[1,", "output": "2", "fn_name": "f"}, "tests.0.input", "expected JSON"),
-    ({"testtype": "functional", "input": "1", "output": "two", "fn_name": "f"}, "tests.0.output", "expected JSON"),
-    ({"testtype": "functional", "input": "1", "output": "2", "fn_name": "not a name"}, "tests.0.fn_name",
-     "expected a Python name"),
-    ({"testtype": "stdin", "input": 1, "output": "2"}, "tests.0.input", "expected a string, got int"),
-    ({"testtype": "assert", "code": "assert f(1) =="}, "tests.0.code", "does not parse"),
-    ({"testtype": "assert", "code": "assert f(1) == 2", "prefix": "def f(x) return"}, "tests.0.prefix",
-     "does not parse"),
-    ({"testtype": "unit", "input": "1", "output": "2"}, "tests.0.testtype", "expected one of stdin, functional"),
-    ({"input": "1", "output": "2"}, "tests.0.testtype", "got missing"),
-    ({"testtype": "stdin", "input": "1", "output": "2", "fn_name": "f"}, "tests.0", "unknown field(s) ['fn_name']"),
-    ("assert f(1) == 2", "tests.0", "valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "test,field,what",
+    [
+        ({"testtype": "functional", "input": "1", "output": "2"}, "tests.0.fn_name", "expected a string, got missing"),
+        ({"testtype": "functional", "input": "[1,", "output": "2", "fn_name": "f"}, "tests.0.input", "expected JSON"),
+        ({"testtype": "functional", "input": "1", "output": "two", "fn_name": "f"}, "tests.0.output", "expected JSON"),
+        (
+            {"testtype": "functional", "input": "1", "output": "2", "fn_name": "not a name"},
+            "tests.0.fn_name",
+            "expected a Python name",
+        ),
+        ({"testtype": "stdin", "input": 1, "output": "2"}, "tests.0.input", "expected a string, got int"),
+        ({"testtype": "assert", "code": "assert f(1) =="}, "tests.0.code", "does not parse"),
+        (
+            {"testtype": "assert", "code": "assert f(1) == 2", "prefix": "def f(x) return"},
+            "tests.0.prefix",
+            "does not parse",
+        ),
+        ({"testtype": "unit", "input": "1", "output": "2"}, "tests.0.testtype", "expected one of stdin, functional"),
+        ({"input": "1", "output": "2"}, "tests.0.testtype", "got missing"),
+        ({"testtype": "stdin", "input": "1", "output": "2", "fn_name": "f"}, "tests.0", "unknown field(s) ['fn_name']"),
+        ("assert f(1) == 2", "tests.0", "valid dictionary"),
+    ],
+)
 def test_malformed_test_case_names_file_line_record_and_field(tmp_path, test, field, what):
     path = tmp_path / "code.jsonl"
     _write_lines(path, [CODE, {**CODE, "id": "lcb/8", "tests": [test]}])
@@ -187,10 +204,12 @@ def test_malformed_test_case_names_file_line_record_and_field(tmp_path, test, fi
 def test_code_records_need_tests_of_one_kind_and_only_code_records_carry_tests(tmp_path):
     path = tmp_path / "code.jsonl"
     stdin = {"testtype": "stdin", "input": "1", "output": "2"}
-    for row, what in [({**CODE, "tests": None}, "a code problem needs at least one test"),
-                      ({**CODE, "tests": []}, "a code problem needs at least one test"),
-                      ({**CODE, "tests": CODE["tests"] + [stdin]}, "the tests of one problem must share one testtype"),
-                      ({**GOOD, "tests": [stdin]}, "only code records carry tests")]:
+    for row, what in [
+        ({**CODE, "tests": None}, "a code problem needs at least one test"),
+        ({**CODE, "tests": []}, "a code problem needs at least one test"),
+        ({**CODE, "tests": CODE["tests"] + [stdin]}, "the tests of one problem must share one testtype"),
+        ({**GOOD, "tests": [stdin]}, "only code records carry tests"),
+    ]:
         _write_lines(path, [row])
         with pytest.raises(RecordError, match=rf"line 1 \(record '\w+(/7)?'\): field 'tests': {what}"):
             read_records(str(path))
@@ -204,8 +223,11 @@ def test_malformed_test_case_in_parquet_names_the_row(tmp_path):
     bad = {**CODE, "id": "lcb/9", "tests": json.dumps([{"testtype": "stdin", "input": "1"}])}
     rows = [{**CODE, "tests": json.dumps(CODE["tests"])}, bad]
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([(k, pa.string()) for k in bad])), path)
-    with pytest.raises(RecordError, match=r"code\.parquet, row 1 \(record 'lcb/9'\): field 'tests\.0\.output': "
-                                          r"expected a string, got missing"):
+    with pytest.raises(
+        RecordError,
+        match=r"code\.parquet, row 1 \(record 'lcb/9'\): field 'tests\.0\.output': "
+        r"expected a string, got missing",
+    ):
         read_records(str(path))
 
 

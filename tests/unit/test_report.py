@@ -21,22 +21,43 @@ def fake_run(folder, eta, objective, steps=6, acc_after=0.5, evals=None, seed=0)
     """A run folder as run_experiment writes it, with made-up numbers."""
     rng = np.random.default_rng(seed)
     os.makedirs(folder, exist_ok=True)
-    metrics = pd.DataFrame({
-        "step": range(1, steps + 1), "reward": rng.normal(0, 1, steps), "accuracy": rng.uniform(0, 1, steps),
-        "answer_len_mean": rng.uniform(10, 20, steps), "answer_len_p90": rng.uniform(20, 30, steps),
-        "train_tokens_per_s": rng.uniform(500, 900, steps), "staleness_max": [min(eta, s) for s in range(steps)],
-    })
+    metrics = pd.DataFrame(
+        {
+            "step": range(1, steps + 1),
+            "reward": rng.normal(0, 1, steps),
+            "accuracy": rng.uniform(0, 1, steps),
+            "answer_len_mean": rng.uniform(10, 20, steps),
+            "answer_len_p90": rng.uniform(20, 30, steps),
+            "train_tokens_per_s": rng.uniform(500, 900, steps),
+            "staleness_max": [min(eta, s) for s in range(steps)],
+        }
+    )
     metrics.to_parquet(f"{folder}/metrics.parquet")
-    ledger = pd.DataFrame({
-        "trajectory_id": [f"t{i}" for i in range(steps * 4)], "step": np.repeat(range(1, steps + 1), 4),
-        "trained_by_version": np.repeat(range(steps), 4), "n_tokens": rng.integers(5, 40, steps * 4),
-    })
+    ledger = pd.DataFrame(
+        {
+            "trajectory_id": [f"t{i}" for i in range(steps * 4)],
+            "step": np.repeat(range(1, steps + 1), 4),
+            "trained_by_version": np.repeat(range(steps), 4),
+            "n_tokens": rng.integers(5, 40, steps * 4),
+        }
+    )
     ledger["min_token_version"] = (ledger["trained_by_version"] - rng.integers(0, eta + 1, len(ledger))).clip(0)
     ledger.to_parquet(f"{folder}/ledger.parquet")
-    summary = {"name": "fake", "accuracy_before": 0.4, "accuracy_after": acc_after, "steps": steps, "eta": eta,
-               "objective": objective, "effective_train_tokens_per_s": 700.0 + eta, "wall_time_s": 100.0 + eta,
-               "rl_time_s": 80.0, "max_staleness_observed": eta, "final_version": steps,
-               "answer_length_after": {"p50": 15.0, "p90": 31.0, "max": 39}, "ledger_check": {"ok": True}}
+    summary = {
+        "name": "fake",
+        "accuracy_before": 0.4,
+        "accuracy_after": acc_after,
+        "steps": steps,
+        "eta": eta,
+        "objective": objective,
+        "effective_train_tokens_per_s": 700.0 + eta,
+        "wall_time_s": 100.0 + eta,
+        "rl_time_s": 80.0,
+        "max_staleness_observed": eta,
+        "final_version": steps,
+        "answer_length_after": {"p50": 15.0, "p90": 31.0, "max": 39},
+        "ledger_check": {"ok": True},
+    }
     with open(f"{folder}/summary.json", "w") as f:
         json.dump(summary, f)
     for version, pass1 in (evals or {}).items():
@@ -48,9 +69,10 @@ def fake_run(folder, eta, objective, steps=6, acc_after=0.5, evals=None, seed=0)
 
 
 def test_report_compares_runs(tmp_path):
-    runs = [fake_run(tmp_path / f"eta{e}-{o}", e, o, acc_after=0.3 + 0.1 * i, evals={3: 0.2 + i / 10, 6: 0.5},
-                     seed=i)
-            for i, (e, o) in enumerate([(0, "decoupled"), (0, "naive"), (4, "decoupled"), (4, "naive")])]
+    runs = [
+        fake_run(tmp_path / f"eta{e}-{o}", e, o, acc_after=0.3 + 0.1 * i, evals={3: 0.2 + i / 10, 6: 0.5}, seed=i)
+        for i, (e, o) in enumerate([(0, "decoupled"), (0, "naive"), (4, "decoupled"), (4, "naive")])
+    ]
     out = write_report(runs, str(tmp_path / "report"), title="my sweep")
     assert out["report"] == str(tmp_path / "report/report.md")
 
@@ -113,13 +135,22 @@ def test_eval_dir_layout():
 
 def test_sweep_points_and_evaluate_marks():
     pts = sweep_points([0, 4], ["decoupled", "naive"], {"trainer.optim.lr": [1e-4]})
-    assert [p[0] for p in pts] == ["eta0-decoupled-lr0.0001", "eta0-naive-lr0.0001",
-                                   "eta4-decoupled-lr0.0001", "eta4-naive-lr0.0001"]
+    assert [p[0] for p in pts] == [
+        "eta0-decoupled-lr0.0001",
+        "eta0-naive-lr0.0001",
+        "eta4-decoupled-lr0.0001",
+        "eta4-naive-lr0.0001",
+    ]
     assert pts[3][1] == {"trainer.eta": 4, "trainer.objective": "naive", "trainer.optim.lr": 1e-4}
     with pytest.raises(ValueError, match="empty sweep"):
         sweep_points([], [], None)
     # the defaults: one config sweeps eta 0,4 x both objectives; several configs run as they are
-    assert [p[0] for p in plan_points(None, None, None)] == ["eta0-decoupled", "eta0-naive", "eta4-decoupled", "eta4-naive"]
+    assert [p[0] for p in plan_points(None, None, None)] == [
+        "eta0-decoupled",
+        "eta0-naive",
+        "eta4-decoupled",
+        "eta4-naive",
+    ]
     assert plan_points(None, None, None, n_configs=3) == [("", {})]
     assert plan_points(None, None, {"seed": [0, 1]}, n_configs=2) == [("seed0", {"seed": 0}), ("seed1", {"seed": 1})]
     assert plan_points([4], None, None, n_configs=2) == [("eta4", {"trainer.eta": 4})]
@@ -142,16 +173,26 @@ def test_prepare_synthetic_and_bad_rows(tmp_path, monkeypatch):
     # a source returning an invalid row: a clear error, and nothing written
     import areal_core.data.prepare as prep
 
-    monkeypatch.setattr(prep, "read_named_source",
-                        lambda name, path=None: [{"id": "1", "task": "math", "prompt": "1+1"},
-                                                 {"id": "2", "task": "poetry", "prompt": "x"}])
+    monkeypatch.setattr(
+        prep,
+        "read_named_source",
+        lambda name, path=None: [
+            {"id": "1", "task": "math", "prompt": "1+1"},
+            {"id": "2", "task": "poetry", "prompt": "x"},
+        ],
+    )
     with pytest.raises(RecordError, match=r"gsm8k/gsm8k, record 1: field 'task'"):
         prepare("gsm8k", str(tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()
 
-    monkeypatch.setattr(prep, "read_named_source",
-                        lambda name, path=None: [{"id": "1", "task": "math", "prompt": "a"},
-                                                 {"id": "1", "task": "math", "prompt": "b"}])
+    monkeypatch.setattr(
+        prep,
+        "read_named_source",
+        lambda name, path=None: [
+            {"id": "1", "task": "math", "prompt": "a"},
+            {"id": "1", "task": "math", "prompt": "b"},
+        ],
+    )
     with pytest.raises(RecordError, match="duplicate record id"):
         prepare("gsm8k", str(tmp_path / "dup"))
     assert not (tmp_path / "dup").exists()
@@ -183,8 +224,10 @@ def test_report_plots_read_right(tmp_path):
         plot_throughput,
     )
 
-    runs = [load_run(fake_run(tmp_path / f"r{i}", eta=2, objective="decoupled", steps=3, acc_after=0.404 + i / 200,
-                              seed=i)) for i in range(2)]
+    runs = [
+        load_run(fake_run(tmp_path / f"r{i}", eta=2, objective="decoupled", steps=3, acc_after=0.404 + i / 200, seed=i))
+        for i in range(2)
+    ]
     for plot in (plot_learning_curve, plot_answer_lengths, plot_throughput):
         fig = plot(runs)
         fig.canvas.draw()

@@ -31,8 +31,9 @@ def bf16_server(tmp_path_factory):
     v0 = tiny_qwen2(21)
     v0.save_pretrained(root / "v0")
     cfg = ExperimentConfig.model_validate({"model": {"dtype": "bfloat16"}})
-    backend = make_backend(cfg.rollout, engine=cfg.rollout.engine_config(seed=cfg.seed, dtype=cfg.model.dtype),
-                           log_dir=root)
+    backend = make_backend(
+        cfg.rollout, engine=cfg.rollout.engine_config(seed=cfg.seed, dtype=cfg.model.dtype), log_dir=root
+    )
     with backend.launch(str(root / "v0"), 0) as urls:
         yield urls[0], v0
 
@@ -55,10 +56,21 @@ def _batch() -> list[Trajectory]:
     out = []
     for i in range(8):
         answer = [rng.randrange(4, VOCAB) for _ in range(6)]
-        out.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // 4}", seq_no=i, admit_version=0,
-                              prompt_ids=[rng.randrange(4, VOCAB) for _ in range(3)], output_ids=answer,
-                              output_logprobs=[-4.0] * len(answer), output_versions=[0] * len(answer),
-                              finish_reason="stop", reward=float(i % 2) * 10 - 5, correct=None))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                seq_no=i,
+                admit_version=0,
+                prompt_ids=[rng.randrange(4, VOCAB) for _ in range(3)],
+                output_ids=answer,
+                output_logprobs=[-4.0] * len(answer),
+                output_versions=[0] * len(answer),
+                finish_reason="stop",
+                reward=float(i % 2) * 10 - 5,
+                correct=None,
+            )
+        )
     return out
 
 

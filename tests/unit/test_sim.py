@@ -21,9 +21,17 @@ COST_7B = build_cost_model(MODELS["7B"], GPUS["H800"], 1)
 def small(**changes) -> SimConfig:
     """A fast setting: 1.5B on H800s, 8 prompts x 4 answers, short heavy-tailed answers."""
     cfg = SimConfig(
-        model="1.5B", gpu="H800", n_gpus=8, n_rollout_gpus=6, prompts_per_step=8, answers_per_prompt=4,
-        prompt_tokens=128, lengths=LengthDist(max_new_tokens=2048, median=300, sigma=1.0),
-        n_steps=12, warmup_steps=4, seed=1,
+        model="1.5B",
+        gpu="H800",
+        n_gpus=8,
+        n_rollout_gpus=6,
+        prompts_per_step=8,
+        answers_per_prompt=4,
+        prompt_tokens=128,
+        lengths=LengthDist(max_new_tokens=2048, median=300, sigma=1.0),
+        n_steps=12,
+        warmup_steps=4,
+        seed=1,
     )
     return replace(cfg, **changes)
 
@@ -39,7 +47,9 @@ def server(mode="reprefill", cost=COST_7B, max_running=1024, reserve=0):
 # ---- closed forms ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batch,ctx,steps", [(1, 100, 1), (1, 1000, 500), (64, 64_000, 300), (512, 5e4, 900), (300, 3e6, 77)])
+@pytest.mark.parametrize(
+    "batch,ctx,steps", [(1, 100, 1), (1, 1000, 500), (64, 64_000, 300), (512, 5e4, 900), (300, 3e6, 77)]
+)
 def test_decode_span_is_the_sum_of_steps(batch, ctx, steps):
     brute = sum(COST_7B.decode_step_s(batch, ctx + batch * j) for j in range(steps))
     assert COST_7B.decode_span_s(batch, ctx, steps) == pytest.approx(brute, rel=1e-12)
@@ -68,8 +78,18 @@ def test_single_request_latency_is_prefill_plus_n_steps():
 
 
 def test_sync_step_time_constant_lengths_closed_form():
-    cfg = SimConfig(model="1.5B", gpu="H800", n_gpus=2, mode="sync", prompts_per_step=2, answers_per_prompt=2,
-                    prompt_tokens=64, lengths=LengthDist.constant(500), n_steps=3, warmup_steps=1)
+    cfg = SimConfig(
+        model="1.5B",
+        gpu="H800",
+        n_gpus=2,
+        mode="sync",
+        prompts_per_step=2,
+        answers_per_prompt=2,
+        prompt_tokens=64,
+        lengths=LengthDist.constant(500),
+        n_steps=3,
+        warmup_steps=1,
+    )
     result = simulate(cfg)
     cost = resolve(cfg).cost
     # two servers, two answers each (one of each group: nothing shared), all start together
@@ -113,7 +133,9 @@ def test_one_server():
 
 def fast_trainer(cfg: SimConfig) -> SimConfig:
     """Training nearly free: throughput is set by generation alone."""
-    cost = resolve(cfg).cost.with_(train_device_s_per_token=1e-9, train_device_s_per_token_sq=0.0, train_step_overhead_s=0.01)
+    cost = resolve(cfg).cost.with_(
+        train_device_s_per_token=1e-9, train_device_s_per_token_sq=0.0, train_step_overhead_s=0.01
+    )
     return replace(cfg, cost=cost)
 
 
@@ -121,8 +143,15 @@ def test_more_rollout_devices_never_lower_generation_throughput():
     throughputs = []
     for n_rollout in (1, 2, 3, 4, 6, 8):
         # 512 answers a batch: the servers, not the answers' latency, bound generation
-        cfg = small(n_gpus=n_rollout + 2, n_rollout_gpus=n_rollout, eta=4, prompts_per_step=64, answers_per_prompt=8,
-                    n_steps=10, warmup_steps=3)
+        cfg = small(
+            n_gpus=n_rollout + 2,
+            n_rollout_gpus=n_rollout,
+            eta=4,
+            prompts_per_step=64,
+            answers_per_prompt=8,
+            n_steps=10,
+            warmup_steps=3,
+        )
         throughputs.append(simulate(fast_trainer(cfg)).generation_throughput)
     assert all(b >= a for a, b in pairwise(throughputs)), throughputs
 
@@ -281,19 +310,46 @@ def synthetic_measurements(truth, noise=0.0, seed=0):
     def jitter(x):
         return x * (1 + noise * rng.standard_normal())
 
-    decode = [{"batch": b, "context_tokens": b * per, "step_s": jitter(truth.decode_step_s(b, b * per))}
-              for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048) for per in (100, 1000, 4000)]
-    prefill = [{"tokens": n * k, "tokens_sq": n * n * k, "time_s": jitter(truth.prefill_s(n * k, n * n * k))}
-               for n in (128, 512, 2048, 8192) for k in (1, 4)]
-    train = [{"tokens": n * k, "tokens_sq": n * n * k, "n_devices": d, "time_s": jitter(truth.train_s(n * k, n * n * k, d))}
-             for n in (1000, 4000, 16000) for k in (4, 16) for d in (1, 8)]
-    return {"decode": decode, "prefill": prefill, "train": train, "weight_update_s": [truth.weight_update_s] * 3,
-            "kv_capacity_tokens": truth.kv_capacity_tokens, "train_scaling_eff": truth.train_scaling_eff}
+    decode = [
+        {"batch": b, "context_tokens": b * per, "step_s": jitter(truth.decode_step_s(b, b * per))}
+        for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+        for per in (100, 1000, 4000)
+    ]
+    prefill = [
+        {"tokens": n * k, "tokens_sq": n * n * k, "time_s": jitter(truth.prefill_s(n * k, n * n * k))}
+        for n in (128, 512, 2048, 8192)
+        for k in (1, 4)
+    ]
+    train = [
+        {"tokens": n * k, "tokens_sq": n * n * k, "n_devices": d, "time_s": jitter(truth.train_s(n * k, n * n * k, d))}
+        for n in (1000, 4000, 16000)
+        for k in (4, 16)
+        for d in (1, 8)
+    ]
+    return {
+        "decode": decode,
+        "prefill": prefill,
+        "train": train,
+        "weight_update_s": [truth.weight_update_s] * 3,
+        "kv_capacity_tokens": truth.kv_capacity_tokens,
+        "train_scaling_eff": truth.train_scaling_eff,
+    }
 
 
-FITTED = ("decode_overhead_s", "decode_weight_read_s", "decode_kv_read_s_per_token", "decode_flop_s_per_seq",
-          "decode_flop_s_per_ctx_token", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_sq",
-          "train_device_s_per_token", "train_device_s_per_token_sq", "train_step_overhead_s", "weight_update_s")
+FITTED = (
+    "decode_overhead_s",
+    "decode_weight_read_s",
+    "decode_kv_read_s_per_token",
+    "decode_flop_s_per_seq",
+    "decode_flop_s_per_ctx_token",
+    "prefill_overhead_s",
+    "prefill_s_per_token",
+    "prefill_s_per_token_sq",
+    "train_device_s_per_token",
+    "train_device_s_per_token_sq",
+    "train_step_overhead_s",
+    "weight_update_s",
+)
 
 
 def test_calibration_recovers_a_known_model():
@@ -313,7 +369,10 @@ def test_calibration_with_noise_predicts_within_a_few_percent():
 
 def test_calibration_of_a_compute_bound_machine():
     # a CPU: decode time grows with the batch from the start; no memory plane
-    decode = [{"batch": b, "context_tokens": b * 50, "step_s": 0.001 + 0.0004 * b + 1e-7 * b * 50} for b in (1, 2, 4, 8, 16, 32)]
+    decode = [
+        {"batch": b, "context_tokens": b * 50, "step_s": 0.001 + 0.0004 * b + 1e-7 * b * 50}
+        for b in (1, 2, 4, 8, 16, 32)
+    ]
     m = synthetic_measurements(COST_7B)
     fit = calibrate_from({**m, "decode": decode})
     assert fit.decode_step_s(10, 500) == pytest.approx(0.001 + 0.004 + 5e-5, rel=1e-6)
@@ -342,9 +401,19 @@ def test_calibration_input_errors():
 
 
 def test_planner_ranks_and_recommends():
-    alts = plan("1.5B", "H800", 8, LengthDist(max_new_tokens=2048, median=300, sigma=1.0), prompt_tokens=128,
-                prompts_per_step=8, answers_per_prompt=4, etas=(1, 4), rollout_shares=(0.5, 0.75),
-                n_steps=10, warmup_steps=3)
+    alts = plan(
+        "1.5B",
+        "H800",
+        8,
+        LengthDist(max_new_tokens=2048, median=300, sigma=1.0),
+        prompt_tokens=128,
+        prompts_per_step=8,
+        answers_per_prompt=4,
+        etas=(1, 4),
+        rollout_shares=(0.5, 0.75),
+        n_steps=10,
+        warmup_steps=3,
+    )
     assert [a.throughput for a in alts] == sorted((a.throughput for a in alts), reverse=True)
     assert sum(a.mode == "sync" for a in alts) == 1 and len(alts) == 1 + 2 * 2
     assert all(a.staleness_max <= a.eta for a in alts)
@@ -356,8 +425,18 @@ def test_planner_ranks_and_recommends():
 
 def test_planner_skips_splits_whose_trainer_cannot_hold_the_model():
     # 32B: 520 GB of training state needs 8 H800s; with 16 devices only 8:8 fits
-    alts = plan("32B", "H800", 16, LengthDist(max_new_tokens=1024, median=200, sigma=0.5), prompts_per_step=4,
-                answers_per_prompt=2, etas=(2,), rollout_shares=(0.5, 0.75), n_steps=4, warmup_steps=1)
+    alts = plan(
+        "32B",
+        "H800",
+        16,
+        LengthDist(max_new_tokens=1024, median=200, sigma=0.5),
+        prompts_per_step=4,
+        answers_per_prompt=2,
+        etas=(2,),
+        rollout_shares=(0.5, 0.75),
+        n_steps=4,
+        warmup_steps=1,
+    )
     assert {(a.mode, a.n_trainer_gpus) for a in alts} == {("sync", 16), ("async", 8)}
 
 
@@ -380,8 +459,9 @@ def test_measure_decode_times_the_engine():
     torch.set_num_threads(1)
     cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs/quickstart.yaml"))
     tok = build_char_tokenizer()
-    points = measure_decode(build_tiny(cfg.model.tiny, tok, 0), SamplingConfig(temperature=1.0), len(tok), reps=1,
-                            batches=(1, 4))
+    points = measure_decode(
+        build_tiny(cfg.model.tiny, tok, 0), SamplingConfig(temperature=1.0), len(tok), reps=1, batches=(1, 4)
+    )
     assert len(points) == 2 * (DECODE_NEW // DECODE_CHUNK)
     assert all(0 < p["step_s"] < 1 for p in points)
     for b in (1, 4):  # the context grows by the batch every step
@@ -392,10 +472,24 @@ def test_measure_decode_times_the_engine():
 def run_facts(**changes):
     from areal_core.sim.local import RunFacts
 
-    facts = RunFacts(run_dir="r", name="quickstart", eta=4, weight_update="reprefill", prompts_per_step=16,
-                     answers_per_prompt=8, steps=12, warmup_steps=2, max_new_tokens=96, prompt_tokens=9,
-                     answer_lengths=(10, 20, 40, 96), n_servers=1, rollout_threads=1, trainer_threads=1,
-                     max_running=256, measured_tokens_per_s=1000.0)
+    facts = RunFacts(
+        run_dir="r",
+        name="quickstart",
+        eta=4,
+        weight_update="reprefill",
+        prompts_per_step=16,
+        answers_per_prompt=8,
+        steps=12,
+        warmup_steps=2,
+        max_new_tokens=96,
+        prompt_tokens=9,
+        answer_lengths=(10, 20, 40, 96),
+        n_servers=1,
+        rollout_threads=1,
+        trainer_threads=1,
+        max_running=256,
+        measured_tokens_per_s=1000.0,
+    )
     return replace(facts, **changes)
 
 
@@ -417,9 +511,21 @@ def test_repetitions_of_a_setting_are_one_row():
     a, b = run_facts(run_dir="rep0"), run_facts(run_dir="rep1", answer_lengths=(5,), measured_tokens_per_s=2000.0)
     other = run_facts(run_dir="rep0-sync", eta=0, weight_update="drain")
     assert group_repetitions([a, other, b]) == [[a, b], [other]]
-    row = {"run": "quickstart", "mode": "async", "eta": 4, "steps": 12, "batch": "16 x 8", "answer_len_mean": 20.0,
-           "measured": 1500.0, "measured_runs": [1000.0, 2000.0], "measured_std": 707.1, "simulated": 1800.0,
-           "simulated_std": 10.0, "rel_error": 0.2, "rel_error_range": [-0.1, 0.8]}
+    row = {
+        "run": "quickstart",
+        "mode": "async",
+        "eta": 4,
+        "steps": 12,
+        "batch": "16 x 8",
+        "answer_len_mean": 20.0,
+        "measured": 1500.0,
+        "measured_runs": [1000.0, 2000.0],
+        "measured_std": 707.1,
+        "simulated": 1800.0,
+        "simulated_std": 10.0,
+        "rel_error": 0.2,
+        "rel_error_range": [-0.1, 0.8],
+    }
     line = format_rows([row]).splitlines()[-1]
     assert "| 1,500 ± 707 (2) |" in line and "| +20.0% (-10%..+80%) |" in line
     assert "(" not in format_rows([{**row, "measured_runs": [1500.0]}]).splitlines()[-1].split("|")[-2]

@@ -14,11 +14,22 @@ from areal_core.sim.engine import simulate
 from areal_core.sim.in_situ import fit, measure_run, write_fit
 
 # a CPU-core-like cost model, written out so the expected figures below are independent of any fit
-COST = CostModel(decode_overhead_s=5e-4, decode_weight_read_s=0.0, decode_kv_read_s_per_token=0.0,
-                 decode_flop_s_per_seq=2e-5, decode_flop_s_per_ctx_token=3e-7, prefill_overhead_s=2e-3,
-                 prefill_s_per_token=2e-5, prefill_s_per_token_sq=0.0, kv_capacity_tokens=10**6,
-                 train_device_s_per_token=6e-5, train_device_s_per_token_sq=1e-8, train_step_overhead_s=0.02,
-                 train_scaling_eff=0.7, weight_update_s=1e-3)
+COST = CostModel(
+    decode_overhead_s=5e-4,
+    decode_weight_read_s=0.0,
+    decode_kv_read_s_per_token=0.0,
+    decode_flop_s_per_seq=2e-5,
+    decode_flop_s_per_ctx_token=3e-7,
+    prefill_overhead_s=2e-3,
+    prefill_s_per_token=2e-5,
+    prefill_s_per_token_sq=0.0,
+    kv_capacity_tokens=10**6,
+    train_device_s_per_token=6e-5,
+    train_device_s_per_token_sq=1e-8,
+    train_step_overhead_s=0.02,
+    train_scaling_eff=0.7,
+    weight_update_s=1e-3,
+)
 ANSWERS = 4  # per prompt
 PROMPTS = 2  # per step
 STEPS = 5
@@ -29,15 +40,30 @@ def sim_cfg(mode):
     from areal_core.sim.local import sim_config
     from tests.unit.test_sim import run_facts
 
-    facts = run_facts(eta=4 if mode == "async" else 0, weight_update="reprefill" if mode == "async" else "drain",
-                      trainer_threads=1 if mode == "async" else 2, answer_lengths=(30,), max_new_tokens=30,
-                      prompts_per_step=PROMPTS, answers_per_prompt=ANSWERS)
+    facts = run_facts(
+        eta=4 if mode == "async" else 0,
+        weight_update="reprefill" if mode == "async" else "drain",
+        trainer_threads=1 if mode == "async" else 2,
+        answer_lengths=(30,),
+        max_new_tokens=30,
+        prompts_per_step=PROMPTS,
+        answers_per_prompt=ANSWERS,
+    )
     return sim_config(facts, COST)
 
 
 def fit_for(mode, train=1.5, overhead=0.004, generation=2.0, train_fixed=0.003, generation_fixed=0.05):
-    return {"modes": {mode: {"train_slowdown": train, "train_fixed_s": train_fixed, "step_overhead_s": overhead,
-                             "generation_slowdown": generation, "generation_fixed_s": generation_fixed}}}
+    return {
+        "modes": {
+            mode: {
+                "train_slowdown": train,
+                "train_fixed_s": train_fixed,
+                "step_overhead_s": overhead,
+                "generation_slowdown": generation,
+                "generation_fixed_s": generation_fixed,
+            }
+        }
+    }
 
 
 def test_in_situ_cost_scales_training_and_generation_exactly():
@@ -72,8 +98,9 @@ def write_run(folder, mode, train_factor, publish_s, wait_s, train_fixed=0.0, le
 
     base = json.loads(load_config("configs/quickstart.yaml").model_dump_json())
     base["data"]["synthetic"].update(n_train=20, n_eval=5)
-    base["trainer"].update(batch_size=PROMPTS * ANSWERS, eta=4 if mode == "async" else 0,
-                           warmup_steps_for_throughput=WARMUP)
+    base["trainer"].update(
+        batch_size=PROMPTS * ANSWERS, eta=4 if mode == "async" else 0, warmup_steps_for_throughput=WARMUP
+    )
     base["rollout"].update(n_samples=ANSWERS, weight_update="reprefill" if mode == "async" else "drain")
     from areal_core.experiment import parse_config
 
@@ -94,12 +121,25 @@ def write_run(folder, mode, train_factor, publish_s, wait_s, train_fixed=0.0, le
         threads = 1 if mode == "async" else 2
         alone = COST.train_s(computed, sq, threads)
         expected[step] = alone
-        metrics.append({"step": step, "wait_time_s": wait_s, "publish_time_s": publish_s,
-                        "step_time_s": wait_s + publish_s + train_factor * alone + train_fixed})
+        metrics.append(
+            {
+                "step": step,
+                "wait_time_s": wait_s,
+                "publish_time_s": publish_s,
+                "step_time_s": wait_s + publish_s + train_factor * alone + train_fixed,
+            }
+        )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(base))
-    (folder / "summary.json").write_text(json.dumps({"steps": STEPS, "trainer_torch_threads": 1 if mode == "async" else 2,
-                                                     "effective_train_tokens_per_s": 1000.0}))
+    (folder / "summary.json").write_text(
+        json.dumps(
+            {
+                "steps": STEPS,
+                "trainer_torch_threads": 1 if mode == "async" else 2,
+                "effective_train_tokens_per_s": 1000.0,
+            }
+        )
+    )
     pd.DataFrame(ledger).to_parquet(folder / "ledger.parquet")
     pd.DataFrame(metrics).to_parquet(folder / "metrics.parquet")
     return expected
@@ -170,11 +210,16 @@ def test_prompts_of_a_saved_character_tokenizer_are_counted_as_the_run_encoded_t
     build_tiny(TinyArch(), tokenizer, 0).save_pretrained(str(tmp_path / "model"))
     tokenizer.save_pretrained(str(tmp_path / "model"))
     records = tmp_path / "arith.jsonl"
-    records.write_text("".join(json.dumps({"id": f"a-{i}", "task": "math", "prompt": f"Compute {i}-1+2 =",
-                                           "answer": str(i + 1)}) + "\n" for i in range(8)))
+    records.write_text(
+        "".join(
+            json.dumps({"id": f"a-{i}", "task": "math", "prompt": f"Compute {i}-1+2 =", "answer": str(i + 1)}) + "\n"
+            for i in range(8)
+        )
+    )
     data = {"dataset": str(records), "eval_dataset": str(records)}
     tiny = _prompt_lengths(parse_config({"name": "t", "model": {"name": "tiny"}, "data": data}, source="test"))
-    saved = _prompt_lengths(parse_config({"name": "t", "model": {"name": str(tmp_path / "model")}, "data": data},
-                                         source="test"))
+    saved = _prompt_lengths(
+        parse_config({"name": "t", "model": {"name": str(tmp_path / "model")}, "data": data}, source="test")
+    )
     assert saved == tiny
     assert min(tiny.values()) >= len("Compute 0-1+2 =")  # every character, spaces too, is a token

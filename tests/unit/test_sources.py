@@ -8,8 +8,16 @@ import pytest
 from areal_core.data.records import RecordError
 from areal_core.data.sources import DATA_DIR, SOURCES, read_source
 
-SHIPPED_COUNTS = {"gsm8k": 1319, "math500": 500, "aime24": 30, "aime25": 30, "livecodebench": 279, "humaneval": 164,
-                  "leetcode": 200, "deepscaler_subset": 1208}
+SHIPPED_COUNTS = {
+    "gsm8k": 1319,
+    "math500": 500,
+    "aime24": 30,
+    "aime25": 30,
+    "livecodebench": 279,
+    "humaneval": 164,
+    "leetcode": 200,
+    "deepscaler_subset": 1208,
+}
 
 
 @pytest.mark.parametrize("name,count", sorted(SHIPPED_COUNTS.items()))

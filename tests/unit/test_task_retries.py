@@ -15,10 +15,21 @@ from tasks.training import _retry_condition, train_run, worth_retrying
 
 
 def test_bad_input_is_not_retried_and_lost_servers_or_storage_are():
-    final = [ConfigError("trainer.eta"), RecordError("records.jsonl, line 3"), VersionExistsError("v0"),
-             ResumeError("config differs"), TransportUnsupported("tensor"), ValueError("max() arg is empty")]
-    transient = [RolloutServerError("http://x", None, "reset"), CheckpointWriteError("s3 timeout"),
-                 ConnectionError("refused"), OSError("disk"), TimeoutError()]
+    final = [
+        ConfigError("trainer.eta"),
+        RecordError("records.jsonl, line 3"),
+        VersionExistsError("v0"),
+        ResumeError("config differs"),
+        TransportUnsupported("tensor"),
+        ValueError("max() arg is empty"),
+    ]
+    transient = [
+        RolloutServerError("http://x", None, "reset"),
+        CheckpointWriteError("s3 timeout"),
+        ConnectionError("refused"),
+        OSError("disk"),
+        TimeoutError(),
+    ]
     assert not any(worth_retrying(e) for e in final)
     assert all(worth_retrying(e) for e in transient)
     assert train_run.retries == 1 and train_run.retry_condition_fn is _retry_condition

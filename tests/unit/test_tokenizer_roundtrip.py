@@ -18,13 +18,18 @@ TEXTS = ["> a3b5=", "def f(x, y): return x*(8-5) + 5", "wrong; again:\n a1=1|1",
 
 def test_saved_char_tokenizer_encodes_as_built(tmp_path):
     tok = build_char_tokenizer()
-    model = build_tiny(TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                       tok, seed=0)
+    model = build_tiny(
+        TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64), tok, seed=0
+    )
     url = CheckpointStore(f"file://{tmp_path}/ckpt").publish(0, model, tok)
     folder = url.replace("file://", "")
     want = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
-    loaded = {"load_tokenizer": load_tokenizer(folder), "checkpoint": load_hf_folder(url)[1],
-              "evaluation": eval_tokenizer(url), "warm-start cache": _load(folder)[1]}
+    loaded = {
+        "load_tokenizer": load_tokenizer(folder),
+        "checkpoint": load_hf_folder(url)[1],
+        "evaluation": eval_tokenizer(url),
+        "warm-start cache": _load(folder)[1],
+    }
     for where, t in loaded.items():
         assert [t.encode(x, add_special_tokens=False) for x in TEXTS] == want, where
         assert (t.pad_token_id, t.eos_token_id) == (tok.pad_token_id, tok.eos_token_id), where

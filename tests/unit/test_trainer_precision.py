@@ -13,8 +13,16 @@ from areal_core.types import Trajectory
 
 def _model(dtype: torch.dtype) -> torch.nn.Module:
     """A tiny random Qwen2 whose weights all have magnitude 0.04-0.06 (a bfloat16 step there is 2.4e-4)."""
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=48, max_position_embeddings=128, eos_token_id=3)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=48,
+        max_position_embeddings=128,
+        eos_token_id=3,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
@@ -28,10 +36,21 @@ def _batch(seed: int) -> list[Trajectory]:
     out = []
     for i in range(8):
         answer = [rng.randrange(3, 40) for _ in range(8)]
-        out.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // 4}", seq_no=i, admit_version=0,
-                              prompt_ids=[rng.randrange(3, 40) for _ in range(4)], output_ids=answer,
-                              output_logprobs=[-3.8] * len(answer), output_versions=[0] * len(answer),
-                              finish_reason="stop", reward=float(i % 2) * 10 - 5, correct=None))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                seq_no=i,
+                admit_version=0,
+                prompt_ids=[rng.randrange(3, 40) for _ in range(4)],
+                output_ids=answer,
+                output_logprobs=[-3.8] * len(answer),
+                output_versions=[0] * len(answer),
+                finish_reason="stop",
+                reward=float(i % 2) * 10 - 5,
+                correct=None,
+            )
+        )
     return out
 
 

@@ -17,8 +17,11 @@ VERSION = 1000
 
 
 def _model():
-    return build_tiny(TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
-                      build_char_tokenizer(), seed=0)
+    return build_tiny(
+        TinyArch(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+        build_char_tokenizer(),
+        seed=0,
+    )
 
 
 def _batch(n=12, seed=0, stale=()):
@@ -29,26 +32,41 @@ def _batch(n=12, seed=0, stale=()):
         prompt = [rng.randrange(3, 40) for _ in range(rng.randint(2, 6))]
         answer = [rng.randrange(3, 40) for _ in range(rng.randint(1, 30))]
         v = 0 if i in stale else VERSION
-        out.append(Trajectory(traj_id=f"t{i}", group_id=f"g{i // 4}", seq_no=i, admit_version=v, prompt_ids=prompt,
-                              output_ids=answer, output_logprobs=[-1.0] * len(answer),
-                              output_versions=[v] * len(answer), finish_reason="stop",
-                              reward=float(i % 2) * 10 - 5, correct=None))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                seq_no=i,
+                admit_version=v,
+                prompt_ids=prompt,
+                output_ids=answer,
+                output_logprobs=[-1.0] * len(answer),
+                output_versions=[v] * len(answer),
+                finish_reason="stop",
+                reward=float(i % 2) * 10 - 5,
+                correct=None,
+            )
+        )
     return out
 
 
 def _trainer(model, **kw):
-    cfg = TrainerConfig(batch_size=12, max_tokens_per_microbatch=64, optim={"lr": 1e-3, "lr_schedule": "constant"},
-                        **kw)
+    cfg = TrainerConfig(
+        batch_size=12, max_tokens_per_microbatch=64, optim={"lr": 1e-3, "lr_schedule": "constant"}, **kw
+    )
     return Trainer(model, cfg, temperature=1.0, total_steps=10)
 
 
-@pytest.mark.parametrize("kw, path, prox_passes", [
-    ({"ppo_minibatches": 1}, "current_forward", 0),
-    ({"ppo_minibatches": 1, "prox_logp": "loglinear"}, "current_forward", 0),
-    ({"ppo_minibatches": 2}, "recompute", None),
-    ({"ppo_minibatches": 2, "prox_logp": "loglinear"}, "loglinear", 0),
-    ({"ppo_minibatches": 2, "objective": "naive"}, "none", 0),
-])
+@pytest.mark.parametrize(
+    "kw, path, prox_passes",
+    [
+        ({"ppo_minibatches": 1}, "current_forward", 0),
+        ({"ppo_minibatches": 1, "prox_logp": "loglinear"}, "current_forward", 0),
+        ({"ppo_minibatches": 2}, "recompute", None),
+        ({"ppo_minibatches": 2, "prox_logp": "loglinear"}, "loglinear", 0),
+        ({"ppo_minibatches": 2, "objective": "naive"}, "none", 0),
+    ],
+)
 def test_step_reports_its_prox_path(kw, path, prox_passes):
     stats = _trainer(_model(), **kw).step(_batch(), VERSION).metrics
     assert stats["prox_logp_path"] == path
@@ -77,8 +95,9 @@ def test_loglinear_uses_each_token_s_own_version():
     stale = {1, 4, 5, 10}
     batch = _batch(stale=stale)
     with torch.no_grad():
-        logp = response_logprobs(model, [t.prompt_ids + t.output_ids for t in batch],
-                                 [len(t.prompt_ids) for t in batch]).split([len(t.output_ids) for t in batch])
+        logp = response_logprobs(
+            model, [t.prompt_ids + t.output_ids for t in batch], [len(t.prompt_ids) for t in batch]
+        ).split([len(t.output_ids) for t in batch])
     for t, lp in zip(batch, logp):
         t.output_logprobs = (lp - 1.0).tolist()
     tr = _trainer(model, ppo_minibatches=2, prox_logp="loglinear")

@@ -29,6 +29,12 @@ def make_backend(rollout, *, engine, log_dir: str | Path, api_key: str | None = 
     if cfg.kind == "vllm":
         from areal_core.rollout.backends.vllm import VLLMBackend
 
-        return VLLMBackend(cfg, weight_update=rollout.weight_update, seed=engine.seed, dtype=engine.dtype,
-                           log_dir=str(log_dir), api_key=api_key)
+        return VLLMBackend(
+            cfg,
+            weight_update=rollout.weight_update,
+            seed=engine.seed,
+            dtype=engine.dtype,
+            log_dir=str(log_dir),
+            api_key=api_key,
+        )
     raise ValueError(f"unknown rollout.backend.kind {cfg.kind!r}")

@@ -35,8 +35,11 @@ class ExternalBackend:
         try:
             down = [u for u, ok in zip(self.urls, await pool.health()) if not ok]
             if down:
-                raise RolloutServerError(down[0], None, f"rollout server(s) {down} (rollout.urls) do not answer "
-                                         "GET /health; start them first")
+                raise RolloutServerError(
+                    down[0],
+                    None,
+                    f"rollout server(s) {down} (rollout.urls) do not answer GET /health; start them first",
+                )
             await pool.update_weights_from_disk(model_path, version)
         finally:
             await pool.aclose()

@@ -54,6 +54,7 @@ from pydantic import Field, model_validator
 
 from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
+from areal_core.rollout.backends.sglang_launch import check_reachable, sglang_launch_command, write_server_config
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
 from areal_core.rollout.protocol import WeightUpdateMode
@@ -67,6 +68,7 @@ class SGLangConfig(auth.ServerAuthConfig):
     ``api_key_file`` / ``api_key_env``, or ``allow_unauthenticated``); else start
     ``num_servers`` local ones on ``port``, ``port + port_stride``, ... (with more than one,
     server i sees GPUs i*tp_size.. via CUDA_VISIBLE_DEVICES), which require the run's key."""
+
     kind: Literal["sglang"] = "sglang"
     urls: list[str] = []
     num_servers: int = Field(1, ge=1)
@@ -86,31 +88,20 @@ class SGLangConfig(auth.ServerAuthConfig):
         if self.urls and self.needs_key():
             raise ValueError(auth.UNAUTHENTICATED_MESSAGE.format(what="rollout.backend SGLang servers (urls)"))
         if not self.urls and (self.api_key_file or self.api_key_env or self.allow_unauthenticated):
-            raise ValueError("rollout.backend api_key_file, api_key_env and allow_unauthenticated are for "
-                             "configured urls; servers the run starts get the run's own key")
+            raise ValueError(
+                "rollout.backend api_key_file, api_key_env and allow_unauthenticated are for "
+                "configured urls; servers the run starts get the run's own key"
+            )
         return self
 
 
-def sglang_launch_command(cfg: SGLangConfig, model_path: str, port: int, weight_version: int = 0,
-                          config_file: str | None = None) -> list[str]:
-    """``config_file``: SGLang's ``--config`` YAML (``write_server_config``: the API key)."""
-    return [cfg.python, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(cfg.tp_size),
-            "--mem-fraction-static", str(cfg.mem_fraction_static), "--host", cfg.host, "--port", str(port),
-            "--weight-version", str(weight_version), *(["--config", config_file] if config_file else []),
-            *cfg.extra_args]
-
-
-def write_server_config(folder: str, api_key: str) -> str:
-    """The YAML file given to ``sglang.launch_server --config``: ``api-key`` (SGLang's ``--api-key``),
-    in ``folder`` with mode 0600, so the key is in no process's argv."""
-    import json
-
-    return auth.write_private_file(os.path.join(folder, "sglang-server.yaml"), f"api-key: {json.dumps(api_key)}")
-
-
 def _sampling_params(s: Sampling) -> dict[str, Any]:
-    sp: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                          "top_k": s.top_k if s.top_k > 0 else -1}  # SGLang: -1 disables top-k
+    sp: dict[str, Any] = {
+        "max_new_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k if s.top_k > 0 else -1,
+    }  # SGLang: -1 disables top-k
     if s.stop_token_ids:
         sp["stop_token_ids"] = list(s.stop_token_ids)
     if s.seed is not None:
@@ -131,8 +122,10 @@ def wire_rid(rid: str) -> str:
 def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     """One SGLang ``/generate`` answer -> Generation; a missing or malformed field raises
     RolloutServerError naming it."""
+
     def bad(field: str, why: str) -> RolloutServerError:
         return RolloutServerError(url, 200, f"malformed /generate response: {field} {why}")
+
     if not isinstance(body, dict):
         raise bad("body", f"must be an object, got {type(body).__name__}")
     ids, meta = body.get("output_ids"), body.get("meta_info")
@@ -150,13 +143,17 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     if not isinstance(lps, list):
         raise bad("meta_info.output_token_logprobs", "is missing (was return_logprob sent?)")
     if finish == "abort" and len(lps) > len(ids):
-        lps = lps[:len(ids)]
+        lps = lps[: len(ids)]
     if len(lps) != len(ids):
         raise bad("meta_info.output_token_logprobs", f"has {len(lps)} entries for {len(ids)} output_ids")
     logprobs = []
     for i, (entry, tok) in enumerate(zip(lps, ids)):
-        if not (isinstance(entry, (list, tuple)) and len(entry) >= 2 and isinstance(entry[0], (int, float))
-                and entry[1] == tok):
+        if not (
+            isinstance(entry, (list, tuple))
+            and len(entry) >= 2
+            and isinstance(entry[0], (int, float))
+            and entry[1] == tok
+        ):
             raise bad(f"meta_info.output_token_logprobs[{i}]", f"must be [logprob, {tok}, text], got {entry!r}")
         logprobs.append(float(entry[0]))
     try:
@@ -176,8 +173,14 @@ class SGLangClient(HTTPClient):
 
     TRANSPORTS = ("disk", "distributed")  # SGLang's tensor update passes CUDA IPC handles: not here
 
-    def __init__(self, url: str, timeout_s: float = 600.0, pause_mode: PauseMode | None = "retract",
-                 retries: int = 2, api_key: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 600.0,
+        pause_mode: PauseMode | None = "retract",
+        retries: int = 2,
+        api_key: str | None = None,
+    ):
         """``pause_mode``: what an update does to in-flight requests (None: SGLang lets them finish
         first, our ``drain``); ``api_key``: the server's (sent as a bearer token)."""
         super().__init__(url, timeout_s, retries, api_key)
@@ -192,30 +195,41 @@ class SGLangClient(HTTPClient):
         return ans
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation:
-        body = {"input_ids": [int(t) for t in input_ids], "sampling_params": _sampling_params(sampling),
-                "return_logprob": True, "rid": wire_rid(rid)}
+        body = {
+            "input_ids": [int(t) for t in input_ids],
+            "sampling_params": _sampling_params(sampling),
+            "return_logprob": True,
+            "rid": wire_rid(rid),
+        }
         self._in_flight += 1
         try:
             return parse_generate_response(await self._json("POST", "/generate", body), self.url)
         finally:
             self._in_flight -= 1
 
-    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
-                             rids: Sequence[str]) -> list[Generation]:
+    async def generate_batch(
+        self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling], rids: Sequence[str]
+    ) -> list[Generation]:
         n = len(input_ids)
         if not n == len(sampling) == len(rids):
             raise ValueError(f"{n} prompts, {len(sampling)} sampling params, {len(rids)} rids")
-        body = {"input_ids": [[int(t) for t in ids] for ids in input_ids],
-                "sampling_params": [_sampling_params(s) for s in sampling], "return_logprob": True,
-                "rid": [wire_rid(r) for r in rids]}
+        body = {
+            "input_ids": [[int(t) for t in ids] for ids in input_ids],
+            "sampling_params": [_sampling_params(s) for s in sampling],
+            "return_logprob": True,
+            "rid": [wire_rid(r) for r in rids],
+        }
         self._in_flight += n
         try:
             ans = await self._json("POST", "/generate", body)
         finally:
             self._in_flight -= n
         if not isinstance(ans, list) or len(ans) != n:
-            raise RolloutServerError(self.url, 200, f"malformed batched /generate response: expected a list "
-                                                    f"of {n} responses, got {type(ans).__name__}")
+            raise RolloutServerError(
+                self.url,
+                200,
+                f"malformed batched /generate response: expected a list of {n} responses, got {type(ans).__name__}",
+            )
         return [parse_generate_response(a, self.url) for a in ans]
 
     async def abort_request(self, rid: str) -> None:
@@ -253,24 +267,53 @@ class SGLangClient(HTTPClient):
             await self._update_from_disk(model_path, version)
 
     async def _update_from_disk(self, model_path: str, version: int) -> None:
-        await self._ok("/update_weights_from_disk", {
-            "model_path": model_path, "weight_version": str(version), "abort_all_requests": False,
-            "flush_cache": self.pause_mode != "in_place"})
+        await self._ok(
+            "/update_weights_from_disk",
+            {
+                "model_path": model_path,
+                "weight_version": str(version),
+                "abort_all_requests": False,
+                "flush_cache": self.pause_mode != "in_place",
+            },
+        )
 
-    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                        world_size: int, group_name: str, backend: str = "nccl") -> None:
-        await self._ok("/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend})
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+    ) -> None:
+        await self._ok(
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+        )
 
     async def update_weights_from_distributed(self, specs, group_name: str, version: int) -> None:
         """The tensors ``specs`` (name, dtype, shape each) broadcast by the trainer (rank 0)."""
         names, dtypes, shapes = [s.name for s in specs], [s.dtype for s in specs], [list(s.shape) for s in specs]
         async with self._paused_for_update():
-            await self._ok("/update_weights_from_distributed", {
-                "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                "weight_version": str(version), "abort_all_requests": False,
-                "flush_cache": self.pause_mode != "in_place"})
+            await self._ok(
+                "/update_weights_from_distributed",
+                {
+                    "names": names,
+                    "dtypes": dtypes,
+                    "shapes": shapes,
+                    "group_name": group_name,
+                    "weight_version": str(version),
+                    "abort_all_requests": False,
+                    "flush_cache": self.pause_mode != "in_place",
+                },
+            )
 
     async def info(self) -> ServerInfo:
         """``running``: this client's requests awaiting an answer; SGLang's /model_info reports no
@@ -284,33 +327,29 @@ class SGLangClient(HTTPClient):
         try:
             version = int(ans["weight_version"])
         except (KeyError, TypeError, ValueError) as e:
-            raise RolloutServerError(self.url, 200, f"model_info.weight_version is not an integer label: "
-                                                    f"{ans!r} (start servers with --weight-version <int>)") from e
+            raise RolloutServerError(
+                self.url,
+                200,
+                f"model_info.weight_version is not an integer label: "
+                f"{ans!r} (start servers with --weight-version <int>)",
+            ) from e
         return ServerInfo(weight_version=version, running=self._in_flight, waiting=0, paused=self._paused)
-
-
-def check_reachable(urls: Sequence[str], timeout_s: float) -> None:
-    """Raise RolloutServerError (server_down) naming each configured URL whose /health does not
-    answer 200 within ``timeout_s``."""
-    deadline, dead = time.monotonic() + timeout_s, list(urls)
-    while dead:
-        dead = [u for u in dead if not check_health_sync(u.rstrip("/"), timeout_s=2.0)]
-        if dead and time.monotonic() > deadline:
-            raise RolloutServerError(dead[0], None, "configured SGLang server unreachable: tried GET "
-                                     + ", ".join(f"{u.rstrip('/')}/health" for u in dead)
-                                     + f" for {timeout_s:.0f}s without a 200 answer")
-        if dead:
-            time.sleep(0.2)
 
 
 class SGLangBackend:
     """Starts SGLang servers as child processes (each its own process group, stopped by its PID),
     or uses the configured ``urls`` (which then load the run's weights from disk at launch);
     implements areal_core.rollout.backend.RolloutBackend."""
+
     name = "sglang"
 
-    def __init__(self, cfg: SGLangConfig, log_dir: str | None = None, weight_update: WeightUpdateMode = "reprefill",
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        cfg: SGLangConfig,
+        log_dir: str | None = None,
+        weight_update: WeightUpdateMode = "reprefill",
+        api_key: str | None = None,
+    ):
         """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update;
         ``api_key``: what servers started here require (the run's; None: one made here)."""
         self.cfg = cfg
@@ -318,8 +357,9 @@ class SGLangBackend:
         self.restartable = not cfg.urls
         self.reads_store_urls = False  # (SGLang loads a folder path its own host can read)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sglang-logs-")
-        self.api_key = cfg.resolve("the SGLang servers in rollout.backend.urls") if cfg.urls \
-            else api_key or auth.new_key()
+        self.api_key = (
+            cfg.resolve("the SGLang servers in rollout.backend.urls") if cfg.urls else api_key or auth.new_key()
+        )
         self._config_file: str | None = None  # while servers started here run: the file holding their key
         self.servers: dict[str, tuple[int, ServerProcess]] = {}  # url -> (index, process)
         self._model_path, self._version = "", 0
@@ -356,8 +396,9 @@ class SGLangBackend:
         log_path = os.path.join(self.log_dir, f"sglang-{i}.log")
         cmd = sglang_launch_command(self.cfg, self._model_path, port, self._version, self._config_file)
         with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         server = ServerProcess(proc, self.cfg.host, port, log_path, self.api_key)
         auth.remember(server.url, self.api_key)
         self.servers[server.url] = (i, server)
@@ -367,11 +408,16 @@ class SGLangBackend:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while not check_health_sync(s.url, timeout_s=2.0):
             if not s.alive() or time.monotonic() > deadline:
-                why = f"exited with code {s.returncode}" if not s.alive() else \
-                    f"not healthy after {self.cfg.startup_timeout_s:.0f}s"
+                why = (
+                    f"exited with code {s.returncode}"
+                    if not s.alive()
+                    else f"not healthy after {self.cfg.startup_timeout_s:.0f}s"
+                )
                 s.stop()
-                raise RuntimeError(f"SGLang server {s.url} (pid {s.pid}) {why}; tried GET {s.url}/health; "
-                                   f"log {s.log_path}:\n{s.log_tail()}")
+                raise RuntimeError(
+                    f"SGLang server {s.url} (pid {s.pid}) {why}; tried GET {s.url}/health; "
+                    f"log {s.log_path}:\n{s.log_tail()}"
+                )
             time.sleep(0.5)
 
     async def _load_all(self, urls: list[str], model_path: str, version: int) -> None:

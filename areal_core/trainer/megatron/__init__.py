@@ -14,6 +14,9 @@ import warnings
 
 # megatron-core's import- and build-time advice for CUDA machines (Apex, CUDA graphs, CUDA stream
 # connections) means nothing on the CPU path and would fill every run's console
-for _message in ("Apex is not installed", "full scope is deprecated",
-                 "When using async grad allreduce it is recommended"):
+for _message in (
+    "Apex is not installed",
+    "full scope is deprecated",
+    "When using async grad allreduce it is recommended",
+):
     warnings.filterwarnings("ignore", message=_message)

@@ -48,8 +48,16 @@ def deal_by_tokens(indices: list[int], lengths: list[int], n_ranks: int) -> list
 
 
 class MegatronEngine:
-    def __init__(self, hf_config, cfg: TrainerConfig, temperature: float, total_steps: int, tp: int, seed: int = 0,
-                 device: str = "cpu"):
+    def __init__(
+        self,
+        hf_config,
+        cfg: TrainerConfig,
+        temperature: float,
+        total_steps: int,
+        tp: int,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
         self.device, backend = parallel.use_device(device)  # NCCL between GPUs, gloo between CPU processes
         cuda = self.device.type == "cuda"
         self.layout = lay = parallel.init_parallel(tp, backend=backend)
@@ -66,8 +74,9 @@ class MegatronEngine:
         self._names = [n for n, _ in self.module.named_parameters()]
         self._params = [p for _, p in self.module.named_parameters()]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self._params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self._params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
 
     # ---- weights and state ------------------------------------------------------------------
@@ -89,8 +98,9 @@ class MegatronEngine:
 
     def gather_hf_grads(self) -> dict[str, torch.Tensor] | None:
         """The last minibatch's gradients (after the all-reduce and clipping), like :meth:`gather_hf`."""
-        return self._to_hf({n: p.grad if p.grad is not None else torch.zeros_like(p)
-                            for n, p in zip(self._names, self._params)})
+        return self._to_hf(
+            {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in zip(self._names, self._params)}
+        )
 
     def state(self) -> dict | None:
         """Everything a resume needs, keyed by HF names (independent of the parallel layout); rank 0."""
@@ -106,13 +116,20 @@ class MegatronEngine:
         if self.layout.rank != 0:
             return None
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        return {"backend": "megatron", "master_weights": weights, "moments": moments,
-                "param_groups": groups, "scheduler": self.scheduler.state_dict()}
+        return {
+            "backend": "megatron",
+            "master_weights": weights,
+            "moments": moments,
+            "param_groups": groups,
+            "scheduler": self.scheduler.state_dict(),
+        }
 
     def load_state(self, state: dict) -> None:
         if state.get("backend") != "megatron":
-            raise ValueError(f"not a megatron trainer state (backend {state.get('backend')!r}); "
-                             "the torch trainer's optimizer state is keyed by its own parameter order")
+            raise ValueError(
+                f"not a megatron trainer state (backend {state.get('backend')!r}); "
+                "the torch trainer's optimizer state is keyed by its own parameter order"
+            )
         self.load_hf(state["master_weights"])
         self.optimizer.state.clear()
         if state["moments"] is not None:
@@ -126,8 +143,10 @@ class MegatronEngine:
         shapes = mapping.hf_shapes(self.arch)
         missing = [n for n in shapes if n not in moments]
         if missing:
-            raise KeyError(f"moments lack {len(missing)} parameters, e.g. {missing[:3]} (the megatron trainer "
-                           "fuses q/k/v and gate/up, so it adopts all or nothing)")
+            raise KeyError(
+                f"moments lack {len(missing)} parameters, e.g. {missing[:3]} (the megatron trainer "
+                "fuses q/k/v and gate/up, so it adopts all or nothing)"
+            )
         for n, s in shapes.items():
             if tuple(moments[n]["exp_avg"].shape) != s:
                 raise ValueError(f"moments for {n} have shape {tuple(moments[n]['exp_avg'].shape)}, the parameter {s}")
@@ -136,9 +155,11 @@ class MegatronEngine:
         sq = mapping.hf_to_megatron({n: m["exp_avg_sq"] for n, m in moments.items()}, self.arch, tp, r)
         step = next(iter(moments.values()))["step"]
         for n, p in zip(self._names, self._params):
-            self.optimizer.state[p] = {"step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
-                                       "exp_avg": avg[n].to(p.device, copy=True),
-                                       "exp_avg_sq": sq[n].to(p.device, copy=True)}
+            self.optimizer.state[p] = {
+                "step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
+                "exp_avg": avg[n].to(p.device, copy=True),
+                "exp_avg_sq": sq[n].to(p.device, copy=True),
+            }
         return len(shapes)
 
     # ---- forward ----------------------------------------------------------------------------
@@ -159,7 +180,9 @@ class MegatronEngine:
             targets += s[st:]
         dev = self.device
         pos = torch.arange(S, device=dev)[None].expand(len(seqs), S)
-        logits = self.module(ids.to(dev), pos, shims.causal_mask(S, dev))  # [B, S, this rank's slice of the padded vocab]
+        logits = self.module(
+            ids.to(dev), pos, shims.causal_mask(S, dev)
+        )  # [B, S, this rank's slice of the padded vocab]
         x = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()
         if self.temperature != 1.0:
             x = x / self.temperature
@@ -220,7 +243,9 @@ class MegatronEngine:
         self.module.train()
         total = sum(prep.n_trained)  # policy tokens: environment tokens in multi-turn answers are not trained
         # (logprob_gap_*: step_parts.logprob_gap, present whatever the path so every rank reduces the same keys)
-        sums = {k: 0.0 for k in ("loss", *STAT_KEYS, "logprob_gap_sum", "logprob_gap_tokens_sum") if not k.endswith("_max")}
+        sums = {
+            k: 0.0 for k in ("loss", *STAT_KEYS, "logprob_gap_sum", "logprob_gap_tokens_sum") if not k.endswith("_max")
+        }
         maxes = {**{k: -math.inf for k in STAT_KEYS if k.endswith("_max")}, "logprob_gap_max": 0.0}
         n_forward, grad_norms = 0, []
         for mbatch, my in zip(minibatches, mine):
@@ -228,8 +253,9 @@ class MegatronEngine:
             self.optimizer.zero_grad(set_to_none=True)
             for idx in self.microbatches(my, lengths):
                 logp = self.logprobs([seqs[i] for i in idx], [starts[i] for i in idx])
-                loss, st = ppo_loss(cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version,
-                                    n_tokens=n_tokens)
+                loss, st = ppo_loss(
+                    cfg, path, logp, prep, idx, prox=prox, versions=versions, version=version, n_tokens=n_tokens
+                )
                 loss.backward()
                 n_forward += 1
                 share = sum(prep.n_trained[i] for i in idx) / total
@@ -252,9 +278,13 @@ class MegatronEngine:
         if sums["logprob_gap_tokens_sum"]:
             sums["logprob_gap_mean"] = sums["logprob_gap_sum"] / sums["logprob_gap_tokens_sum"]
         return {
-            **{k: v for k, v in sums.items() if k not in ("forward_passes", "prox_forward_passes")}, **maxes,
+            **{k: v for k, v in sums.items() if k not in ("forward_passes", "prox_forward_passes")},
+            **maxes,
             **batch_stats(batch, prep, version),
             "forward_passes": int(sums["forward_passes"]),
-            "prox_logp_path": path, "prox_forward_passes": int(sums["prox_forward_passes"]),
-            "grad_norm": max(grad_norms), "lr": lr, "train_time_s": time.perf_counter() - t0,
+            "prox_logp_path": path,
+            "prox_forward_passes": int(sums["prox_forward_passes"]),
+            "grad_norm": max(grad_norms),
+            "lr": lr,
+            "train_time_s": time.perf_counter() - t0,
         }

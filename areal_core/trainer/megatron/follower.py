@@ -49,9 +49,11 @@ def follow(tp_size: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m areal_core.trainer.megatron.follower",
-                                 description="A megatron trainer rank other than 0 (RANK, WORLD_SIZE, MASTER_* "
-                                             "from the environment, as torchrun sets them).")
+    ap = argparse.ArgumentParser(
+        prog="python -m areal_core.trainer.megatron.follower",
+        description="A megatron trainer rank other than 0 (RANK, WORLD_SIZE, MASTER_* "
+        "from the environment, as torchrun sets them).",
+    )
     ap.add_argument("--tensor-parallel-size", type=int, required=True)
     follow(ap.parse_args(argv).tensor_parallel_size)
     return 0

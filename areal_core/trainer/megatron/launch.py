@@ -24,20 +24,43 @@ def local_ranks(processes: int, tp_size: int, log_dir: str | Path) -> Iterator[l
         yield []
         return
     port = free_port()
-    base = {"WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    base = {
+        "WORLD_SIZE": str(processes),
+        "LOCAL_WORLD_SIZE": str(processes),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     procs: list[subprocess.Popen] = []
     saved = {k: os.environ.get(k) for k in _RENDEZVOUS}
     try:
         for rank in range(1, processes):
-            env = {**os.environ, **base, "RANK": str(rank), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
-                   "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[3]),
-                                                             os.environ.get("PYTHONPATH")) if p)}
+            env = {
+                **os.environ,
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH")) if p
+                ),
+            }
             with open(Path(log_dir) / f"megatron_rank{rank}.log", "ab") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "areal_core.trainer.megatron.follower", "--tensor-parallel-size",
-                     str(tp_size)], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True))  # Ctrl-C reaches rank 0 alone, which releases them
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "areal_core.trainer.megatron.follower",
+                            "--tensor-parallel-size",
+                            str(tp_size),
+                        ],
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )  # Ctrl-C reaches rank 0 alone, which releases them
         os.environ.update({**base, "RANK": "0", "LOCAL_RANK": "0"})
         yield procs
         for p in procs:  # released by MegatronTrainer.close(): they exit on their own

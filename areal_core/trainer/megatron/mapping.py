@@ -68,32 +68,64 @@ def arch_of(hf_config, tp: int = 1) -> Arch:
     heads, kv = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     check_tp(tp, heads, kv)
-    return Arch(mt, c.num_hidden_layers, c.hidden_size, heads, kv, head_dim, c.intermediate_size, c.vocab_size,
-                float(c.rms_norm_eps), float(rope["rope_theta"]), qkv_bias, mt == "qwen3",
-                bool(getattr(c, "tie_word_embeddings", False)), int(c.max_position_embeddings))
+    return Arch(
+        mt,
+        c.num_hidden_layers,
+        c.hidden_size,
+        heads,
+        kv,
+        head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        float(c.rms_norm_eps),
+        float(rope["rope_theta"]),
+        qkv_bias,
+        mt == "qwen3",
+        bool(getattr(c, "tie_word_embeddings", False)),
+        int(c.max_position_embeddings),
+    )
 
 
 def check_tp(tp: int, heads: int, kv_heads: int) -> None:
     if tp < 1:
         raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
     if heads % tp or kv_heads % tp:
-        raise ValueError(f"tensor-parallel size {tp} must divide both the number of attention heads ({heads}) "
-                         f"and of key/value heads ({kv_heads})")
+        raise ValueError(
+            f"tensor-parallel size {tp} must divide both the number of attention heads ({heads}) "
+            f"and of key/value heads ({kv_heads})"
+        )
 
 
 def transformer_config(arch: Arch, tp: int, cpu: bool = True):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
-        num_layers=arch.n_layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
-        num_query_groups=arch.kv_heads, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn,
-        normalization="RMSNorm", layernorm_epsilon=arch.eps, gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_norm,
-        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
-        params_dtype=torch.float32, use_cpu_initialization=cpu, perform_initialization=False,
+        num_layers=arch.n_layers,
+        hidden_size=arch.hidden,
+        num_attention_heads=arch.heads,
+        num_query_groups=arch.kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        params_dtype=torch.float32,
+        use_cpu_initialization=cpu,
+        perform_initialization=False,
         # fused kernels are CUDA-only (and Apex / Transformer Engine are absent)
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
     )
 
@@ -105,10 +137,16 @@ def build_gpt(arch: Arch, tp: int, cpu: bool = True):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
-    return GPTModel(transformer_config(arch, tp, cpu), spec, vocab_size=arch.padded_vocab(tp),
-                    max_sequence_length=arch.max_positions, position_embedding_type="rope",
-                    rotary_base=arch.rope_theta, share_embeddings_and_output_weights=arch.tied,
-                    parallel_output=True)  # vocab-parallel logits (gathering them is CUDA-only in megatron)
+    return GPTModel(
+        transformer_config(arch, tp, cpu),
+        spec,
+        vocab_size=arch.padded_vocab(tp),
+        max_sequence_length=arch.max_positions,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+        share_embeddings_and_output_weights=arch.tied,
+        parallel_output=True,
+    )  # vocab-parallel logits (gathering them is CUDA-only in megatron)
 
 
 def hf_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:
@@ -201,6 +239,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Arch, tp: int, rank: int) 
 def megatron_to_hf(shards: list[dict[str, torch.Tensor]], arch: Arch) -> dict[str, torch.Tensor]:
     """Full HF tensors from every tensor-parallel rank's shard (``shards[r]`` = rank r's), in
     :func:`hf_shapes`' order. Inverse of :func:`hf_to_megatron`, bit for bit."""
+
     def cat(name: str, dim: int = 0) -> torch.Tensor:
         return torch.cat([s[name] for s in shards], dim=dim)
 
@@ -240,8 +279,10 @@ def load_into(model: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
     """Copy one rank's shard (:func:`hf_to_megatron`) into the megatron module; names and shapes must match."""
     params = dict(model.named_parameters())
     if set(params) != set(shard):
-        raise KeyError(f"megatron parameters and shard differ: only in the model {sorted(set(params) - set(shard))[:3]}, "
-                       f"only in the shard {sorted(set(shard) - set(params))[:3]}")
+        raise KeyError(
+            f"megatron parameters and shard differ: only in the model {sorted(set(params) - set(shard))[:3]}, "
+            f"only in the shard {sorted(set(shard) - set(params))[:3]}"
+        )
     for name, p in params.items():
         if p.shape != shard[name].shape:
             raise ValueError(f"{name}: the model has shape {tuple(p.shape)}, the shard {tuple(shard[name].shape)}")

@@ -37,8 +37,10 @@ def init_parallel(tp: int, backend: str = "gloo") -> Layout:
     takes the rest. Idempotent for the same ``tp`` and backend.
     """
     if dist.is_initialized() and dist.get_backend() != backend:
-        raise RuntimeError(f"the process group is already initialised with backend {dist.get_backend()!r}, "
-                           f"not {backend!r} (one trainer per process; parallel.shutdown() in between)")
+        raise RuntimeError(
+            f"the process group is already initialised with backend {dist.get_backend()!r}, "
+            f"not {backend!r} (one trainer per process; parallel.shutdown() in between)"
+        )
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend)
@@ -50,13 +52,22 @@ def init_parallel(tp: int, backend: str = "gloo") -> Layout:
     if ps.model_parallel_is_initialized():
         have = ps.get_tensor_model_parallel_world_size()
         if have != tp:
-            raise RuntimeError(f"megatron model parallelism is already initialised with tensor-parallel size "
-                               f"{have}, not {tp} (one trainer per process)")
+            raise RuntimeError(
+                f"megatron model parallelism is already initialised with tensor-parallel size "
+                f"{have}, not {tp} (one trainer per process)"
+            )
     else:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-    return Layout(dist.get_rank(), world, tp, ps.get_tensor_model_parallel_rank(),
-                  ps.get_data_parallel_world_size(), ps.get_data_parallel_rank(),
-                  ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())
+    return Layout(
+        dist.get_rank(),
+        world,
+        tp,
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_data_parallel_world_size(),
+        ps.get_data_parallel_rank(),
+        ps.get_tensor_model_parallel_group(),
+        ps.get_data_parallel_group(),
+    )
 
 
 def use_device(device: str | torch.device) -> tuple[torch.device, str]:
@@ -102,7 +113,9 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def broadcast_tensors(
+    tensors: dict[str, torch.Tensor] | None, shapes: dict[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
     """Rank 0's float32 ``tensors`` on every rank (others pass None), in ``shapes``' order, on
     :func:`comm_device`."""
     names = list(shapes)
@@ -116,7 +129,7 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, shapes: dict[str,
     out, offset = {}, 0
     for n in names:
         k = int(torch.Size(shapes[n]).numel())
-        out[n] = flat[offset:offset + k].view(shapes[n]).clone()
+        out[n] = flat[offset : offset + k].view(shapes[n]).clone()
         offset += k
     return out
 
@@ -135,7 +148,7 @@ def gather_tp(local: dict[str, torch.Tensor], layout: Layout) -> list[dict[str, 
         d, offset = {}, 0
         for n in names:
             k = local[n].numel()
-            d[n] = part[offset:offset + k].view(local[n].shape)
+            d[n] = part[offset : offset + k].view(local[n].shape)
             offset += k
         out.append(d)
     return out

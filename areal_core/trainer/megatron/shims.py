@@ -138,7 +138,7 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
         offset += n
 
 

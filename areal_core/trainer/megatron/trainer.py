@@ -26,16 +26,26 @@ from areal_core.types import Trajectory
 
 
 class MegatronTrainer:
-    def __init__(self, model, cfg: TrainerConfig, temperature: float, total_steps: int, tp_size: int = 1,
-                 seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        model,
+        cfg: TrainerConfig,
+        temperature: float,
+        total_steps: int,
+        tp_size: int = 1,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
         self.model = model
         init = (model.config, cfg, temperature, total_steps, tp_size, seed, device)
         self.engine = None
         _, backend = parallel.use_device(device)  # (a GPU: NCCL, and this rank's GPU made current first)
         layout = parallel.init_parallel(tp_size, backend=backend)  # rank 0 of the job from here on
         if layout.rank != 0:
-            raise RuntimeError(f"MegatronTrainer is built on rank 0 only; rank {layout.rank} must run "
-                               "areal_core.trainer.megatron.follower.follow()")
+            raise RuntimeError(
+                f"MegatronTrainer is built on rank 0 only; rank {layout.rank} must run "
+                "areal_core.trainer.megatron.follower.follow()"
+            )
         try:  # a clear error here, before the followers build anything; they are released with it
             self._check(model, tp_size)
         except (ValueError, NotImplementedError):
@@ -53,8 +63,10 @@ class MegatronTrainer:
         have = {n: tuple(p.shape) for n, p in model.named_parameters()}
         if have != mapping.hf_shapes(arch):
             diff = sorted(set(have.items()) ^ set(mapping.hf_shapes(arch).items()))
-            raise ValueError(f"the {arch.model_type} model's parameters are not what its config maps to "
-                             f"(first differences: {diff[:3]})")
+            raise ValueError(
+                f"the {arch.model_type} model's parameters are not what its config maps to "
+                f"(first differences: {diff[:3]})"
+            )
 
     def _call(self, name: str, *args):
         parallel.send_command(name, *args)

@@ -59,17 +59,21 @@ class EmbeddedClient(HTTPClient):
         return st
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str | None = None) -> Generation:
-        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling),
-                              rid=rid)
+        req = GenerateRequest(
+            input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling), rid=rid
+        )
         return to_generation(GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req)))
 
-    async def generate_batch(self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling],
-                             rids: Sequence[str] | None = None) -> list[Generation]:
+    async def generate_batch(
+        self, input_ids: Sequence[Sequence[int]], sampling: Sequence[Sampling], rids: Sequence[str] | None = None
+    ) -> list[Generation]:
         """Several prompts in one request (they are admitted together), ``sampling`` one per prompt;
         responses in order."""
-        req = GenerateBatchRequest(input_ids=[[int(t) for t in ids] for ids in input_ids],
-                                   sampling_params=[_sampling_params(s) for s in sampling],
-                                   rid=list(rids) if rids is not None else None)
+        req = GenerateBatchRequest(
+            input_ids=[[int(t) for t in ids] for ids in input_ids],
+            sampling_params=[_sampling_params(s) for s in sampling],
+            rid=list(rids) if rids is not None else None,
+        )
         return [to_generation(r) for r in _RESPONSES.validate_json(await self._call("POST", GENERATE, req))]
 
     async def pause(self) -> None:
@@ -85,25 +89,46 @@ class EmbeddedClient(HTTPClient):
     async def update_weights_from_shared_memory(self, shm_name: str, specs, version: int) -> None:
         """Weights in a shared-memory segment on this host (``weight_layout.TensorSpec`` list)."""
         tensors = [SharedTensor(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset) for s in specs]
-        await self._status(UPDATE_FROM_TENSOR, UpdateWeightsFromSharedMemoryRequest(
-            shm_name=shm_name, tensors=tensors, weight_version=version))
+        await self._status(
+            UPDATE_FROM_TENSOR,
+            UpdateWeightsFromSharedMemoryRequest(shm_name=shm_name, tensors=tensors, weight_version=version),
+        )
 
-    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                        world_size: int, group_name: str, backend: str) -> None:
-        await self._status(INIT_GROUP, InitWeightsGroupRequest(
-            master_address=master_address, master_port=master_port, rank_offset=rank_offset,
-            world_size=world_size, group_name=group_name, backend=backend))
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        await self._status(
+            INIT_GROUP,
+            InitWeightsGroupRequest(
+                master_address=master_address,
+                master_port=master_port,
+                rank_offset=rank_offset,
+                world_size=world_size,
+                group_name=group_name,
+                backend=backend,
+            ),
+        )
 
     async def update_weights_from_distributed(self, specs, group_name: str, version: int) -> None:
         """Returns once the server received every tensor (broadcast by rank 0) and serves ``version``."""
-        await self._status(UPDATE_FROM_DISTRIBUTED, UpdateWeightsFromDistributedRequest(
-            names=[s.name for s in specs], dtypes=[s.dtype for s in specs], shapes=[list(s.shape) for s in specs],
-            group_name=group_name, weight_version=version))
+        await self._status(
+            UPDATE_FROM_DISTRIBUTED,
+            UpdateWeightsFromDistributedRequest(
+                names=[s.name for s in specs],
+                dtypes=[s.dtype for s in specs],
+                shapes=[list(s.shape) for s in specs],
+                group_name=group_name,
+                weight_version=version,
+            ),
+        )
 
     async def weights_by_name(self, name: str, truncate_size: int = 100) -> list[float]:
         """The first ``truncate_size`` values of parameter ``name`` as the server holds it."""
-        return json.loads(await self._call("POST", "/get_weights_by_name",
-                                           WeightsByNameRequest(name=name, truncate_size=truncate_size)))
+        return json.loads(
+            await self._call(
+                "POST", "/get_weights_by_name", WeightsByNameRequest(name=name, truncate_size=truncate_size)
+            )
+        )
 
     async def abort_request(self, rid: str) -> None:
         """Stop request ``rid`` on the server (its output so far is returned to whoever waits for it)."""
@@ -121,8 +146,14 @@ class EmbeddedClient(HTTPClient):
 
     async def info(self) -> ServerInfo:
         m = await self.model_info()
-        return ServerInfo(weight_version=m.weight_version, running=m.running, waiting=m.waiting, paused=m.paused,
-                          busy_s=m.busy_s, reprefilled_tokens=m.reprefilled_tokens)
+        return ServerInfo(
+            weight_version=m.weight_version,
+            running=m.running,
+            waiting=m.waiting,
+            paused=m.paused,
+            busy_s=m.busy_s,
+            reprefilled_tokens=m.reprefilled_tokens,
+        )
 
     async def requests(self) -> RequestsSnapshot:
         """Partial outputs of the unfinished requests (a protocol extension, see protocol.py)."""
@@ -130,8 +161,10 @@ class EmbeddedClient(HTTPClient):
 
     async def partial_outputs(self) -> dict[str, Generation]:
         """What each unfinished request has generated so far, by request id."""
-        return {p.rid: Generation(list(p.output_ids), list(p.output_token_logprobs), list(p.output_token_versions),
-                                  "abort") for p in (await self.requests()).requests}
+        return {
+            p.rid: Generation(list(p.output_ids), list(p.output_token_logprobs), list(p.output_token_versions), "abort")
+            for p in (await self.requests()).requests
+        }
 
 
 class _Empty(pydantic.BaseModel):
@@ -143,16 +176,27 @@ _RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
 
 def _sampling_params(s: Sampling) -> SamplingParams:
     """``s`` as the server's wire model (the seed under SGLang's name ``sampling_seed``)."""
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-                          stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, sampling_seed=s.seed)
+    return SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        stop_token_ids=list(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+        sampling_seed=s.seed,
+    )
 
 
 def to_generation(resp: GenerateResponse) -> Generation:
     meta = resp.meta_info
     if [t for _, t, _ in meta.output_token_logprobs] != resp.output_ids:
         raise ValueError(f"request {meta.id}: meta_info.output_token_logprobs does not follow output_ids")
-    return Generation(output_ids=list(resp.output_ids), logprobs=[lp for lp, _, _ in meta.output_token_logprobs],
-                      versions=list(meta.output_token_versions), finish_reason=meta.finish_reason.type)
+    return Generation(
+        output_ids=list(resp.output_ids),
+        logprobs=[lp for lp, _, _ in meta.output_token_logprobs],
+        versions=list(meta.output_token_versions),
+        finish_reason=meta.finish_reason.type,
+    )
 
 
 _EMPTY = _Empty()

@@ -124,14 +124,21 @@ class RolloutEngine(BatchSteps):
             kv_slots = 16 if kv_budget is None else 1
         if kv_capacity is None:
             kv_capacity = 256 if kv_budget is None else 1
-        self.kv = KVForward(model, max_slots=max_running, init_slots=kv_slots, init_capacity=kv_capacity,
-                            batch_invariant=batch_invariant)
+        self.kv = KVForward(
+            model,
+            max_slots=max_running,
+            init_slots=kv_slots,
+            init_capacity=kv_capacity,
+            batch_invariant=batch_invariant,
+        )
         self.kv_bytes_per_token = kv_bytes_per_token(self.kv)
         self.kv_budget = kv_budget
         self.kv_budget_tokens: int | None = None if kv_budget is None else kv_budget.in_tokens(self.kv_bytes_per_token)
         if self.kv_budget_tokens == 0:
-            raise ValueError(f"kv_budget of {kv_budget.bytes} bytes holds no KV position of this model "
-                             f"({self.kv_bytes_per_token} bytes per token)")
+            raise ValueError(
+                f"kv_budget of {kv_budget.bytes} bytes holds no KV position of this model "
+                f"({self.kv_bytes_per_token} bytes per token)"
+            )
         self.model_path = model_path
         self.max_running = max_running
         self.weight_update = weight_update
@@ -169,8 +176,9 @@ class RolloutEngine(BatchSteps):
             self.start()
 
     @classmethod
-    def from_pretrained(cls, model_path: str, *, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", **kwargs) -> RolloutEngine:
+    def from_pretrained(
+        cls, model_path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", **kwargs
+    ) -> RolloutEngine:
         """Load a Hugging Face model folder (local path or fsspec URL) onto ``device``."""
         return cls(load_model(model_path, dtype).to(device), model_path=model_path, **kwargs)
 
@@ -241,9 +249,19 @@ class RolloutEngine(BatchSteps):
         """Queue several requests ``(input_ids, sampling, rid)`` together (they join the
         same step); all are checked first, so a bad one queues none. One future each."""
         futs = [Future() for _ in jobs]
-        seqs = [new_sequence(ids, sampling, rid, return_logprob, fut, vocab_size=self.vocab_size,
-                             max_positions=self.max_positions, eos_ids=self.eos_ids)
-                for (ids, sampling, rid), fut in zip(jobs, futs)]
+        seqs = [
+            new_sequence(
+                ids,
+                sampling,
+                rid,
+                return_logprob,
+                fut,
+                vocab_size=self.vocab_size,
+                max_positions=self.max_positions,
+                eos_ids=self.eos_ids,
+            )
+            for (ids, sampling, rid), fut in zip(jobs, futs)
+        ]
         for s in seqs:
             self._check_fits_budget(s)
         with self._lock:
@@ -261,7 +279,8 @@ class RolloutEngine(BatchSteps):
         need, bpt = kv_reserve(s), self.kv_bytes_per_token
         raise RequestError(
             f"request {s.rid}: prompt ({len(s.prompt)} tokens) + max_new_tokens ({s.max_new}) = {need} tokens "
-            f"({need * bpt} bytes) of KV cache exceed the whole kv_budget of {self.kv_budget.describe(bpt)}")
+            f"({need * bpt} bytes) of KV cache exceed the whole kv_budget of {self.kv_budget.describe(bpt)}"
+        )
 
     def pause(self) -> Future:
         """Stop decoding after the current step; requests stay queued."""
@@ -420,5 +439,10 @@ class RolloutEngine(BatchSteps):
                 torch.cuda.synchronize(self.device)
             self.last_update_stall_s = time.perf_counter() - t0
             self.busy_s += self.last_update_stall_s
-            log.debug("weights of version %d live (%d sequences in flight, %s)", version, len(self._running), self.weight_update)
+            log.debug(
+                "weights of version %d live (%d sequences in flight, %s)",
+                version,
+                len(self._running),
+                self.weight_update,
+            )
             _deliver(fut, None)

@@ -71,7 +71,9 @@ class BatchSteps:
                 s.cache_len = len(toks[i])
                 s.needs_prefill = False
             sampler = BatchSampler([s.sampling for s in seqs], self.n_logits, self._generator, self.device)
-            tokens, logprobs = sampler.sample(logits[src] if len(src) > len(g) else logits, next_positions(sampler, seqs))
+            tokens, logprobs = sampler.sample(
+                logits[src] if len(src) > len(g) else logits, next_positions(sampler, seqs)
+            )
             self._record(seqs, tokens.tolist(), logprobs.tolist())
         self._needs_prefill = False
         self._sampler = None  # the decode batch's tensors are rebuilt from the sequences

@@ -22,11 +22,19 @@ def deliver(fut: Future, result=None, error: BaseException | None = None) -> Non
 
 def requests_snapshot(version: int, seqs) -> RequestsSnapshot:
     """The output so far of every unfinished sequence in ``seqs`` (``sampling.Sequence``)."""
-    return RequestsSnapshot(weight_version=version, requests=[
-        PartialOutput(rid=s.rid, output_ids=list(s.out), output_token_logprobs=list(s.logprobs),
-                      output_token_versions=list(s.versions))
-        for s in seqs if s.finish is None
-    ])
+    return RequestsSnapshot(
+        weight_version=version,
+        requests=[
+            PartialOutput(
+                rid=s.rid,
+                output_ids=list(s.out),
+                output_token_logprobs=list(s.logprobs),
+                output_token_versions=list(s.versions),
+            )
+            for s in seqs
+            if s.finish is None
+        ],
+    )
 
 
 def prefill_groups(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:

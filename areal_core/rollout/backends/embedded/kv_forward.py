@@ -117,9 +117,11 @@ class KVForward:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         if self.n_heads % self.n_kv:
-            raise UnsupportedModelError(f"{cfg.model_type}: {self.n_heads} heads do not group over {self.n_kv} kv heads")
+            raise UnsupportedModelError(
+                f"{cfg.model_type}: {self.n_heads} heads do not group over {self.n_kv} kv heads"
+            )
         self.groups = self.n_heads // self.n_kv
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.max_positions = int(cfg.max_position_embeddings)
         self.vocab_size = self.embed.num_embeddings
         self.dtype = self.embed.weight.dtype
@@ -176,8 +178,18 @@ class KVForward:
                 norms.append(lambda x, eps=eps: _rms(x, eps))
             else:
                 norms.append(norm)
-        return FusedLayer(norms[0], qkv.contiguous(), qkv_bias, attn.o_proj.weight.t(), attn.o_proj.bias,
-                          norms[1], gate_up.contiguous(), gate_up_bias, mlp.down_proj.weight.t(), mlp.down_proj.bias)
+        return FusedLayer(
+            norms[0],
+            qkv.contiguous(),
+            qkv_bias,
+            attn.o_proj.weight.t(),
+            attn.o_proj.bias,
+            norms[1],
+            gate_up.contiguous(),
+            gate_up_bias,
+            mlp.down_proj.weight.t(),
+            mlp.down_proj.bias,
+        )
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """``F.linear`` over the rows of 2-D ``x``; batch-invariant: over at least INVARIANT_MIN_ROWS rows."""
@@ -222,9 +234,14 @@ class KVForward:
             raise ValueError(f"{slots} rows requested, the cache holds at most {self.max_slots}")
         if length > self.max_positions:
             raise ValueError(f"{length} positions requested, the model allows {self.max_positions}")
-        new_slots = self.slots if slots <= self.slots else min(self.max_slots, max(slots, 2 * self.slots, self.init_slots))
-        new_cap = self.capacity if length <= self.capacity else min(
-            self.max_positions, max(length, 2 * self.capacity, self.init_capacity))
+        new_slots = (
+            self.slots if slots <= self.slots else min(self.max_slots, max(slots, 2 * self.slots, self.init_slots))
+        )
+        new_cap = (
+            self.capacity
+            if length <= self.capacity
+            else min(self.max_positions, max(length, 2 * self.capacity, self.init_capacity))
+        )
         old_s, old_c = self.slots, self.capacity
         # zeros, not empty: masked positions still enter the matmuls and must be finite
         shape = (new_slots, self.n_kv, new_cap, 2 * self.head_dim)
@@ -374,8 +391,9 @@ class KVForward:
         row_t = torch.tensor(rows, device=self.device)
         pos = torch.arange(L, device=self.device)
         valid = pos[None, :] < lens_t[:, None]  # [m, L]
-        self.mask[row_t] = torch.where(torch.arange(self.capacity, device=self.device) < lens_t[:, None],
-                                       0.0, _NEG_INF).to(self.dtype)[:, None, :]
+        self.mask[row_t] = torch.where(
+            torch.arange(self.capacity, device=self.device) < lens_t[:, None], 0.0, _NEG_INF
+        ).to(self.dtype)[:, None, :]
         h = F.embedding(ids, self.embed.weight).view(m * L, -1)
         cos, sin = self._rope[:L, None, None, 0], self._rope[:L, None, None, 1]  # [L, 1, 1, hd]
         kv, g, hd = self.n_kv, self.groups, self.head_dim
@@ -393,8 +411,12 @@ class KVForward:
                 o = torch.zeros_like(q)
                 for j, n in enumerate(lens):
                     o[j : j + 1, :, :, :n] = self._prefill_attention(
-                        q[j : j + 1, :, :, :n], kt[j : j + 1, ..., :n], v[j : j + 1, :, :, :n], hidden[j : j + 1, :n, :n],
-                        max(1, self.attn_chunk_bytes // max(1, self.n_heads * n * 4)))
+                        q[j : j + 1, :, :, :n],
+                        kt[j : j + 1, ..., :n],
+                        v[j : j + 1, :, :, :n],
+                        hidden[j : j + 1, :n, :n],
+                        max(1, self.attn_chunk_bytes // max(1, self.n_heads * n * 4)),
+                    )
             else:
                 o = self._prefill_attention(q, kt, v, hidden, chunk)
             self._out_proj(f, h, o.permute(0, 3, 1, 2, 4).reshape(m * L, -1))

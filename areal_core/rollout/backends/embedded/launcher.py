@@ -46,9 +46,23 @@ def server_seed(run_seed: int, index: int) -> int:
 
 
 def _command(model_path: str, port: int, weight_version: int, engine: EngineConfig) -> list[str]:
-    return [sys.executable, "-m", "areal_core.rollout.backends.embedded.server", "--model-path", model_path, "--host", "127.0.0.1",
-            "--port", str(port), "--weight-version", str(weight_version), "--parent-pid", str(os.getpid()),
-            "--engine-config", engine.model_dump_json()]
+    return [
+        sys.executable,
+        "-m",
+        "areal_core.rollout.backends.embedded.server",
+        "--model-path",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--weight-version",
+        str(weight_version),
+        "--parent-pid",
+        str(os.getpid()),
+        "--engine-config",
+        engine.model_dump_json(),
+    ]
 
 
 def start_server(
@@ -87,8 +101,14 @@ def start_server(
         p = port if port is not None else free_port()
         cmd = _command(model_path, p, weight_version, engine)
         with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    env=child_env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,
+            )
         server = ServerProcess(proc, "127.0.0.1", p, log_path, api_key)
         auth.remember(server.url, api_key)
         deadline = time.monotonic() + startup_timeout_s
@@ -126,9 +146,18 @@ class EmbeddedServers:
     server is stopped by its PID on exit.
     """
 
-    def __init__(self, model_path: str, n: int, *, engine: EngineConfig | None = None, weight_version: int = 0,
-                 seed: int = 0, log_paths: list[str] | None = None, startup_timeout_s: float = 120.0,
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        n: int,
+        *,
+        engine: EngineConfig | None = None,
+        weight_version: int = 0,
+        seed: int = 0,
+        log_paths: list[str] | None = None,
+        startup_timeout_s: float = 120.0,
+        api_key: str | None = None,
+    ):
         self._engine = engine or EngineConfig()
         self.api_key = api_key or auth.new_key()
         self._timeout = startup_timeout_s
@@ -139,9 +168,16 @@ class EmbeddedServers:
         self._closed = False
         try:
             for k in range(n):
-                self.servers.append(start_server(model_path, engine=self._engine_of(k), weight_version=weight_version,
-                                                 log_path=self._logs[k], startup_timeout_s=self._timeout,
-                                                 api_key=self.api_key))
+                self.servers.append(
+                    start_server(
+                        model_path,
+                        engine=self._engine_of(k),
+                        weight_version=weight_version,
+                        log_path=self._logs[k],
+                        startup_timeout_s=self._timeout,
+                        api_key=self.api_key,
+                    )
+                )
         except BaseException:
             self.stop()
             raise
@@ -155,11 +191,19 @@ class EmbeddedServers:
 
     def restart(self, i: int, model_path: str, version: int) -> None:
         old = self.servers[i]
-        log.warning("restarting rollout server %s (pid %d, alive=%s) with version %d",
-                    old.url, old.pid, old.alive(), version)
+        log.warning(
+            "restarting rollout server %s (pid %d, alive=%s) with version %d", old.url, old.pid, old.alive(), version
+        )
         old.stop()
-        new = start_server(model_path, engine=self._engine_of(i), port=old.port, weight_version=version,
-                           log_path=self._logs[i], startup_timeout_s=self._timeout, api_key=self.api_key)
+        new = start_server(
+            model_path,
+            engine=self._engine_of(i),
+            port=old.port,
+            weight_version=version,
+            log_path=self._logs[i],
+            startup_timeout_s=self._timeout,
+            api_key=self.api_key,
+        )
         self.servers[i] = new
         self.restarts += 1
         if self._closed:  # stopped while this one was starting (a restart runs in a worker thread)
@@ -180,12 +224,12 @@ class EmbeddedServers:
 class EmbeddedBackend:
     """The embedded engine as a rollout backend: ``n_servers`` child processes on this host, each
     requiring ``api_key`` (the run's; None: one made here)."""
+
     name = "embedded"
     restartable = True
     reads_store_urls = False
 
-    def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike,
-                 api_key: str | None = None):
+    def __init__(self, n_servers: int, engine: EngineConfig, *, log_dir: str | os.PathLike, api_key: str | None = None):
         resolve_device(engine.device)  # a GPU asked for and missing: an error now, not in each server
         self._n, self._engine, self._log_dir = n_servers, engine, Path(log_dir)
         self.api_key = api_key or auth.new_key()
@@ -193,9 +237,15 @@ class EmbeddedBackend:
 
     @contextlib.contextmanager
     def launch(self, model_path: str, version: int):
-        with EmbeddedServers(model_path, self._n, engine=self._engine, weight_version=version, seed=self._engine.seed,
-                             log_paths=[str(self._log_dir / f"rollout_server_{k}.log") for k in range(self._n)],
-                             api_key=self.api_key) as servers:
+        with EmbeddedServers(
+            model_path,
+            self._n,
+            engine=self._engine,
+            weight_version=version,
+            seed=self._engine.seed,
+            log_paths=[str(self._log_dir / f"rollout_server_{k}.log") for k in range(self._n)],
+            api_key=self.api_key,
+        ) as servers:
             self._servers = servers
             try:
                 yield servers.urls

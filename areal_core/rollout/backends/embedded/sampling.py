@@ -79,8 +79,13 @@ class RowSampling:
 class BatchSampler:
     """Sampling settings of a fixed list of rows, turned into tensors once."""
 
-    def __init__(self, rows: list[RowSampling], vocab_size: int, default_generator: torch.Generator,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        rows: list[RowSampling],
+        vocab_size: int,
+        default_generator: torch.Generator,
+        device: torch.device | str = "cpu",
+    ):
         """``device``: where the logits are. Uniforms are drawn on the CPU (a seeded row's is plain
         integer arithmetic, so a seed gives the same answer on any device) and moved there."""
         self.n = len(rows)
@@ -216,7 +221,9 @@ class Sequence:
             finish_reason=FinishReason(type=kind, matched=matched),
             prompt_tokens=len(self.prompt),
             completion_tokens=len(self.out),
-            output_token_logprobs=[(lp, t, None) for lp, t in zip(self.logprobs, self.out)] if self.return_logprob else [],
+            output_token_logprobs=[(lp, t, None) for lp, t in zip(self.logprobs, self.out)]
+            if self.return_logprob
+            else [],
             output_token_versions=list(self.versions),
             weight_version=version,
         )
@@ -261,8 +268,9 @@ def new_sequence(
         prompt=ids,
         max_new=sampling.max_new_tokens,
         stop=frozenset(stop),
-        sampling=RowSampling(sampling.temperature, sampling.top_p, sampling.top_k,
-                             None if seed is None else stream_key(seed)),
+        sampling=RowSampling(
+            sampling.temperature, sampling.top_p, sampling.top_k, None if seed is None else stream_key(seed)
+        ),
         return_logprob=return_logprob,
         future=future,
     )

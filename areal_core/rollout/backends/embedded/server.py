@@ -9,10 +9,9 @@
 Endpoints and bodies are those of ``protocol.py``. Every request but ``GET /health`` must carry
 the key from ``AREAL_ROLLOUT_API_KEY`` (taken out of the environment at start, never on the command
 line) as ``Authorization: Bearer <key>``, else 401 (``auth.py``); without a key the server starts
-only with ``--allow-unauthenticated``. Bad input gets a 4xx JSON answer ``{"message": ...,
-"error": {"message": ..., "type": ...}}`` naming the problem; an engine failure fails only the
-requests it touched (500).
-"""
+only with ``--allow-unauthenticated``. Bad input gets a 4xx JSON answer ``{"message": ..., "error":
+{"message": ..., "type": ...}}`` naming the problem; an engine failure fails only the requests it
+touched (500)."""
 
 from __future__ import annotations
 
@@ -207,7 +206,9 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
         await asyncio.wrap_future(fut)
         dt = time.perf_counter() - t0
         log.info("weights of version %d from %s loaded in %.2fs", req.weight_version, req.model_path, dt)
-        return _json(StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.2f}s"))
+        return _json(
+            StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.2f}s")
+        )
 
     async def _load(req, read, source: str):
         """Stage weights (``read()`` in a worker thread), then wait until the engine serves them."""
@@ -215,7 +216,9 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
         try:
             if req.abort_all_requests:
                 await asyncio.wrap_future(engine.abort_all())
-            fut = await asyncio.to_thread(lambda: engine.update_weights_from_tensors(read(), req.weight_version, source))
+            fut = await asyncio.to_thread(
+                lambda: engine.update_weights_from_tensors(read(), req.weight_version, source)
+            )
         except ValueError as e:
             log.warning("weight update to version %d from %s refused: %s", req.weight_version, source, e)
             return _json(StatusResponse(success=False, message=f"cannot load weights: {e}"), status=400)
@@ -224,7 +227,9 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
         await asyncio.wrap_future(fut)
         dt = time.perf_counter() - t0
         log.info("weights of version %d from %s live in %.3fs", req.weight_version, source, dt)
-        return _json(StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.3f}s"))
+        return _json(
+            StatusResponse(success=True, message=f"weights of version {req.weight_version} loaded in {dt:.3f}s")
+        )
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(request: Request):
@@ -236,18 +241,30 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
     async def init_weights_update_group(request: Request):
         req = await _parse(request, InitWeightsGroupRequest)
         try:
-            await asyncio.to_thread(receiver.init_group, req.master_address, req.master_port, req.rank_offset,
-                                    req.world_size, req.group_name, req.backend)
+            await asyncio.to_thread(
+                receiver.init_group,
+                req.master_address,
+                req.master_port,
+                req.rank_offset,
+                req.world_size,
+                req.group_name,
+                req.backend,
+            )
         except (ValueError, RuntimeError) as e:  # RuntimeError: the rendezvous failed or timed out
-            return _json(StatusResponse(success=False, message=f"cannot join group {req.group_name!r}: {e}"), status=400)
+            return _json(
+                StatusResponse(success=False, message=f"cannot join group {req.group_name!r}: {e}"), status=400
+            )
         return _json(StatusResponse(success=True, message=f"joined {req.group_name} as rank {req.rank_offset}"))
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(request: Request):
         req = await _parse(request, UpdateWeightsFromDistributedRequest)
         if not len(req.names) == len(req.dtypes) == len(req.shapes):
-            raise ApiError(400, f"names ({len(req.names)}), dtypes ({len(req.dtypes)}) and shapes "
-                                f"({len(req.shapes)}) must have the same length")
+            raise ApiError(
+                400,
+                f"names ({len(req.names)}), dtypes ({len(req.dtypes)}) and shapes "
+                f"({len(req.shapes)}) must have the same length",
+            )
         specs = [TensorSpec(n, d, tuple(sh)) for n, d, sh in zip(req.names, req.dtypes, req.shapes)]
         for sp in specs:
             sp.torch_dtype  # noqa: B018 - an unknown dtype is a 400 before any broadcast is received
@@ -265,7 +282,9 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
             found = await asyncio.wrap_future(engine.abort_request(req.rid))
         except EngineStopped as e:
             raise ApiError(503, str(e), "unavailable") from None
-        return _json(StatusResponse(success=True, message=f"request {req.rid} " + ("aborted" if found else "not found")))
+        return _json(
+            StatusResponse(success=True, message=f"request {req.rid} " + ("aborted" if found else "not found"))
+        )
 
     @app.post("/get_weights_by_name")
     async def get_weights_by_name(request: Request):
@@ -333,35 +352,52 @@ def _engine_config(text: str) -> EngineConfig:
         return EngineConfig.model_validate_json(text)
     except pydantic.ValidationError as e:
         raise argparse.ArgumentTypeError(
-            "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+            "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        ) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m areal_core.rollout.backends.embedded.server", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m areal_core.rollout.backends.embedded.server", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder or fsspec URL")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--weight-version", type=int, default=0)
-    ap.add_argument("--engine-config", type=_engine_config, default=EngineConfig(),
-                    help="the engine's settings as JSON (EngineConfig in areal_core/rollout/config.py)")
+    ap.add_argument(
+        "--engine-config",
+        type=_engine_config,
+        default=EngineConfig(),
+        help="the engine's settings as JSON (EngineConfig in areal_core/rollout/config.py)",
+    )
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer our parent")
-    ap.add_argument("--allow-unauthenticated", action="store_true",
-                    help=f"serve without a key when {API_KEY_ENV} is not set (any local process can then drive it)")
+    ap.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve without a key when {API_KEY_ENV} is not set (any local process can then drive it)",
+    )
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s rollout[%(process)d]: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s rollout[%(process)d]: %(message)s",
+    )
     api_key = os.environ.pop(API_KEY_ENV, "") or None  # (not left for anything this process starts)
     if api_key is None and not args.allow_unauthenticated:
-        sys.exit(f"error: no API key: set {API_KEY_ENV} in the server's environment, or pass "
-                 "--allow-unauthenticated to serve without one")
+        sys.exit(
+            f"error: no API key: set {API_KEY_ENV} in the server's environment, or pass "
+            "--allow-unauthenticated to serve without one"
+        )
     if api_key is None:
-        log.warning("serving without an API key (--allow-unauthenticated): any process that can reach "
-                    "this port can generate, pause generation and load weights")
+        log.warning(
+            "serving without an API key (--allow-unauthenticated): any process that can reach "
+            "this port can generate, pause generation and load weights"
+        )
     eng = args.engine_config
     torch.set_num_threads(eng.torch_threads)
     from transformers.utils import logging as hf_logging
@@ -369,16 +405,36 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
-        args.model_path, dtype=_DTYPES[eng.dtype], device=resolve_device(eng.device), max_running=eng.max_running,
-        weight_update=eng.weight_update, weight_version=args.weight_version, seed=eng.seed, kv_budget=eng.kv_budget,
-        batch_invariant=eng.batch_invariant, weight_hashes=eng.weight_hashes,
+        args.model_path,
+        dtype=_DTYPES[eng.dtype],
+        device=resolve_device(eng.device),
+        max_running=eng.max_running,
+        weight_update=eng.weight_update,
+        weight_version=args.weight_version,
+        seed=eng.seed,
+        kv_budget=eng.kv_budget,
+        batch_invariant=eng.batch_invariant,
+        weight_hashes=eng.weight_hashes,
     )
-    log.info("model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
-             args.model_path, args.weight_version, time.perf_counter() - t0, args.host, args.port,
-             eng.model_dump_json())
-    config = uvicorn.Config(create_app(engine, api_key), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5, lifespan="off",
-                            timeout_keep_alive=SERVER_KEEP_ALIVE_S)
+    log.info(
+        "model %s (version %d) loaded in %.1fs; serving on http://%s:%d (%s)",
+        args.model_path,
+        args.weight_version,
+        time.perf_counter() - t0,
+        args.host,
+        args.port,
+        eng.model_dump_json(),
+    )
+    config = uvicorn.Config(
+        create_app(engine, api_key),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )
     server = _Server(config)
     server.engine = engine
     if args.parent_pid is not None:

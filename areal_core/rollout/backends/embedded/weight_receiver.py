@@ -46,8 +46,10 @@ def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source
         if tuple(t.shape) != tuple(p.shape):
             raise ValueError(f"{source}: {name} has shape {tuple(t.shape)}, the model's is {tuple(p.shape)}")
         if t.dtype != p.dtype:
-            raise ValueError(f"{source}: {name} arrives as {_name(t.dtype)}, the server's model is "
-                             f"{_name(p.dtype)}: send weights in the dtype the servers run (model.dtype)")
+            raise ValueError(
+                f"{source}: {name} arrives as {_name(t.dtype)}, the server's model is "
+                f"{_name(p.dtype)}: send weights in the dtype the servers run (model.dtype)"
+            )
         staged[name] = t
     missing = sorted(set(params) - set(staged))
     if missing:
@@ -74,8 +76,10 @@ class SharedMemoryReader:
             try:
                 shm = shared_memory.SharedMemory(name=shm_name, create=False)
             except FileNotFoundError:
-                raise ValueError(f"shared-memory segment {shm_name!r} does not exist on this host "
-                                 "(the tensor transport needs the trainer on the same machine)") from None
+                raise ValueError(
+                    f"shared-memory segment {shm_name!r} does not exist on this host "
+                    "(the tensor transport needs the trainer on the same machine)"
+                ) from None
             # the trainer owns (and unlinks) the segment: Python < 3.13 would unlink it when we exit
             resource_tracker.unregister(shm._name, "shared_memory")
             self._open[shm_name] = shm
@@ -98,18 +102,35 @@ class DistributedReceiver:
         self.device = torch.device(device)
         self._groups: dict[str, dist.ProcessGroup] = {}
 
-    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                   group_name: str, backend: str, timeout_s: float = 300.0) -> None:
+    def init_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float = 300.0,
+    ) -> None:
         """Join (blocking) the group whose rank 0 is the trainer; this server is ``rank_offset``."""
         if not 1 <= rank_offset < world_size:
             raise ValueError(f"rank_offset {rank_offset} must be in [1, world_size {world_size})")
         if backend == "nccl" and self.device.type != "cuda":
-            raise ValueError(f"weight-update backend 'nccl' moves GPU tensors only, and this server's engine "
-                             f"runs on {self.device}: use backend 'gloo'")
-        store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
-        self._groups[group_name] = make_process_group(backend, dist.PrefixStore(group_name, store), rank_offset,
-                                                      world_size, timeout_s, address_towards(master_address, master_port))
+            raise ValueError(
+                f"weight-update backend 'nccl' moves GPU tensors only, and this server's engine "
+                f"runs on {self.device}: use backend 'gloo'"
+            )
+        store = dist.TCPStore(
+            master_address, master_port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+        self._groups[group_name] = make_process_group(
+            backend,
+            dist.PrefixStore(group_name, store),
+            rank_offset,
+            world_size,
+            timeout_s,
+            address_towards(master_address, master_port),
+        )
 
     def buffer(self, spec: TensorSpec) -> torch.Tensor:
         """An uninitialised tensor for ``spec`` on this server's device."""
@@ -120,8 +141,10 @@ class DistributedReceiver:
         GPU it returns once the bytes have landed, not merely once the copies are queued)."""
         pg = self._groups.get(group_name)
         if pg is None:
-            raise ValueError(f"no weight-update group {group_name!r} on this server "
-                             f"(joined: {sorted(self._groups) or 'none'}); call /init_weights_update_group first")
+            raise ValueError(
+                f"no weight-update group {group_name!r} on this server "
+                f"(joined: {sorted(self._groups) or 'none'}); call /init_weights_update_group first"
+            )
         out = {}
         for s in specs:
             t = self.buffer(s)
