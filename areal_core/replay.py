@@ -133,6 +133,7 @@ def replay(
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(int(threads))
         used_threads = torch.get_num_threads()
+        hint = _threads_hint(cfg, meta)  # (said with each DIFFERS line)
         trainer = make_trainer(cfg, model, int(meta["total_steps"]), out_dir, stack)
         trainer.load_state_dict(
             torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)), weights_only=True)
@@ -164,9 +165,7 @@ def replay(
                     digest = weights_sha256(model)
                     row["weights_sha256"] = digest
                     ckpts.write(step, model, {})
-                    checks.append(
-                        _check(step, digest, hashes.get(step), counterfactual, say, hint=_threads_hint(cfg, meta))
-                    )
+                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say, hint=hint))
                 runlog.log_step(row, [], flush=False)
         runlog.flush()
     wall = time.perf_counter() - t0
