@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -97,8 +99,8 @@ def model_folder(model: str) -> str:
     if model != SMOLLM2:
         return _checkpoint_folder(model) or model
     dest = _cache_root() / "smollm2-135m-hf"
-    if (dest / "config.json").exists():
-        return str(dest)
+    if (dest / "config.json").exists() and "quantization_config" not in json.loads((dest / "config.json").read_text()):
+        return str(dest)  # (a folder written with the GGUF's quantization_config is written again)
     from areal_core.models.smollm2 import load_smollm2
 
     model, tokenizer = load_smollm2()  # a plain HF model, so it can be saved
@@ -106,6 +108,10 @@ def model_folder(model: str) -> str:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():  # a stale folder: moved aside whole, then dropped
+        stale = dest.with_name(f".{dest.name}.{os.getpid()}.stale")
+        os.replace(dest, stale)
+        shutil.rmtree(stale)
     os.replace(tmp, dest)  # readers never see a half-written folder
     return str(dest)
 

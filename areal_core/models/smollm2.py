@@ -89,7 +89,12 @@ def load_smollm2(dtype: torch.dtype | str = torch.float32):
     )
     # transformers refuses to save_pretrained a model loaded from GGUF; a plain model with the
     # same (dequantised) weights publishes as a normal HF checkpoint
-    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=dtype)
+    config = gguf_model.config
+    # the weights are dequantised; a quantization_config left in would be saved with every checkpoint
+    # and make Trainer-based tools (TRL's GRPOTrainer) refuse to fine-tune the folder as "quantized"
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
     del gguf_model

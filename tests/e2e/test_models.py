@@ -273,6 +273,7 @@ def test_smollm2_chat_greedy_completion_and_publish(tmp_path):
     )
     text = decode_response(tok, out[0, len(ids) :].tolist())
     assert text.strip(), "empty completion"
+    assert "quantization_config" not in model.config.to_dict()  # dequantised: a plain, trainable checkpoint
     store = CheckpointStore(str(tmp_path / "ckpt"))
     store.publish(0, model, tok)
     again = AutoModelForCausalLM.from_pretrained(store.local_copy(0))
