@@ -66,7 +66,7 @@ def run(quick: bool) -> dict:
                     "trainer.eta": eta,
                     **({"rollout.weight_update": mode} if mode else {}),
                     "eval.n_problems": n_eval,
-                    "reward.scheduler_address": shared.scheduler_address,
+                    **{f"reward.{k}": v for k, v in shared.client_settings().items()},
                     "name": f"bench-{label.split()[0]}-{eta}",
                     **batch,
                 },

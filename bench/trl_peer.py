@@ -67,7 +67,7 @@ def run(quick: bool) -> dict:
     with RewardService(RewardConfig(n_workers=1)) as shared:  # one Dask cluster serves every areal-flow run
         for P, G, T in settings:
             w = tiny_workload(inputs, P, G, T, steps)
-            results[w.tag()] = run_repetitions(w, reps, root, shared.scheduler_address)
+            results[w.tag()] = run_repetitions(w, reps, root, shared.client_settings())
             print_report(f"tiny {w.tag()}", results[w.tag()], quick)
     summary = {}
     for i, (tag, res) in enumerate(results.items()):

@@ -205,10 +205,12 @@ def smollm2_workload(root: Path, steps: int) -> tuple[Workload, dict]:
 # --- one workload, both sides ---------------------------------------------------------------------
 
 
-def areal_config(mode: str, w: Workload, scheduler_address: str | None):
+def areal_config(mode: str, w: Workload, reward: dict | None):
     """The ExperimentConfig of one areal-flow run of ``w``: ``mode`` "sync" (eta 0, in-flight
     sequences finish under the old weights) or "async" (eta 4, weight updates interrupt and
-    re-prefill). Every areal-flow config key this benchmark depends on is here."""
+    re-prefill); ``reward``: the ``reward.*`` settings that reach a shared Dask cluster
+    (``RewardService.client_settings()``), None for one of the run's own. Every areal-flow config key this
+    benchmark depends on is here."""
     from areal_core.experiment import parse_config
 
     if mode not in ("sync", "async"):
@@ -247,7 +249,7 @@ def areal_config(mode: str, w: Workload, scheduler_address: str | None):
             "sampling": {"temperature": w.temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": w.max_new_tokens},
         },
         "trainer": trainer,
-        "reward": {"n_workers": 1, "scheduler_address": scheduler_address},
+        "reward": {"n_workers": 1, **(reward or {})},
         "eval": {"n_problems": N_EVAL, "max_new_tokens": 8},  # outside the measured time; kept small
     }
     return parse_config(data, source="bench/trl_peer_inputs.py:areal_config")

@@ -58,14 +58,14 @@ def summarize(w: Workload, reps: list[dict]) -> dict:
     }
 
 
-def run_repetitions(w: Workload, n: int, root: Path, scheduler: str | None) -> dict:
+def run_repetitions(w: Workload, n: int, root: Path, reward: dict | None) -> dict:
     """``n`` repetitions of the three systems on ``w``, interleaved; printed as they finish."""
     reps = []
     for i in range(n):
         runs = {}
         for label in SYSTEMS:
             print(f"{w.name} {w.tag()} repetition {i + 1}/{n}: {label}, {w.steps} steps ...", flush=True)
-            runs[label] = run_system(label, w, root / w.tag() / f"rep{i + 1}", scheduler)
+            runs[label] = run_system(label, w, root / w.tag() / f"rep{i + 1}", reward)
             print(
                 f"  {runs[label]['effective_train_tokens_per_s']:,.0f} tokens/s "
                 f"(load {max(runs[label]['load_avg_1m']):.1f})",

@@ -47,7 +47,7 @@ def run(quick: bool) -> dict:
     w, about = smollm2_workload(root, steps)
     print(f"SmolLM2 {w.tag()}: dtype {w.dtype} ({about['dtype_why']})", flush=True)
     with RewardService(RewardConfig(n_workers=1)) as shared:  # one Dask cluster serves every areal-flow run
-        res = run_repetitions(w, reps, root, shared.scheduler_address)
+        res = run_repetitions(w, reps, root, shared.client_settings())
     print_report(f"SmolLM2-135M-Instruct {w.tag()}", res, quick)
     return {
         "setup": {

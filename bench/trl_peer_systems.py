@@ -160,13 +160,13 @@ def run_trl(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict | 
 # --- areal-flow ---------------------------------------------------------------------------------
 
 
-def run_areal(mode: str, w: Workload, run_dir: Path, scheduler: str | None) -> dict:
+def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dict:
     """One areal-flow run of ``w``: ``mode`` sync or async (see ``areal_config``)."""
     import pandas as pd
 
     from areal_core.run import run_experiment
 
-    summary = run_experiment(areal_config(mode, w, scheduler), run_dir, max_steps=w.steps, progress=False)
+    summary = run_experiment(areal_config(mode, w, reward), run_dir, max_steps=w.steps, progress=False)
     m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")
     return {
         "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
@@ -180,12 +180,12 @@ def run_areal(mode: str, w: Workload, run_dir: Path, scheduler: str | None) -> d
     }
 
 
-def run_system(label: str, w: Workload, work_dir: Path, scheduler: str | None) -> dict:
+def run_system(label: str, w: Workload, work_dir: Path, reward: dict | None) -> dict:
     """``label`` (one of SYSTEMS) on ``w`` in ``work_dir``, with the 1-minute load average before and after."""
     load_before = os.getloadavg()[0]
     if label == TRL:
         result = run_trl(w, work_dir / "trl")
     else:
         mode = dict(MODES)[label]
-        result = run_areal(mode, w, work_dir / mode, scheduler)
+        result = run_areal(mode, w, work_dir / mode, reward)
     return {**result, "load_avg_1m": [load_before, os.getloadavg()[0]]}

@@ -162,6 +162,19 @@ class RewardCluster:
     def address(self) -> str:
         return self.cluster.scheduler_address
 
+    def client_settings(self) -> dict[str, str]:
+        """The ``reward.*`` settings with which another process reaches this cluster (its address and
+        certificate files; they exist until ``close()``)."""
+        files = {
+            k: os.path.join(self._folder, f) for k, f in (("ca", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem"))
+        }
+        return {
+            "scheduler_address": self.address,
+            "tls_ca_file": files["ca"],
+            "tls_client_cert": files["cert"],
+            "tls_client_key": files["key"],
+        }
+
     def close(self) -> None:
         try:
             self.cluster.close()

@@ -93,6 +93,14 @@ class RewardService:
     def scheduler_address(self) -> str:
         return self.client.scheduler.address
 
+    def client_settings(self) -> dict[str, str]:
+        """The ``reward.*`` settings with which another run reaches the cluster this service uses (a
+        local cluster's certificate files included), for runs that share one cluster."""
+        if self._cluster is not None:
+            return self._cluster.client_settings()
+        keys = ("scheduler_address", "tls_ca_file", "tls_client_cert", "tls_client_key")
+        return {k: getattr(self.cfg, k) for k in keys if getattr(self.cfg, k)}
+
     def worker_pids(self) -> dict[str, int]:
         """{worker address: process id} of the workers now connected."""
         import os

@@ -186,13 +186,9 @@ def test_no_process_without_the_clusters_certificate_reaches_the_cluster(service
 
 def test_an_external_tls_scheduler_is_reached_with_the_configured_certificates(services):
     rewards = services["rewards"]
-    folder = rewards._cluster._folder  # the files a cluster operator would hand out
-    cfg = RewardConfig(
-        scheduler_address=rewards.scheduler_address,
-        tls_ca_file=f"{folder}/ca.pem",
-        tls_client_cert=f"{folder}/cert.pem",
-        tls_client_key=f"{folder}/key.pem",
-    )
+    settings = rewards.client_settings()  # the files a cluster operator would hand out
+    assert settings["scheduler_address"] == rewards.scheduler_address
+    cfg = RewardConfig(**settings)
     with RewardService(cfg) as external:
         [r] = external.grade_many("chain", ["a1b2|2"], ["a1b2|2"])
     assert r.correct
