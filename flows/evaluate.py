@@ -78,7 +78,16 @@ def evaluate(
     benches = benches or [HELDOUT if run_dir else "synthetic"]
     out_dir = out_dir or eval_dir_for_checkpoint(checkpoint_url)
     summary = evaluate_checkpoint_task(
-        checkpoint_url, benches, out_dir, samples, limit, temperature, top_p, max_new_tokens, scheduler_address, run_dir
+        checkpoint_url,
+        benches,
+        out_dir=out_dir,
+        samples=samples,
+        limit=limit,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        scheduler_address=scheduler_address,
+        run_dir=run_dir,
     )
     name = evaluation_name(checkpoint_url, run_dir)
     artifact_id = create_markdown_artifact(

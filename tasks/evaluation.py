@@ -86,30 +86,8 @@ def link_in_training_result(run_dir: str, version: int, line: str) -> bool:
 
 
 @task(name="evaluate-checkpoint")
-def evaluate_checkpoint_task(
-    checkpoint_url: str,
-    benches: list[str],
-    out_dir: str,
-    samples: int = 1,
-    limit: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    max_new_tokens: int | None = None,
-    scheduler_address: str | None = None,
-    run_dir: str | None = None,
-) -> dict:
+def evaluate_checkpoint_task(checkpoint_url: str, benches: list[str], **options) -> dict:
+    """``areal_core.eval.harness.evaluate_checkpoint`` as a task (its keyword options, no progress bars)."""
     from areal_core.eval.harness import evaluate_checkpoint  # heavy imports: only when the task runs
 
-    return evaluate_checkpoint(
-        checkpoint_url,
-        benches,
-        out_dir=out_dir,
-        samples=samples,
-        limit=limit,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        scheduler_address=scheduler_address,
-        progress=False,
-        run_dir=run_dir,
-    )
+    return evaluate_checkpoint(checkpoint_url, benches, progress=False, **options)
