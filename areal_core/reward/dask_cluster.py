@@ -124,7 +124,7 @@ class RewardCluster:
         self.security = Security.temporary()  # (needs the cryptography package)
         self._folder = tempfile.mkdtemp(prefix="areal-dask-tls-")  # mode 0700
         try:
-            env = _write_certificates(self.security, self._folder)
+            env = self._env = _write_certificates(self.security, self._folder)
             Scheduler, Worker = _subprocess_classes()
             scheduler_kwargs = {
                 "host": "127.0.0.1",
@@ -165,14 +165,12 @@ class RewardCluster:
     def client_settings(self) -> dict[str, str]:
         """The ``reward.*`` settings with which another process reaches this cluster (its address and
         certificate files; they exist until ``close()``)."""
-        files = {
-            k: os.path.join(self._folder, f) for k, f in (("ca", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem"))
-        }
+        tls = "DASK_DISTRIBUTED__COMM__TLS__"  # the files its own processes are given (_write_certificates)
         return {
             "scheduler_address": self.address,
-            "tls_ca_file": files["ca"],
-            "tls_client_cert": files["cert"],
-            "tls_client_key": files["key"],
+            "tls_ca_file": self._env[f"{tls}CA_FILE"],
+            "tls_client_cert": self._env[f"{tls}CLIENT__CERT"],
+            "tls_client_key": self._env[f"{tls}CLIENT__KEY"],
         }
 
     def close(self) -> None:
