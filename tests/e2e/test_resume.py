@@ -193,6 +193,22 @@ class _InstantRewards:
         on_done([RewardResult(correct=True, parsed=text, reason="test") for _, text, _, _ in items], None)
 
 
+def _controller(tmp_path, srv, prompts, buffer, settings, version: int):
+    """A controller of ``prompts`` on the one server ``srv`` (model in tmp_path/m), rewards at once."""
+    from areal_core.controller import RolloutController, Servers
+
+    return RolloutController(
+        Servers([srv.url], model_path=str(tmp_path / "m")),
+        prompts,
+        lambda ids: "",
+        _InstantRewards(),
+        buffer,
+        settings,
+        DiskTransport(str(tmp_path / "w")),
+        version=version,
+    )
+
+
 def test_partial_answer_is_continued_not_restarted(tmp_path):
     """A restored partial answer is continued from its saved tokens (their logprobs and versions
     kept); a restored finished-but-ungraded answer is graded as it is."""
@@ -200,7 +216,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, RolloutController, Servers
+    from areal_core.controller import ControllerSettings
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
@@ -270,16 +286,7 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     )
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i % 60], reference="r") for i in range(8)]
     with start_server(str(tmp_path / "m"), weight_version=5, max_running=8) as srv:
-        controller = RolloutController(
-            Servers([srv.url], model_path=str(tmp_path / "m")),
-            prompts,
-            lambda ids: "",
-            _InstantRewards(),
-            buffer,
-            settings,
-            DiskTransport(str(tmp_path / "w")),
-            version=5,
-        )
+        controller = _controller(tmp_path, srv, prompts, buffer, settings, version=5)
         controller.restore(state)
         controller.start()
         try:
@@ -302,7 +309,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from areal_core.buffer import ReplayBuffer
-    from areal_core.controller import ControllerSettings, RolloutController, Servers
+    from areal_core.controller import ControllerSettings
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
@@ -330,16 +337,7 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     )
     prompts = [Prompt(id=str(i), task="chain", input_ids=[5, 6, i], reference="r") for i in range(4)]
     with start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv:
-        controller = RolloutController(
-            Servers([srv.url], model_path=str(tmp_path / "m")),
-            prompts,
-            lambda ids: "",
-            _InstantRewards(),
-            buffer,
-            settings,
-            DiskTransport(str(tmp_path / "w")),
-            version=0,
-        )
+        controller = _controller(tmp_path, srv, prompts, buffer, settings, version=0)
         controller.start()
         try:
             deadline = time.monotonic() + 60
