@@ -57,6 +57,7 @@ from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
 from areal_core.trainer.backends import make_trainer
+from areal_core.trainer.core_lending import CoreLending, lent_threads
 from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 
 log = logging.getLogger(__name__)
@@ -338,6 +339,7 @@ def _run_experiment(
             if lora_cfg is None:
                 controller.restart_from(lambda: server_copy(result.version), result.version)
 
+        lent = lent_threads(cfg, trainer_threads, os.cpu_count() or 1, next(model.parameters()).device)
         loop = Loop(
             name=cfg.name,
             model=model,
@@ -359,8 +361,10 @@ def _run_experiment(
             progress=progress,
             schedule=ScheduleLog(run_dir, {"total_steps": steps, "trainer_threads": trainer_threads}),
             costs=CostLedger(cfg.cost),
+            lending=CoreLending(controller.generating, trainer_threads, lent) if lent else None,
         )
-        done = train_steps(loop, version, steps)
+        with loop.lending.installed(model) if loop.lending else contextlib.nullcontext():
+            done = train_steps(loop, version, steps)
         if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
             raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None, done.servers_short)
         phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")

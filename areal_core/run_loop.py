@@ -37,6 +37,7 @@ from areal_core.run_checkpoints import RunCheckpoints
 from areal_core.schedule import CHECKPOINT_FILE, ScheduleLog
 from areal_core.storage import run_state
 from areal_core.trainer.base import StepResult, TrainEngine
+from areal_core.trainer.core_lending import CoreLending
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class Loop:
     progress: bool = True
     schedule: ScheduleLog | None = None  # records what entered each step (schedule.py), for replays
     costs: CostLedger | None = None  # the cost ledger's step columns and the budget (costs.py)
+    lending: CoreLending | None = None  # the trainer borrows idle servers' cores (trainer/core_lending.py)
 
 
 @dataclass
@@ -140,6 +142,11 @@ class LoopResult:
     warm: tuple[float, int] | None = None  # (time, tokens so far) once the warm-up steps are done
 
 
+def _lent_share(lending: CoreLending | None) -> float:
+    share = lending.take_share() if lending is not None else None
+    return math.nan if share is None else share
+
+
 def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop, generated: int) -> dict:
     """The metrics row of a step: the trainer's figures and what the rollout side did meanwhile."""
     c, agents = loop.controller, loop.agents
@@ -150,6 +157,8 @@ def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory
         # of the wait for the batch, the part for grades alone (single-turn episodes only: NaN otherwise)
         "reward_wait_s": loop.buffer.last_reward_wait_s if c.measures_reward_wait else math.nan,
         "generated_tokens": generated,
+        # of the trainer's layer passes since the last row, the share that ran on idle servers' cores too
+        "trainer_lent_share": _lent_share(loop.lending),
         **{f"pass_rate_{b}": p for b, p in c.pass_rates.items()},  # with a curriculum
         **{f"mix_{b}": p for b, p in c.curriculum_mix.items()},
         # multi-turn episodes: answers' turns, and text the environment added (not trained)

@@ -177,6 +177,10 @@ class RolloutController:
             "n_servers": len(self.generator.pools[TRAINABLE].live()),
         }
 
+    def generating(self) -> bool:
+        """Whether any generate request is awaiting its answer now (callable from any thread)."""
+        return any(any(p.in_flight) for p in list(self.generator.pools.values()))
+
     def live_urls(self) -> list[str]:
         """The trainable servers in the pool now (an elastic pool's change as servers leave and join)."""
         return [c.url for c in self.generator.pools[TRAINABLE].live()]

@@ -155,6 +155,9 @@ class TrainerConfig(Section):
     # None: all cores when generation is idle while the trainer works (eta 0 + rollout.weight_update
     # drain), else the cores the rollout servers leave (measured best: docs/PERFORMANCE.md)
     torch_threads: int | None = Field(None, gt=0)
+    # with torch_threads unset, embedded servers on this machine and a split of the cores: the trainer
+    # also computes on the servers' cores while no generate request is in flight (trainer/core_lending.py)
+    lend_idle_cores: bool = True
     # low-rank adapters {rank, alpha, targets}: only they train and travel; None = full fine-tuning
     lora: LoraConfig | None = None
 

@@ -1,0 +1,82 @@
+"""Core lending (trainer/core_lending.py): the trainer computes on the servers' cores exactly while
+they have no request, forward and backward, and gets its own share back afterwards."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_core.experiment import load_config
+from areal_core.trainer.core_lending import CoreLending, lent_threads
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def own_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _record_threads(model, seen: dict):
+    """Record the thread count each linear layer's forward and its weight gradient ran under (hooks
+    registered after the lending's, so they see what it set)."""
+
+    def note(key) -> None:  # (a hook that returns something replaces the input or gradient)
+        seen.setdefault(key, torch.get_num_threads())
+
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(lambda *_, n=name: note(("fwd", n)))
+            m.weight.register_hook(lambda g, n=name: note(("bwd", n)))
+
+
+@pytest.mark.parametrize("busy_forward,busy_backward", [(False, False), (False, True), (True, False), (True, True)])
+def test_threads_follow_the_servers_forward_and_backward(own_threads, busy_forward, busy_backward):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    busy = {"now": busy_forward}
+    lending = CoreLending(lambda: busy["now"], base=1, lent=3)
+    seen: dict = {}
+    with lending.installed(model):
+        _record_threads(model, seen)
+        loss = model(torch.randn(5, 8)).square().sum()
+        busy["now"] = busy_backward
+        loss.backward()
+        share = lending.take_share()
+    expect_fwd, expect_bwd = (1 if busy_forward else 4), (1 if busy_backward else 4)
+    assert {k: v for k, v in seen.items() if k[0] == "fwd"} == {("fwd", "0"): expect_fwd, ("fwd", "2"): expect_fwd}
+    assert {k: v for k, v in seen.items() if k[0] == "bwd"} == {("bwd", "0"): expect_bwd, ("bwd", "2"): expect_bwd}
+    assert share == ((not busy_forward) * 2 + (not busy_backward) * 2) / 4  # two layers, each way once
+    assert torch.get_num_threads() == 1  # its own share back once unhooked
+    assert lending.take_share() is None  # nothing since the last call
+
+
+def test_unhooked_model_computes_as_before(own_threads):
+    model = torch.nn.Linear(4, 4)
+    lending = CoreLending(lambda: False, base=1, lent=1)
+    with lending.installed(model):
+        model(torch.randn(2, 4))
+    model(torch.randn(2, 4))
+    assert lending.take_share() == 1.0  # the pass inside the block only
+    with pytest.raises(ValueError, match="no linear layer"):
+        CoreLending(lambda: False, base=1, lent=1).install(torch.nn.Tanh())
+    with pytest.raises(ValueError, match="lent >= 1"):
+        CoreLending(lambda: False, base=1, lent=0)
+
+
+def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
+    from areal_core.run import trainer_torch_threads
+
+    def lent(sets: dict, cores: int, device=CPU) -> int:
+        cfg = load_config(QUICKSTART, sets)
+        return lent_threads(cfg, trainer_torch_threads(cfg, cores), cores, device)
+
+    assert lent({}, 2) == 1  # asynchronous, one server of one thread: its core
+    assert lent({"rollout.n_servers": 2, "rollout.torch_threads": 2}, 8) == 4
+    assert lent({"trainer.eta": 0, "rollout.weight_update": "drain"}, 8) == 0  # sync: every core already
+    assert lent({"trainer.torch_threads": 1}, 2) == 0  # a share set by hand is kept
+    assert lent({"trainer.lend_idle_cores": False}, 2) == 0
+    assert lent({}, 2, torch.device("cuda")) == 0  # a GPU trainer's threads are not its compute
