@@ -35,16 +35,14 @@ class CoreLending:
         self.busy, self.base, self.lent = busy, base, lent
         self.checks = 0  # layer passes (forward or backward) the trainer started
         self.borrowed = 0  # of which on the lent cores too
-        self._now = torch.get_num_threads()
         self._handles: list = []
 
     def adjust(self, *_) -> None:
         n = self.base if self.busy() else self.base + self.lent
         self.checks += 1
         self.borrowed += n > self.base
-        if n != self._now:
+        if torch.get_num_threads() != n:
             torch.set_num_threads(n)
-            self._now = n
 
     def _after_forward(self, _module, _inputs, output) -> None:
         if isinstance(output, torch.Tensor) and output.requires_grad:
@@ -75,7 +73,6 @@ class CoreLending:
             h.remove()
         self._handles.clear()
         torch.set_num_threads(self.base)
-        self._now = self.base
 
     def take_share(self) -> float | None:
         """The share of layer passes since the last call that ran on the lent cores too (None: none ran)."""
