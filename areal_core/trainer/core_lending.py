@@ -37,7 +37,14 @@ class CoreLending:
         self.borrowed = 0  # of which on the lent cores too
         self._handles: list = []
 
+    def __deepcopy__(self, memo) -> CoreLending:
+        # a copy of a hooked model (a reference model, a merged copy) shares this lending rather than
+        # copying ``busy``'s controller with its locks and sockets; its hooks go quiet at ``remove``
+        return self
+
     def adjust(self, *_) -> None:
+        if not self._handles:  # removed: a copied model's hooks outlive the handles
+            return
         n = self.base if self.busy() else self.base + self.lent
         self.checks += 1
         self.borrowed += n > self.base

@@ -67,6 +67,32 @@ def test_unhooked_model_computes_as_before(own_threads):
         CoreLending(lambda: False, base=1, lent=0)
 
 
+def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_threads):
+    import copy
+    import threading
+
+    class Controller:  # ``busy`` is a controller's method, and a controller holds locks: no deepcopy
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def generating(self) -> bool:
+            with self.lock:
+                return False
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    lending = CoreLending(Controller().generating, base=1, lent=2)
+    x = torch.randn(3, 4)
+    with lending.installed(model):
+        twin = copy.deepcopy(model)
+        assert torch.equal(twin(x), model(x))
+        assert lending.take_share() == 1.0 and lending.borrowed == 0  # the twin's two layers counted too
+        twin(x)
+        assert lending.take_share() == 1.0 and torch.get_num_threads() == 3
+    assert torch.get_num_threads() == 1
+    twin(x)  # its hooks outlive the handles but do nothing any more
+    assert lending.checks == 0 and torch.get_num_threads() == 1
+
+
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
     from areal_core.run import trainer_torch_threads
 
