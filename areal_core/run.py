@@ -292,7 +292,7 @@ def _run_experiment(
             min_servers=cfg.rollout.min_servers,
         )
         transport = make_transport(
-            cfg.rollout.transport(), str(run_dir), adapters=cfg.rollout.backend.kind in ADAPTER_BACKENDS
+            cfg.rollout.transport(), str(run_dir), cfg.rollout.backend.kind in ADAPTER_BACKENDS, engine.dtype
         )
         servers = Servers(
             urls,

@@ -36,7 +36,8 @@ class RunSummary(TypedDict, total=False):
     eta: int
     objective: str
     trainer_backend: str
-    dtype: str
+    dtype: str  # what the trainer computes in
+    rollout_dtype: str  # what the servers compute in (rollout.dtype)
     weight_update: str
     trainer_torch_threads: int
     weight_transport: str
@@ -117,6 +118,7 @@ def build_summary(
         objective=cfg.trainer.objective,
         trainer_backend=cfg.trainer.backend.kind,
         dtype=dtype_name(model.dtype),
+        rollout_dtype=cfg.rollout.servers_dtype(dtype_name(model.dtype)),
         weight_update=cfg.rollout.weight_update,
         trainer_torch_threads=trainer_threads,
         weight_transport=cfg.rollout.transport().kind,
@@ -172,6 +174,7 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
         ),
         ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
         ("max staleness seen", str(s["max_staleness_observed"])),
+        ("computing in", f"{s['dtype']} (trainer), {s.get('rollout_dtype', s['dtype'])} (rollout servers)"),
         ("effective training throughput", f"{s['effective_train_tokens_per_s']:.0f} tokens/s"),
         ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
     ]

@@ -9,7 +9,7 @@ create it on first use, or run ``make bench-trl`` ahead of time.
 LEARNING holds the learning measurements over seeds (each a series of full training
 runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain or check others (where
 the cores go; the simulator against measured runs; the TRL peer on SmolLM2, an hour, and what
-TRL's own settings cost); `all` leaves both out.
+TRL's own settings cost; the engine-vs-trainer logprob gap of bf16 servers); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 """
@@ -37,4 +37,4 @@ LEARNING = (
     "replay_speed",
 )
 
-DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism")
+DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism", "engine_mismatch")

@@ -177,6 +177,10 @@ class RolloutConfig(Section):
     n_samples: int = Field(8, gt=0)  # answers per prompt
     sampling: SamplingConfig = SamplingConfig()
     torch_threads: int = Field(1, gt=0)
+    # what the servers compute in: `model` = what the trainer computes in (model.dtype); float32 or
+    # bfloat16 apart from it, e.g. a bf16 engine beside a float32 trainer, the numerics mismatch large
+    # deployments live with (each push is cast to it; the step metrics logprob_gap_* measure the gap)
+    dtype: Literal["model", "float32", "bfloat16"] = "model"
     request_timeout_s: float = Field(600.0, gt=0)
     # KV cache the running requests of one server may reserve: {tokens: N} or {bytes: N} (embedded
     # servers enforce it; for others the rollout client keeps it, tokens only); a request waits (FIFO)
@@ -272,13 +276,18 @@ class RolloutConfig(Section):
             return None
         return self.kv_budget.tokens
 
+    def servers_dtype(self, trainer_dtype: str) -> str:
+        """What the servers compute in beside a trainer computing in ``trainer_dtype``."""
+        return trainer_dtype if self.dtype == "model" else self.dtype
+
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
-        """The embedded engine's settings (``seed``: the run's; each server derives its own)."""
+        """The engine's settings (``seed``: the run's; each server derives its own; ``dtype``: the
+        trainer's, what the servers compute in unless ``dtype`` here names another)."""
         return EngineConfig(
             max_running=self.max_running,
             weight_update=self.weight_update,
             torch_threads=self.torch_threads,
-            dtype=dtype,
+            dtype=self.servers_dtype(dtype),
             seed=seed,
             device=device,
             kv_budget=self.kv_budget,

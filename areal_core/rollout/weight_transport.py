@@ -42,21 +42,26 @@ class TransportUnsupported(RuntimeError):
     """A rollout server cannot receive weights by the configured transport."""
 
 
-def named_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, torch.Tensor]:
+def named_weights(
+    model: torch.nn.Module, adapters: bool = True, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
     """What ``model`` sends to the servers, by name. A full model: its parameters, a tied one once
     (what the servers' models expect). A LoRA model: with ``adapters`` (servers running our engine,
     which merges them) only ``lora_A`` and the pre-scaled ``lora_B`` of each adapted module
-    (``lora.wire_adapters``); without (servers that load whole named weights: SGLang, vLLM through
-    disk) the full weights with the adapters merged (``lora.merged_weights``)."""
-    if lora.is_lora(model):
-        return lora.wire_adapters(model) if adapters else lora.merged_weights(model)
-    return {n: p.detach() for n, p in model.named_parameters()}
+    (``lora.wire_adapters``, float32 whatever the servers run); without (servers that load whole
+    named weights: SGLang, vLLM through disk) the full weights with the adapters merged
+    (``lora.merged_weights``). Whole weights are cast to ``dtype``, the servers' (None: as they are)."""
+    if lora.is_lora(model) and adapters:
+        return lora.wire_adapters(model)
+    named = lora.merged_weights(model) if lora.is_lora(model) else {n: p.detach() for n, p in model.named_parameters()}
+    return {n: t if dtype is None or not t.is_floating_point() else t.to(dtype) for n, t in named.items()}
 
 
 class WeightTransport(ABC):
     kind: str
     staged_version: int | None = None
     adapters: bool = True  # a LoRA model sends adapters (False: merged full weights; see named_weights)
+    dtype: torch.dtype | None = None  # the servers' when it is not the trainer's (rollout.dtype)
     staged_bytes: int = 0  # bytes of the staged version's tensors: what each server receives
     last_push_s: float | None = None  # wall time of the last push that returned
 
@@ -90,7 +95,7 @@ class WeightTransport(ABC):
             if self.kind == "disk":
                 self._stage(model, version)  # (sets staged_bytes: the folder's size)
             else:
-                named = named_weights(model, self.adapters)
+                named = named_weights(model, self.adapters, self.dtype)
                 self._stage(named, version)
                 self.staged_bytes = sum(t.nbytes for t in named.values())
             self.staged_version = version
@@ -303,9 +308,11 @@ class DistributedTransport(WeightTransport):
 ADAPTER_BACKENDS = ("embedded", "external")  # rollout backends running our engine, which merges adapters
 
 
-def make_transport(cfg, work_dir: str, adapters: bool = True) -> WeightTransport:
+def make_transport(cfg, work_dir: str, adapters: bool = True, dtype: str | None = None) -> WeightTransport:
     """The transport a ``rollout.weight_transport`` config section names. ``adapters``: whether
-    the servers take LoRA adapters (``ADAPTER_BACKENDS``); else a LoRA model sends merged weights."""
+    the servers take LoRA adapters (``ADAPTER_BACKENDS``); else a LoRA model sends merged weights.
+    ``dtype``: what the servers compute in; weights are cast to it before they travel (a folder is
+    written as the trainer holds it: the servers cast what they load)."""
     if cfg.kind == "disk":
         return DiskTransport(os.path.join(work_dir, "weights"))
     if cfg.kind == "tensor":
@@ -314,5 +321,5 @@ def make_transport(cfg, work_dir: str, adapters: bool = True) -> WeightTransport
         t = DistributedTransport(cfg.backend, cfg.master_address, cfg.master_port)
     else:
         raise ValueError(f"unknown weight transport {cfg.kind!r}")
-    t.adapters = adapters
+    t.adapters, t.dtype = adapters, getattr(torch, dtype) if dtype else None
     return t

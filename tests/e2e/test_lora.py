@@ -268,6 +268,12 @@ def test_what_a_model_sends():
     assert torch.equal(sent["model.layers.0.self_attn.q_proj.lora_B"], q.lora_B * (ALPHA / RANK))
     full = named_weights(model, adapters=False)
     assert set(full) == set(named_weights(base)) and all(not lora.is_adapter_name(n) for n in full)
+    # servers computing in bfloat16 (rollout.dtype): adapters still travel in float32 (the server
+    # merges them into its own weights); whole weights travel rounded
+    for name, t in named_weights(model, dtype=torch.bfloat16).items():
+        assert t.dtype == torch.float32 and torch.equal(t, sent[name])
+    rounded = named_weights(model, adapters=False, dtype=torch.bfloat16)
+    assert all(torch.equal(rounded[n], t.to(torch.bfloat16)) for n, t in full.items())
     t_full, t_lora = TensorTransport(), TensorTransport()
     try:
         t_full.stage(base, 1)

@@ -249,3 +249,44 @@ def test_a_recovering_server_never_loads_a_mix_of_two_versions(two_servers, kind
     )
     for n in names:
         assert torch.equal(after[0][n], after[1][n]) and torch.equal(after[0][n], want[51][n].flatten())
+
+
+@pytest.fixture(scope="module")
+def bf16_servers(tmp_path_factory):
+    from areal_core.rollout.config import EngineConfig
+
+    root = tmp_path_factory.mktemp("bf16")
+    tiny_qwen2(31).save_pretrained(root / "v0")
+    logs = [str(root / f"s{k}.log") for k in range(2)]
+    with EmbeddedServers(str(root / "v0"), 2, engine=EngineConfig(dtype="bfloat16"), log_paths=logs) as s:
+        yield s
+
+
+@pytest.mark.parametrize("kind", ["tensor", "distributed", "disk"])
+def test_a_float32_trainer_reaches_bfloat16_servers_through_every_transport(bf16_servers, tmp_path, kind):
+    """rollout.dtype bfloat16 beside a float32 trainer: each transport brings the servers the
+    trainer's weights rounded to bfloat16 (the tensors travel cast, at half the bytes; a folder is
+    cast as the server loads it); sent uncast, the same update is refused naming the dtypes."""
+    from areal_core.rollout.config import DiskTransportConfig, DistributedTransportConfig, TensorTransportConfig
+    from areal_core.rollout.weight_transport import make_transport
+
+    model = tiny_qwen2(32 + len(kind))
+    want = {n: t.to(torch.bfloat16).float().flatten() for n, t in named_weights(model).items()}
+    cfg = {"tensor": TensorTransportConfig, "distributed": DistributedTransportConfig, "disk": DiskTransportConfig}
+    urls = bf16_servers.urls
+    if kind == "tensor":  # the trainer's own dtype is refused by name
+        plain = make_transport(cfg[kind](), str(tmp_path))
+        with pytest.raises(RolloutServerError, match="arrives as float32, the server's model is bfloat16"):
+            asyncio.run(_push(plain, urls, tiny_qwen2(32), 1))
+        plain.close()
+    transport = make_transport(cfg[kind](), str(tmp_path), dtype="bfloat16")
+    try:
+        asyncio.run(_push(transport, urls, model, 10 + len(kind)))
+        if kind != "disk":
+            assert transport.staged_bytes == sum(t.numel() * 2 for t in want.values())
+    finally:
+        transport.close()
+    got = [asyncio.run(_server_weights(url, list(want))) for url in urls]
+    for name, w in want.items():
+        for g in got:
+            assert torch.equal(g[name], w), f"{name}: a bfloat16 server does not hold the rounded weights after {kind}"
