@@ -48,7 +48,7 @@ def check_weights(model: torch.nn.Module, named: dict[str, torch.Tensor], source
         if t.dtype != p.dtype:
             raise ValueError(
                 f"{source}: {name} arrives as {_name(t.dtype)}, the server's model is "
-                f"{_name(p.dtype)}: send weights in the dtype the servers run (model.dtype)"
+                f"{_name(p.dtype)}: send weights in the dtype the servers run (rollout.dtype)"
             )
         staged[name] = t
     missing = sorted(set(params) - set(staged))
