@@ -179,7 +179,8 @@ class RolloutConfig(Section):
     torch_threads: int = Field(1, gt=0)
     # what the servers compute in: `model` = what the trainer computes in (model.dtype); float32 or
     # bfloat16 apart from it, e.g. a bf16 engine beside a float32 trainer, the numerics mismatch large
-    # deployments live with (each push is cast to it; the step metrics logprob_gap_* measure the gap)
+    # deployments live with (in-memory pushes are cast to it, a disk folder as the servers load it;
+    # the step metrics logprob_gap_* measure the gap)
     dtype: Literal["model", "float32", "bfloat16"] = "model"
     request_timeout_s: float = Field(600.0, gt=0)
     # KV cache the running requests of one server may reserve: {tokens: N} or {bytes: N} (embedded
@@ -282,7 +283,7 @@ class RolloutConfig(Section):
 
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
         """The engine's settings (``seed``: the run's; each server derives its own; ``dtype``: the
-        trainer's, what the servers compute in unless ``dtype`` here names another)."""
+        trainer's, which the servers compute in unless this section's ``dtype`` names another)."""
         return EngineConfig(
             max_running=self.max_running,
             weight_update=self.weight_update,

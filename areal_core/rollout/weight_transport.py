@@ -61,7 +61,7 @@ class WeightTransport(ABC):
     kind: str
     staged_version: int | None = None
     adapters: bool = True  # a LoRA model sends adapters (False: merged full weights; see named_weights)
-    dtype: torch.dtype | None = None  # the servers' when it is not the trainer's (rollout.dtype)
+    dtype: torch.dtype | None = None  # the servers' (rollout.dtype): whole weights are cast to it (None: as they are)
     staged_bytes: int = 0  # bytes of the staged version's tensors: what each server receives
     last_push_s: float | None = None  # wall time of the last push that returned
 
