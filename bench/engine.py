@@ -50,35 +50,17 @@ def prompts(bs: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(model, batch: list[list[int]], new: int) -> float:
-    from areal_core.rollout.backends.embedded.engine import RolloutEngine
+    """Tokens/s of one batch through a fresh embedded engine (the GPU smoke run's driver)."""
+    from infra.gpu_smoke.engine_part import run_engine as timed
 
-    eng = RolloutEngine(model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1)
-    sp = {"temperature": 1.0, "max_new_tokens": new, "ignore_eos": True}
-    with Timer() as t:
-        futs = [eng.submit(p, sp) for p in batch]
-        while eng.step():
-            pass
-    n = sum(len(f.result().output_ids) for f in futs)
-    assert n == len(batch) * new, (n, len(batch), new)
-    return n / t.s
+    return len(batch) * new / timed(model, batch, new)[0]
 
 
 def run_hf(model, batch: list[list[int]], new: int) -> float:
-    ids = torch.tensor(batch)
-    with torch.no_grad(), Timer() as t:
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new,
-            min_new_tokens=new,
-            pad_token_id=0,
-        )
-    n = (out.shape[1] - PROMPT) * out.shape[0]
-    return n / t.s
+    """Tokens/s of one batch through HF ``generate`` (the GPU smoke run's driver)."""
+    from infra.gpu_smoke.engine_part import run_hf as timed
+
+    return len(batch) * new / timed(model, batch, new, pad=0)
 
 
 def bench_model(
