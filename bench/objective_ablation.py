@@ -170,8 +170,10 @@ SMOLLM2_SETTINGS = {
 SMOLLM2_CORE = ("sync", "eta8-naive", "eta8-decoupled")
 
 
-def run_smollm2(quick: bool) -> dict:
-    """The ablation on SmolLM2-135M (see the module docstring); --quick: seed 0, 3 steps of each setting."""
+def run_smollm2(quick: bool, train_missing: bool = True) -> dict:
+    """The ablation on SmolLM2-135M (see the module docstring); --quick: seed 0, 3 steps of each setting.
+    ``train_missing=False``: the table of the runs finished so far, training nothing (the benchmark
+    takes hours; ``python -c "from bench.objective_ablation import run_smollm2; run_smollm2(False, False)"``)."""
     from bench.common import RESULTS_DIR
     from bench.smollm2_seeds import QUICK_SETS
 
@@ -187,24 +189,77 @@ def run_smollm2(quick: bool) -> dict:
         for seed, name in itertools.product(seeds, names):
             sets = SMOLLM2_SETTINGS[name]
             label = f"{name}-seed{seed}"
-            done = root / label / "summary.json"
-            row = (
-                run_row(label, seed, sets + extra, root / label)
-                if done.is_file() and not quick
-                else train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG)
-            )
-            rows.append({"setting": name, **row})
+            if (root / label / "summary.json").is_file() and not quick:
+                row = run_row(label, seed, sets + extra, root / label)
+            elif train_missing:
+                row = train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG)
+            else:
+                continue
+            rows.append({"setting": name, **row, **_offpolicy_stats(root / label)})
     rows.sort(key=lambda r: (list(SMOLLM2_SETTINGS).index(r["setting"]), r["seed"]))
-    stats = _table(rows, SMOLLM2_SETTINGS, seeds, "SmolLM2-135M: objective ablation (held-out accuracy after RL)")
+    names = [n for n in SMOLLM2_SETTINGS if any(r["setting"] == n for r in rows)]
+    title = "SmolLM2-135M: objective ablation (held-out accuracy after RL)"
+    stats = _table(rows, names, seeds, title if train_missing else title + ", finished runs so far")
+    _offpolicy_table(rows, names)
     out = (RESULTS_DIR / "quick" if quick else RESULTS_DIR) / "objective_ablation_smollm2.png"
+    if not train_missing:
+        out = out.with_name("objective_ablation_smollm2.so_far.png")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _plot_curves(rows, out)
+    if rows:
+        _plot_curves(rows, out)
     summary = {f"{n}_after_mean": m for n, (m, _) in stats.items()} | {
         f"{n}_after_std": s for n, (_, s) in stats.items()
     }
-    summary["naive_minus_decoupled"] = summary["eta8-naive_after_mean"] - summary["eta8-decoupled_after_mean"]
-    summary["decoupled_minus_sync"] = summary["eta8-decoupled_after_mean"] - summary["sync_after_mean"]
+    for key, a, b in (
+        ("naive_minus_decoupled", "eta8-naive", "eta8-decoupled"),
+        ("decoupled_minus_sync", "eta8-decoupled", "sync"),
+    ):
+        if a in stats and b in stats:
+            summary[key] = stats[a][0] - stats[b][0]
+            print(f"{a} - {b}: {summary[key]:+.3f}")
     return {"model": "smollm2-135m", "seeds": list(seeds), "rows": rows, "summary": summary, "plot": str(out)}
+
+
+def _offpolicy_stats(run_dir) -> dict:
+    """What the off-policy corrections did over a run (means over its steps; from metrics.parquet),
+    and the engine-vs-trainer logprob gap at the behaviour version over all the tokens it was measured on."""
+    import pandas as pd
+
+    m = pd.read_parquet(f"{run_dir}/metrics.parquet")
+    tokens = float(m["logprob_gap_tokens_sum"].sum())
+    return {
+        "offpolicy_masked_fraction": float(m["offpolicy_masked_fraction"].mean()),
+        "offpolicy_truncated_fraction": float(m["offpolicy_truncated_fraction"].mean()),
+        "offpolicy_ess": float(m["offpolicy_ess"].mean()),
+        "offpolicy_weight_max": float(m["offpolicy_weight_max"].max()),
+        "logprob_gap_mean": float(m["logprob_gap_sum"].sum()) / tokens if tokens else None,
+        "logprob_gap_tokens": int(tokens),
+    }
+
+
+def _offpolicy_table(rows: list[dict], names) -> None:
+    table = []
+    for name in names:
+        mine = [r for r in rows if r["setting"] == name]
+        gaps = [r["logprob_gap_mean"] for r in mine if r["logprob_gap_mean"] is not None]
+        table.append(
+            (
+                name,
+                f"{statistics.fmean(r['offpolicy_masked_fraction'] for r in mine):.4f}",
+                f"{statistics.fmean(r['offpolicy_truncated_fraction'] for r in mine):.4f}",
+                f"{statistics.fmean(r['offpolicy_ess'] for r in mine):.3f}",
+                f"{max(r['offpolicy_weight_max'] for r in mine):.2f}",
+                f"{statistics.fmean(gaps):.2e}" if gaps else "-",
+                f"{statistics.fmean(r['tokens_per_s'] for r in mine):.0f}",
+            )
+        )
+    print(
+        format_table(
+            ["setting", "masked", "truncated", "ESS", "max weight", "logprob gap", "train tok/s"],
+            table,
+            title="what the corrections did (means over steps and seeds) and the engine-vs-trainer gap",
+        )
+    )
 
 
 def _plot_curves(rows: list[dict], path) -> None:

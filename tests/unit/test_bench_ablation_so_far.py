@@ -1,0 +1,64 @@
+"""The SmolLM2 objective ablation's table of the runs finished so far (it trains nothing)."""
+
+import json
+
+import pandas as pd
+
+import bench.common
+import bench.objective_ablation as ab
+
+
+def _fake_run(folder, after: float, gap_sum: float, gap_tokens: int) -> None:
+    folder.mkdir(parents=True)
+    summary = {
+        "accuracy_before": 0.2,
+        "accuracy_after": after,
+        "wall_time_s": 10.0,
+        "rl_time_s": 8.0,
+        "effective_train_tokens_per_s": 50.0,
+        "max_staleness_observed": 8,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "config.json").write_text(json.dumps({"model": {"warm_start": None}}))
+    steps = [1, 2]
+    pd.DataFrame(
+        {
+            "step": steps,
+            "accuracy": [0.3, 0.4],
+            "offpolicy_masked_fraction": [0.1, 0.3],
+            "offpolicy_truncated_fraction": [0.0, 0.0],
+            "offpolicy_ess": [0.9, 0.7],
+            "offpolicy_weight_max": [2.0, 5.0],
+            "logprob_gap_sum": [gap_sum, 0.0],
+            "logprob_gap_tokens_sum": [gap_tokens, 0],
+        }
+    ).to_parquet(folder / "metrics.parquet")
+
+
+def test_finished_runs_make_the_table_and_nothing_trains(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ab, "runs_root", lambda name: tmp_path / name)
+    monkeypatch.setattr(bench.common, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(ab, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    root = tmp_path / "objective_ablation_smollm2"
+    _fake_run(root / "sync-seed0", 0.5, 0.0, 0)
+    _fake_run(root / "eta8-naive-seed0", 0.3, 0.0, 0)
+    _fake_run(root / "eta8-naive-seed1", 0.4, 0.0, 0)
+    _fake_run(root / "eta8-decoupled-seed0", 0.45, 0.5, 100)  # the gap: 0.5 nats over 100 tokens
+    (root / "eta8-decoupled-seed1").mkdir()  # started, not finished: left out
+    out = ab.run_smollm2(False, train_missing=False)
+    assert [(r["setting"], r["seed"]) for r in out["rows"]] == [
+        ("sync", 0),
+        ("eta8-naive", 0),
+        ("eta8-naive", 1),
+        ("eta8-decoupled", 0),
+    ]
+    s = out["summary"]
+    assert abs(s["eta8-naive_after_mean"] - 0.35) < 1e-12
+    assert abs(s["naive_minus_decoupled"] - (0.35 - 0.45)) < 1e-12
+    assert abs(s["decoupled_minus_sync"] - (0.45 - 0.5)) < 1e-12
+    dec = out["rows"][3]
+    assert dec["logprob_gap_mean"] == 0.005 and dec["logprob_gap_tokens"] == 100
+    assert dec["offpolicy_masked_fraction"] == 0.2 and dec["offpolicy_weight_max"] == 5.0
+    assert out["rows"][0]["logprob_gap_mean"] is None
+    assert (tmp_path / "results" / "objective_ablation_smollm2.so_far.png").is_file()
+    assert "finished runs so far" in capsys.readouterr().out
