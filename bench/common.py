@@ -184,8 +184,19 @@ def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path 
     }
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    write_json_atomic(path, payload)
+    write_json_atomic(path, _repo_relative(payload))
     return path
+
+
+def _repo_relative(x):
+    """``x`` with every path inside this checkout written relative to its root (results name no machine's folder)."""
+    if isinstance(x, dict):
+        return {k: _repo_relative(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_repo_relative(v) for v in x]
+    if isinstance(x, (str, Path)):  # a path, or a text naming some (joined lists, messages)
+        return str(x).replace(f"{REPO_ROOT}{os.sep}", "")
+    return x
 
 
 def update_summary(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> dict:

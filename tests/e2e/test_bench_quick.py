@@ -39,6 +39,23 @@ def test_write_json_atomic_leaves_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+def test_saved_results_name_paths_in_the_checkout_relative_to_it(tmp_path):
+    from bench.common import REPO_ROOT, save
+
+    run = REPO_ROOT / "runs" / "bench" / "x" / "seed0"
+    result = {
+        "rows": [{"run_dir": str(run), "other": "/elsewhere/file", "both": f"{run}, {run}1"}],
+        "plot": run / "a.png",
+        "n": 3,
+    }
+    path = save("paths", True, result, 1.0, results_dir=tmp_path)
+    saved = json.loads(path.read_text())
+    rel = "runs/bench/x/seed0"
+    assert saved["rows"] == [{"run_dir": rel, "other": "/elsewhere/file", "both": f"{rel}, {rel}1"}]
+    assert saved["plot"] == "runs/bench/x/seed0/a.png" and saved["n"] == 3
+    assert result["rows"][0]["run_dir"] == str(run)  # the caller's copy keeps its absolute paths
+
+
 def test_update_summary_merges_benchmarks(tmp_path):
     update_summary("engine", True, {"summary": {"engine_over_hf_generate": 1.3}}, 1.0, results_dir=tmp_path)
     s = update_summary(
