@@ -29,11 +29,18 @@ def runs_root(name: str) -> Path:
     return REPO_ROOT / "runs" / "bench" / name
 
 
-def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str = CONFIG) -> dict:
+def train(
+    label: str, seed: int, sets: tuple[str, ...], root: Path, config: str = CONFIG, resume_stopped: bool = False
+) -> dict:
     """One fresh ``areal-flow train`` run (an earlier run in its folder is removed first: callers that
-    reuse finished runs decide so before calling); its summary plus the wall time around the command."""
+    reuse finished runs decide so before calling); its summary plus the wall time around the command.
+    ``resume_stopped``: a run that stopped after a checkpoint (the benchmark was stopped) is continued
+    with ``--resume`` instead, as a user would (nothing lost or repeated; the wall time is then that of
+    the rest); where that fails it starts afresh."""
     run_dir = root / label
-    shutil.rmtree(run_dir, ignore_errors=True)
+    resume = resume_stopped and _stopped_after_a_checkpoint(run_dir)
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
         str(REPO_ROOT / ".venv" / "bin" / "areal-flow"),
         "train",
@@ -46,17 +53,29 @@ def train(label: str, seed: int, sets: tuple[str, ...], root: Path, config: str 
     ]
     for s in sets:
         cmd += ["--set", s]
+    if resume:
+        cmd.append("--resume")
     root.mkdir(parents=True, exist_ok=True)
     say(f"{label}: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
-    with open(root / f"{label}.log", "wb") as log:
+    with open(root / f"{label}.log", "ab" if resume else "wb") as log:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - t0
+    if rc != 0 and resume:
+        say(f"{label}: resuming failed (rc {rc}; {root / (label + '.log')}); starting it afresh")
+        return train(label, seed, sets, root, config)
     if rc != 0:
         raise RuntimeError(f"{label} exited with {rc}; see {root / (label + '.log')}")
     row = run_row(label, seed, sets, run_dir, wall)
     say(f"{label}: {row['before']:.3f} -> {row['after']:.3f} ({row['gain']:+.3f}) in {wall:.0f}s")
     return row
+
+
+def _stopped_after_a_checkpoint(run_dir: Path) -> bool:
+    """A run folder without a summary whose run saved a checkpoint past v0."""
+    if (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
+        return False
+    return any(p.name[1:].isdigit() and int(p.name[1:]) > 0 for p in (run_dir / "checkpoints").glob("v*"))
 
 
 def run_row(label: str, seed: int, sets: tuple[str, ...], run_dir: Path, wall: float | None = None) -> dict:

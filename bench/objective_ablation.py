@@ -19,7 +19,8 @@ reused, not run again: this benchmark's own earlier runs, and the synchronous ru
 decoupled; eta 8 decoupled with each correction of SMOLLM2_CORRECTIONS (``trainer.off_policy``);
 eta 8 decoupled with the rollout servers in bfloat16 (``rollout.dtype``); seeds 0-1 (about 25
 minutes a run on 2 cores, more for bf16 servers on a CPU without bf16 units, so about 6 hours;
-finished runs are reused). Held-out accuracy with
+finished runs are reused, and a run the benchmark's stop interrupted resumes from its last checkpoint
+with ``--resume``). Held-out accuracy with
 spread, and the batch accuracy per step of every setting in one plot
 (``bench/results/objective_ablation_smollm2.png``).
 """
@@ -192,7 +193,7 @@ def run_smollm2(quick: bool, train_missing: bool = True) -> dict:
             if (root / label / "summary.json").is_file() and not quick:
                 row = run_row(label, seed, sets + extra, root / label)
             elif train_missing:
-                row = train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG)
+                row = train(label, seed, sets + extra, root, config=SMOLLM2_CONFIG, resume_stopped=not quick)
             else:
                 continue
             rows.append({"setting": name, **row, **_offpolicy_stats(root / label)})

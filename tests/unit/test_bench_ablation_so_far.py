@@ -62,3 +62,56 @@ def test_finished_runs_make_the_table_and_nothing_trains(tmp_path, monkeypatch, 
     assert out["rows"][0]["logprob_gap_mean"] is None
     assert (tmp_path / "results" / "objective_ablation_smollm2.so_far.png").is_file()
     assert "finished runs so far" in capsys.readouterr().out
+
+
+def test_a_stopped_run_resumes_and_a_fresh_one_starts_clean(tmp_path, monkeypatch):
+    import subprocess
+
+    import bench.learning as learning
+
+    calls = []
+
+    def fake_run(cmd, cwd, stdout, stderr):
+        calls.append(cmd)
+        run_dir = tmp_path / "runs" / cmd[cmd.index("--run-dir") + 1].rsplit("/", 1)[-1]
+        if run_dir.exists():  # resumed: the run finishes
+            _finish(run_dir)
+        else:
+            _fake_run(run_dir, 0.4, 0.0, 0)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    def _finish(run_dir):
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "accuracy_before": 0.2,
+                    "accuracy_after": 0.6,
+                    "wall_time_s": 1.0,
+                    "rl_time_s": 1.0,
+                    "effective_train_tokens_per_s": 1.0,
+                    "max_staleness_observed": 0,
+                }
+            )
+        )
+
+    monkeypatch.setattr(learning.subprocess, "run", fake_run)
+    root = tmp_path / "runs"
+    stopped = root / "stopped"
+    (stopped / "checkpoints" / "v0").mkdir(parents=True)
+    (stopped / "config.json").write_text(json.dumps({"model": {"warm_start": None}}))
+    (stopped / "checkpoints" / "v10").mkdir()
+    assert learning._stopped_after_a_checkpoint(stopped)
+    row = learning.train("stopped", 0, ("trainer.eta=8",), root, resume_stopped=True)
+    assert calls[-1][-1] == "--resume" and row["after"] == 0.6  # continued, its folder kept
+    assert (stopped / "checkpoints" / "v10").is_dir()
+
+    only_v0 = root / "only_v0"
+    (only_v0 / "checkpoints" / "v0").mkdir(parents=True)
+    (only_v0 / "config.json").write_text(json.dumps({"model": {"warm_start": None}}))
+    assert not learning._stopped_after_a_checkpoint(only_v0)
+    row = learning.train("only_v0", 0, (), root, resume_stopped=True)
+    assert "--resume" not in calls[-1] and row["after"] == 0.4  # started afresh: the old folder removed
+    assert not (only_v0 / "checkpoints").exists()
+    (stopped / "summary.json").unlink()
+    row = learning.train("stopped", 0, (), root)  # without resume_stopped: always afresh
+    assert "--resume" not in calls[-1] and row["after"] == 0.4
