@@ -223,35 +223,44 @@ def run_smollm2(quick: bool, train_missing: bool = True) -> dict:
 
 def _offpolicy_stats(run_dir) -> dict:
     """What the off-policy corrections did over a run (means over its steps; from metrics.parquet),
-    and the engine-vs-trainer logprob gap at the behaviour version over all the tokens it was measured on."""
+    and the engine-vs-trainer logprob gap at the behaviour version over all the tokens it was measured
+    on; None for what the run's objective does not record (the naive one has no gap)."""
     import pandas as pd
 
     m = pd.read_parquet(f"{run_dir}/metrics.parquet")
-    tokens = float(m["logprob_gap_tokens_sum"].sum())
+
+    def over_steps(col: str, how: str = "mean") -> float | None:
+        return float(getattr(m[col], how)()) if col in m else None
+
+    tokens = over_steps("logprob_gap_tokens_sum", "sum") or 0.0
     return {
-        "offpolicy_masked_fraction": float(m["offpolicy_masked_fraction"].mean()),
-        "offpolicy_truncated_fraction": float(m["offpolicy_truncated_fraction"].mean()),
-        "offpolicy_ess": float(m["offpolicy_ess"].mean()),
-        "offpolicy_weight_max": float(m["offpolicy_weight_max"].max()),
-        "logprob_gap_mean": float(m["logprob_gap_sum"].sum()) / tokens if tokens else None,
+        "offpolicy_masked_fraction": over_steps("offpolicy_masked_fraction"),
+        "offpolicy_truncated_fraction": over_steps("offpolicy_truncated_fraction"),
+        "offpolicy_ess": over_steps("offpolicy_ess"),
+        "offpolicy_weight_max": over_steps("offpolicy_weight_max", "max"),
+        "logprob_gap_mean": over_steps("logprob_gap_sum", "sum") / tokens if tokens else None,
         "logprob_gap_tokens": int(tokens),
     }
 
 
 def _offpolicy_table(rows: list[dict], names) -> None:
+    def mean(mine, key, digits):  # "-" where no run of the setting records it
+        xs = [r[key] for r in mine if r[key] is not None]
+        return f"{statistics.fmean(xs):.{digits}}" if xs else "-"
+
     table = []
     for name in names:
         mine = [r for r in rows if r["setting"] == name]
-        gaps = [r["logprob_gap_mean"] for r in mine if r["logprob_gap_mean"] is not None]
+        weights = [r["offpolicy_weight_max"] for r in mine if r["offpolicy_weight_max"] is not None]
         table.append(
             (
                 name,
-                f"{statistics.fmean(r['offpolicy_masked_fraction'] for r in mine):.4f}",
-                f"{statistics.fmean(r['offpolicy_truncated_fraction'] for r in mine):.4f}",
-                f"{statistics.fmean(r['offpolicy_ess'] for r in mine):.3f}",
-                f"{max(r['offpolicy_weight_max'] for r in mine):.2f}",
-                f"{statistics.fmean(gaps):.2e}" if gaps else "-",
-                f"{statistics.fmean(r['tokens_per_s'] for r in mine):.0f}",
+                mean(mine, "offpolicy_masked_fraction", "4f"),
+                mean(mine, "offpolicy_truncated_fraction", "4f"),
+                mean(mine, "offpolicy_ess", "3f"),
+                f"{max(weights):.2f}" if weights else "-",
+                mean(mine, "logprob_gap_mean", "2e"),
+                mean(mine, "tokens_per_s", "0f"),
             )
         )
     print(
