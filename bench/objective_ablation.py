@@ -17,8 +17,8 @@ reused, not run again: this benchmark's own earlier runs, and the synchronous ru
 ``--model smollm2``: the same question on SmolLM2-135M-Instruct and its arithmetic task
 (``configs/smollm2_quickstart.yaml``, equal steps, the trainer in float32): sync; eta 8 naive; eta 8
 decoupled; eta 8 decoupled with each correction of SMOLLM2_CORRECTIONS (``trainer.off_policy``);
-eta 8 decoupled with the rollout servers in bfloat16 (``rollout.dtype``); seeds 0-1 (about 25
-minutes a run on 2 cores, more for bf16 servers on a CPU without bf16 units, so about 6 hours;
+eta 8 decoupled with the rollout servers in bfloat16 (``rollout.dtype``); seeds 0-1 (30 to 50
+minutes a run on 2 cores, more for bf16 servers on a CPU without bf16 units, so about 8 hours;
 finished runs are reused, and a run the benchmark's stop interrupted resumes from its last checkpoint
 with ``--resume``). Held-out accuracy with
 spread, and the batch accuracy per step of every setting in one plot
