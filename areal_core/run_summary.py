@@ -174,6 +174,11 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
         ),
         ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
         ("max staleness seen", str(s["max_staleness_observed"])),
+        *(  # (a summary that records no dtype gets no such row; the servers' is recorded apart)
+            [("computing in", f"{s['dtype']} (trainer), {s.get('rollout_dtype', s['dtype'])} (rollout servers)")]
+            if "dtype" in s
+            else []
+        ),
         ("effective training throughput", f"{s['effective_train_tokens_per_s']:.0f} tokens/s"),
         ("RL time / wall time", f"{s['rl_time_s']:.0f} s / {s['wall_time_s']:.0f} s"),
     ]
@@ -185,10 +190,6 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
             ),
             ("trained answers (tokens)", _lengths(s["trained_answer_length"])),
         ]
-    if "dtype" in s:  # (a summary that records no dtype gets no such row)
-        servers = s.get("rollout_dtype", s["dtype"])  # (recorded apart since rollout.dtype exists)
-        at = [k for k, _ in rows].index("max staleness seen") + 1
-        rows.insert(at, ("computing in", f"{s['dtype']} (trainer), {servers} (rollout servers)"))
     if not math.isnan(s.get("reward_wait_s", math.nan)):  # NaN: a multi-turn episode, not measured
         rows.append(
             (

@@ -72,10 +72,13 @@ def train(
 
 
 def _stopped_after_a_checkpoint(run_dir: Path) -> bool:
-    """A run folder without a summary whose run saved a checkpoint past v0."""
-    if (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
+    """A run folder without a summary whose run published a complete checkpoint past v0 (as the
+    checkpoint store, which ``--resume`` reads, counts them)."""
+    from areal_core.storage import CheckpointStore
+
+    if (run_dir / "summary.json").is_file() or not (run_dir / "checkpoints").is_dir():
         return False
-    return any(p.name[1:].isdigit() and int(p.name[1:]) > 0 for p in (run_dir / "checkpoints").glob("v*"))
+    return (CheckpointStore(str(run_dir / "checkpoints")).latest() or 0) > 0
 
 
 def run_row(label: str, seed: int, sets: tuple[str, ...], run_dir: Path, wall: float | None = None) -> dict:

@@ -97,20 +97,31 @@ def test_a_stopped_run_resumes_and_a_fresh_one_starts_clean(tmp_path, monkeypatc
             )
         )
 
+    def publish(run_dir, version):  # a complete checkpoint, as the run's store publishes it
+        from areal_core.storage import CheckpointStore
+
+        folder = tmp_path / f"weights-{run_dir.name}-v{version}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"w")
+        CheckpointStore(str(run_dir / "checkpoints")).publish_folder(version, str(folder))
+
     monkeypatch.setattr(learning.subprocess, "run", fake_run)
     root = tmp_path / "runs"
     stopped = root / "stopped"
-    (stopped / "checkpoints" / "v0").mkdir(parents=True)
+    stopped.mkdir(parents=True)
     (stopped / "config.json").write_text(json.dumps({"model": {"warm_start": None}}))
-    (stopped / "checkpoints" / "v10").mkdir()
+    publish(stopped, 0)
+    publish(stopped, 10)
     assert learning._stopped_after_a_checkpoint(stopped)
     row = learning.train("stopped", 0, ("trainer.eta=8",), root, resume_stopped=True)
     assert calls[-1][-1] == "--resume" and row["after"] == 0.6  # continued, its folder kept
     assert (stopped / "checkpoints" / "v10").is_dir()
 
     only_v0 = root / "only_v0"
-    (only_v0 / "checkpoints" / "v0").mkdir(parents=True)
+    only_v0.mkdir()
     (only_v0 / "config.json").write_text(json.dumps({"model": {"warm_start": None}}))
+    publish(only_v0, 0)
+    (only_v0 / "checkpoints" / "v10").mkdir()  # a checkpoint whose writing was cut short: not complete
     assert not learning._stopped_after_a_checkpoint(only_v0)
     row = learning.train("only_v0", 0, (), root, resume_stopped=True)
     assert "--resume" not in calls[-1] and row["after"] == 0.4  # started afresh: the old folder removed
