@@ -21,10 +21,7 @@ are noise.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-from bench.common import REPO_ROOT, format_table, ratio
+from bench.common import REPO_ROOT, format_table, ratio, work_dir
 
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
 SETTINGS = (("sync (eta 0)", 0, "drain"), ("eta 1", 1, None), ("eta 4", 4, None), ("eta 8", 8, None))
@@ -55,7 +52,7 @@ def run(quick: bool) -> dict:
     steps = STEPS_QUICK if quick else STEPS_FULL
     n_eval = EVAL_QUICK if quick else EVAL_FULL
     batch = {"trainer.batch_size": BATCH_QUICK} if quick else {}
-    root = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    root = work_dir("async_vs_sync", quick)
     runs = {}
     # one Dask cluster, the one the config's reward section would start in each run, serves every setting
     with RewardService(load_config(CONFIG).reward) as shared:

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from bench.common import format_table
+from bench.common import format_table, work_dir
 
 LR = 1.5e-4
 
@@ -157,7 +157,7 @@ def bench_model(name: str, make, steps: int, every: int, full_every: int, batch,
 
 
 def run(quick: bool) -> dict:
-    tmp = tempfile.mkdtemp(prefix="bench-ckpt-")
+    tmp = str(work_dir("checkpoints", quick))
     setups = {
         "tiny": dict(make=_tiny, steps=20 if quick else 60, every=5, full_every=5, batch=(4, 32) if quick else (8, 64))
     }

@@ -23,6 +23,20 @@ from areal_core.storage.fsutil import write_text_atomic
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = REPO_ROOT / "runs" / "bench"  # the benchmarks' runs, logs and models (gitignored)
+
+
+def work_dir(name: str, quick: bool = False) -> Path:
+    """The folder one benchmark writes its models, logs and checkpoints into: ``runs/bench/<name>``
+    (``<name>_quick`` for --quick), emptied first. The disk holds the files of each benchmark's latest
+    run, where its results' paths point, instead of a new temporary copy on every run (a SmolLM2
+    benchmark's checkpoints take gigabytes)."""
+    import shutil
+
+    root = RUNS_DIR / (name + ("_quick" if quick else ""))
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    return root
 
 
 def venv_install_commands(venv: Path, install: list[list[str]]) -> str:

@@ -11,12 +11,11 @@ A diagnostic (Linux only), not part of ``bench all``.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, format_table, ratio
+from bench.common import REPO_ROOT, format_table, ratio, work_dir
 
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
 STEPS_FULL, STEPS_QUICK = 100, 20
@@ -106,7 +105,7 @@ def run(quick: bool) -> dict:
     from areal_core.experiment import load_config
 
     steps = STEPS_QUICK if quick else STEPS_FULL
-    root = Path(tempfile.mkdtemp(prefix="bench-cores-"))
+    root = work_dir("core_split", quick)
     runs = {}
     for label, over in SETTINGS:
         cfg = load_config(CONFIG, {**over, "eval.n_problems": 16, "name": "bench-cores"})

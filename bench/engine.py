@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 import time
 
 import torch
 
-from bench.common import Timer, format_table, median, progress, ratio
+from bench.common import Timer, format_table, median, progress, ratio, work_dir
 
 BATCHES = (1, 8, 64)
 PROMPT = 16
@@ -137,7 +136,7 @@ def run(quick: bool) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    log_dir = tempfile.mkdtemp(prefix="bench-engine-")
+    log_dir = str(work_dir("engine", quick))
     peak32 = matmul_flops(torch.float32, seconds=0.5 if quick else 2.0)
     peak16 = matmul_flops(torch.bfloat16, seconds=0.5 if quick else 2.0)
     bf16_reason = (

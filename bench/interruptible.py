@@ -27,10 +27,9 @@ import asyncio
 import math
 import os
 import random
-import tempfile
 import time
 
-from bench.common import format_table, median, progress, ratio, spread
+from bench.common import format_table, median, progress, ratio, spread, work_dir
 
 CONCURRENCY = 128
 MAX_NEW = 480
@@ -116,7 +115,7 @@ def run(quick: bool) -> dict:
     reps = 1 if quick else 3
     warmup_s, window_s = (2.0, 5.0) if quick else (6.0, 30.0)
     cadence_s = 1.0  # about one quickstart training step on this machine
-    tmp = tempfile.mkdtemp(prefix="bench-int-")
+    tmp = str(work_dir("interruptible", quick))
     folder, models = _models(tmp)
     res: dict[str, list[dict]] = {"reprefill": [], "keep_kv": [], "drain": []}
     for r in progress(range(reps), desc="weight-update modes"):

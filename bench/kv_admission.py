@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import tempfile
 import time
 
 import torch
 
-from bench.common import format_table, median, spread
+from bench.common import format_table, median, spread, work_dir
 
 KV_HEADS, HEAD_DIM, LAYERS = 8, 32, 4
 BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4
@@ -278,7 +277,7 @@ def _allocation_table(rows: list[dict]) -> str:
 def run(quick: bool) -> dict:
     torch.set_num_threads(1)
     mem_reps, tput_reps = (1, 3) if quick else (2, 10)
-    log_dir = tempfile.mkdtemp(prefix="bench-kv-admission-")
+    log_dir = str(work_dir("kv_admission", quick))
     folder = _save_model(log_dir)
     cases = [("equal", None), *(("equal", b) for b in BUDGETS), ("mixed", None), ("mixed", MIXED_BUDGET)]
     load_before = os.getloadavg()

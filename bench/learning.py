@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT
+from bench.common import REPO_ROOT, RUNS_DIR
 
 CONFIG = "configs/quickstart.yaml"
 SYNC = ("trainer.eta=0", "rollout.weight_update=drain")  # the synchronous baseline of any config
@@ -26,7 +26,7 @@ def say(text: str) -> None:
 
 
 def runs_root(name: str) -> Path:
-    return REPO_ROOT / "runs" / "bench" / name
+    return RUNS_DIR / name
 
 
 def train(

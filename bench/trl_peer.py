@@ -30,9 +30,9 @@ first setting, STEPS_QUICK steps, one repetition: a smoke check, not a result.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
+from bench.common import work_dir
 from bench.trl_peer_inputs import CORES, WARMUP, prepare_tiny, tiny_workload
 from bench.trl_peer_report import print_report, run_repetitions
 from bench.trl_peer_systems import WORKER, ensure_venv
@@ -58,7 +58,7 @@ def run(quick: bool) -> dict:
     from areal_core.reward.config import RewardConfig
     from areal_core.reward.service import RewardService
 
-    root = Path(tempfile.mkdtemp(prefix="bench-trl-"))
+    root = work_dir("trl_peer", quick)
     ensure_venv(str(root / "trl-install.log"))
     inputs = prepare_inputs(root)
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)

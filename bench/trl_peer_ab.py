@@ -19,10 +19,8 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
-from bench.common import format_table
+from bench.common import format_table, work_dir
 from bench.trl_peer_inputs import WARMUP, prepare_tiny, tiny_workload
 from bench.trl_peer_systems import ensure_venv, run_trl
 
@@ -49,7 +47,7 @@ def _mean_sd(xs: list[float]) -> str:
 
 
 def run(quick: bool) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="bench-trl-ab-"))
+    root = work_dir("trl_peer_ab", quick)
     ensure_venv(str(root / "trl-install.log"))
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
     w = tiny_workload(prepare_tiny(root), P, G, T, steps)

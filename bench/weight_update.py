@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
 import uuid
 
-from bench.common import Timer, format_table, median, progress, spread
+from bench.common import Timer, format_table, median, progress, spread, work_dir
 
 
 async def _cycle(url: str, version: int, load, stage=None) -> dict:
@@ -180,7 +179,7 @@ def run(quick: bool) -> dict:
     reps = {"tiny": 3 if quick else 10, "smollm2-135m": 3 if quick else 5}  # the first update pays page faults
     # --quick leaves out SmolLM2 from S3: putting 540 MB into moto and reading it back takes ~30 s
     sources = {"tiny": ("file", "s3"), "smollm2-135m": ("file",) if quick else ("file", "s3")}
-    tmp = tempfile.mkdtemp(prefix="bench-wu-")
+    tmp = str(work_dir("weight_update", quick))
     rows = []
     with MotoS3Server() as moto:
         for name in ("tiny", "smollm2-135m"):

@@ -160,3 +160,14 @@ def test_core_split_reads_this_process_and_its_children():
     assert ("other processes", child.pid) in a and ("other processes", child.pid) in b
     assert b[("other processes", child.pid)] - a[("other processes", child.pid)] > 0.3
     assert b[main] - a[main] > 0.3
+
+
+def test_a_benchmarks_work_dir_holds_its_latest_run_only(tmp_path, monkeypatch):
+    import bench.common as common
+
+    monkeypatch.setattr(common, "RUNS_DIR", tmp_path)
+    first = common.work_dir("trl_peer")
+    (first / "old.log").write_text("an earlier run")
+    assert common.work_dir("trl_peer") == tmp_path / "trl_peer" and not (first / "old.log").exists()
+    quick = common.work_dir("trl_peer", quick=True)
+    assert quick == tmp_path / "trl_peer_quick" and quick.is_dir() and (tmp_path / "trl_peer").is_dir()
