@@ -174,3 +174,20 @@ def test_good_storage_config_loads(tmp_path):
     p.write_text("storage:\n  checkpoint_every: 5\n  checkpoint_every_s: 30\n  format: delta\n  full_every: 4\n")
     s = load_config(p).storage
     assert (s.checkpoint_every, s.checkpoint_every_s, s.format, s.full_every) == (5, 30.0, "delta", 4)
+
+
+def test_prune_keeps_the_base_model_that_kept_lora_versions_are_made_against(tmp_path):
+    _tok, snaps = adamw_snapshots(1)
+    tensors, files = snaps[0]
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    adapters = {"layer.lora_A": torch.zeros(4, 8), "layer.lora_B": torch.zeros(8, 4)}
+    lora = {"rank": 4, "alpha": 8, "targets": ["q_proj"], "base_version": 0}
+    with CheckpointWriter(store, keep_last=1) as writer:
+        writer.submit(0, tensors, files).result(60)  # the frozen base
+        pruned = [
+            writer.submit(v, {k: t + v for k, t in adapters.items()}, files, adapter_config=lora).result(60).pruned
+            for v in (10, 20, 30)
+        ]
+    # keep_last 1: each new adapter version replaces the last one, never the base it is made against
+    assert pruned == [[], [10], [20]] and store.versions() == [0, 30]
+    assert store.read_manifest(30)["meta"]["base_version"] == 0
