@@ -348,7 +348,7 @@ def _run_experiment(
             controller=controller,
             publisher=publisher,
             runlog=runlog,
-            checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, last_step=version, on_written=written),
+            checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, version, written, cfg.trainer.max_steps),
             config=config,
             before=before,
             batch_size=cfg.trainer.batch_size,

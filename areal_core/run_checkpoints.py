@@ -12,6 +12,9 @@ the trainer's model either way.
 
 from __future__ import annotations
 
+import logging
+import math
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,6 +30,8 @@ from areal_core.storage.snapshot import cpu_copy, snapshot_files, snapshot_model
 from areal_core.storage.writer import CheckpointWriter, WriteResult
 from areal_core.trainer import lora
 
+log = logging.getLogger(__name__)
+
 
 class RunCheckpoints:
     def __init__(
@@ -36,9 +41,12 @@ class RunCheckpoints:
         tokenizer,
         last_step: int,
         on_written: Callable[[WriteResult], None],
+        max_steps: int | None = None,
     ):
-        """``last_step``: the step of the newest checkpoint already in ``store`` (0 for v0)."""
-        self.cfg, self.tokenizer, self.on_written = cfg, tokenizer, on_written
+        """``last_step``: the step of the newest checkpoint already in ``store`` (0 for v0);
+        ``max_steps``: the run's last step (to warn early when the disk will not hold its checkpoints)."""
+        self.cfg, self.tokenizer, self.on_written, self.max_steps = cfg, tokenizer, on_written, max_steps
+        self.store = store
         self.writer = CheckpointWriter.from_config(store, cfg)
         self.last_step, self.last_time = last_step, time.monotonic()
         self._pending: list[Future] = []
@@ -78,6 +86,9 @@ class RunCheckpoints:
                 }
             )
             self.on_written(result)
+            warning = disk_warning(self.store, self.cfg, result, self.max_steps)
+            if warning:
+                log.warning(warning)
 
     def __enter__(self) -> RunCheckpoints:
         return self
@@ -88,6 +99,29 @@ class RunCheckpoints:
         self.writer.__exit__(exc_type, exc, tb)
         if exc is None:
             self.poll()
+
+
+def disk_warning(store: CheckpointStore, cfg: StorageConfig, result: WriteResult, max_steps: int | None) -> str | None:
+    """A warning when a local store's disk will not hold the run's next checkpoints at the size of
+    the one just written (all the rest of them, or with ``keep_last`` the next one, which is written
+    before the oldest is pruned); None when it will, or the store is remote. v0 is not a measure: it
+    has no resume state, and in a LoRA run it is the base where later versions hold adapters only."""
+    if not store.is_local or max_steps is None or not 0 < result.version < max_steps:
+        return None
+    left = math.ceil((max_steps - result.version) / cfg.checkpoint_every) if cfg.keep_last is None else 1
+    need, free = left * result.bytes_written, shutil.disk_usage(store.root).free
+    if need <= free:
+        return None
+    what = f"its {left} remaining checkpoints need" if left > 1 else "its next checkpoint needs"
+    return (
+        f"checkpoints: at the size of v{result.version} ({_mb(result.bytes_written)}), {what} "
+        f"about {_mb(need)} and {store.root} has {_mb(free)} free: free space"
+        + (", or set storage.keep_last (only the newest N versions are kept)" if cfg.keep_last is None else "")
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 @torch.no_grad()
