@@ -46,7 +46,6 @@ class RunCheckpoints:
         """``last_step``: the step of the newest checkpoint already in ``store`` (0 for v0);
         ``max_steps``: the run's last step (to warn early when the disk will not hold its checkpoints)."""
         self.cfg, self.tokenizer, self.on_written, self.max_steps = cfg, tokenizer, on_written, max_steps
-        self.store = store
         self.writer = CheckpointWriter.from_config(store, cfg)
         self.last_step, self.last_time = last_step, time.monotonic()
         self._pending: list[Future] = []
@@ -86,7 +85,7 @@ class RunCheckpoints:
                 }
             )
             self.on_written(result)
-            warning = disk_warning(self.store, self.cfg, result, self.max_steps)
+            warning = disk_warning(self.writer.store, self.cfg, result, self.max_steps)
             if warning:
                 log.warning(warning)
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,8 +32,6 @@ def work_dir(name: str, quick: bool = False) -> Path:
     (``<name>_quick`` for --quick), emptied first. The disk holds the files of each benchmark's latest
     run, where its results' paths point, instead of a new temporary copy on every run (a SmolLM2
     benchmark's checkpoints take gigabytes)."""
-    import shutil
-
     root = RUNS_DIR / (name + ("_quick" if quick else ""))
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)

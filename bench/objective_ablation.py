@@ -169,8 +169,8 @@ SMOLLM2_SETTINGS = {
 
 
 SMOLLM2_CORE = ("sync", "eta8-naive", "eta8-decoupled")
-# a SmolLM2 checkpoint with its resume state is 1.6 GB (every 10 steps): a run keeps its newest one
-# only (what --resume reads; the benchmark reads summary.json and the metrics), 1.6 GB instead of 6.6 GB
+# a SmolLM2 checkpoint with its resume state is 1.6 GB: a run keeps its newest one only (what --resume
+# reads; the benchmark reads summary.json and the metrics), not the config's two
 SMOLLM2_DISK = ("storage.keep_last=1",)
 
 
