@@ -107,11 +107,12 @@ def _table(rows: list[dict], names, seeds, title: str) -> dict[str, tuple[float,
         mine = [r for r in rows if r["setting"] == name]
         after = [r["after"] for r in mine]
         stats[name] = m, s = mean_std(after)
+        by_seed = {r["seed"]: r["after"] for r in mine}  # "-": that seed's run has not finished
         table.append(
             (
                 name,
-                " ".join(f"{a:.3f}" for a in after),
-                f"{m:.3f} ± {s:.3f}",
+                " ".join(f"{by_seed[seed]:.3f}" if seed in by_seed else "  -  " for seed in seeds),
+                f"{m:.3f} ± {s:.3f}" if len(after) > 1 else f"{m:.3f} (1 run)",
                 f"{statistics.fmean(r['gain'] for r in mine):+.3f}",
                 max(r["max_staleness"] for r in mine),
             )

@@ -64,7 +64,14 @@ def test_finished_runs_make_the_table_and_nothing_trains(tmp_path, monkeypatch, 
     assert dec["offpolicy_masked_fraction"] == 0.2 and dec["offpolicy_weight_max"] == 5.0
     assert out["rows"][0]["logprob_gap_mean"] is None and out["rows"][2]["logprob_gap_mean"] is None
     assert (tmp_path / "results" / "objective_ablation_smollm2.so_far.png").is_file()
-    assert "finished runs so far" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "finished runs so far" in printed
+    lines = {}  # the accuracy table's lines (the first of the two tables)
+    for line in printed.splitlines():
+        if line.startswith(("sync ", "eta8-naive ")):
+            lines.setdefault(line.split()[0], line)
+    assert lines["sync"].split()[1:4] == ["0.500", "-", "0.500"] and "(1 run)" in lines["sync"]
+    assert lines["eta8-naive"].split()[1:6] == ["0.300", "0.400", "0.350", "±", "0.071"]
 
 
 def test_a_stopped_run_resumes_and_a_fresh_one_starts_clean(tmp_path, monkeypatch):
