@@ -293,7 +293,8 @@ def _plot_curves(rows: list[dict], path) -> None:
             for r in rows
             if r["setting"] == name
         ]
-        ax.plot(pd.concat(curves, axis=1).mean(axis=1).rolling(3, min_periods=1).mean(), label=name)
+        runs = f"{len(curves)} run" + ("s" if len(curves) > 1 else "")
+        ax.plot(pd.concat(curves, axis=1).mean(axis=1).rolling(3, min_periods=1).mean(), label=f"{name} ({runs})")
     ax.set_xlabel("step")
     ax.set_ylabel("batch accuracy (mean over seeds, 3-step average)")
     ax.legend()
