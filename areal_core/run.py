@@ -256,8 +256,9 @@ def _run_experiment(
         serving = list(urls)  # the servers there are (after training: those left in an elastic pool)
 
         def heldout(prompts=eval_prompts) -> dict:
+            sampling, timeout = heldout_sampling(cfg), cfg.rollout.request_timeout_s
             return evaluate_prompts(
-                serving, prompts, decode, rewards, heldout_sampling(cfg), make_client=backend.client
+                serving, prompts, decode, rewards, sampling, timeout_s=timeout, make_client=backend.client
             )
 
         def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy

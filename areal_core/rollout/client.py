@@ -43,7 +43,8 @@ class RolloutServerError(RuntimeError):
     """A rollout server answered with an error (``status``), or could not be reached (``status`` None)."""
 
     def __init__(self, url: str, status: int | None, message: str, timed_out: bool = False):
-        super().__init__(f"rollout server {url}: {'HTTP ' + str(status) if status else 'unreachable'}: {message}")
+        what = f"HTTP {status}" if status else ("no answer in time" if timed_out else "unreachable")
+        super().__init__(f"rollout server {url}: {what}: {message}")
         self.url, self.status, self.message = url, status, message
         self.timed_out = timed_out  # no answer in time: the server may still be working on it
 
@@ -115,9 +116,17 @@ class HTTPClient:
                     data, status, reason = await resp.read(), resp.status, resp.reason
                 break
             except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-                timed_out = isinstance(e, asyncio.TimeoutError)
-                if timed_out or attempt == self.retries:
-                    raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}", timed_out) from e
+                if isinstance(e, asyncio.TimeoutError):
+                    raise RolloutServerError(
+                        self.url,
+                        None,
+                        f"{method} {path}: no answer within {self.timeout_s:g} s (rollout.request_timeout_s); a "
+                        "server that is slow rather than stuck (many requests at once, a large model, bfloat16 "
+                        "on a CPU without bf16 units) needs a larger rollout.request_timeout_s",
+                        timed_out=True,
+                    ) from e
+                if attempt == self.retries:
+                    raise RolloutServerError(self.url, None, f"{method} {path}: {e!r}") from e
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
         if not 200 <= status < 300:
             raise RolloutServerError(self.url, status, f"{method} {path}: {_server_message(data, reason or '')}")

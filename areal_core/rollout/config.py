@@ -182,6 +182,10 @@ class RolloutConfig(Section):
     # deployments live with (in-memory pushes are cast to it, a disk folder as the servers load it;
     # the step metrics logprob_gap_* measure the gap)
     dtype: Literal["model", "float32", "bfloat16"] = "model"
+    # how long one request may take from sending to its whole answer, waiting in the server's queue
+    # included (the held-out evaluation sends all its problems at once); past it the request is aborted
+    # and sent again (training) or the evaluation fails naming this setting; also how long a restarted
+    # or rejoining server may take to report healthy
     request_timeout_s: float = Field(600.0, gt=0)
     # KV cache the running requests of one server may reserve: {tokens: N} or {bytes: N} (embedded
     # servers enforce it; for others the rollout client keeps it, tokens only); a request waits (FIFO)
