@@ -120,9 +120,9 @@ class HTTPClient:
                     raise RolloutServerError(
                         self.url,
                         None,
-                        f"{method} {path}: no answer within {self.timeout_s:g} s (rollout.request_timeout_s); a "
-                        "server that is slow rather than stuck (many requests at once, a large model, bfloat16 "
-                        "on a CPU without bf16 units) needs a larger rollout.request_timeout_s",
+                        f"{method} {path}: no answer within {self.timeout_s:g} s; a server that is slow rather "
+                        "than stuck (many requests at once, a large model, bfloat16 on a CPU without bf16 units) "
+                        "needs a longer request timeout (a run's rollout.request_timeout_s)",
                         timed_out=True,
                     ) from e
                 if attempt == self.retries:

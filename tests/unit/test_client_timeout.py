@@ -36,7 +36,7 @@ def test_a_request_past_its_timeout_names_the_setting():
     assert err.server_down  # the controller aborts it and sends it again, as for a server that went away
     text = str(err)
     assert "no answer in time" in text and "unreachable" not in text
-    assert "no answer within 0.3 s (rollout.request_timeout_s)" in text
+    assert "no answer within 0.3 s;" in text and "(a run's rollout.request_timeout_s)" in text
 
 
 def test_a_refused_connection_is_unreachable_not_a_timeout():
