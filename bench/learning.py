@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, RUNS_DIR
+from bench.common import REPO_ROOT, RUNS_DIR, format_table
 
 CONFIG = "configs/quickstart.yaml"
 SYNC = ("trainer.eta=0", "rollout.weight_update=drain")  # the synchronous baseline of any config
@@ -112,3 +112,31 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 def pm(xs: list[float], digits: int = 3) -> str:
     m, s = mean_std(xs)
     return f"{m:+.{digits}f} ± {s:.{digits}f}" if digits else f"{m:.0f} ± {s:.0f}"
+
+
+def accuracy_table(rows: list[dict], names, seeds, title: str) -> dict[str, tuple[float, float]]:
+    """Print one line per setting of ``names`` (its runs' accuracy after RL, mean ± std, mean gain,
+    max staleness); returns setting -> (mean, std) of the accuracy after RL."""
+    stats, table = {}, []
+    for name in names:
+        mine = [r for r in rows if r["setting"] == name]
+        after = [r["after"] for r in mine]
+        stats[name] = m, s = mean_std(after)
+        by_seed = {r["seed"]: r["after"] for r in mine}  # "-": that seed's run has not finished
+        table.append(
+            (
+                name,
+                " ".join(f"{by_seed[seed]:.3f}" if seed in by_seed else "  -  " for seed in seeds),
+                f"{m:.3f} ± {s:.3f}" if len(after) > 1 else f"{m:.3f} (1 run)",
+                f"{statistics.fmean(r['gain'] for r in mine):+.3f}",
+                max(r["max_staleness"] for r in mine),
+            )
+        )
+    print(
+        format_table(
+            ["setting", f"after RL, seeds {list(seeds)}", "mean ± std", "mean gain", "max staleness"],
+            table,
+            title=title,
+        )
+    )
+    return stats

@@ -1,11 +1,13 @@
-"""The SmolLM2 objective ablation's table of the runs finished so far (it trains nothing)."""
+"""The SmolLM2 objective ablation's table of the runs finished so far (it trains nothing), and the
+records that stand for finished runs once their folders are gone."""
 
 import json
 
 import pandas as pd
+import pytest
 
+import bench.ablation_smollm2 as ab
 import bench.common
-import bench.objective_ablation as ab
 
 
 def _fake_run(folder, after: float, gap_sum: float, gap_tokens: int, with_gap: bool = True) -> None:
@@ -136,3 +138,52 @@ def test_a_stopped_run_resumes_and_a_fresh_one_starts_clean(tmp_path, monkeypatc
     (stopped / "summary.json").unlink()
     row = learning.train("stopped", 0, (), root)  # without resume_stopped: always afresh
     assert "--resume" not in calls[-1] and row["after"] == 0.4
+
+
+def test_records_stand_for_removed_runs_and_only_for_the_same_config(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from areal_core.experiment import load_config, parse_overrides
+
+    monkeypatch.setattr(ab, "runs_root", lambda name: tmp_path / name)
+    monkeypatch.setattr(bench.common, "RESULTS_DIR", tmp_path / "results")
+    trained = []
+    monkeypatch.setattr(ab, "train", lambda label, *a, **k: trained.append(label))
+    root = tmp_path / "objective_ablation_smollm2"
+    _fake_run(root / "sync-seed0", 0.5, 0.0, 0)
+    _fake_run(root / "eta8-decoupled-seed1", 0.45, 0.5, 100)
+    first = ab.run_smollm2(False, train_missing=False)
+    records = tmp_path / "results" / ab.RECORDS
+    assert sorted(p.name for p in records.iterdir()) == ["eta8-decoupled-seed1.json", "sync-seed0.json"]
+    rec = json.loads((records / "sync-seed0.json").read_text())
+    assert rec["curve"] == {"step": [1, 2], "accuracy": [0.3, 0.4]} and rec["after"] == 0.5
+    assert rec["cpu"] and rec["finished_at"]
+
+    # the records hold the config the fake runs wrote; give them the ones the benchmark would run
+    for label, name, seed in (("sync-seed0", "sync", 0), ("eta8-decoupled-seed1", "eta8-decoupled", 1)):
+        sets = ab.SMOLLM2_SETTINGS[name] + ab.SMOLLM2_DISK
+        want = load_config(ab.SMOLLM2_CONFIG, {"seed": seed, **parse_overrides(list(sets))}).model_dump(mode="json")
+        r = json.loads((records / f"{label}.json").read_text())
+        (records / f"{label}.json").write_text(json.dumps({**r, "config": want}))
+    shutil.rmtree(root)  # the run folders are gone: the records stand for them
+    again = ab.run_smollm2(False, train_missing=False)
+    assert again["rows"] == first["rows"] and again["summary"] == first["summary"]
+    assert "the record of" in capsys.readouterr().out
+
+    # a record of another config is named and run again, with its record replaced
+    r = json.loads((records / "sync-seed0.json").read_text())
+    r["config"]["trainer"]["eta"] = 4
+    (records / "sync-seed0.json").write_text(json.dumps(r))
+    (records / "eta8-decoupled-seed1.json").write_text(json.dumps({**r, "sets": ["trainer.eta=8"]}))
+    with pytest.raises(FileNotFoundError):  # the fake train makes no run folder
+        ab.run_smollm2(False)
+    out = capsys.readouterr().out
+    assert "sync-seed0.json: not reused (trainer.eta: 4 != 0)" in out and trained == ["sync-seed0"]
+    assert ab.run_smollm2(False, train_missing=False)["rows"] == []  # neither record reused
+    assert "eta8-decoupled-seed1.json: not reused (settings ['trainer.eta=8'] !=" in capsys.readouterr().out
+
+
+def test_config_difference_names_the_first_differing_key():
+    assert ab.config_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c: 2 != 3"
+    assert ab.config_difference({"a": {"b": 1}}, {"a": {"b": 1, "new": 0}}) is None  # added since: not compared
+    assert ab.config_difference({"gone": 1}, {"a": 1}) == "gone: no longer a config key"
