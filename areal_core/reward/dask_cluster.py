@@ -18,6 +18,7 @@ with certificates, so a process without the run's certificate cannot connect (an
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -65,6 +66,24 @@ def _subprocess_classes():
                 await super()._start()
             finally:
                 _SPAWN_ENV.reset(token)
+
+        async def close(self):
+            """Dask's close, tolerating a process that exited (and was reaped) between its returncode
+            check and its scan of the process's children: the scheduler stops itself when the closing
+            cluster tells it to, so this race fails a finished run's last line. Then there is nothing
+            left to kill, and the rest of the close (the status) still runs."""
+            import psutil
+
+            try:
+                await super().close()
+            except psutil.NoSuchProcess:  # the process, or one of its children, was gone
+                log.debug("%s: process %s or a child of it had exited already", type(self).__name__, self.process.pid)
+                if self.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.process.kill()
+                await self.process.wait()
+                self.process = None
+                await super(dask_subprocess.Subprocess, self).close()
 
     class Scheduler(SpawnsWithEnv, dask_subprocess.SubprocessScheduler):
         def __init__(self, env: dict, **kwargs):
