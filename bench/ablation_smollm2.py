@@ -9,8 +9,9 @@ Held-out accuracy with spread, what each correction did, and the batch accuracy 
 setting in one plot (``bench/results/objective_ablation_smollm2.png``).
 
 Run records. Each finished run leaves a record in ``bench/results/objective_ablation_smollm2_runs/``
-(its figures, its per-step batch accuracy, its whole config, when and on which CPU it finished), so a
-table that takes hours survives the run folders (each holds a 1.6 GB checkpoint): a record whose
+(its figures, its per-step batch accuracy, its whole config, when and on which CPU it finished, the
+benchmark's commit), so a table that takes hours survives the run folders (each holds a 1.6 GB
+checkpoint): a record whose
 settings and config match what this would run (every key the record has; a key added to the config
 since is not compared) stands for the run; one that does not is named with the first difference and
 run again. A run folder under ``runs/bench/objective_ablation_smollm2/`` that finished is read first
@@ -133,6 +134,8 @@ def _record(name: str, seed: int, sets: tuple[str, ...], run_dir: Path) -> dict:
     accuracy per step, its config, and when and where it finished."""
     import pandas as pd
 
+    from areal_core.device import cpu_bf16_units
+
     label = f"{name}-seed{seed}"
     m = pd.read_parquet(run_dir / "metrics.parquet")
     finished = (run_dir / "summary.json").stat().st_mtime
@@ -148,7 +151,8 @@ def _record(name: str, seed: int, sets: tuple[str, ...], run_dir: Path) -> dict:
         "curve": {"step": m["step"].tolist(), "accuracy": m["accuracy"].tolist()},
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(finished)),
         "cpu": machine_info()["cpu"],
-        "code": _commit(),
+        "cpu_bf16_units": cpu_bf16_units(),  # AMX / AVX-512 BF16, or None: two CPUs of one name can differ
+        "benchmark_commit": _commit(),  # of the code writing the record: a run folder does not name its code
         "config": json.loads((run_dir / "config.json").read_text()),
     }
 
@@ -184,7 +188,7 @@ def _recorded(name: str, seed: int, sets: tuple[str, ...]) -> dict | None:
     if why:
         say(f"{path.name}: not reused ({why}); running it again")
         return None
-    say(f"{rec['label']}: the record of {rec['finished_at']} ({rec['cpu']}, code {rec['code']})")
+    say(f"{rec['label']}: the record of {rec['finished_at']} ({rec['cpu']}, recorded at {rec['benchmark_commit']})")
     return rec
 
 
