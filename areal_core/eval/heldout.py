@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from areal_core.rollout.backend import Sampling
+from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.pool import RolloutPool
 
 if TYPE_CHECKING:
     from areal_core.experiment import ExperimentConfig
+
+log = logging.getLogger(__name__)
 
 
 def heldout_sampling(cfg: ExperimentConfig) -> Sampling:
@@ -20,10 +24,28 @@ def heldout_sampling(cfg: ExperimentConfig) -> Sampling:
     )
 
 
+async def _answer(pool: RolloutPool, prompt, sampling: Sampling):
+    """One held-out answer. A server that is down (unreachable, or its engine stopped) leaves this
+    evaluation's service and the prompt goes to another: a server lost as a run ends (killed, or still
+    being restarted) does not fail the evaluation while another one answers; with none left, the error."""
+    while True:
+        try:
+            return await pool.generate(prompt.input_ids, sampling, rid=f"eval-{prompt.id}")
+        except RolloutServerError as e:
+            if not e.server_down or e.url not in pool.urls:
+                raise
+            i = pool.index(e.url)
+            if not pool.held[i]:
+                pool.hold(i)
+                log.warning("held-out evaluation: %s; its prompts go to the other servers", e)
+            if all(pool.held):
+                raise
+
+
 async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
     pool = RolloutPool(urls, timeout_s=timeout_s, make_client=make_client)
     try:
-        return await asyncio.gather(*(pool.generate(p.input_ids, sampling, rid=f"eval-{p.id}") for p in prompts))
+        return await asyncio.gather(*(_answer(pool, p, sampling) for p in prompts))
     finally:
         await pool.aclose()
 
