@@ -4,17 +4,17 @@ The tiny model's question (bench/objective_ablation.py) on a real model and its 
 (``configs/smollm2_quickstart.yaml``, equal steps, the trainer in float32): sync; eta 8 naive; eta 8
 decoupled; eta 8 decoupled with each correction of SMOLLM2_CORRECTIONS (``trainer.off_policy``); eta 8
 decoupled with the rollout servers in bfloat16 (``rollout.dtype``); seeds 0-1. A run takes 30 to 50
-minutes on 2 cores (more for bf16 servers on a CPU without bf16 units), the whole table about 8 hours.
+minutes on 2 AVX2-only cores (more for bf16 servers, emulated there), 13 to 18 on 2 cores with
+AVX-512 BF16; the whole table 2.5 to 8 hours.
 Held-out accuracy with spread, what each correction did, and the batch accuracy per step of every
 setting in one plot (``bench/results/objective_ablation_smollm2.png``).
 
 Run records. Each finished run leaves a record in ``bench/results/objective_ablation_smollm2_runs/``
 (its figures, its per-step batch accuracy, its whole config, when and on which CPU it finished, the
 benchmark's commit), so a table that takes hours survives the run folders (each holds a 1.6 GB
-checkpoint): a record whose
-settings and config match what this would run (every key the record has; a key added to the config
-since is not compared) stands for the run; one that does not is named with the first difference and
-run again. A run folder under ``runs/bench/objective_ablation_smollm2/`` that finished is read first
+checkpoint): a record whose settings and config match what this would run (every key the record
+has; a key added to the config since is not compared) stands for the run; one that does not is named
+with the first difference and run again. A run folder under ``runs/bench/objective_ablation_smollm2/`` that finished is read first
 and (re)writes its record; one the benchmark's stop interrupted resumes from its last checkpoint
 (``--resume``). To run every setting again, remove the records. ``--quick`` (3 steps of each setting,
 seed 0) neither reads nor writes records.
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO_ROOT, format_table, machine_info, write_json_atomic
-from bench.learning import SYNC, accuracy_table, run_row, runs_root, say, train
+from bench.learning import SYNC, accuracy_table, expected_config, run_row, runs_root, say, train
 
 SMOLLM2_CONFIG = "configs/smollm2_quickstart.yaml"
 SMOLLM2_CORRECTIONS = ("icepop", "tis")
@@ -173,17 +173,14 @@ def _keep(row: dict) -> None:
 
 def _recorded(name: str, seed: int, sets: tuple[str, ...]) -> dict | None:
     """The record of this run if its settings and config are those this would run, else None (said why)."""
-    from areal_core.experiment import load_config, parse_overrides
-
     path = records_dir() / f"{name}-seed{seed}.json"
     if not path.is_file():
         return None
     rec = json.loads(path.read_text())
-    want = load_config(SMOLLM2_CONFIG, {"seed": seed, **parse_overrides(list(sets + SMOLLM2_DISK))})
     why = (
         f"settings {rec.get('sets')} != {list(sets)}"
         if rec.get("sets") != list(sets)
-        else config_difference(rec.get("config") or {}, want.model_dump(mode="json"))
+        else config_difference(rec.get("config") or {}, expected_config(SMOLLM2_CONFIG, seed, sets + SMOLLM2_DISK))
     )
     if why:
         say(f"{path.name}: not reused ({why}); running it again")

@@ -105,6 +105,14 @@ def run_row(label: str, seed: int, sets: tuple[str, ...], run_dir: Path, wall: f
     }
 
 
+def expected_config(config: str, seed: int, sets: tuple[str, ...]) -> dict:
+    """The config (as a run's config.json holds it) that ``areal-flow train CONFIG --set seed=SEED
+    --set ...`` runs with: what a reused run or record is compared with."""
+    from areal_core.experiment import load_config, parse_overrides
+
+    return load_config(config, {"seed": seed, **parse_overrides(list(sets))}).model_dump(mode="json")
+
+
 def mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from bench.learning import CONFIG, SYNC, accuracy_table, run_row, runs_root, say, train
+from bench.learning import CONFIG, SYNC, accuracy_table, expected_config, run_row, runs_root, say, train
 
 ETAS = (8, 32)
 CAP = 5
@@ -73,16 +73,13 @@ def _finished_run(run_dir, seed: int, sets: tuple[str, ...], wait: bool = False)
     """The figures of the run in ``run_dir`` if it is exactly the one this would run (its
     config compared key by key): an earlier run of this benchmark, or quickstart_seeds'
     synchronous run of the seed (``wait``: quickstart_seeds may be making it now)."""
-    from areal_core.experiment import load_config, parse_overrides
-
     if not (run_dir / "config.json").is_file():
         return None
     while wait and not (run_dir / "summary.json").is_file():
         time.sleep(30)
     if not (run_dir / "summary.json").is_file():
         return None  # an earlier run that did not finish: run it again
-    want = load_config(CONFIG, {"seed": seed, **parse_overrides(list(sets))})  # as `--set` reads them
-    if json.loads((run_dir / "config.json").read_text()) != want.model_dump(mode="json"):
+    if json.loads((run_dir / "config.json").read_text()) != expected_config(CONFIG, seed, sets):
         return None
     say(f"{run_dir.name}: reusing {run_dir} (same config)")
     return run_row(run_dir.name, seed, sets, run_dir)
