@@ -66,9 +66,10 @@ class CostLedger:
         """The servers' counters when the training loop starts."""
         self._last = figures
 
-    def step_row(self, row: dict, figures: dict, generated: int) -> dict:
+    def step_row(self, row: dict, figures: dict, generated: int, commit: bool = True) -> dict:
         """The ``cost_*`` columns of one step's metrics ``row`` (its timings), from the pool figures
-        (``RolloutController.pool_figures``) at its end."""
+        (``RolloutController.pool_figures``) at its end; ``commit=False``: a provisional row (a
+        checkpoint's copy), the next row still counts from the previous one's figures."""
         wall = row["step_time_s"]
         waited, grades = row.get("wait_time_s", 0.0), row.get("reward_wait_s", 0.0)
         grades = 0.0 if grades is None or math.isnan(grades) else min(grades, waited)
@@ -77,10 +78,12 @@ class CostLedger:
             "weight_sync": row.get("publish_time_s", 0.0),
             "waiting_grades": grades,
             "waiting_rollout": waited - grades,
-            "checkpoint": row.get("checkpoint_wait_s", 0.0),
+            "checkpoint": row.get("checkpoint_time_s", 0.0),
         }
         t["other"] = max(0.0, wall - sum(t.values()))
-        last, self._last = self._last or figures, figures
+        last = self._last or figures
+        if commit:
+            self._last = figures
         n = figures["n_servers"]
         busy = _delta(figures["busy_s"], last["busy_s"])
         pool = n * wall

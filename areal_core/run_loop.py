@@ -170,6 +170,27 @@ def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory
     }
 
 
+def _finish_row(
+    row: dict, clock: StepClock, loop: Loop, out: LoopResult, result: StepResult, generated_before: int, commit: bool
+) -> None:
+    """Complete a step's row with its times so far and, with a ledger, its cost columns; ``commit``:
+    the row is final (the ledger counts from its pool figures on), else a checkpoint's copy."""
+    row.update(
+        {
+            "checkpoint_wait_s": 0.0,
+            "checkpoint_time_s": 0.0,
+            **clock.s,
+            **loop.publisher.figures(),
+            "step_time_s": clock.elapsed,
+            "train_tokens_per_s": result.tokens_trained / clock.elapsed,
+            "elapsed_s": time.perf_counter() - out.start,
+        }
+    )
+    if loop.costs is not None:
+        generated = loop.controller.generated_tokens - generated_before
+        row.update(loop.costs.step_row(row, loop.controller.pool_figures(), generated, commit=commit))
+
+
 def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
     # with a curriculum the batch's accuracy is on the prompts the curriculum drew (it moves to
     # harder ones as the policy improves): labelled so, with the mix
@@ -219,33 +240,21 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
                         ),
                         **clock.s,
                         "schedule_bytes": recorded,
+                        "checkpoint": checkpointing,
                     }
                     loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
-                    if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+                    with clock.part("checkpoint_time_s"):
                         out.checkpointed = step
                         row["weights_sha256"] = weights_sha256(loop.model)
+                        # the resume state holds this row as of now (the write's own time is not in it)
+                        _finish_row(row, clock, loop, out, result, generated_before, commit=False)
                         clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
                             step, loop.model, resume_files(loop, step), final=step == steps
                         )
-                    else:
-                        loop.checkpoints.poll()
-                row.update(
-                    {
-                        "checkpoint": checkpointing,
-                        "checkpoint_wait_s": 0.0,
-                        **clock.s,
-                        **loop.publisher.figures(),
-                        "step_time_s": clock.elapsed,
-                        "train_tokens_per_s": result.tokens_trained / clock.elapsed,
-                        "elapsed_s": time.perf_counter() - out.start,
-                    }
-                )
-                if loop.costs is not None:
-                    row.update(
-                        loop.costs.step_row(
-                            row, loop.controller.pool_figures(), loop.controller.generated_tokens - generated_before
-                        )
-                    )
+                else:
+                    loop.checkpoints.poll()
+                _finish_row(row, clock, loop, out, result, generated_before, commit=True)
                 loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
                 out.tokens += result.tokens_trained
                 out.version, out.last_step = version, step

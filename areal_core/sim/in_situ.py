@@ -12,11 +12,12 @@ HTTP calls and the grading of its last groups. From runs of the whole system (ma
 `measure`, in a setting that is none of the validation rows) this module takes, per mode:
 
 * training: the training step's time in the run (`step_time_s - wait_time_s -
-  publish_time_s`) against its cost measured alone, each step costed with its own batch
+  publish_time_s - checkpoint_time_s`) against its cost measured alone, each step costed with its own batch
   from the ledger, fitted over every step after warm-up as `in_run = train_slowdown x
   alone + train_fixed_s`;
 * `step_overhead_s`: the trainer's time per step outside the training step (staging and
-  publishing the weights, metrics): the mean `publish_time_s`;
+  publishing the weights, metrics, checkpoints): the mean `publish_time_s +
+  checkpoint_time_s`;
 * generation (synchronous runs): a step's generation phase (`wait_time_s`: weights
   loaded, answers generated over HTTP, graded) against the same phase simulated with the
   component costs and the run's answer lengths, fitted over the runs as `in_run =
@@ -95,7 +96,8 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
     after = metrics[metrics["step"] > facts.warmup_steps]
     if after.empty:
         raise ValueError(f"{run}: no step after the {facts.warmup_steps} warm-up steps")
-    in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"]).to_numpy()
+    checkpoint = after.get("checkpoint_time_s", 0.0)  # (inside publish before)
+    in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"] - checkpoint).to_numpy()
     alone = np.array([cost.train_s(batches[s][0], batches[s][1], setup.n_trainer_gpus) for s in after["step"]])
     out = {
         "run_dir": str(run),
@@ -105,7 +107,7 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
         "batch": facts.prompts_per_step * facts.answers_per_prompt,
         "train_points": [[float(a), float(b)] for a, b in zip(alone, in_run)],
         "train_slowdown": float(in_run.sum() / alone.sum()),
-        "step_overhead_s": float(after["publish_time_s"].mean()),
+        "step_overhead_s": float((after["publish_time_s"] + checkpoint).mean()),
         "train_s_in_run": float(in_run.mean()),
         "train_s_alone": float(alone.mean()),
         "measured_tokens_per_s": facts.measured_tokens_per_s,

@@ -39,6 +39,10 @@ def test_a_budget_stops_at_a_checkpoint_and_a_raised_one_resumes(tmp_path, warm_
     assert c["rollout_s"]["generating"] > 0 and c["trainer_s"]["training"] > 0 and c["usd"] > 0
     costs = pd.read_parquet(run / "costs.parquet")
     assert list(costs["step"]) == [1, 2, 3, 4, 5]  # the stopped run's steps kept by the resume (step 2's checkpoint)
+    # the stopped run's last row is whole in the checkpoint it resumed from (its times and costs)
+    assert costs.notna().all().all(), costs[costs.isna().any(axis=1)]
     stages = costs.filter(like="cost_trainer_").sum(axis=1)
     assert (stages - costs["step_time_s"]).abs().max() < 1e-6  # the trainer's stages are each step's wall time
+    # checkpoints at 2 (the stop), 4 and 5; step 2's row as its own checkpoint holds it, before the write
+    assert (costs["cost_trainer_checkpoint_s"] > 0).tolist() == [False, False, False, True, True]
     assert json.loads((run / "summary.json").read_text())["cost"]["budget_usd"] == 1000.0

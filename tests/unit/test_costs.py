@@ -21,7 +21,7 @@ ROW = {
     "reward_wait_s": 0.2,
     "train_time_s": 1.0,
     "publish_time_s": 0.3,
-    "checkpoint_wait_s": 0.1,
+    "checkpoint_time_s": 0.1,
 }
 
 
@@ -47,6 +47,16 @@ def test_stages_add_up_to_each_pools_time():
     )
     assert c["cost_reprefilled_tokens"] == 60 and c["cost_generated_tokens"] == 300
     assert c["cost_usd"] == pytest.approx(2.0 / 3600 * (2 * 2.0 + 4.0))
+
+
+def test_a_provisional_row_leaves_the_next_rows_figures_alone():
+    led = CostLedger(CostConfig())
+    led.start(figures(10.0, 0.0))
+    early = led.step_row(ROW, figures(11.0, 0.0), generated=0, commit=False)  # a checkpoint's copy
+    final = led.step_row(ROW, figures(12.0, 0.0), generated=0)
+    assert (early["cost_rollout_generating_s"], final["cost_rollout_generating_s"]) == (1.0, 2.0)
+    nxt = led.step_row(ROW, figures(13.0, 0.0), generated=0)
+    assert nxt["cost_rollout_generating_s"] == 1.0  # from the final row's figures on
 
 
 def test_a_restarted_server_and_an_unknown_busy_time():
