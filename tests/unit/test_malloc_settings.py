@@ -1,0 +1,47 @@
+"""The engine process's malloc settings (rollout/backends/embedded/malloc.py): the large tensors of
+each decode step (logits over a 49,152-token vocabulary at batch 64) reuse freed pages instead of
+faulting fresh ones in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, random, resource, sys, torch
+from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+from transformers import LlamaConfig, LlamaForCausalLM
+from infra.gpu_smoke.engine_part import run_engine
+torch.manual_seed(0)
+torch.set_num_threads(1)
+cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+model = LlamaForCausalLM(cfg).eval()
+r = random.Random(0)
+batch = [[r.randrange(3, 49152) for _ in range(16)] for _ in range(64)]
+faults = []
+for new in (4, 32, 32, 32):  # the first two warm up
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    run_engine(model, batch, new)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": sum(faults[2:])}))
+"""
+
+
+def probe(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+def test_the_steps_large_tensors_reuse_freed_pages():
+    default, kept = probe("default"), probe("keep")
+    assert kept["kept"] is True
+    # two batches of 32 steps: with glibc's own thresholds the heap's top is given back and faults in
+    # again (measured 320,000-390,000 faults); kept, the pages are reused (measured 3 to 3,100)
+    assert default["faults"] > 50_000, default
+    assert kept["faults"] < 10_000, kept
