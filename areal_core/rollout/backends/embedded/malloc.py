@@ -40,7 +40,11 @@ def keep_freed_memory() -> bool:
         return False
     ok = all(
         libc.mallopt(param, value) == 1
-        for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD))
+        for param, value in (
+            (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            (M_TOP_PAD, TOP_PAD),
+        )
     )
     if not ok:
         log.warning("glibc refused a malloc threshold: the engine's large tensors may fault in anew each step")
