@@ -52,8 +52,6 @@ from areal_core.rollout.protocol import (
 from areal_core.rollout.weight_layout import TensorSpec
 
 TRANSPORTS = ["disk", "tensor", "distributed"]  # what this server can receive weights by
-
-
 SERVER_KEEP_ALIVE_S = 75  # idle keep-alive; clients expire theirs sooner (client.py)
 log = logging.getLogger("areal_core.rollout.backends.embedded.server")
 
