@@ -96,7 +96,7 @@ def measure_run(run_dir: str | Path, cost: CostModel, seeds: int = 3) -> dict:
     after = metrics[metrics["step"] > facts.warmup_steps]
     if after.empty:
         raise ValueError(f"{run}: no step after the {facts.warmup_steps} warm-up steps")
-    checkpoint = after.get("checkpoint_time_s", 0.0)  # (inside publish before)
+    checkpoint = after.get("checkpoint_time_s", 0.0)  # older runs: inside publish_time_s
     in_run = (after["step_time_s"] - after["wait_time_s"] - after["publish_time_s"] - checkpoint).to_numpy()
     alone = np.array([cost.train_s(batches[s][0], batches[s][1], setup.n_trainer_gpus) for s in after["step"]])
     out = {
