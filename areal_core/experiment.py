@@ -96,6 +96,10 @@ class ExperimentConfig(Section):
                 f"data.dataset: synthetic (got {self.data.dataset!r})"
             )
         ma = self.multi_agent
+        if r.deterministic is None:  # a synchronous run repeats unless asked not to (rollout/config.py)
+            r.deterministic = t.eta == 0 and r.backend.kind == "embedded" and ma is None
+        if r.batch_invariant is None:
+            r.batch_invariant = r.deterministic
         if r.deterministic and not (r.batch_invariant and r.backend.kind == "embedded" and ma is None):
             raise ValueError(
                 "rollout.deterministic repeats runs only where each answer's arithmetic is its own: it "

@@ -9,6 +9,12 @@ replay has, however many the original trainer had: the replay prints ``v<N> <sha
 ``DIFFERS``) for each checkpoint the original holds a hash of. With ``--set trainer.<key>=...`` the same data is trained under
 another setting: a counterfactual replay, not an on-policy run, and its folder says so.
 
+Across CPU kinds (or torch builds) the kernels differ, so the last bits may too: the replay names
+the kind that recorded the run and the kind replaying it, and where a replay differs it says where
+first (the first step whose loss, gradient norm or other trainer figure differs in any bit) and by how
+much (the first tensor that differs, the largest absolute and relative differences); it stops there,
+or with ``tolerant`` trains on to the end and says how far the final weights are from the original's.
+
 The output folder is a run folder like any other: ``checkpoints/v*/``, ``metrics.parquet``,
 ``summary.json`` (``replay`` says of what, from where and whether counterfactual) and
 ``replay.png`` (loss, grad norm and clip fraction against the original's, step by step).
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +38,7 @@ from areal_core.experiment import ConfigError, ExperimentConfig, apply_overrides
 from areal_core.metrics import RunLog
 from areal_core.models.digest import weights_sha256
 from areal_core.models.loading import model_dtype
+from areal_core.numerics import cpu_kind, kind_label, require_repeatable, same_kernels, thread_invariant
 from areal_core.rollout.model_io import load_model
 from areal_core.run_checkpoints import RunCheckpoints, restore_weights
 from areal_core.schedule import ScheduleError, read_meta, read_step
@@ -41,6 +49,9 @@ from areal_core.trainer.backends import make_trainer
 # what a counterfactual may change: the trainer's objective and optimisation, not what was trained
 FIXED_TRAINER_KEYS = ("trainer.batch_size", "trainer.eta", "trainer.max_steps", "trainer.lora", "trainer.backend")
 COMPARED = ("loss", "grad_norm", "clip_fraction")
+# the trainer's figures of a step compared bit for bit with the original's: the first that differs
+# says at which step an exact replay parted from the original
+EXACT = ("loss", "grad_norm", "clip_fraction", "behav_weight_mean", "approx_kl", "importance_weight_mean")
 
 
 class ReplayError(ValueError):
@@ -79,13 +90,16 @@ def replay(
     to_step: int | None = None,
     overrides: dict | None = None,
     threads: int | None = None,
+    tolerant: bool = False,
     say: Callable[[str], None] = print,
 ) -> dict:
     """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
     step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``).
 
     ``threads``: the trainer's torch threads (None: torch's default, the machine's cores). The
-    torch trainer's results do not depend on it; every checkpoint's hash says so for this replay."""
+    torch trainer's results do not depend on it; every checkpoint's hash says so for this replay.
+    ``tolerant``: an exact replay whose weights differ from the original's trains on to ``to_step``
+    (and measures how far it drifts) instead of stopping at the first checkpoint that differs."""
     t0 = time.perf_counter()
     run_dir, out_dir, overrides = Path(run_dir), Path(out_dir), dict(overrides or {})
     if out_dir.resolve() == run_dir.resolve():
@@ -119,6 +133,10 @@ def replay(
         else {int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
     )
 
+    require_repeatable()
+    kinds = {"recorded_on": meta.get("numerics"), "replayed_on": cpu_kind()}
+    say(_kinds_line(**kinds))
+    orig_rows = {} if orig_metrics is None else {int(r["step"]): r for r in orig_metrics.to_dict("records")}
     out_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(out_dir / "config.json"), config)
@@ -128,7 +146,10 @@ def replay(
     )
     runlog = RunLog(out_dir)
     checks: list[dict] = []
+    first_difference: dict | None = None
+    final_distance: dict | None = None
     with contextlib.ExitStack() as stack:
+        threads = _replay_threads(threads, next(model.parameters()).dtype, meta, say)
         if threads:  # (torch's thread count is the process's: put back what it was)
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(int(threads))
@@ -161,13 +182,27 @@ def replay(
                     )
                 result = trainer.step(batch, step - 1)
                 row = {"step": step, "version": step, **result.metrics}
+                if first_difference is None and not counterfactual:
+                    first_difference = _figure_difference(step, orig_rows.get(step), row)
+                    if first_difference is not None:
+                        say(_difference_line(first_difference))
+                check = None
                 if step in hashes or step == to_step:
                     digest = weights_sha256(model)
                     row["weights_sha256"] = digest
                     ckpts.write(step, model, {})
-                    checks.append(_check(step, digest, hashes.get(step), counterfactual, say, hint=hint))
+                    check = _check(step, digest, hashes.get(step), counterfactual, say, hint=hint)
+                    checks.append(check)
                 runlog.log_step(row, [], flush=False)
+                if check is not None and check["original_sha256"] is not None and not check["match"]:
+                    if not counterfactual:
+                        check["weights"] = _compare_with_original(cfg, store, step, model, say)
+                    if not counterfactual and not tolerant:
+                        say(f"stopped at v{step}: the replay differs (--tolerant trains on and measures the drift)")
+                        break
         runlog.flush()
+        if tolerant and not counterfactual and checks and not checks[-1]["match"]:
+            final_distance = checks[-1].get("weights")
     wall = time.perf_counter() - t0
     summary = {
         "replay": {
@@ -187,6 +222,11 @@ def replay(
         "steps": to_step,
         "checkpoints": checks,
         "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
+        "first_difference": first_difference,
+        "final_distance": final_distance,
+        "tolerant": tolerant,
+        **kinds,
+        "same_kernels": kinds["recorded_on"] is not None and same_kernels(kinds["recorded_on"], kinds["replayed_on"]),
         "wall_time_s": wall,
         "threads": used_threads,
         "original_threads": int(meta["trainer_threads"]),
@@ -211,6 +251,19 @@ def _take_optim_settings(trainer, cfg: ExperimentConfig) -> None:
         group["lr"] = o.lr * factor
 
 
+def _replay_threads(threads: int | None, dtype: torch.dtype, meta: dict, say) -> int | None:
+    """The replay's thread count: as asked, or all the cores where the arithmetic in ``dtype`` does not
+    depend on the count (``numerics.thread_invariant``), else the original trainer's (said, with why)."""
+    invariant, why = thread_invariant(dtype)
+    original = int(meta["trainer_threads"])
+    if not invariant and int(meta.get("lent_threads", 0)):
+        say(f"the original trainer borrowed idle cores although {why}: its steps may not replay bit for bit")
+    if threads is not None or invariant:
+        return threads
+    say(f"{why}: replaying on the original trainer's {original} thread(s) (--threads to choose)")
+    return original
+
+
 def _threads_hint(cfg: ExperimentConfig, meta: dict) -> str:
     """What to try when an exact replay differs: the original's thread count, where this one ran another
     (a trainer other than the torch one may round by thread)."""
@@ -230,6 +283,87 @@ def _check(step: int, digest: str, original: str | None, counterfactual: bool, s
         verdict = "match" if match else "DIFFERS" + hint
     say(f"v{step} {digest} {verdict}")
     return {"version": step, "sha256": digest, "original_sha256": original, "match": match}
+
+
+def _kinds_line(recorded_on: dict | None, replayed_on: dict) -> str:
+    here = kind_label(replayed_on)
+    if recorded_on is None:
+        return f"replaying on {here}; the run did not record its CPU kind"
+    if same_kernels(recorded_on, replayed_on):
+        return f"recorded and replayed on {here}: the same kernels, so bit for bit is expected"
+    return (
+        f"recorded on {kind_label(recorded_on)}; replaying on {here}: other kernels, whose last bits may "
+        "differ (--tolerant trains on past a difference and measures the drift)"
+    )
+
+
+def _figure_difference(step: int, original: dict | None, row: dict) -> dict | None:
+    """The first of the step's trainer figures (``EXACT``) whose bits differ from the original's, or None."""
+    if original is None:
+        return None
+    for key in EXACT:
+        a, b = original.get(key), row.get(key)
+        if not isinstance(a, float) or not isinstance(b, float) or (math.isnan(a) and math.isnan(b)):
+            continue
+        if a != b:
+            return {"step": step, "figure": key, "original": a, "replay": b, **_abs_rel(abs(a - b), abs(a))}
+    return None
+
+
+def _abs_rel(diff: float, scale: float) -> dict:
+    return {"abs": diff, "rel": diff / scale if scale > 0 else math.inf}
+
+
+def _difference_line(d: dict) -> str:
+    return (
+        f"step {d['step']}: first difference from the original: {d['figure']} {d['original']!r} -> "
+        f"{d['replay']!r} (abs {d['abs']:.3g}, rel {d['rel']:.3g})"
+    )
+
+
+def weight_difference(replayed: dict[str, torch.Tensor], original: dict[str, torch.Tensor]) -> dict:
+    """How far ``replayed`` lies from ``original`` (tensors by name, the same names): the first tensor
+    in name order that differs, how many differ, the largest absolute difference, the largest
+    relative one (``|a - b| / |b|`` over elements with ``b != 0``) and the relative L2 distance of all
+    the weights together, ``||a - b|| / ||b||``."""
+    if replayed.keys() != original.keys():
+        raise ValueError(f"the weights hold other tensors: {sorted(replayed.keys() ^ original.keys())[:5]}")
+    first, n_diff, max_abs, max_rel, sq_diff, sq_ref = None, 0, 0.0, 0.0, 0.0, 0.0
+    for name in sorted(original):
+        a, b = replayed[name].detach().double().cpu(), original[name].detach().double().cpu()
+        d = (a - b).abs()
+        sq_diff += float((d * d).sum())
+        sq_ref += float((b * b).sum())
+        if not torch.equal(a, b):
+            n_diff += 1
+            first = first or name
+            max_abs = max(max_abs, float(d.max()))
+            nz = b != 0
+            if nz.any():
+                max_rel = max(max_rel, float((d[nz] / b[nz].abs()).max()))
+    return {
+        "first_tensor": first,
+        "tensors_differing": n_diff,
+        "tensors": len(original),
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "relative_l2": math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else 0.0,
+    }
+
+
+def _compare_with_original(cfg: ExperimentConfig, store: CheckpointStore, version: int, model, say) -> dict | None:
+    """The replayed weights against the original's checkpoint ``version`` (said in one line), or None
+    where the original no longer holds it (``storage.keep_last``)."""
+    if version not in store.versions():
+        say(f"v{version}: the original's checkpoint is no longer stored, so its tensors cannot be compared")
+        return None
+    original = _model(cfg, store, version).state_dict()
+    d = weight_difference(model.state_dict(), original)
+    say(
+        f"v{version}: {d['tensors_differing']} of {d['tensors']} tensors differ, first {d['first_tensor']}; "
+        f"max abs {d['max_abs']:.3g}, max rel {d['max_rel']:.3g}, relative L2 distance {d['relative_l2']:.3g}"
+    )
+    return d
 
 
 def _original_times(run_dir: Path) -> dict:

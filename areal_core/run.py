@@ -43,6 +43,7 @@ from areal_core.experiment import ExperimentConfig, upgraded_config
 from areal_core.metrics import RunLog
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
+from areal_core.numerics import cpu_kind, require_repeatable
 from areal_core.reward.service import RewardService
 from areal_core.rollout.auth import new_key
 from areal_core.rollout.backends import make_backend
@@ -193,6 +194,7 @@ def _run_experiment(
     torch.manual_seed(cfg.seed)
     trainer_threads = trainer_torch_threads(cfg, os.cpu_count() or 1)
     torch.set_num_threads(trainer_threads)
+    require_repeatable()  # the trainer's thread count changes as it borrows cores: its MKL must not care
     steps = max_steps or cfg.trainer.max_steps
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(run_dir / "config.json"), config)
@@ -340,7 +342,8 @@ def _run_experiment(
             if lora_cfg is None:
                 controller.restart_from(lambda: server_copy(result.version), result.version)
 
-        lent = lent_threads(cfg, trainer_threads, os.cpu_count() or 1, next(model.parameters()).device)
+        first = next(model.parameters())
+        lent = lent_threads(cfg, trainer_threads, os.cpu_count() or 1, first.device, first.dtype)
         loop = Loop(
             name=cfg.name,
             model=model,
@@ -360,7 +363,15 @@ def _run_experiment(
             on_step=on_step,
             stop=stop,
             progress=progress,
-            schedule=ScheduleLog(run_dir, {"total_steps": steps, "trainer_threads": trainer_threads}),
+            schedule=ScheduleLog(
+                run_dir,
+                {
+                    "total_steps": steps,
+                    "trainer_threads": trainer_threads,
+                    "lent_threads": lent,
+                    "numerics": cpu_kind(),
+                },
+            ),
             costs=CostLedger(cfg.cost),
             lending=CoreLending(controller.generating, trainer_threads, lent) if lent else None,
         )

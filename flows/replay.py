@@ -17,6 +17,7 @@ def replay_run(
     to_step: int | None = None,
     overrides: dict | None = None,
     threads: int | None = None,
+    tolerant: bool = False,
 ) -> dict:
     """Train a run's recorded steps again from one of its checkpoints and compare the weights.
 
@@ -29,10 +30,14 @@ def replay_run(
             replay of the same data (None: an exact replay, checked bit for bit).
         threads: The trainer's torch threads (None: the machine's cores; the torch trainer's
             results do not depend on the count, and every checkpoint's hash says so).
+        tolerant: Where the weights differ from the original's (another CPU kind), train on to the
+            last step and measure the drift instead of stopping at the first difference.
     """
     from areal_core.replay import replay
 
-    summary = replay(run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides, threads=threads)
+    summary = replay(
+        run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides, threads=threads, tolerant=tolerant
+    )
     create_markdown_artifact(
         replay_markdown(summary, out_dir), key=artifact_key("replay", out_dir), description=f"replay of {run_dir}"
     )
@@ -59,4 +64,13 @@ def replay_markdown(summary: dict, out_dir: str) -> str:
     for c in summary["checkpoints"]:
         orig = c["original_sha256"] or "(none recorded)"
         lines.append(f"| v{c['version']} | `{c['sha256'][:16]}` | `{orig[:16]}` | {'yes' if c['match'] else 'no'} |")
+    d = summary.get("first_difference")
+    if d:
+        lines += ["", f"First difference: step {d['step']}, {d['figure']} {d['original']!r} -> {d['replay']!r}."]
+    w = summary.get("final_distance")
+    if w:
+        lines.append(
+            f"Final weights against the original's: {w['tensors_differing']} of {w['tensors']} tensors differ, "
+            f"max abs {w['max_abs']:.3g}, relative L2 distance {w['relative_l2']:.3g}."
+        )
     return "\n".join(lines)

@@ -88,6 +88,7 @@ def cmd_replay(args) -> int:
                 to_step=args.to_step,
                 overrides=overrides,
                 threads=args.threads,
+                tolerant=args.tolerant,
             )
         except ReplayError as e:
             raise UsageError(str(e)) from None
@@ -101,6 +102,7 @@ def cmd_replay(args) -> int:
             to_step=args.to_step,
             overrides=overrides or None,
             threads=args.threads,
+            tolerant=args.tolerant,
         )
     r = summary["replay"]
     kind = "counterfactual replay" if r["counterfactual"] else "replay"
@@ -156,6 +158,12 @@ def add_parsers(sub: argparse._SubParsersAction, add_set) -> None:
         metavar="N",
         help="the trainer's torch threads (default: the machine's cores; "
         "the torch trainer's results do not depend on the count, and the hashes say so)",
+    )
+    p.add_argument(
+        "--tolerant",
+        action="store_true",
+        help="where the weights differ from the original's (e.g. another CPU kind), train on to the last "
+        "step and say how far they drift, instead of stopping at the first checkpoint that differs",
     )
     add_set(p)
     p.add_argument("--no-prefect", action="store_true", help="replay without a Prefect flow run")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from areal_core.algo.off_policy import off_policy_correction
+from areal_core.numerics import fixed_sum
 
 if TYPE_CHECKING:
     from areal_core.trainer.config import OffPolicyConfig
@@ -117,23 +118,23 @@ def _clipped_objective(
 
     n_valid = float(valid.sum().item())
     denom = _denominator(n_tokens, n_valid)
-    total = per_token.sum()
+    total = fixed_sum(per_token)  # (a plain sum's order follows the thread count past 32k tokens)
     loss = total / denom if denom > 0 else total * 0.0
 
     with torch.no_grad():
         if n_valid > 0:
             vf = valid.to(logp.dtype)
             c = corr.weight * vf
-            c_sq = float((c * c).sum().item())
+            c_sq = float(fixed_sum(c * c))
             stats = {
                 "clip_fraction": float((clipped & valid).sum().item()) / n_valid,
-                "behav_weight_mean": float((w * vf).sum().item()) / n_valid,
+                "behav_weight_mean": float(fixed_sum(w * vf)) / n_valid,
                 "behav_weight_max": float(w[valid].max().item()),
-                "approx_kl": float((-log_ratio).sum().item()) / n_valid,
-                "importance_weight_mean": float((u * vf).sum().item()) / n_valid,
+                "approx_kl": float(fixed_sum(-log_ratio)) / n_valid,
+                "importance_weight_mean": float(fixed_sum(u * vf)) / n_valid,
                 "offpolicy_masked_fraction": float(corr.masked.sum().item()) / n_valid,
                 "offpolicy_truncated_fraction": float(corr.truncated.sum().item()) / n_valid,
-                "offpolicy_ess": float(c.sum().item()) ** 2 / (n_valid * c_sq) if c_sq > 0 else 0.0,
+                "offpolicy_ess": float(fixed_sum(c)) ** 2 / (n_valid * c_sq) if c_sq > 0 else 0.0,
                 "offpolicy_weight_max": float(c[valid].max().item()),
             }
         else:

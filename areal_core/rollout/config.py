@@ -193,13 +193,17 @@ class RolloutConfig(Section):
     kv_budget: KVBudget | None = None
     # embedded servers: each answer's arithmetic independent of the answers decoded beside it, so its
     # tokens and logprobs repeat bit for bit whatever else ran (at the cost docs/PERFORMANCE.md gives);
-    # what makes synchronous runs repeat exactly (docs/OPERATIONS.md, "Debugging a run")
-    batch_invariant: bool = False
-    # asynchronous runs that repeat: wave k (the batch of step k + 1) is generated entirely at version
-    # max(0, k - eta) (a new version reaches the servers only once the waves it must not touch are
-    # rewarded) and batches follow admission order; costs throughput (docs/PERFORMANCE.md); needs
-    # batch_invariant
-    deterministic: bool = False
+    # what makes runs repeat exactly (docs/OPERATIONS.md, "Debugging a run"). None (the default): on
+    # exactly where the run is deterministic (below)
+    batch_invariant: bool | None = None
+    # runs that repeat: wave k (the batch of step k + 1) is generated entirely at version max(0, k - eta)
+    # (a new version reaches the servers only once the waves it must not touch are rewarded), batches
+    # follow admission order and the curriculum learns from finished groups in admission order, so
+    # neither timing nor load changes what is trained; costs an asynchronous run throughput
+    # (docs/PERFORMANCE.md); needs batch_invariant. None (the default): on for synchronous runs
+    # (trainer.eta 0) on embedded servers without multi_agent, where it costs nothing but the
+    # batch-invariant arithmetic: a synchronous run then repeats bit for bit, idle or loaded
+    deterministic: bool | None = None
     # an elastic pool (servers on preemptible hosts; docs/OPERATIONS.md, "Elastic rollout pools"): a
     # server this run did not start that dies leaves the pool, its answers continue on the others from
     # what it had generated; with fewer than this many left the run stops at a checkpoint (resume with
@@ -296,7 +300,7 @@ class RolloutConfig(Section):
             seed=seed,
             device=device,
             kv_budget=self.kv_budget,
-            batch_invariant=self.batch_invariant,
+            batch_invariant=bool(self.batch_invariant),  # (None: a config not yet resolved by a run's)
         )
 
     def transport(self) -> WeightTransportConfig:

@@ -180,6 +180,9 @@ class ModelInfo(_Body):
     # version -> SHA-256 of the weights it went live with (models/digest.py); servers started with
     # engine config weight_hashes only, else empty
     weight_hashes: dict[int, str] = {}
+    # the CPU kind and kernels the server computes with, MKL's reproducibility mode among them
+    # (areal_core/numerics.py cpu_kind); None from servers that do not say
+    numerics: dict | None = None
 
 
 class PartialOutput(_Body):

@@ -156,8 +156,11 @@ class TrainerConfig(Section):
     # drain), else the cores the rollout servers leave (measured best: docs/PERFORMANCE.md)
     torch_threads: int | None = Field(None, gt=0)
     # with torch_threads unset, embedded servers on this machine and a split of the cores: the trainer
-    # also computes on the servers' cores while no generate request is in flight (trainer/core_lending.py)
-    lend_idle_cores: bool = True
+    # also computes on the servers' cores while no generate request is in flight (trainer/core_lending.py).
+    # None (the default): on where the trainer's arithmetic does not depend on its thread count
+    # (areal_core/numerics.py thread_invariant: bfloat16, or float32 on an Intel CPU), so that runs
+    # still repeat; true: on everywhere (a float32 run on an AMD CPU may then not repeat bit for bit)
+    lend_idle_cores: bool | None = None
     # low-rank adapters {rank, alpha, targets}: only they train and travel; None = full fine-tuning
     lora: LoraConfig | None = None
 

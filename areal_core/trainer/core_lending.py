@@ -20,9 +20,14 @@ on the thread that called it).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
+
+from areal_core.numerics import thread_invariant
+
+log = logging.getLogger(__name__)
 
 
 class CoreLending:
@@ -88,14 +93,20 @@ class CoreLending:
         return share
 
 
-def lent_threads(cfg, trainer_threads: int, cores: int, device: torch.device) -> int:
+def lent_threads(cfg, trainer_threads: int, cores: int, device: torch.device, dtype: torch.dtype) -> int:
     """How many threads the trainer of ``cfg`` (an ExperimentConfig) may borrow from this machine's
     embedded rollout servers while they are idle: their share of the cores when the trainer's share
-    was left to the default split (``trainer.torch_threads`` unset), ``trainer.lend_idle_cores`` is on
-    and the trainer is the in-process torch one, on the CPU (``device``); else 0."""
+    was left to the default split (``trainer.torch_threads`` unset), the trainer is the in-process
+    torch one, on the CPU (``device``), and ``trainer.lend_idle_cores`` is on (its default: where the
+    arithmetic in ``dtype`` does not depend on the thread count, ``numerics.thread_invariant``); else 0."""
     t = cfg.trainer
-    if not t.lend_idle_cores or t.torch_threads is not None or t.backend.kind != "torch" or device.type != "cpu":
+    if t.torch_threads is not None or t.backend.kind != "torch" or device.type != "cpu":
         return 0
-    if cfg.rollout.backend.kind != "embedded":
+    if cfg.rollout.backend.kind != "embedded" or t.lend_idle_cores is False:
         return 0
+    if t.lend_idle_cores is None:
+        invariant, why = thread_invariant(dtype)
+        if not invariant:
+            log.info("core lending off: %s, so a run repeats only on one thread count", why)
+            return 0
     return max(0, cores - trainer_threads)

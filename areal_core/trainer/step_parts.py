@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from areal_core.algo import compute_advantages, decoupled_ppo_loss, loglinear_prox_logp, naive_ppo_loss
+from areal_core.numerics import fixed_sum
 from areal_core.trainer.config import TrainerConfig
 from areal_core.types import Trajectory
 
@@ -113,7 +114,7 @@ def logprob_gap(trainer_logp: torch.Tensor, behav: torch.Tensor, same_version: t
     a step's micro-batches; the trainer reports the mean, ``logprob_gap_mean``)."""
     gap = (trainer_logp.detach().double() - behav.double()).abs()[same_version]
     return {
-        "logprob_gap_sum": float(gap.sum()),
+        "logprob_gap_sum": float(fixed_sum(gap)),
         "logprob_gap_tokens_sum": float(gap.numel()),
         "logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
     }

@@ -3,6 +3,7 @@ synchronous runs that repeat bit for bit (docs/OPERATIONS.md, "Debugging a run")
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -47,6 +48,11 @@ def test_an_async_run_replays_bit_for_bit(original, tmp_path, capsys):
     for key in ("loss", "grad_norm", "clip_fraction", "behav_weight_mean"):
         assert a[key].tolist() == b[key].tolist(), key  # every step, exactly
     assert (original / "schedule/step-000008.parquet").is_file() and (a["schedule_bytes"] > 0).all()
+    # the trainer and the replay both computed with MKL in its thread-independent mode, and say on what
+    meta = json.loads((original / "schedule/meta.json").read_text())
+    summary = json.loads((tmp_path / "r/summary.json").read_text())
+    assert meta["numerics"]["mkl_mode"] in (None, "AUTO,STRICT") and meta["numerics"] == summary["recorded_on"]
+    assert summary["replayed_on"]["mkl_mode"] == meta["numerics"]["mkl_mode"] and summary["same_kernels"]
     assert (tmp_path / "r/checkpoints/v8").is_dir() and (tmp_path / "r/replay.png").stat().st_size > 5000
     # on two threads where the original trainer had one: the same weights (its arithmetic does not
     # depend on the thread count), and the test process's own thread count is left as it was
@@ -58,7 +64,9 @@ def test_an_async_run_replays_bit_for_bit(original, tmp_path, capsys):
 
 
 def test_a_changed_batch_is_caught(original, tmp_path, capsys):
-    """A replay whose step 5 trains other data (one reward changed) reports DIFFERS from v6 on, rc 1."""
+    """A replay whose step 5 trains other data (one reward changed) says where it parted from the
+    original (step 5's loss) and by how much (the first tensor, the largest differences), stops at
+    v6 with rc 1; with --tolerant it trains on and says how far the final weights drifted."""
     import shutil
 
     copy = tmp_path / "tampered"
@@ -68,9 +76,28 @@ def test_a_changed_batch_is_caught(original, tmp_path, capsys):
     rows = table.to_pylist()
     rows[0]["reward"] = -rows[0]["reward"] if rows[0]["reward"] else 1.0
     pq.write_table(type(table).from_pylist(rows, schema=table.schema), path)
-    rc, lines = replay(capsys, copy, "--out", tmp_path / "r")
+    rc = main(["replay", str(copy), "--out", str(tmp_path / "r"), "--no-prefect"])
+    out = capsys.readouterr().out.splitlines()
     assert rc == 1
-    assert lines[0].endswith(" match") and lines[1].endswith(" DIFFERS") and lines[2].endswith(" DIFFERS")
+    assert out[0].startswith("recorded and replayed on ") and "the same kernels" in out[0]
+    first = next(i for i, line in enumerate(out) if line.startswith("step "))
+    assert out[first].startswith("step 5: first difference from the original: loss ")
+    assert out[first - 1].startswith("v3 ") and out[first - 1].endswith(" match")
+    assert out[first + 1].startswith("v6 ") and out[first + 1].endswith(" DIFFERS")
+    assert out[first + 2].startswith("v6: ") and " tensors differ, first " in out[first + 2]
+    assert "relative L2 distance" in out[first + 2]
+    assert out[first + 3].startswith("stopped at v6")
+    assert not any(line.startswith("v8") for line in out)  # it stopped
+    summary = json.loads((tmp_path / "r/summary.json").read_text())
+    assert summary["first_difference"]["step"] == 5 and summary["first_difference"]["figure"] == "loss"
+    assert summary["checkpoints"][-1]["weights"]["tensors_differing"] > 0 and summary["final_distance"] is None
+
+    rc = main(["replay", str(copy), "--out", str(tmp_path / "t"), "--no-prefect", "--tolerant"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and not any(line.startswith("stopped at") for line in out)
+    assert any(line.startswith("v8 ") and line.endswith(" DIFFERS") for line in out)
+    drift = json.loads((tmp_path / "t/summary.json").read_text())["final_distance"]
+    assert drift["max_abs"] > 0 and 0 < drift["relative_l2"] < 1
 
 
 def test_a_counterfactual_replay_says_so(original, tmp_path, capsys):

@@ -174,6 +174,15 @@ def test_32_concurrent_requests(server):
     assert info.running == 0 and info.waiting == 0
 
 
+def test_the_server_says_what_it_computes_with(server):
+    """/model_info names the server's CPU kind and kernels, MKL's reproducibility mode among them
+    (areal_core sets it in every process it starts or runs in)."""
+    info = run(_with_client(server.url, lambda c: c.model_info()))
+    assert info.numerics is not None
+    assert info.numerics["mkl_mode"] in (None, "AUTO,STRICT")
+    assert info.numerics["torch"] == torch.__version__ and info.numerics["aten_capability"]
+
+
 def test_pool_spreads_requests_and_broadcasts(server):
     async def go():
         pool = RolloutPool([server.url, server.url + "/"], timeout_s=60)

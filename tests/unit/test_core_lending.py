@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from areal_core.experiment import load_config
+from areal_core.numerics import thread_invariant
 from areal_core.trainer.core_lending import CoreLending, lent_threads
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
@@ -96,9 +97,9 @@ def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
     from areal_core.run import trainer_torch_threads
 
-    def lent(sets: dict, cores: int, device=CPU) -> int:
+    def lent(sets: dict, cores: int, device=CPU, dtype=torch.bfloat16) -> int:
         cfg = load_config(QUICKSTART, sets)
-        return lent_threads(cfg, trainer_torch_threads(cfg, cores), cores, device)
+        return lent_threads(cfg, trainer_torch_threads(cfg, cores), cores, device, dtype)
 
     assert lent({}, 2) == 1  # asynchronous, one server of one thread: its core
     assert lent({"rollout.n_servers": 2, "rollout.torch_threads": 2}, 8) == 4
@@ -106,3 +107,7 @@ def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_awa
     assert lent({"trainer.torch_threads": 1}, 2) == 0  # a share set by hand is kept
     assert lent({"trainer.lend_idle_cores": False}, 2) == 0
     assert lent({}, 2, torch.device("cuda")) == 0  # a GPU trainer's threads are not its compute
+    # by default only where the thread count changes no bit of the trainer's arithmetic; asked for, always
+    invariant = thread_invariant(torch.float32)[0]
+    assert lent({}, 2, dtype=torch.float32) == (1 if invariant else 0)
+    assert lent({"trainer.lend_idle_cores": True}, 2, dtype=torch.float32) == 1

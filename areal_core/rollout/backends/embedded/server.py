@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.device import resolve_device
+from areal_core.numerics import cpu_kind
 from areal_core.rollout.auth import API_KEY_ENV, BearerAuth
 from areal_core.rollout.backends.embedded.engine import EngineStopped, RequestError, RolloutEngine
 from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
@@ -119,6 +120,7 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
     receiver = DistributedReceiver(engine.device)  # broadcasts land where the engine computes (NCCL: its GPU)
     app = FastAPI(title="areal-flow rollout server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.weight_receiver = receiver
+    numerics = cpu_kind()  # this process's kernels and MKL mode, for /model_info
     if api_key is not None:
         app.add_middleware(BearerAuth, key=api_key)
 
@@ -302,7 +304,7 @@ def create_app(engine: RolloutEngine, api_key: str | None = None) -> FastAPI:
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def get_model_info():
-        return _json(engine.info().model_copy(update={"weight_transports": TRANSPORTS}))
+        return _json(engine.info().model_copy(update={"weight_transports": TRANSPORTS, "numerics": numerics}))
 
     @app.get("/get_requests")
     async def get_requests():

@@ -1,0 +1,203 @@
+"""Arithmetic that repeats: the same bits on 1 or many threads, idle or loaded, on one CPU kind.
+
+A run's results must not follow how many threads computed them: the trainer's thread count
+changes between layers while it borrows idle rollout cores (``trainer/core_lending.py``), and a
+replay runs on whatever cores it has. Two things in torch's CPU arithmetic follow the thread split:
+
+* **MKL's matrix products.** On Intel CPUs MKL may split the sum over the shared dimension of a
+  product between threads (e.g. a weight gradient summed over thousands of tokens), so the bits
+  follow the thread count. Its *conditional numerical reproducibility* mode ``STRICT`` makes the
+  products' results independent of the thread count; ``AUTO`` keeps the fastest code path for the
+  CPU it runs on (so results still differ between CPU kinds). MKL reads the mode once, at its first
+  call, from ``MKL_CBWR``: importing ``areal_core`` sets it (unless the user set it), and every
+  process a run starts inherits it. :func:`mkl_mode` says what MKL actually runs with;
+  :func:`require_repeatable` refuses a process where MKL was used before the mode could be set.
+  MKL's strict mode covers Intel CPUs' AVX2 and AVX-512 paths only: on AMD CPUs its float32
+  products can still follow the thread count (a weight gradient summed over a long micro-batch,
+  flash attention's query gradient). :func:`thread_invariant` says where the guarantee holds; where
+  it does not, the trainer keeps one thread count (no core lending) and a replay uses the original's.
+* **Full reductions.** ``tensor.sum()`` over more than 32,768 elements adds one partial sum per
+  thread. :func:`fixed_sum` adds in an order fixed by the tensor's size alone.
+
+What differs between CPU kinds (AVX2, AVX-512, AMX; another torch build) is the kernels
+themselves: the same inputs can round differently in the last bits there. docs/OPERATIONS.md says
+which guarantee holds where; :func:`cpu_kind` names the kind a run or a replay ran on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+
+# MKL's mode for every process of a run: the CPU's own fastest path, results independent of threads
+MKL_MODE = "AUTO,STRICT"
+
+# mkl_cbwr_get's codes (MKL's mkl_cbwr.h); STRICT is a flag added to the branch
+_BRANCHES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX"}
+_BRANCHES.update({10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"})
+_STRICT = 0x10000
+_ALL = -1
+
+# torch reduces a tensor of at least this many elements with one partial sum per thread (ATen's GRAIN_SIZE)
+_GRAIN = 32768
+
+
+def pin_mkl_mode() -> None:
+    """Set ``MKL_CBWR`` for this process and its children, unless the user chose a mode, and keep MKL
+    from choosing its own thread count (``MKL_DYNAMIC``). Effective only before MKL's first call
+    (``areal_core`` does this on import)."""
+    os.environ.setdefault("MKL_CBWR", MKL_MODE)
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
+
+@functools.cache
+def _mkl_get():
+    """MKL's ``cbwr_get`` inside torch's library, or None (a torch build without MKL)."""
+    import torch
+
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+        path = os.path.join(lib_dir, name)
+        if os.path.exists(path):
+            try:
+                fn = ctypes.CDLL(path).mkl_serv_cbwr_get
+            except (OSError, AttributeError):
+                return None
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            return fn
+    return None
+
+
+def mkl_mode() -> str | None:
+    """The reproducibility mode MKL runs with in this process ("AUTO,STRICT", "OFF", ...), or None
+    where torch has no MKL. (Asking makes MKL read ``MKL_CBWR`` if it had not yet.)"""
+    get = _mkl_get()
+    if get is None:
+        return None
+    code = get(_ALL)
+    branch = _BRANCHES.get(code & ~_STRICT, f"branch {code & ~_STRICT}")
+    return branch + (",STRICT" if code & _STRICT else "")
+
+
+class NotRepeatable(RuntimeError):
+    """MKL in this process runs without a thread-independent mode."""
+
+
+def require_repeatable() -> str | None:
+    """MKL's mode, checked to give results that do not follow the thread count: raises
+    :class:`NotRepeatable` with what to do where it does not (MKL was used before ``areal_core``
+    was imported, or ``MKL_CBWR`` was set without STRICT)."""
+    mode = mkl_mode()
+    if mode is None or mode.endswith(",STRICT"):
+        return mode
+    raise NotRepeatable(
+        f"MKL runs in reproducibility mode {mode!r} (MKL_CBWR={os.environ.get('MKL_CBWR')!r}): its matrix "
+        "products may then differ in the last bits with the thread count, so runs and replays would not "
+        f"repeat. Set MKL_CBWR={MKL_MODE} (or another mode with ,STRICT) before the process starts, or "
+        "import areal_core before anything calls torch's matrix products"
+    )
+
+
+def thread_invariant(dtype) -> tuple[bool, str]:
+    """Whether torch's CPU arithmetic in ``dtype`` (a trainer's forward and backward) gives the same
+    bits on any thread count in this process, and why. bfloat16 products run in oneDNN, whose results
+    do not follow the thread count; float32 products run in MKL, which promises that only in its
+    strict mode, and that mode covers Intel CPUs' AVX2 and AVX-512 paths alone: on other CPUs (AMD)
+    MKL may split a long product's sum between its threads. ``tests/numerics_probe.py`` checks the
+    claim on every kernel family a machine offers."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return True, "bfloat16 products run in oneDNN, whose results do not follow the thread count"
+    mode = mkl_mode()
+    if mode is None:
+        return False, f"this torch has no MKL; its {dtype} products may split their sums between threads"
+    if not mode.endswith(",STRICT"):
+        return False, f"MKL runs in mode {mode}, not a strict one"
+    if cpu_vendor() != "GenuineIntel":
+        return False, (
+            f"MKL's strict mode covers Intel CPUs only; on this {cpu_vendor() or 'unknown'} CPU its "
+            f"{str(dtype).removeprefix('torch.')} products may split their sums between threads"
+        )
+    return True, "MKL's strict mode on an Intel CPU: its products do not follow the thread count"
+
+
+def fixed_sum(x):
+    """``x.sum()`` (all elements) in an order fixed by ``x``'s size alone, whatever the thread count:
+    rows of at most 32,767 elements are each summed by one thread, then their sums likewise."""
+    import torch
+
+    x = x.reshape(-1)
+    while x.numel() >= _GRAIN:
+        pad = (-x.numel()) % (_GRAIN - 1)
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad)])
+        x = x.view(-1, _GRAIN - 1).sum(1)  # a dimension reduction: each row on one thread, in order
+    return x.sum()
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it (``GenuineIntel``, ``AuthenticAMD``), or ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+# the instruction sets that pick different kernels (torch's vector width, bf16 and AMX units)
+KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_kind() -> dict:
+    """The CPU kind and the kernels this process computes with: the CPU's model name and the
+    instruction sets that choose kernels, torch's vector kernels in use (``ATEN_CPU_CAPABILITY``
+    may lower them), oneDNN's cap (``ONEDNN_MAX_CPU_ISA``), MKL's mode and torch's version."""
+    import torch
+
+    flags = set(_cpu_flags())
+    return {
+        "cpu": _cpu_model(),
+        "vendor": cpu_vendor(),
+        "machine": platform.machine(),
+        "isa": [f for f in KIND_FLAGS if f in flags],
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        "mkl_mode": mkl_mode(),
+        "torch": torch.__version__,
+    }
+
+
+def kind_label(kind: dict) -> str:
+    """One line naming a :func:`cpu_kind`: ``AMD EPYC (avx2 avx512f avx512_bf16; kernels AVX512)``."""
+    isa = " ".join(kind.get("isa", [])) or "no AVX2"
+    cap = kind.get("aten_capability", "?")
+    extra = "" if kind.get("onednn_max_isa", "default") == "default" else f", oneDNN <= {kind['onednn_max_isa']}"
+    return (
+        f"{kind.get('cpu') or kind.get('machine', '?')} ({isa}; kernels {cap}{extra}; torch {kind.get('torch', '?')})"
+    )
+
+
+def same_kernels(a: dict, b: dict) -> bool:
+    """Whether two :func:`cpu_kind` records compute with the same kernels (so results repeat bit for
+    bit between them): the same instruction sets, kernel choices and torch build."""
+    keys = ("vendor", "machine", "isa", "aten_capability", "onednn_max_isa", "torch")
+    return all(a.get(k) == b.get(k) for k in keys)
