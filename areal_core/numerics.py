@@ -146,21 +146,18 @@ def _cpu_flags() -> list[str]:
         return []
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as /proc/cpuinfo names it (``GenuineIntel``, ``AuthenticAMD``), or ""."""
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line of /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.split(":", 1)[0].strip() == field), "")
     except OSError:
         return ""
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return platform.processor()
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it (``GenuineIntel``, ``AuthenticAMD``), or ""."""
+    return _cpuinfo("vendor_id")
 
 
 # the instruction sets that pick different kernels (torch's vector width, bf16 and AMX units)
@@ -175,8 +172,10 @@ def cpu_kind() -> dict:
 
     flags = set(_cpu_flags())
     return {
-        "cpu": _cpu_model(),
+        "cpu": _cpuinfo("model name") or platform.processor(),
         "vendor": cpu_vendor(),
+        # family and model tell apart CPUs that share a name (a hypervisor may show "AMD EPYC" alone)
+        "family_model": f"{_cpuinfo('cpu family')}/{_cpuinfo('model')}",
         "machine": platform.machine(),
         "isa": [f for f in KIND_FLAGS if f in flags],
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
@@ -191,9 +190,10 @@ def kind_label(kind: dict) -> str:
     isa = " ".join(kind.get("isa", [])) or "no AVX2"
     cap = kind.get("aten_capability", "?")
     extra = "" if kind.get("onednn_max_isa", "default") == "default" else f", oneDNN <= {kind['onednn_max_isa']}"
-    return (
-        f"{kind.get('cpu') or kind.get('machine', '?')} ({isa}; kernels {cap}{extra}; torch {kind.get('torch', '?')})"
-    )
+    name = kind.get("cpu") or kind.get("machine", "?")
+    if kind.get("family_model", "/") != "/":
+        name += f" family/model {kind['family_model']}"
+    return f"{name} ({isa}; kernels {cap}{extra}; torch {kind.get('torch', '?')})"
 
 
 def same_kernels(a: dict, b: dict) -> bool:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from transformers.utils import logging as hf_logging
 
 from areal_core.experiment import ConfigError, ExperimentConfig, apply_overrides
 from areal_core.metrics import RunLog
@@ -71,9 +72,8 @@ def _config(original: dict, overrides: dict) -> ExperimentConfig:
         raise ReplayError(f"--set: {e}") from None
 
 
-def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int) -> torch.nn.Module:
-    """The trainer's model at checkpoint ``version``, built from the checkpoints alone (no warm start)."""
-    dtype, _ = model_dtype(cfg.model)
+def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int, dtype: torch.dtype) -> torch.nn.Module:
+    """The trainer's model at checkpoint ``version``, in ``dtype``, built from the checkpoints alone (no warm start)."""
     model = load_model(store.local_copy(0 if cfg.trainer.lora is not None else version), dtype)
     if cfg.trainer.lora is not None:
         lc = cfg.trainer.lora
@@ -134,13 +134,16 @@ def replay(
     )
 
     require_repeatable()
+    hf_logging.disable_progress_bar()  # (loading each checkpoint would draw one)
     kinds = {"recorded_on": meta.get("numerics"), "replayed_on": cpu_kind()}
     say(_kinds_line(**kinds))
     orig_rows = {} if orig_metrics is None else {int(r["step"]): r for r in orig_metrics.to_dict("records")}
     out_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(out_dir / "config.json"), config)
-    model = _model(cfg, store, from_step)
+    # the original trainer's dtype (model.dtype auto resolves by machine: a replay elsewhere keeps the original's)
+    dtype = getattr(torch, meta["dtype"]) if "dtype" in meta else model_dtype(cfg.model)[0]
+    model = _model(cfg, store, from_step, dtype)
     out_store = CheckpointStore.from_config(
         cfg.storage.model_copy(update={"url": None, "format": "full", "keep_last": None}), str(out_dir)
     )
@@ -203,6 +206,11 @@ def replay(
         runlog.flush()
         if tolerant and not counterfactual and checks and not checks[-1]["match"]:
             final_distance = checks[-1].get("weights")
+            if final_distance:
+                say(
+                    f"final weights (v{checks[-1]['version']}) against the original's: relative L2 distance "
+                    f"{final_distance['relative_l2']:.3g}, max abs {final_distance['max_abs']:.3g}"
+                )
     wall = time.perf_counter() - t0
     summary = {
         "replay": {
@@ -357,7 +365,7 @@ def _compare_with_original(cfg: ExperimentConfig, store: CheckpointStore, versio
     if version not in store.versions():
         say(f"v{version}: the original's checkpoint is no longer stored, so its tensors cannot be compared")
         return None
-    original = _model(cfg, store, version).state_dict()
+    original = _model(cfg, store, version, next(model.parameters()).dtype).state_dict()
     d = weight_difference(model.state_dict(), original)
     say(
         f"v{version}: {d['tensors_differing']} of {d['tensors']} tensors differ, first {d['first_tensor']}; "

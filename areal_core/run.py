@@ -369,6 +369,7 @@ def _run_experiment(
                     "total_steps": steps,
                     "trainer_threads": trainer_threads,
                     "lent_threads": lent,
+                    "dtype": dtype_name(first.dtype),  # what a replay computes in, wherever it runs
                     "numerics": cpu_kind(),
                 },
             ),

@@ -5,7 +5,8 @@ in the order the trainer took them, with everything the trainer reads (prompt an
 behaviour logprobs, per-token versions, reward, group) and the trajectory's sampling seed; its
 metadata holds the step, the version that trained it and the trainer's plan (minibatches and
 micro-batches, as indices into the batch). ``schedule/meta.json`` holds what a replay must repeat
-of the trainer itself: its thread count and the run's total steps (the lr schedule's length).
+of the trainer itself: its thread count (and the cores it borrowed), its dtype, the run's total steps
+(the lr schedule's length) and the CPU kind and kernels it ran on (``numerics.cpu_kind``).
 Each checkpoint carries the steps since the previous one (``resume/schedule.parquet``), so a
 run folder's checkpoints alone can be replayed. The trainer has no random state of its own:
 given the batch and its order, its step is a function of the weights and optimizer state.

@@ -1,4 +1,5 @@
-"""Sampling flips from batch composition, and what the batch-invariant mode costs.
+"""Sampling flips from batch composition, what the batch-invariant mode costs, and runs that repeat
+under load.
 
 Every request is seeded (keyed sampling: the token at position p drawn from (seed, p)), so two
 generations of one request can differ only where the logits differ. For each model: each of N
@@ -8,16 +9,31 @@ different lengths (so the batch shrinks under them); a *flip* is a request whose
 logprob differs in any bit. Default mode and batch-invariant mode (``rollout.batch_invariant``)
 side by side. Cost: output tokens/s of the engine at batch 64 in both modes, alternating within
 each repetition (one core, float32, as a rollout server runs).
+
+Repeats (the quickstart, in the dtype ``model.dtype: auto`` picks here): two synchronous runs with
+one seed (eta 0, drained updates, 20 steps) while two busy-loop processes take the machine's cores
+must train the same trajectories at every step and end with the same weights; an asynchronous run of
+30 steps (idle), replayed from its checkpoint v10 with ``areal-flow replay``, must reproduce its last
+checkpoint. The record names the CPU kind and the kernels (``areal_core.numerics.cpu_kind``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
 import random
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
+import pandas as pd
 import torch
 
-from bench.common import format_table, median, spread
+from areal_core.numerics import cpu_kind, kind_label
+from bench.common import REPO_ROOT, format_table, median, spread
+from bench.learning import runs_root, say, train
 
 PROMPT = 16
 
@@ -90,6 +106,106 @@ def cost(model, new: int, vocab: int, reps: int) -> dict:
     }
 
 
+def _busy() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_loops(n: int):
+    """``n`` processes that each keep a core busy for the block's duration."""
+    procs = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+
+
+def _trained(run_dir: Path) -> dict[int, list[str]]:
+    """Each step's trajectory ids, in the trainer's order (the run's schedule)."""
+    steps = sorted((run_dir / "schedule").glob("step-*.parquet"))
+    return {int(p.stem.split("-")[1]): pd.read_parquet(p, columns=["traj_id"])["traj_id"].tolist() for p in steps}
+
+
+def _final_hash(run_dir: Path) -> str:
+    return pd.read_parquet(run_dir / "metrics.parquet")["weights_sha256"].dropna().iloc[-1]
+
+
+def sync_repeat_under_load(root: Path, steps: int) -> dict:
+    """Two synchronous runs with one seed while two busy loops run: what they trained and their weights."""
+    sets = ("trainer.eta=0", "rollout.weight_update=drain", f"trainer.max_steps={steps}")
+    with busy_loops(2):
+        runs = [train(f"sync-{k}", 0, sets, root) for k in ("a", "b")]
+    a, b = (_trained(Path(r["run_dir"])) for r in runs)
+    shared = sum(len(set(a[s]) & set(b.get(s, []))) for s in a)
+    return {
+        "steps": steps,
+        "busy_loops": 2,
+        "same_trajectories_every_step": a == b,
+        "trajectories": sum(len(v) for v in a.values()),
+        "shared_trajectories": shared,
+        "final_hashes": [_final_hash(Path(r["run_dir"])) for r in runs],
+        "same_final_weights": len({_final_hash(Path(r["run_dir"])) for r in runs}) == 1,
+        "wall_s": [r["command_wall_s"] for r in runs],
+    }
+
+
+def async_replay(root: Path, steps: int, from_step: int) -> dict:
+    """An asynchronous run of ``steps`` steps, replayed from its checkpoint ``from_step``."""
+    run = Path(train("async", 0, (f"trainer.max_steps={steps}",), root)["run_dir"])
+    out = root / "async-replay"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [
+        str(REPO_ROOT / ".venv/bin/areal-flow"),
+        "replay",
+        str(run),
+        "--out",
+        str(out),
+        "--from-step",
+        str(from_step),
+    ]
+    say(" ".join(cmd[1:]) + " --no-prefect")
+    proc = subprocess.run([*cmd, "--no-prefect"], cwd=REPO_ROOT, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "steps": steps,
+        "from_step": from_step,
+        "rc": proc.returncode,
+        "lines": [x for x in proc.stdout.splitlines() if x.startswith(("v", "step "))],
+        "last_checkpoint_match": summary["checkpoints"][-1]["match"],
+        "replay_threads": summary["threads"],
+        "original_threads": summary["original_threads"],
+    }
+
+
+def repeats(quick: bool) -> dict:
+    root = runs_root("determinism_repeats" + ("_quick" if quick else ""))
+    sync = sync_repeat_under_load(root, 6 if quick else 20)
+    replayed = async_replay(root, 12 if quick else 30, 10)
+    print(
+        format_table(
+            ["check", "result"],
+            [
+                (
+                    f"2 sync runs, {sync['steps']} steps, 2 busy loops: same trajectories",
+                    f"{sync['same_trajectories_every_step']} ({sync['shared_trajectories']}/{sync['trajectories']})",
+                ),
+                ("  same final weights", sync["same_final_weights"]),
+                (
+                    f"async {replayed['steps']} steps, replayed from v{replayed['from_step']}: last checkpoint",
+                    "match" if replayed["last_checkpoint_match"] else "DIFFERS",
+                ),
+            ],
+            title=f"Repeats on {kind_label(cpu_kind())}",
+        )
+    )
+    return {"sync_under_load": sync, "async_replay": replayed}
+
+
 def run(quick: bool) -> dict:
     from bench import models
 
@@ -142,8 +258,16 @@ def run(quick: bool) -> dict:
             title="Seeded answers alone vs in a shrinking batch (float32, one core)",
         )
     )
+    rep = repeats(quick)
     return {
+        "cpu_kind": cpu_kind(),
         "models": out,
+        "repeats": rep,
         "summary": {f"{m}_invariant_over_default": out[m]["cost"]["invariant_over_default"] for m in out}
-        | {f"{m}_default_flips_per_million": out[m]["default"]["flips_per_million_tokens"] for m in out},
+        | {f"{m}_default_flips_per_million": out[m]["default"]["flips_per_million_tokens"] for m in out}
+        | {
+            "sync_repeats_under_load": rep["sync_under_load"]["same_trajectories_every_step"]
+            and rep["sync_under_load"]["same_final_weights"],
+            "async_replay_matches": rep["async_replay"]["last_checkpoint_match"],
+        },
     }
