@@ -159,8 +159,9 @@ def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory
         "generated_tokens": generated,
         # of the trainer's layer passes since the last row, the share that ran on idle servers' cores too
         "trainer_lent_share": _lent_share(loop.lending),
-        **{f"pass_rate_{b}": p for b, p in c.pass_rates.items()},  # with a curriculum
-        **{f"mix_{b}": p for b, p in c.curriculum_mix.items()},
+        # with a curriculum: as of this step's batches (deterministic runs learn in admission order)
+        **{f"pass_rate_{b}": p for b, p in c.pass_rates(version * loop.batch_size).items()},
+        **{f"mix_{b}": p for b, p in c.curriculum_mix(version * loop.batch_size).items()},
         # multi-turn episodes: answers' turns, and text the environment added (not trained)
         "turns_mean": sum(t.reward_info.get("turns", 1) for t in batch) / len(batch),
         "environment_tokens": sum(len(t.output_mask) - sum(t.output_mask) for t in batch),
@@ -194,7 +195,7 @@ def _finish_row(
 def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
     # with a curriculum the batch's accuracy is on the prompts the curriculum drew (it moves to
     # harder ones as the policy improves): labelled so, with the mix
-    mix = loop.controller.curriculum_mix
+    mix = loop.controller.curriculum_mix()
     acc = (
         {"acc": f"{result.accuracy:.2f}"}
         if not mix

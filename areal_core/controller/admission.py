@@ -81,6 +81,18 @@ class Admission:
                 else:
                     self.sampler.observe(tally[0], tally[1], tally[2])
 
+    def settled(self, trained: int):
+        """The sampler as a report reads it once the trajectories with seq_no < ``trained`` are trained.
+        Deterministic mode: a copy that has learned, in admission order, every finished group among
+        them (the sampler itself learns a group only when a later wave is drawn, which follows timing);
+        otherwise the sampler itself."""
+        if not self.s.deterministic:
+            return self.sampler
+        view = make_sampler(self._prompts, self.s.shuffle, self.s.seed, self.s.curriculum, self.sampler.state())
+        for first in sorted(f for f in self._deferred if f < trained):
+            view.observe(*self._deferred[first])
+        return view
+
     def _observe_through(self, wave: int) -> None:
         """Deterministic mode: the curriculum learns, in admission order, every finished group of waves <= ``wave``."""
         for first in sorted(f for f in self._deferred if f // self.s.batch_size <= wave):

@@ -418,17 +418,16 @@ class RolloutController:
         with self._lock:
             return {**self.agents.router.step_metrics(), **self.frozen.metrics()}
 
-    @property
-    def curriculum_mix(self) -> dict[str, float]:
-        """The probability of each bucket in the curriculum's next draw (empty without one)."""
+    def curriculum_mix(self, trained: int | None = None) -> dict[str, float]:
+        """The probability of each bucket in the curriculum's next draw (empty without one), as of
+        ``trained`` trajectories trained (None: those handed to the trainer so far)."""
         with self._lock:
-            return self.admission.sampler.mix()
+            return self.admission.settled(self.buffer.handed_out if trained is None else trained).mix()
 
-    @property
-    def pass_rates(self) -> dict[str, float]:
-        """The curriculum's running pass rate per bucket (empty without a curriculum)."""
+    def pass_rates(self, trained: int | None = None) -> dict[str, float]:
+        """The curriculum's running pass rate per bucket (empty without a curriculum), as of ``trained``."""
         with self._lock:
-            return self.admission.sampler.estimates()
+            return self.admission.settled(self.buffer.handed_out if trained is None else trained).estimates()
 
     # resume ------------------------------------------------------------------
     async def read_partials(self) -> None:

@@ -123,15 +123,23 @@ def test_replay_refuses_what_it_cannot_do(original, tmp_path, capsys):
 @pytest.mark.nightly
 @pytest.mark.parametrize("servers", [1, 2])
 def test_a_synchronous_run_repeats_bit_for_bit(tmp_path, warm_cache, servers):
-    """eta 0, drained updates, batch-invariant servers: two runs with one seed give the same metrics
-    (timings aside) and the same weights at every checkpoint."""
+    """eta 0 and drained updates, nothing else asked for: two runs with one seed, with a curriculum
+    that learns from finished groups, and the second beside two busy loops, give the same metrics
+    (timings aside) and the same weights at every checkpoint (a synchronous run is deterministic by
+    default: batch-invariant servers, the curriculum fed in admission order)."""
+    from bench.determinism import busy_loops
+
     sync = {
         "trainer.eta": 0,
         "rollout.weight_update": "drain",
-        "rollout.batch_invariant": True,
         "rollout.n_servers": servers,
+        "data.curriculum": {"by": "k"},
     }
-    a, b = (train(tmp_path / f"run{i}", warm_cache, **sync) for i in (1, 2))
+    a = train(tmp_path / "run1", warm_cache, **sync)
+    with busy_loops(2):
+        b = train(tmp_path / "run2", warm_cache, **sync)
+    cfg = json.loads((tmp_path / "run1/config.json").read_text())["rollout"]
+    assert cfg["deterministic"] is True and cfg["batch_invariant"] is True
     hashes = a["weights_sha256"].dropna().tolist()
     assert len(hashes) == 3 and hashes == b["weights_sha256"].dropna().tolist()
     # timings, and the tokens the servers happened to generate while each step trained
