@@ -169,10 +169,14 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
+    from areal_core.numerics import cpu_kind
+
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "avx512_bf16": "avx512_bf16" in flags,
+        # vendor, family/model, the instruction sets that pick kernels, the kernels in use, MKL's mode
+        "kind": cpu_kind(),
         "load_average_1m": os.getloadavg()[0],
         "python": sys.version.split()[0],
         "torch": torch.__version__,

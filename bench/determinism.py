@@ -206,6 +206,108 @@ def repeats(quick: bool) -> dict:
     return {"sync_under_load": sync, "async_replay": replayed}
 
 
+def _step_and_decode(reps: int) -> dict:
+    """In this process: median seconds of a trainer step on the quickstart's tiny model (16 groups of 8
+    answers of 20-60 tokens, on all cores) and the engine's tokens/s at batch 64 (one thread)."""
+    import os
+
+    from areal_core.trainer.config import TrainerConfig
+    from areal_core.trainer.trainer import Trainer
+    from areal_core.types import Trajectory
+    from bench import models
+
+    model, _ = models.build_tiny_model()
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    batch = []
+    for g in range(16):
+        prompt = [rng.randrange(3, vocab) for _ in range(30)]
+        for i in range(8):
+            n = rng.randrange(20, 60)
+            batch.append(
+                Trajectory(
+                    f"g{g}-{i}",
+                    f"g{g}",
+                    g * 8 + i,
+                    0,
+                    prompt,
+                    [rng.randrange(3, vocab) for _ in range(n)],
+                    [-2.0] * n,
+                    [0] * n,
+                    finish_reason="stop",
+                    reward=rng.choice([-5.0, 5.0]),
+                )
+            )
+    trainer = Trainer(model, TrainerConfig(batch_size=128, max_tokens_per_microbatch=4096), 1.0, 100)
+    torch.set_num_threads(os.cpu_count() or 1)
+    trainer.step(batch, 0)  # warm-up
+    steps = []
+    for v in range(reps):
+        t0 = time.perf_counter()
+        trainer.step(batch, v + 1)
+        steps.append(time.perf_counter() - t0)
+    torch.set_num_threads(1)
+    jobs = _jobs(64, min(vocab, 1000), 96, 1, varied=False)
+    _generate(model.eval(), jobs[:8], False)
+    tps = []
+    for _ in range(reps):
+        out, s = _generate(model, jobs, False)
+        tps.append(sum(len(o.output_ids) for o in out) / s)
+    return {"step_s": median(steps), "tokens_per_s": median(tps)}
+
+
+# the process before and after: MKL as torch leaves it (its first call before areal_core is imported), and
+# MKL in the mode areal_core sets
+_COST_WORKER = (
+    "import json, sys, torch\n"
+    "if sys.argv[1] == 'before':\n    torch.ones(2, 2) @ torch.ones(2, 2)\n"
+    "from areal_core.numerics import mkl_mode\nfrom bench.determinism import _step_and_decode\n"
+    "print(json.dumps({'mkl_mode': mkl_mode(), **_step_and_decode(int(sys.argv[2]))}))"
+)
+
+
+def mkl_mode_cost(pairs: int, reps: int) -> dict:
+    """Trainer step time and engine tokens/s with MKL as torch leaves it and in areal_core's strict mode,
+    one process each, alternating ``pairs`` times; ratios within each pair."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "MKL_DYNAMIC")}
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for _ in range(pairs):
+        for mode in ("before", "after"):
+            out = subprocess.run(
+                [sys.executable, "-c", _COST_WORKER, mode, str(reps)],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    step_ratio = [a["step_s"] / b["step_s"] for b, a in zip(runs["before"], runs["after"])]
+    tps_ratio = [a["tokens_per_s"] / b["tokens_per_s"] for b, a in zip(runs["before"], runs["after"])]
+    print(
+        format_table(
+            ["MKL mode", "trainer step (s)", "engine tokens/s (batch 64)"],
+            [
+                (
+                    runs[m][0]["mkl_mode"],
+                    median([r["step_s"] for r in runs[m]]),
+                    median([r["tokens_per_s"] for r in runs[m]]),
+                )
+                for m in ("before", "after")
+            ],
+            title=f"The cost of MKL's strict mode (tiny model; {pairs} alternating pairs of processes)",
+        )
+    )
+    return {
+        "runs": runs,
+        "step_after_over_before": spread(step_ratio),
+        "tokens_per_s_after_over_before": spread(tps_ratio),
+    }
+
+
 def run(quick: bool) -> dict:
     from bench import models
 
@@ -259,7 +361,9 @@ def run(quick: bool) -> dict:
         )
     )
     rep = repeats(quick)
+    mkl = mkl_mode_cost(2 if quick else 4, 3 if quick else 5)
     return {
+        "mkl_mode_cost": mkl,
         "cpu_kind": cpu_kind(),
         "models": out,
         "repeats": rep,
