@@ -14,15 +14,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, model_validator
 
-from areal_core.agents import MultiAgentConfig
 from areal_core.configbase import Section
-from areal_core.costs import CostConfig
+from areal_core.controller.agents import MultiAgentConfig
 from areal_core.data.config import DataConfig
 from areal_core.episodes.config import EpisodeConfig, SingleTurnConfig
 from areal_core.eval.config import EvalConfig
 from areal_core.models.config import ModelConfig
 from areal_core.reward.config import RewardConfig
 from areal_core.rollout.config import RolloutConfig
+from areal_core.run.costs import CostConfig
 from areal_core.storage.config import StorageConfig
 from areal_core.trainer.config import TrainerConfig
 
@@ -44,8 +44,10 @@ class ExperimentConfig(Section):
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
     episode: EpisodeConfig = SingleTurnConfig()  # what one rollout of a prompt group is (areal_core/episodes)
-    multi_agent: MultiAgentConfig | None = None  # several agents, reward-gated routing (areal_core/agents.py)
-    cost: CostConfig = CostConfig()  # prices and a budget for the cost ledger (areal_core/costs.py)
+    multi_agent: MultiAgentConfig | None = (
+        None  # several agents, reward-gated routing (areal_core/controller/agents.py)
+    )
+    cost: CostConfig = CostConfig()  # prices and a budget for the cost ledger (areal_core/run/costs.py)
 
     @model_validator(mode="after")
     def _cross_checks(self):

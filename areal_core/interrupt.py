@@ -6,7 +6,7 @@ session of their own, so the signal reaches the run alone, and the run stops the
 
 * The first Ctrl-C during training asks the run to stop: it trains no further batch, writes a
   checkpoint of the step it is on (``run_experiment(..., stop=...)``), stops its servers and
-  Dask, and ``run_experiment`` raises :class:`~areal_core.run.RunStopped`.
+  Dask, and ``run_experiment`` raises :class:`~areal_core.run.setup.RunStopped`.
 * The first Ctrl-C before training has begun interrupts the run (``KeyboardInterrupt``); what it
   started is stopped as the stack unwinds.
 * A second Ctrl-C exits at once with status 130 (the children see their parent gone and exit).

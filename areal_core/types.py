@@ -42,7 +42,7 @@ class Trajectory:
     reward: float | None = None
     correct: bool | None = None
     reward_info: dict = field(default_factory=dict)
-    # multi-agent runs (areal_core/agents.py); the defaults are what a run without agents (or a
+    # multi-agent runs (areal_core/controller/agents.py); the defaults are what a run without agents (or a
     # state saved before these fields) has
     agent_id: str = ""  # the agent whose prompting style made the prompt ("" without agents)
     route: str = ""  # the policy it was routed to at admission: "trainable" | "frozen" ("": trainable, no agents)

@@ -47,7 +47,7 @@ KEEP = (
 def run(quick: bool) -> dict:
     from areal_core.experiment import load_config
     from areal_core.reward.service import RewardService
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     steps = STEPS_QUICK if quick else STEPS_FULL
     n_eval = EVAL_QUICK if quick else EVAL_FULL

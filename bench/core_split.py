@@ -75,7 +75,7 @@ def _sample() -> dict[tuple[str, int], float]:
 
 
 def _measure(cfg, run_dir: Path, steps: int) -> tuple[dict, dict[str, float]]:
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     first: dict = {}
     last: dict = {}

@@ -29,11 +29,11 @@ from bench.learning import CONFIG, mean_std, say
 
 
 def sft_arm(seed: int, rl: dict) -> dict:
-    from areal_core.datasets import load_records
+    from areal_core.data.datasets import load_records
     from areal_core.experiment import load_config
     from areal_core.models.loading import load_base_model, warm_start_inputs
     from areal_core.models.warmstart import _encode_pairs, greedy_exact_match, load_optimizer_moments, warm_start
-    from areal_core.run import trainer_torch_threads
+    from areal_core.run.setup import trainer_torch_threads
 
     cfg = load_config(CONFIG, {"seed": seed})
     train_records, eval_records = load_records(cfg.data)

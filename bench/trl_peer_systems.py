@@ -164,7 +164,7 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
     """One areal-flow run of ``w``: ``mode`` sync or async (see ``areal_config``)."""
     import pandas as pd
 
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     summary = run_experiment(areal_config(mode, w, reward), run_dir, max_steps=w.steps, progress=False)
     m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")

@@ -6,9 +6,9 @@ import os
 
 from prefect import flow
 
-from areal_core.report import eval_dir_for_run
+from areal_core.report.compare import eval_dir_for_run
+from areal_core.run.sweep import default_out_dir
 from areal_core.storage import CheckpointStore, read_json
-from areal_core.sweep import default_out_dir
 from flows.evaluate import evaluate
 from flows.prepare_data import prepare_data
 from flows.provision import provision

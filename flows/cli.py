@@ -55,7 +55,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from areal_core.export import ExportError, export_checkpoint
+    from areal_core.trainer.export import ExportError, export_checkpoint
 
     try:
         print(export_checkpoint(args.source, args.out))
@@ -66,7 +66,7 @@ def cmd_export(args) -> int:
 
 def cmd_sweep(args) -> int:
     from areal_core.experiment import ConfigError
-    from areal_core.sweep import plan_points, validate_configs
+    from areal_core.run.sweep import plan_points, validate_configs
 
     base, grid = _overrides(args.set), _grid(args.grid)
     eta = _csv(args.eta, int) if args.eta is not None else None

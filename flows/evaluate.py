@@ -15,7 +15,7 @@ import re
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from areal_core.report import eval_dir_for_checkpoint
+from areal_core.report.compare import eval_dir_for_checkpoint
 from tasks.evaluation import (
     evaluate_checkpoint_task,
     evaluation_key,
@@ -70,7 +70,7 @@ def evaluate(
         run_dir: The training run the checkpoint belongs to (found by itself for RUN/checkpoints/vN).
     """
     from areal_core.eval.harness import HELDOUT, run_folder_of
-    from areal_core.report_ui import evaluation_markdown, run_evaluations
+    from areal_core.report.ui import evaluation_markdown, run_evaluations
 
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)

@@ -33,7 +33,7 @@ def replay_run(
         tolerant: Where the weights differ from the original's (another CPU kind), train on to the
             last step and measure the drift instead of stopping at the first difference.
     """
-    from areal_core.replay import replay
+    from areal_core.run.replay import replay
 
     summary = replay(
         run_dir, out_dir, from_step=from_step, to_step=to_step, overrides=overrides, threads=threads, tolerant=tolerant

@@ -21,7 +21,7 @@ def report(run_dirs: list[str], out_dir: str, title: str = "areal-flow report") 
         out_dir: Where report.md, report.csv and the plots go.
         title: The report's title.
     """
-    from areal_core.report_ui import report_for_ui, runs_rows
+    from areal_core.report.ui import report_for_ui, runs_rows
 
     out = write_report_task(run_dirs, out_dir, title)
     header, rows = runs_rows(out["table"])  # every column, unrounded: report.csv

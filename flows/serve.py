@@ -17,7 +17,7 @@ from prefect.variables import Variable
 
 from areal_core.controller.elastic import announce
 from areal_core.experiment import load_config
-from areal_core.serve import serve_rollout
+from areal_core.ops.serve import serve_rollout
 from tasks.flow_runs import serve_run_name
 
 

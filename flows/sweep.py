@@ -6,7 +6,7 @@ import os
 
 from prefect import flow
 
-from areal_core.sweep import default_out_dir, freeze_config, plan_points, validate_configs
+from areal_core.run.sweep import default_out_dir, freeze_config, plan_points, validate_configs
 from flows.report import report
 from flows.train import train
 from tasks.flow_runs import sweep_run_name

@@ -16,7 +16,7 @@ def cmd_report(args) -> int:
         raise UsageError(f"not a finished run folder (no summary.json): {', '.join(missing)}")
     out = args.out or str(Path(args.runs[0]) / "report")
     if args.no_prefect:
-        from areal_core.report import write_report
+        from areal_core.report.compare import write_report
 
         print(write_report(args.runs, out, title=args.title)["report"])
     else:
@@ -33,7 +33,7 @@ def cmd_serve(args) -> int:
     cfg = _load(args.config, overrides)
     hold = None if args.hold_s <= 0 else args.hold_s
     if args.no_prefect:
-        from areal_core.serve import serve_rollout
+        from areal_core.ops.serve import serve_rollout
 
         def up(urls: list[str]) -> None:
             print("rollout servers up: " + " ".join(urls), flush=True)
@@ -52,8 +52,8 @@ def cmd_serve(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from areal_core.run_folder import runs_root
-    from areal_core.runs_list import list_runs
+    from areal_core.run.folder import runs_root
+    from areal_core.run.listing import list_runs
 
     root = args.root or runs_root()
     try:
@@ -78,7 +78,7 @@ def cmd_replay(args) -> int:
 
     overrides = _overrides(args.set)
     if args.no_prefect:
-        from areal_core.replay import ReplayError, replay
+        from areal_core.run.replay import ReplayError, replay
 
         try:
             summary = replay(

@@ -43,7 +43,7 @@ def train(
             None: the worker's environment.
     """
     from areal_core.experiment import ConfigError, load_config
-    from areal_core.run_folder import RunFolderError, check_inputs, check_run_folder, claim_run_dir
+    from areal_core.run.folder import RunFolderError, check_inputs, check_run_folder, claim_run_dir
 
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)

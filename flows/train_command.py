@@ -22,7 +22,7 @@ from flows.cli_input import UsageError, _load, _overrides
 def _check_run(cfg, run_dir: Path, resume: bool) -> None:
     """Before anything starts: the records and backend the run needs, and its folder: one that already
     holds checkpoints is continued only with --resume; --resume says what it will do."""
-    from areal_core.run_folder import RunFolderError, check_inputs, check_run_folder
+    from areal_core.run.folder import RunFolderError, check_inputs, check_run_folder
 
     where = cfg.storage.url or str(run_dir / "checkpoints")
     try:
@@ -40,7 +40,7 @@ def _check_run(cfg, run_dir: Path, resume: bool) -> None:
 
 
 def print_run_summary(s: dict, run_dir: Path) -> None:
-    from areal_core.run_summary import summary_rows
+    from areal_core.run.summary import summary_rows
 
     print(f"\nrun: {s['name']}   folder: {run_dir}")
     for measure, value in summary_rows(s):
@@ -57,7 +57,7 @@ def _again(args, run_dir: Path) -> str:
 def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
     """The run's summary, or None if it was cancelled (Ctrl-C) at a checkpoint."""
     if args.no_prefect:
-        from areal_core.run import run_experiment
+        from areal_core.run.setup import run_experiment
 
         return run_experiment(
             cfg,
@@ -98,8 +98,8 @@ def run_train_command(args) -> int:
     # on a busy machine, after the run has stopped everything. Frozen objects are left to the exit.
     atexit.register(gc.freeze)
     from areal_core.interrupt import EXIT_STATUS, CtrlC
-    from areal_core.run import RunStopped
-    from areal_core.run_folder import default_run_dir, describe_run
+    from areal_core.run.folder import default_run_dir, describe_run
+    from areal_core.run.setup import RunStopped
 
     run_dir = Path(args.run_dir or default_run_dir(describe_run(args.config, overrides, args.max_steps)))
     _check_run(cfg, run_dir, args.resume)

@@ -31,8 +31,8 @@ def evaluation_key(checkpoint_url: str, run_dir: str | None = None) -> str:
 
 def _pass_at_1(run_dir: str, version: int) -> str:
     """The evaluation's pass@1 per bench, from ``<run>/evals/v<N>/summary.json`` ('' if not there)."""
-    from areal_core.report import eval_dir_for_run
-    from areal_core.report_ui import for_people
+    from areal_core.report.compare import eval_dir_for_run
+    from areal_core.report.ui import for_people
     from areal_core.storage.fsutil import filesystem, join
 
     fs, path = filesystem(join(eval_dir_for_run(run_dir, version), "summary.json"))

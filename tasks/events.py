@@ -12,7 +12,7 @@ import os
 
 from prefect.events import emit_event
 
-from areal_core.report import eval_dir_for_run
+from areal_core.report.compare import eval_dir_for_run
 
 CHECKPOINT_EVENT = "areal.checkpoint.published"
 

@@ -99,7 +99,7 @@ def train_run_name() -> str:
     from prefect.runtime import flow_run
 
     from areal_core.experiment import ConfigError
-    from areal_core.run_folder import describe_run
+    from areal_core.run.folder import describe_run
 
     p = flow_run.parameters
     try:

@@ -35,6 +35,6 @@ def apply_s3_credentials_block(block_name: str) -> list[str]:
 @task(name="provision-check")
 def provision_check(config_path: str, out_dir: str, overrides: dict | None = None) -> dict:
     from areal_core.experiment import load_config  # heavy imports: only when the task runs
-    from areal_core.provision import provision
+    from areal_core.ops.provision import provision
 
     return provision(load_config(config_path, overrides or {}), out_dir)

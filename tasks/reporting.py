@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from areal_core.report import write_report
+from areal_core.report.compare import write_report
 
 
 @task(name="write-report")

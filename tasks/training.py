@@ -1,4 +1,4 @@
-"""Prefect task: one training run (a thin wrapper over areal_core.run).
+"""Prefect task: one training run (a thin wrapper over areal_core.run.setup).
 
 What the run shows in the UI, keyed by its run folder's name:
 * ``train-progress-<run>``: a progress artifact, updated after every step (and a log line every
@@ -33,8 +33,8 @@ CURVES_MIN_INTERVAL_S = 10.0  # checkpoints closer together than this redraw the
 
 def result_markdown(s: dict, run_dir: str, evaluate_every: int | None) -> str:
     """The run's result (what `train` prints) and the evaluations its checkpoints triggered."""
-    from areal_core.report_ui import md_table
-    from areal_core.run_summary import summary_rows
+    from areal_core.report.ui import md_table
+    from areal_core.run.summary import summary_rows
 
     rows = [*summary_rows(s), ("run folder", f"`{run_dir}`")]
     return "\n".join(
@@ -62,7 +62,7 @@ class Curves:
 
     def checkpoint(self, version: int, final: bool = False) -> None:
         """Checkpoint ``version`` is published: it holds the accuracy before RL (from v1 on)."""
-        from areal_core.report_ui import heldout_from_checkpoint
+        from areal_core.report.ui import heldout_from_checkpoint
 
         if 0 not in self.heldout and version > 0:
             before = heldout_from_checkpoint(self.store, version)
@@ -71,7 +71,7 @@ class Curves:
         self.draw(force=final)
 
     def draw(self, force: bool = False) -> None:
-        from areal_core.report_ui import run_evaluations, training_markdown
+        from areal_core.report.ui import run_evaluations, training_markdown
 
         if not self.rows or (not force and time.monotonic() - self._drawn_at < CURVES_MIN_INTERVAL_S):
             return
@@ -93,7 +93,7 @@ def worth_retrying(exc: BaseException | None) -> bool:
     """False for errors that fail the same way every time: bad config or records (ValueError and
     its kin), a refused overwrite, a resume state that does not match the config; and a stop asked for."""
     from areal_core.rollout.weight_transport import TransportUnsupported
-    from areal_core.run import RunStopped
+    from areal_core.run.setup import RunStopped
     from areal_core.storage.checkpoints import VersionExistsError
     from areal_core.storage.run_state import ResumeError
 
@@ -128,9 +128,9 @@ def train_run(
     resume: bool = False,
 ) -> dict:
     from areal_core import interrupt
+    from areal_core.controller.prompt_sampling import describe_mix
     from areal_core.experiment import load_config  # torch and transformers: imported when a run starts
-    from areal_core.prompt_sampling import describe_mix
-    from areal_core.run import RunStopped, run_experiment
+    from areal_core.run.setup import RunStopped, run_experiment
     from areal_core.storage import CheckpointStore
 
     logger = get_run_logger()
@@ -223,8 +223,8 @@ def costs_markdown(s: dict, run_dir) -> str:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from areal_core.costs import describe, plot
-    from areal_core.report_ui import md_image, md_table, png_bytes
+    from areal_core.report.ui import md_image, md_table, png_bytes
+    from areal_core.run.costs import describe, plot
 
     fig = plot(pd.read_parquet(Path(run_dir) / "costs.parquet"))
     image = md_image("seconds per step by stage", png_bytes(fig))

@@ -14,8 +14,8 @@ import asyncio
 import time
 
 from areal_core.algo import staleness_allows
+from areal_core.controller.prompt_sampling import make_sampler
 from areal_core.controller.settings import ControllerSettings, group_id
-from areal_core.prompt_sampling import make_sampler
 from areal_core.types import Prompt, Trajectory
 
 

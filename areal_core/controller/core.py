@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from areal_core.agents import FROZEN, TRAINABLE
-from areal_core.buffer import ReplayBuffer
 from areal_core.controller import resume
 from areal_core.controller.admission import Admission
+from areal_core.controller.agents import FROZEN, TRAINABLE
+from areal_core.controller.buffer import ReplayBuffer
 from areal_core.controller.elastic import watch_pool
 from areal_core.controller.episode_context import EpisodeContextOf
 from areal_core.controller.generation import ROUTE, Generator

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from areal_core.agents import TRAINABLE
+from areal_core.controller.agents import TRAINABLE
 from areal_core.storage.fsutil import filesystem, invalidate, write_text_atomic
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 
-from areal_core.agents import FROZEN, TRAINABLE
+from areal_core.controller.agents import FROZEN, TRAINABLE
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.settings import ControllerSettings, Servers
 from areal_core.rollout.backend import Generation, Sampling

@@ -1,4 +1,4 @@
-"""Multi-agent routing, the frozen policy's side (``areal_core/agents.py`` picks each group's route):
+"""Multi-agent routing, the frozen policy's side (``areal_core/controller/agents.py`` picks each group's route):
 frozen groups are not gated, not buffered and never trained; at most as many are in flight as the
 gate lets trainable ones be; their verdicts are recorded for their agent."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from areal_core.agents import FROZEN, AgentRouter
+from areal_core.controller.agents import FROZEN, AgentRouter
 from areal_core.controller.settings import ControllerSettings
 from areal_core.types import Trajectory
 

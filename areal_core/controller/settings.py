@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from areal_core.agents import AgentRouter
+from areal_core.controller.agents import AgentRouter
 from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt
 
@@ -58,7 +58,7 @@ class Servers:
 
 @dataclass
 class AgentSetup:
-    """A multi-agent run's routing (``areal_core/agents.py``): each prompt group goes, when it is
+    """A multi-agent run's routing (``areal_core/controller/agents.py``): each prompt group goes, when it is
     admitted, to the trainable policy or to the frozen one."""
 
     router: AgentRouter

@@ -6,8 +6,10 @@ in evaluation:
 * ``{"testtype": "stdin", "input": str, "output": str}``
 * ``{"testtype": "functional", "input": str, "output": str, "fn_name": str}``: ``input``
   holds one JSON value per line (the arguments), ``output`` one JSON value;
-* ``{"testtype": "assert", "code": str}`` with an optional ``"prefix": str``: Python that
-  must run without raising (it must parse).
+* ``{"testtype": "assert", "code": str, "entry_point": str}`` with an optional ``"prefix": str``:
+  Python that must run without raising (it must parse); ``entry_point`` is the one name it takes
+  from the program (HumanEval's function, LeetCode's ``Solution``): everything else it uses is
+  trusted (the grader's imports and helpers, the prefix), never the program's.
 
 All tests of one problem share one ``testtype``. A malformed test is refused here, when the
 data is loaded, rather than when its first answer is graded in the middle of a run.
@@ -21,7 +23,7 @@ import json
 TEST_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # testtype -> (required, optional)
     "stdin": (("input", "output"), ()),
     "functional": (("input", "output", "fn_name"), ()),
-    "assert": (("code",), ("prefix",)),
+    "assert": (("code", "entry_point"), ("prefix",)),
 }
 TEST_TYPES = tuple(TEST_FIELDS)
 
@@ -56,6 +58,11 @@ def _parses(text: str, field: str) -> None:
         raise TestCaseError(field, f"Python that does not parse (line {e.lineno}: {e.msg})") from None
 
 
+def _python_name(text: str, field: str) -> None:
+    if not text.isidentifier():
+        raise TestCaseError(field, f"expected a Python name, got {text[:60]!r}")
+
+
 def check_test_case(test: dict) -> dict:
     """One test case, checked against its ``testtype``'s format (returned unchanged).
 
@@ -70,18 +77,26 @@ def check_test_case(test: dict) -> dict:
             None,
             f"unknown field(s) {unknown} for a {kind} test (its fields: testtype, {', '.join(required + optional)})",
         )
-    for name in required + tuple(k for k in optional if k in test):
+    # an assert test's entry point is checked last, after the code and prefix it names something of
+    texts = [k for k in required if k != "entry_point"] + [k for k in optional if k in test]
+    for name in texts:
         if not isinstance(test.get(name), str):
             raise TestCaseError(name, f"expected a string, got {_show(test.get(name))}")
     if kind == "functional":
-        if not test["fn_name"].isidentifier():
-            raise TestCaseError("fn_name", f"expected a Python name, got {test['fn_name'][:60]!r}")
+        _python_name(test["fn_name"], "fn_name")
         _json_values(test["input"], "input")
         _json_values(test["output"], "output")
     elif kind == "assert":
         _parses(test["code"], "code")
         if "prefix" in test:
             _parses(test["prefix"], "prefix")
+        if not isinstance(test.get("entry_point"), str):
+            raise TestCaseError(
+                "entry_point",
+                "expected the name the test code takes from the program (HumanEval's function, LeetCode's Solution), "
+                f"got {_show(test.get('entry_point'))}",
+            )
+        _python_name(test["entry_point"], "entry_point")
     return test
 
 

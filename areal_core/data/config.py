@@ -84,7 +84,7 @@ SyntheticConfig = Annotated[
 
 
 class Curriculum(Section):
-    """Adaptive prompt mix for RL (areal_core.prompt_sampling.BucketCurriculum): prompts are
+    """Adaptive prompt mix for RL (areal_core.controller.prompt_sampling.BucketCurriculum): prompts are
     grouped by a meta field of their records, and a group is drawn with weight
     share * max(p * (1 - p), floor), p its running pass rate."""
 

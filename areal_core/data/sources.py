@@ -22,6 +22,8 @@ from areal_core.data.records import Record, RecordError, describe_validation_err
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 SHARED_DATA_DIR = DATA_DIR.parents[1] / "shared" / "data"  # files not shipped: a shared/data folder next to the repo's
+# the call a LeetCode check() program ends with: check(Solution().method) takes Solution from the program
+_CHECK_CALL = re.compile(r"^check\(\s*([A-Za-z_]\w*)", re.MULTILINE)
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 _QWQ_SUFFIX = "\n" + MATH_INSTRUCTION
 _DSR_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
@@ -233,7 +235,7 @@ def _humaneval(path: str, name: str) -> list[Record]:
                 task="code",
                 prompt=prompt,
                 solution=stub + row.text("canonical_solution"),
-                tests=[{"testtype": "assert", "code": test, "prefix": stub}],
+                tests=[{"testtype": "assert", "code": test, "prefix": stub, "entry_point": entry}],
                 source=name,
                 meta={"entry_point": entry},
             )
@@ -247,13 +249,16 @@ def _leetcode(path: str, name: str) -> list[Record]:
         tests = row.data.get("tests")
         if not isinstance(tests, dict) or not isinstance(tests.get("functional"), str):
             raise row.fail("tests", "an object with a 'functional' check() program")
+        called = _CHECK_CALL.findall(tests["functional"])
+        if not called:
+            raise row.fail("tests", "a check() program ending in check(NAME...) (NAME: what it takes from the program)")
         out.append(
             row.record(
                 id=f"{name}/{i}",
                 task="code",
                 prompt=row.text("problem"),
                 solution=row.text("solutions"),
-                tests=[{"testtype": "assert", "code": tests["functional"]}],
+                tests=[{"testtype": "assert", "code": tests["functional"], "entry_point": called[-1]}],
                 source=name,
             )
         )

@@ -25,10 +25,10 @@ from areal_core.data.prompting import decode_response, encode_prompt
 from areal_core.data.records import Record
 from areal_core.eval.benchmarks import Benchmark, get_benchmark, load_benchmark, reference_response, reference_text
 from areal_core.eval.passk import maj_at_k, pass_at_k
-from areal_core.metrics import write_parquet_atomic
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
+from areal_core.run.metrics import write_parquet_atomic
 from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage.fsutil import write_json_atomic
 
@@ -51,7 +51,7 @@ def run_folder_of(checkpoint: str) -> str | None:
 def run_heldout(run_dir: str) -> tuple[Benchmark, Sampling]:
     """The held-out problems the run in ``run_dir`` measured itself on (``eval.n_problems`` of its
     data's held-out split), and the sampling it used for them (greedy by default)."""
-    from areal_core.datasets import load_records
+    from areal_core.data.datasets import load_records
     from areal_core.eval.heldout import heldout_sampling
     from areal_core.experiment import ExperimentConfig
     from areal_core.storage.fsutil import read_json

@@ -92,7 +92,7 @@ def evaluate_heldout(
     ``{"v<N>": {"accuracy", "n", "by_k", "tool_calls_mean", "wall_s"}, ...}``."""
     import time
 
-    from areal_core.datasets import load_records, to_prompts
+    from areal_core.data.datasets import load_records, to_prompts
     from areal_core.episodes.config import make_episode
     from areal_core.eval.harness import load_tokenizer
     from areal_core.eval.heldout import heldout_sampling

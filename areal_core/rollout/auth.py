@@ -137,7 +137,7 @@ class ServerAuthConfig(Section):
     sources; neither: the servers must be open, and ``allow_unauthenticated`` must say so)."""
 
     # a file holding the servers' key, readable by its owner alone (mode 0600), e.g. the one the
-    # rollout-servers pool writes (areal_core/serve.py)
+    # rollout-servers pool writes (areal_core/ops/serve.py)
     api_key_file: str | None = None
     # the name of an environment variable holding the servers' key (the key itself never goes in a config)
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -86,8 +86,8 @@ def _prompt_lengths(cfg) -> dict[str, int]:
 @functools.lru_cache(maxsize=4)
 def _prompt_lengths_of(model_name: str, data_json: str) -> dict[str, int]:
     from areal_core.data.config import DataConfig
+    from areal_core.data.datasets import load_records
     from areal_core.data.prompting import encode_prompt
-    from areal_core.datasets import load_records
 
     if model_name == "tiny":
         from areal_core.models import build_char_tokenizer

@@ -150,7 +150,7 @@ def recommend(alternatives: list[Alternative], tolerance: float = 0.05) -> Alter
 
 def format_plan(alternatives: list[Alternative]) -> str:
     lines = [
-        # the busy shares under the cost ledger's stage names (areal_core/costs.py)
+        # the busy shares under the cost ledger's stage names (areal_core/run/costs.py)
         "| alternative | tokens/s | vs sync | staleness mean / max | rollout generating | trainer training |",
         "|---|---|---|---|---|---|",
     ]

@@ -244,7 +244,7 @@ class PlanOutcome:
 
 def _ledger_lines(run_dir: str) -> str:
     """The cost ledger of the run the lengths came from, in the stages the plan's columns name."""
-    from areal_core.costs import describe_shares, shares
+    from areal_core.run.costs import describe_shares, shares
 
     path = Path(run_dir, "summary.json")
     totals = json.loads(path.read_text()).get("cost") if path.is_file() else None

@@ -142,7 +142,7 @@ def model_overrides(args) -> dict:
 
 def load_setup(args) -> Setup:
     """Load the model once (float32 on the CPU), its tokenizer and the task's prompts."""
-    from areal_core.datasets import load_records, to_prompts
+    from areal_core.data.datasets import load_records, to_prompts
     from areal_core.device import resolve_device, resolve_dtype
     from areal_core.experiment import load_config
     from areal_core.models import load_base_model

@@ -90,7 +90,7 @@ def rl_part(args) -> dict:
 
     from areal_core.device import resolve_device
     from areal_core.experiment import load_config
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     device = resolve_device(args.device)
     probe = None

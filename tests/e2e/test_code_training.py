@@ -31,7 +31,7 @@ HALF = functional([(0, 0), (1, 3), (5, 10), (-3, -7)])  # PROGRAM passes tests 0
 
 
 def test_prompts_carry_the_records_tests():
-    from areal_core.datasets import to_prompts
+    from areal_core.data.datasets import to_prompts
     from areal_core.models.tokenizer import build_char_tokenizer
 
     recs = [
@@ -61,7 +61,7 @@ class _Recorder:
 
 
 def _controller(prompts, rewards, reward_correct=5.0, reward_wrong=-5.0):
-    from areal_core.buffer import ReplayBuffer
+    from areal_core.controller.buffer import ReplayBuffer
 
     settings = ControllerSettings(
         batch_size=2,
@@ -220,7 +220,7 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from areal_core.buffer import ReplayBuffer
+    from areal_core.controller.buffer import ReplayBuffer
     from areal_core.reward.service import RewardService
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.weight_transport import DiskTransport

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from areal_core.experiment import load_config
-from areal_core.run import RunStopped, run_experiment
+from areal_core.run.setup import RunStopped, run_experiment
 
 HERE = Path(__file__).resolve().parents[1]
 # 1 USD per second of a rollout server: the first step spends the budget of 0.01 USD

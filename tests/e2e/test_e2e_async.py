@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from areal_core.experiment import load_config
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket
 from infra.s3 import MotoS3Server

@@ -15,7 +15,7 @@ from areal_core.controller.elastic import announce
 from areal_core.experiment import load_config
 from areal_core.models import build_char_tokenizer, build_tiny
 from areal_core.rollout.backends.embedded.launcher import start_server
-from areal_core.run import RunStopped, run_experiment
+from areal_core.run.setup import RunStopped, run_experiment
 from areal_core.storage import CheckpointStore
 
 HERE = Path(__file__).resolve().parents[1]  # tests/

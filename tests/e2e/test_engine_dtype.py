@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from areal_core.experiment import load_config
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 SYNC = {"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 2}

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from areal_core.experiment import load_config
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache
     """Evaluating a run's final checkpoint without further settings scores the run's own held-out
     problems with its own sampling: the number `train` printed, problem for problem."""
     from areal_core.experiment import load_config
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml")
     run = tmp_path / "run"

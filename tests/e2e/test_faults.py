@@ -25,7 +25,7 @@ import pandas as pd
 import psutil
 import pytest
 
-import areal_core.run as run_module
+import areal_core.run.setup as run_module
 from areal_core.controller.generation import Generator
 from areal_core.experiment import load_config
 from areal_core.reward.service import RewardService

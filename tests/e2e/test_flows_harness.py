@@ -220,7 +220,7 @@ def test_provision_with_s3_credentials_from_a_block(prefect_harness, monkeypatch
 
 def test_train_task_retry_resumes(prefect_harness, tmp_path, monkeypatch):
     """A failed training task is retried once, and the retry asks run_experiment to resume."""
-    import areal_core.run
+    import areal_core.run.setup
     from flows.train import train
 
     calls = []
@@ -248,7 +248,7 @@ def test_train_task_retry_resumes(prefect_harness, tmp_path, monkeypatch):
             "checkpoints": f"{run_dir}/checkpoints",
         }
 
-    monkeypatch.setattr(areal_core.run, "run_experiment", fake_run_experiment)
+    monkeypatch.setattr(areal_core.run.setup, "run_experiment", fake_run_experiment)
     out = train(config_path=CONFIG, run_dir=str(tmp_path / "r"), max_steps=1)
     assert calls == [False, True] and out["accuracy_after"] == 0.2
 

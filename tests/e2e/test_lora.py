@@ -11,15 +11,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from areal_core.export import ExportError, export_checkpoint
 from areal_core.rollout.backends.embedded.engine import RolloutEngine
 from areal_core.rollout.backends.embedded.weight_receiver import check_weights
 from areal_core.rollout.weight_transport import DiskTransport, TensorTransport, named_weights
-from areal_core.run_checkpoints import restore_weights
+from areal_core.run.checkpoints import restore_weights
 from areal_core.storage import CheckpointStore, CheckpointWriter
 from areal_core.storage.snapshot import snapshot_files
 from areal_core.trainer import lora
 from areal_core.trainer.config import LORA_TARGETS, LoraConfig, TrainerConfig
+from areal_core.trainer.export import ExportError, export_checkpoint
 from areal_core.trainer.packed_forward import response_logprobs
 from areal_core.trainer.trainer import Trainer
 from areal_core.types import Trajectory

@@ -16,17 +16,17 @@ import torch
 from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM
 
-from areal_core.datasets import load_records, to_prompts
+from areal_core.data.datasets import load_records, to_prompts
 from areal_core.experiment import load_config
-from areal_core.export import export_checkpoint
 from areal_core.models import build_char_tokenizer
 from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded import launcher
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.backends.embedded.engine import RolloutEngine
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 from areal_core.storage import CheckpointStore
 from areal_core.trainer import lora
+from areal_core.trainer.export import export_checkpoint
 from areal_core.trainer.packed_forward import response_logprobs
 
 pytestmark = pytest.mark.nightly  # a LoRA run with servers and its resume: make test-nightly (CI runs it)

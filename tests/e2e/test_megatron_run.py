@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra; make setup)")
 
 from areal_core.experiment import ConfigError, load_config
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 MEGATRON_TP2 = {"kind": "megatron", "tensor_parallel_size": 2, "processes": 2}

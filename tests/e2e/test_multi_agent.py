@@ -1,4 +1,4 @@
-"""Several agents in one run (areal_core/agents.py): the routing table follows the top-k moving-average
+"""Several agents in one run (areal_core/controller/agents.py): the routing table follows the top-k moving-average
 rewards every M steps (ties by config order); only trainable-routed answers reach the trainer; the
 frozen policy's server never gets weights; per-agent metrics; a state saved without agents loads."""
 
@@ -9,13 +9,13 @@ import math
 import pandas as pd
 import pytest
 
-from areal_core.agents import FROZEN, TRAINABLE, AgentRouter, MultiAgentConfig, agent_prompter, rank_agents
-from areal_core.buffer import ReplayBuffer
 from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.controller.agents import FROZEN, TRAINABLE, AgentRouter, MultiAgentConfig, agent_prompter, rank_agents
+from areal_core.controller.buffer import ReplayBuffer
 from areal_core.experiment import ConfigError, load_config, parse_config
-from areal_core.metrics import RunLog, ledger_rows
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
+from areal_core.run.metrics import RunLog, ledger_rows
 from areal_core.types import Prompt, Trajectory
 from tests.fake_servers import RecordingTransport, ScriptedServer
 
@@ -148,8 +148,8 @@ def test_frozen_policy_needs_an_embedded_server_and_v0_kept():
 
 
 def test_agent_prompter_puts_the_prefix_before_the_prompt_text():
+    from areal_core.data.datasets import to_prompts
     from areal_core.data.records import Record
-    from areal_core.datasets import to_prompts
     from areal_core.models import build_char_tokenizer
 
     tok = build_char_tokenizer()
@@ -334,7 +334,7 @@ class _Crash(Exception):
 @pytest.mark.slow
 @pytest.mark.nightly
 def test_multi_agent_run_end_to_end_and_resumed(tmp_path, monkeypatch, warm_cache):
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
     from areal_core.trainer.trainer import Trainer
 
     seen: list[Trajectory] = []

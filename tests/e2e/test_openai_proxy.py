@@ -379,7 +379,7 @@ def test_a_short_real_run_through_the_controller(tmp_path, warm_cache):
     import pandas as pd
 
     from areal_core.experiment import load_config
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     cfg = load_config(
         "tests/data/e2e.yaml",
@@ -450,7 +450,7 @@ def test_a_real_run_whose_conversations_outgrow_the_micro_batch_goes_on(tmp_path
     import pandas as pd
 
     from areal_core.experiment import load_config
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     budget = 44
     cfg = load_config(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from areal_core.experiment import load_config
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 from flows.cli import main
 
 HERE = Path(__file__).resolve().parents[1]

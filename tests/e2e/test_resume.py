@@ -16,12 +16,12 @@ import pandas as pd
 import psutil
 import pytest
 
-from areal_core.datasets import load_records
+from areal_core.controller.prompt_sampling import PromptStream
+from areal_core.data.datasets import load_records
 from areal_core.experiment import load_config
-from areal_core.prompt_sampling import PromptStream
 from areal_core.rollout.backend import Sampling
 from areal_core.rollout.weight_transport import DiskTransport
-from areal_core.run import run_experiment
+from areal_core.run.setup import run_experiment
 from areal_core.storage import CheckpointStore, run_state
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
@@ -215,8 +215,8 @@ def test_partial_answer_is_continued_not_restarted(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings
+    from areal_core.controller.buffer import ReplayBuffer
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 
@@ -308,8 +308,8 @@ def test_snapshot_takes_partial_outputs_read_during_the_step(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings
+    from areal_core.controller.buffer import ReplayBuffer
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
 

@@ -1,4 +1,4 @@
-"""A rollout server pool kept up on its own (areal_core.serve, flows/serve.py): real embedded
+"""A rollout server pool kept up on its own (areal_core.ops.serve, flows/serve.py): real embedded
 servers, a real generation through them, a killed server brought back, and the Prefect flow
 publishing the URLs in a Variable while they are up."""
 
@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from areal_core.experiment import load_config
+from areal_core.ops.serve import serve_rollout
 from areal_core.rollout.backend import Sampling
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
-from areal_core.serve import serve_rollout
 from tests.e2e.test_rollout_server import tiny_qwen2
 
 CONFIG = "tests/data/e2e.yaml"
@@ -93,7 +93,7 @@ def test_hold_counts_from_when_the_servers_are_up(model_dir, tmp_path, monkeypat
     after on_up, and is health-checked in that time."""
     import contextlib
 
-    import areal_core.serve as serve
+    import areal_core.ops.serve as serve
 
     class SlowBackend:
         name, restartable, api_key = "slow", False, "k"

@@ -508,7 +508,7 @@ def test_a_training_run_through_the_sglang_client(tmp_path, warm_cache):
     fields, weights by the disk transport wrapped in pause/continue, every trajectory once."""
     from areal_core.experiment import load_config
     from areal_core.models import build_char_tokenizer
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     s = SGLangContractStandIn(weight_version="0", step_s=0.0005, vocab=len(build_char_tokenizer()), api_key="its-key")
     s.start()

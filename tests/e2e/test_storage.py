@@ -371,7 +371,7 @@ def test_extra_files_publish_with_the_version_and_are_checked(tmp_path, tokenize
 
 def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, monkeypatch):
     """A crash while publishing step 2 (its state written, its manifest not) leaves step 1's state."""
-    from areal_core.metrics import RunLog
+    from areal_core.run.metrics import RunLog
     from areal_core.storage import run_state
 
     store = CheckpointStore(str(tmp_path / "ckpt"))

@@ -259,7 +259,7 @@ def test_heldout_with_tools_command():
 @pytest.mark.nightly
 def test_tool_episode_runs_end_to_end(tmp_path, warm_cache):
     from areal_core.experiment import load_config
-    from areal_core.run import run_experiment
+    from areal_core.run.setup import run_experiment
 
     cfg = load_config(
         "tests/data/e2e.yaml",

@@ -142,7 +142,7 @@ def test_areal_config_sync_and_async():
         assert cfg.trainer.batch_size == 32 and cfg.rollout.n_samples == 4
         assert cfg.rollout.sampling.max_new_tokens == 64 and cfg.model.name == "/m"
         assert cfg.rollout.torch_threads == 1 and cfg.trainer.torch_threads is None  # the default split
-    from areal_core.run import trainer_torch_threads
+    from areal_core.run.setup import trainer_torch_threads
 
     # sync: generation is idle while the trainer works, so it gets both cores; async: the one left
     assert [trainer_torch_threads(c, inputs.CORES) for c in (sync, asyn)] == [2, 1]

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from areal_core.algo import staleness_allows
-from areal_core.buffer import BufferClosed, ReplayBuffer
+from areal_core.controller.buffer import BufferClosed, ReplayBuffer
 from areal_core.types import Trajectory
 
 

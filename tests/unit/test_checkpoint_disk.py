@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import pytest
 
-from areal_core.run_checkpoints import disk_warning
+from areal_core.run.checkpoints import disk_warning
 from areal_core.storage import CheckpointStore
 from areal_core.storage.config import StorageConfig
 from areal_core.storage.writer import WriteResult

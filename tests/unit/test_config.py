@@ -140,7 +140,7 @@ def test_missing_model_or_dataset_names_where_it_was_set(tmp_path):
 
 
 def test_trainer_threads_default_split():
-    from areal_core.run import trainer_torch_threads
+    from areal_core.run.setup import trainer_torch_threads
 
     base = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
     sync = load_config(base, {"trainer.eta": 0, "rollout.weight_update": "drain"})
@@ -166,10 +166,10 @@ def test_micro_batch_must_hold_a_whole_trajectory(tmp_path):
 def test_longest_prompt_is_checked_against_the_micro_batch_budget_before_the_model(tmp_path, monkeypatch):
     """Prompt + max_new_tokens above the budget would fail in the middle of training (allocate_microbatches
     refuses a sequence longer than the budget); it fails before the warm start instead, naming the record."""
-    from areal_core import run as run_module
+    from areal_core.run import setup as run_module
     from areal_core.algo import allocate_microbatches
+    from areal_core.data.datasets import to_prompts
     from areal_core.data.synthetic import ChainTask
-    from areal_core.datasets import to_prompts
     from areal_core.models import build_char_tokenizer
 
     def no_model(*a, **k):

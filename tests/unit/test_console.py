@@ -8,7 +8,7 @@ import sys
 
 from tqdm.auto import tqdm
 
-from areal_core.run_loop import logs_above_the_bar
+from areal_core.run.loop import logs_above_the_bar
 
 
 def _console(monkeypatch, redirect: bool) -> list[str]:

@@ -95,7 +95,7 @@ def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_
 
 
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
-    from areal_core.run import trainer_torch_threads
+    from areal_core.run.setup import trainer_torch_threads
 
     def lent(sets: dict, cores: int, device=CPU, dtype=torch.bfloat16) -> int:
         cfg = load_config(QUICKSTART, sets)

@@ -1,4 +1,4 @@
-"""The cost ledger's arithmetic (areal_core/costs.py) against hand-computed figures."""
+"""The cost ledger's arithmetic (areal_core/run/costs.py) against hand-computed figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from areal_core.costs import CostConfig, CostLedger, summary
+from areal_core.run.costs import CostConfig, CostLedger, summary
 
 
 def figures(busy, gate, again=0, n=2):
@@ -90,7 +90,7 @@ def test_a_budget_needs_prices():
 def test_the_planner_shows_a_runs_ledger_in_its_own_stage_names(tmp_path):
     import json
 
-    from areal_core.costs import describe_shares, shares
+    from areal_core.run.costs import describe_shares, shares
     from areal_core.sim.request import _ledger_lines
 
     totals = {

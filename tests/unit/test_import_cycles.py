@@ -166,7 +166,7 @@ def describe(cycles) -> str:
 
 def test_parser_sees_the_package():
     files = module_files()
-    assert "areal_core.run" in files and "areal_core.rollout.backends" in files
+    assert "areal_core.run.setup" in files and "areal_core.rollout.backends" in files
     edges = import_edges()
     assert any(e.in_function for e in edges)  # function-level imports are read
     assert len({e.src for e in edges}) > len(files) // 2

@@ -5,9 +5,9 @@ over the policy's tokens only), with a control that the mask matters."""
 import pytest
 import torch
 
-from areal_core.metrics import ledger_rows
 from areal_core.models import build_char_tokenizer, build_tiny
 from areal_core.models.config import TinyArch
+from areal_core.run.metrics import ledger_rows
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.step_parts import ppo_loss, prepare_batch
 from areal_core.trainer.trainer import Trainer

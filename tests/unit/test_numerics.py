@@ -20,7 +20,7 @@ from areal_core.numerics import (
     require_repeatable,
     same_kernels,
 )
-from areal_core.replay import weight_difference
+from areal_core.run.replay import weight_difference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_core.prompt_sampling import BucketCurriculum, PromptStream, describe_mix
+from areal_core.controller.prompt_sampling import BucketCurriculum, PromptStream, describe_mix
 from areal_core.rollout.backend import Sampling
 
 
@@ -125,8 +125,8 @@ def test_curriculum_rejects_bad_settings_and_results():
 
 
 def test_curriculum_names_a_record_without_the_field():
+    from areal_core.data.datasets import bucket
     from areal_core.data.records import Record
-    from areal_core.datasets import bucket
 
     rec = Record(id="math-17", task="math", prompt="1+1?", answer="2", meta={"subject": "algebra"})
     with pytest.raises(
@@ -157,8 +157,8 @@ class _ByReference:
 def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
     """Scripted servers (tests/fake_servers.py): what is tested is the controller's bookkeeping, not
     generation; the grades follow each prompt's kind."""
-    from areal_core.buffer import ReplayBuffer
     from areal_core.controller import ControllerSettings, RolloutController, Servers
+    from areal_core.controller.buffer import ReplayBuffer
     from areal_core.types import Prompt
     from tests.fake_servers import RecordingTransport, scripted_servers
 

@@ -1,4 +1,4 @@
-"""The comparison report (areal_core.report), the sweep grid and data preparation: no Prefect, no training."""
+"""The comparison report (areal_core.report.compare), the sweep grid and data preparation: no Prefect, no training."""
 
 import json
 import os
@@ -10,8 +10,15 @@ import pytest
 
 from areal_core.data.prepare import prepare
 from areal_core.data.records import RecordError, read_records
-from areal_core.report import CSV_COLUMNS, PLOTS, ReportError, eval_dir_for_checkpoint, eval_dir_for_run, write_report
-from areal_core.sweep import plan_points, sweep_points
+from areal_core.report.compare import (
+    CSV_COLUMNS,
+    PLOTS,
+    ReportError,
+    eval_dir_for_checkpoint,
+    eval_dir_for_run,
+    write_report,
+)
+from areal_core.run.sweep import plan_points, sweep_points
 from tasks.events import should_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -201,7 +208,7 @@ def test_prepare_synthetic_and_bad_rows(tmp_path, monkeypatch):
 def test_sweep_freezes_its_config(tmp_path):
     """Every run of a sweep loads the frozen copy: editing the original mid-sweep changes nothing."""
     from areal_core.experiment import load_config
-    from areal_core.sweep import freeze_config
+    from areal_core.run.sweep import freeze_config
 
     src = tmp_path / "exp.yaml"
     src.write_text((Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml").read_text())
@@ -214,7 +221,7 @@ def test_sweep_freezes_its_config(tmp_path):
 def test_report_plots_read_right(tmp_path):
     """Whole-number axes, a zoomed accuracy axis, a histogram binned on whole tokens, staleness bars
     centred on their values: the plots of a short sweep read right."""
-    from areal_core.report import (
+    from areal_core.report.compare import (
         length_bins,
         load_run,
         plot_accuracy,

@@ -86,7 +86,7 @@ def claim_run_dir(name: str, started: datetime | None = None) -> str:
 def check_inputs(cfg) -> None:
     """What a run reads before it starts: records files (every line) and a rollout backend's venv."""
     if not (cfg.data.dataset == "synthetic" and cfg.data.eval_dataset is None):
-        from areal_core.datasets import load_records
+        from areal_core.data.datasets import load_records
 
         try:
             load_records(cfg.data)

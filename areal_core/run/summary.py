@@ -10,12 +10,12 @@ from typing import TypedDict
 
 import torch
 
-from areal_core.costs import describe as cost_line
-from areal_core.costs import summary as cost_summary
 from areal_core.experiment import ExperimentConfig
-from areal_core.metrics import RunLog, check_ledger
 from areal_core.rollout.weight_layout import dtype_name
-from areal_core.run_loop import LoopResult
+from areal_core.run.costs import describe as cost_line
+from areal_core.run.costs import summary as cost_summary
+from areal_core.run.loop import LoopResult
+from areal_core.run.metrics import RunLog, check_ledger
 
 
 class Percentiles(TypedDict):

@@ -28,19 +28,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from areal_core.agents import AgentRouter, agent_prompter
-from areal_core.buffer import ReplayBuffer
 from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.controller.agents import AgentRouter, agent_prompter
+from areal_core.controller.buffer import ReplayBuffer
 from areal_core.controller.elastic import url_list
-from areal_core.costs import CostLedger
-from areal_core.costs import write_parquet as write_costs
+from areal_core.data.datasets import bucket, load_records, to_prompts
 from areal_core.data.prompting import decode_response
-from areal_core.datasets import bucket, load_records, to_prompts
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
 from areal_core.eval.heldout import evaluate_prompts, heldout_sampling
 from areal_core.experiment import ExperimentConfig, upgraded_config
-from areal_core.metrics import RunLog
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
 from areal_core.numerics import cpu_kind, require_repeatable
@@ -49,17 +46,20 @@ from areal_core.rollout.auth import new_key
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
-from areal_core.run_checkpoints import RunCheckpoints, restore_weights
-from areal_core.run_folder import check_run_folder
-from areal_core.run_loop import Loop, WeightPublisher, train_steps
-from areal_core.run_summary import build_summary
-from areal_core.schedule import ScheduleLog
+from areal_core.run.budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
+from areal_core.run.checkpoints import RunCheckpoints, restore_weights
+from areal_core.run.costs import CostLedger
+from areal_core.run.costs import write_parquet as write_costs
+from areal_core.run.folder import check_run_folder
+from areal_core.run.loop import Loop, WeightPublisher, train_steps
+from areal_core.run.metrics import RunLog
+from areal_core.run.schedule import ScheduleLog
+from areal_core.run.summary import build_summary
 from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer import lora
 from areal_core.trainer.backends import make_trainer
 from areal_core.trainer.core_lending import CoreLending, lent_threads
-from areal_core.trajectory_budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,9 @@ def _run_experiment(
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     check_trajectory_budget(cfg, train_prompts)
     eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
-    ma = cfg.multi_agent  # several agents: each group is one agent's, routed by reward (areal_core/agents.py)
+    ma = (
+        cfg.multi_agent
+    )  # several agents: each group is one agent's, routed by reward (areal_core/controller/agents.py)
     agents = AgentRouter.from_config(ma) if ma is not None else None
     prompter = agent_prompter(ma.agents, train_records, tokenizer) if ma is not None else None
     check_agent_budget(cfg, train_prompts, prompter)

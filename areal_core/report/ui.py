@@ -19,7 +19,7 @@ import re
 
 import pandas as pd
 
-from areal_core.report import _integer_ticks, _smooth
+from areal_core.report.compare import _integer_ticks, _smooth
 from areal_core.storage.fsutil import filesystem, join
 
 UI_DPI = 80  # the UI shows the plots at about 1000 px wide: enough, and small artifacts
@@ -65,7 +65,7 @@ def md_table(header: tuple[str, ...], rows: list[tuple]) -> str:
 # -- a training run ------------------------------------------------------------------------------
 def run_evaluations(run_dir: str) -> pd.DataFrame:
     """pass@1 of the run's evaluated checkpoints (``<run>/evals/v<N>/summary.json``): version, bench, pass@1."""
-    from areal_core.report import _read_evals
+    from areal_core.report.compare import _read_evals
 
     return _read_evals(run_dir).rename(columns={"accuracy": "pass@1"})
 

@@ -1,6 +1,6 @@
 """Compare finished runs: a markdown report with tables and PNG plots (pandas + matplotlib).
 
-Input: run folders written by ``areal_core.run.run_experiment`` (``summary.json``,
+Input: run folders written by ``areal_core.run.setup.run_experiment`` (``summary.json``,
 ``metrics.parquet``, ``ledger.parquet``, ``config.json``), optionally with checkpoint
 evaluations under ``<run>/evals/v<N>/summary.json`` (``areal_core.eval.harness``).
 Output, in ``out_dir`` (a folder or fsspec URL), every file written atomically:

@@ -24,17 +24,17 @@ import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from areal_core.agents import FROZEN, AgentRouter
-from areal_core.buffer import BufferClosed, ReplayBuffer
 from areal_core.controller import RolloutController
+from areal_core.controller.agents import FROZEN, AgentRouter
+from areal_core.controller.buffer import BufferClosed, ReplayBuffer
 from areal_core.controller.elastic import ServersShort
 from areal_core.controller.generation import trajectory_seed
-from areal_core.costs import CostLedger
-from areal_core.metrics import RunLog, ledger_rows
+from areal_core.controller.prompt_sampling import describe_mix
 from areal_core.models.digest import weights_sha256
-from areal_core.prompt_sampling import describe_mix
-from areal_core.run_checkpoints import RunCheckpoints
-from areal_core.schedule import CHECKPOINT_FILE, ScheduleLog
+from areal_core.run.checkpoints import RunCheckpoints
+from areal_core.run.costs import CostLedger
+from areal_core.run.metrics import RunLog, ledger_rows
+from areal_core.run.schedule import CHECKPOINT_FILE, ScheduleLog
 from areal_core.storage import run_state
 from areal_core.trainer.base import StepResult, TrainEngine
 from areal_core.trainer.core_lending import CoreLending

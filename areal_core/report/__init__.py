@@ -1,0 +1,1 @@
+"""Reports that compare finished runs: tables and plots (``compare``), and the Prefect UI's artifacts (``ui``)."""
