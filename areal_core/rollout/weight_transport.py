@@ -35,7 +35,7 @@ from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.client import RolloutServerError, run_all
 from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
-from areal_core.trainer import lora
+from areal_core.trainer.published import published
 
 
 class TransportUnsupported(RuntimeError):
@@ -47,14 +47,10 @@ def named_weights(
 ) -> dict[str, torch.Tensor]:
     """What ``model`` sends to the servers, by name. A full model: its parameters, a tied one once
     (what the servers' models expect). A LoRA model: with ``adapters`` (servers running our engine,
-    which merges them) only ``lora_A`` and the pre-scaled ``lora_B`` of each adapted module
-    (``lora.wire_adapters``, float32 whatever the servers run); without (servers that load whole
-    named weights: SGLang, vLLM through disk) the full weights with the adapters merged
-    (``lora.merged_weights``). Whole weights are cast to ``dtype``, the servers' (None: as they are)."""
-    if lora.is_lora(model) and adapters:
-        return lora.wire_adapters(model)
-    named = lora.merged_weights(model) if lora.is_lora(model) else {n: p.detach() for n, p in model.named_parameters()}
-    return {n: t if dtype is None or not t.is_floating_point() else t.to(dtype) for n, t in named.items()}
+    which merges them) only the adapters, in float32 whatever the servers run; without (servers that
+    load whole named weights: SGLang, vLLM through disk) the full weights with the adapters merged
+    (``trainer/published.py``). Whole weights are cast to ``dtype``, the servers' (None: as they are)."""
+    return published(model).pushed(model, adapters, dtype)
 
 
 class WeightTransport(ABC):
@@ -148,12 +144,9 @@ class DiskTransport(WeightTransport):
     def _stage(self, model: torch.nn.Module, version: int) -> None:
         dest = os.path.join(self.folder, f"v{version}")
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-        if lora.is_lora(model):
-            merged = lora.merged_weights(model)
-            with lora.without_adapters(model):  # the base's layout, the merged values
-                model.save_pretrained(tmp, state_dict=merged)
-        else:
-            model.save_pretrained(tmp)
+        state, layout = published(model).loadable(model)  # (adapters: the base's layout, the merged values)
+        with layout as m:
+            m.save_pretrained(tmp, state_dict=state)
         self.staged_bytes = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(tmp) for n in ns)
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)  # a server never sees a half-written folder

@@ -5,9 +5,9 @@ state (``write``: the copy is cheap; the write runs on the writer's thread while
 on, and ``write`` blocks only while the previous write is still running), and hears about
 finished writes at its next call (``poll``), so callbacks run on the training thread.
 
-A LoRA run (``trainer.lora``) checkpoints only its adapters (``storage/adapters.py``): v0 is the
-base, every later version adapters against it; :func:`restore_weights` puts a version back into
-the trainer's model either way.
+What a checkpoint holds is the trained model's to say (``trainer/published.py``): all its weights,
+or the adapters against the base v0 where only adapters train; :func:`restore_weights` puts a
+version back into the trainer's model either way.
 """
 
 from __future__ import annotations
@@ -20,15 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
-from safetensors.torch import load as load_safetensors
 
-from areal_core.rollout.model_io import apply_weights, read_weights
 from areal_core.storage import CheckpointStore
-from areal_core.storage.adapters import ADAPTER_FILE
 from areal_core.storage.config import StorageConfig, checkpoint_due
-from areal_core.storage.snapshot import cpu_copy, snapshot_files, snapshot_model
 from areal_core.storage.writer import CheckpointWriter, WriteResult
-from areal_core.trainer import lora
+from areal_core.trainer.published import published
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +53,12 @@ class RunCheckpoints:
     def write(self, step: int, model: torch.nn.Module, resume_files: dict[str, bytes], final: bool = False) -> float:
         """Queue checkpoint ``step`` (version = step; the final one full, whatever the format);
         returns how long it waited for the previous one."""
-        if lora.is_lora(model):  # the adapters alone (the base is v0's)
-            tensors = {n: cpu_copy(t) for n, t in lora.adapter_tensors(model).items()}
-            files, config = snapshot_files(model, self.tokenizer), lora.adapter_config(model)
-        else:
-            (tensors, files), config = snapshot_model(model, self.tokenizer), None
-        files.update(resume_files)
+        parts = published(model).checkpoint(model, self.tokenizer)
+        files = {**parts.files, **resume_files}
         self._pending.append(
-            self.writer.submit(step, tensors, files, meta={"step": step}, full=final, adapter_config=config)
+            self.writer.submit(
+                step, parts.tensors, files, meta={"step": step}, full=final, adapter_config=parts.adapter_config
+            )
         )
         self.last_step, self.last_time = step, time.monotonic()
         self.poll()
@@ -123,15 +117,6 @@ def _mb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-@torch.no_grad()
 def restore_weights(store: CheckpointStore, model: torch.nn.Module, version: int) -> None:
-    """Load checkpoint ``version`` into ``model``: its full weights; for a LoRA model the base from
-    v0 and, after v0, the adapters the version holds (v0's are the fresh ones ``apply_lora`` made)."""
-    if not lora.is_lora(model):
-        apply_weights(model, read_weights(model, store.local_copy(version)))
-        return
-    with lora.without_adapters(model):
-        apply_weights(model, read_weights(model, store.local_copy(lora.BASE_VERSION)))
-    if version != lora.BASE_VERSION:
-        saved = load_safetensors(store.read_file(version, ADAPTER_FILE))
-        lora.load_adapters(model, saved, f"{store.version_url(version)}/{ADAPTER_FILE}")
+    """Load checkpoint ``version`` into ``model``, as the model publishes itself (``trainer/published.py``)."""
+    published(model).restore(store, model, version)

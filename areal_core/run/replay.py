@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -44,8 +45,8 @@ from areal_core.run.checkpoints import RunCheckpoints, restore_weights
 from areal_core.run.metrics import RunLog
 from areal_core.run.schedule import ScheduleError, read_meta, read_step
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
-from areal_core.trainer import lora
 from areal_core.trainer.backends import make_trainer
+from areal_core.trainer.published import as_base, stored_base, trainable
 
 # what a counterfactual may change: the trainer's objective and optimisation, not what was trained
 FIXED_TRAINER_KEYS = ("trainer.batch_size", "trainer.eta", "trainer.max_steps", "trainer.lora", "trainer.backend")
@@ -73,13 +74,103 @@ def _config(original: dict, overrides: dict) -> ExperimentConfig:
 
 
 def _model(cfg: ExperimentConfig, store: CheckpointStore, version: int, dtype: torch.dtype) -> torch.nn.Module:
-    """The trainer's model at checkpoint ``version``, in ``dtype``, built from the checkpoints alone (no warm start)."""
-    model = load_model(store.local_copy(0 if cfg.trainer.lora is not None else version), dtype)
-    if cfg.trainer.lora is not None:
-        lc = cfg.trainer.lora
-        lora.apply_lora(model, lc.rank, lc.alpha, lc.targets, seed=cfg.seed)
+    """The trainer's model at checkpoint ``version``, in ``dtype``, built from the checkpoints alone (no
+    warm start), as the trainer trains it."""
+    base = stored_base(cfg.trainer, version)
+    model = trainable(load_model(store.local_copy(base), dtype), cfg.trainer, cfg.seed)
+    if base != version:
         restore_weights(store, model, version)
     return model
+
+
+@dataclass
+class _Original:
+    """The run being replayed: its folder, config (with a counterfactual's overrides), schedule
+    metadata, checkpoints and recorded step figures."""
+
+    dir: Path
+    cfg: ExperimentConfig
+    overrides: dict
+    meta: dict
+    store: CheckpointStore
+    metrics: pd.DataFrame | None
+    last_step: int
+
+    @property
+    def counterfactual(self) -> bool:
+        return bool(self.overrides)
+
+    def hashes(self) -> dict[int, str]:
+        """The weight hash of every step that recorded one."""
+        m = self.metrics
+        if m is None or "weights_sha256" not in m:
+            return {}
+        return {int(s): h for s, h in zip(m["step"], m["weights_sha256"]) if isinstance(h, str)}
+
+    def rows(self) -> dict[int, dict]:
+        return {} if self.metrics is None else {int(r["step"]): r for r in self.metrics.to_dict("records")}
+
+
+def _read_original(run_dir: Path, out_dir: Path, from_step: int, overrides: dict) -> _Original:
+    """The original run, or a :class:`ReplayError` saying why it cannot be replayed into ``out_dir``."""
+    if out_dir.resolve() == run_dir.resolve():
+        raise ReplayError("--out must be a new folder, not the original run's")
+    if (out_dir / "summary.json").exists():
+        raise ReplayError(f"{out_dir} already holds a run (summary.json); choose another --out")
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        meta = read_meta(run_dir)
+    except (FileNotFoundError, ScheduleError) as e:
+        raise ReplayError(f"{run_dir}: not a run folder that can be replayed ({e})") from None
+    cfg = _config(config, overrides)
+    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
+    if from_step not in store.versions():
+        raise ReplayError(
+            f"--from-step {from_step}: the run has no checkpoint v{from_step} "
+            f"(it has {', '.join(f'v{v}' for v in store.versions()) or 'none'})"
+        )
+    metrics = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").exists() else None
+    last = int(metrics["step"].max()) if metrics is not None and len(metrics) else from_step
+    return _Original(run_dir, cfg, overrides, meta, store, metrics, last)
+
+
+@dataclass
+class _Verdicts:
+    """What a replay finds, step by step: the checkpoints' hashes against the original's, the first
+    step whose figures differ, and (tolerant) the final weights' distance."""
+
+    original: _Original
+    say: Callable[[str], None]
+    hint: str
+    checks: list[dict] = field(default_factory=list)
+    first_difference: dict | None = None
+    final_distance: dict | None = None
+
+    def figures(self, step: int, row: dict, recorded: dict | None) -> None:
+        if self.first_difference is None and not self.original.counterfactual:
+            self.first_difference = _figure_difference(step, recorded, row)
+            if self.first_difference is not None:
+                self.say(_difference_line(self.first_difference))
+
+    def checkpoint(self, step: int, digest: str, model) -> bool:
+        """Check the weights at ``step``; whether an exact replay differs here."""
+        o = self.original
+        check = _check(step, digest, o.hashes().get(step), o.counterfactual, self.say, hint=self.hint)
+        self.checks.append(check)
+        differs = check["original_sha256"] is not None and not check["match"] and not o.counterfactual
+        if differs:
+            check["weights"] = _compare_with_original(o.cfg, o.store, step, model, self.say)
+        return differs
+
+    def finish(self, tolerant: bool) -> None:
+        if not (tolerant and self.checks and not self.checks[-1]["match"]) or self.original.counterfactual:
+            return
+        self.final_distance = self.checks[-1].get("weights")
+        if self.final_distance:
+            self.say(
+                f"final weights (v{self.checks[-1]['version']}) against the original's: relative L2 distance "
+                f"{self.final_distance['relative_l2']:.3g}, max abs {self.final_distance['max_abs']:.3g}"
+            )
 
 
 def replay(
@@ -96,154 +187,140 @@ def replay(
     """Replay ``run_dir`` from checkpoint ``from_step`` to step ``to_step`` (default: its last recorded
     step) into ``out_dir``; returns the summary (also ``out_dir/summary.json``).
 
-    ``threads``: the trainer's torch threads (None: torch's default, the machine's cores). The
-    torch trainer's results do not depend on it; every checkpoint's hash says so for this replay.
-    ``tolerant``: an exact replay whose weights differ from the original's trains on to ``to_step``
-    (and measures how far it drifts) instead of stopping at the first checkpoint that differs."""
+    ``threads``: the trainer's torch threads (None: all the cores where the trainer's arithmetic does
+    not depend on the count, else the original trainer's; every checkpoint's hash says whether the
+    weights came out the same). ``tolerant``: an exact replay whose weights differ from the original's
+    trains on to ``to_step`` (and measures how far it drifts) instead of stopping at the first
+    checkpoint that differs."""
     t0 = time.perf_counter()
-    run_dir, out_dir, overrides = Path(run_dir), Path(out_dir), dict(overrides or {})
-    if out_dir.resolve() == run_dir.resolve():
-        raise ReplayError("--out must be a new folder, not the original run's")
-    if (out_dir / "summary.json").exists():
-        raise ReplayError(f"{out_dir} already holds a run (summary.json); choose another --out")
-    try:
-        original = json.loads((run_dir / "config.json").read_text())
-        meta = read_meta(run_dir)
-    except (FileNotFoundError, ScheduleError) as e:
-        raise ReplayError(f"{run_dir}: not a run folder that can be replayed ({e})") from None
-    cfg = _config(original, overrides)
-    counterfactual = bool(overrides)
-    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
-    if from_step not in store.versions():
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    original = _read_original(run_dir, out_dir, from_step, dict(overrides or {}))
+    to_step = original.last_step if to_step is None else to_step
+    if not from_step < to_step <= original.last_step:
         raise ReplayError(
-            f"--from-step {from_step}: the run has no checkpoint v{from_step} "
-            f"(it has {', '.join(f'v{v}' for v in store.versions()) or 'none'})"
+            f"--to-step {to_step}: the run recorded steps 1..{original.last_step}; give a step after "
+            f"--from-step {from_step} and at most {original.last_step}"
         )
-    orig_metrics = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").exists() else None
-    last = int(orig_metrics["step"].max()) if orig_metrics is not None and len(orig_metrics) else from_step
-    to_step = last if to_step is None else to_step
-    if not from_step < to_step <= last:
-        raise ReplayError(
-            f"--to-step {to_step}: the run recorded steps 1..{last}; give a step after "
-            f"--from-step {from_step} and at most {last}"
-        )
-    hashes = (
-        {}
-        if orig_metrics is None or "weights_sha256" not in orig_metrics
-        else {int(s): h for s, h in zip(orig_metrics["step"], orig_metrics["weights_sha256"]) if isinstance(h, str)}
-    )
-
     require_repeatable()
     hf_logging.disable_progress_bar()  # (loading each checkpoint would draw one)
-    kinds = {"recorded_on": meta.get("numerics"), "replayed_on": cpu_kind()}
+    kinds = {"recorded_on": original.meta.get("numerics"), "replayed_on": cpu_kind()}
     say(_kinds_line(**kinds))
-    orig_rows = {} if orig_metrics is None else {int(r["step"]): r for r in orig_metrics.to_dict("records")}
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = cfg.model_dump(mode="json")
-    write_json_atomic(str(out_dir / "config.json"), config)
+    write_json_atomic(str(out_dir / "config.json"), original.cfg.model_dump(mode="json"))
     # the original trainer's dtype (model.dtype auto resolves by machine: a replay elsewhere keeps the original's)
-    dtype = getattr(torch, meta["dtype"]) if "dtype" in meta else model_dtype(cfg.model)[0]
-    model = _model(cfg, store, from_step, dtype)
-    out_store = CheckpointStore.from_config(
-        cfg.storage.model_copy(update={"url": None, "format": "full", "keep_last": None}), str(out_dir)
-    )
+    meta = original.meta
+    dtype = getattr(torch, meta["dtype"]) if "dtype" in meta else model_dtype(original.cfg.model)[0]
+    model = _model(original.cfg, original.store, from_step, dtype)
     runlog = RunLog(out_dir)
-    checks: list[dict] = []
-    first_difference: dict | None = None
-    final_distance: dict | None = None
+    verdicts = _Verdicts(original, say, _threads_hint(original.cfg, meta))
     with contextlib.ExitStack() as stack:
-        threads = _replay_threads(threads, next(model.parameters()).dtype, meta, say)
-        if threads:  # (torch's thread count is the process's: put back what it was)
-            stack.callback(torch.set_num_threads, torch.get_num_threads())
-            torch.set_num_threads(int(threads))
-        used_threads = torch.get_num_threads()
-        hint = _threads_hint(cfg, meta)  # (said with each DIFFERS line)
-        trainer = make_trainer(cfg, model, int(meta["total_steps"]), out_dir, stack)
-        trainer.load_state_dict(
-            torch.load(io.BytesIO(store.read_file(from_step, run_state.TRAINER)), weights_only=True)
-        )
-        _take_optim_settings(trainer, cfg)
-        with lora.without_adapters(model):
-            out_store.publish(from_step, model, None, meta={"step": from_step, "replay_of": str(run_dir)})
-        ckpts = RunCheckpoints(
-            out_store,
-            cfg.storage.model_copy(update={"format": "full"}),
-            None,
-            last_step=from_step,
-            on_written=lambda r: None,
-        )
-        with ckpts, ThreadPoolExecutor(1, thread_name_prefix="schedule-reader") as reader:
-            # the next step's batch is read while this one trains (parquet decoding leaves the GIL)
-            ahead = reader.submit(read_step, run_dir, from_step + 1)
-            for step in range(from_step + 1, to_step + 1):
-                batch, step_meta = ahead.result()
-                if step < to_step:
-                    ahead = reader.submit(read_step, run_dir, step + 1)
-                if step_meta["version"] != step - 1:
-                    raise ReplayError(
-                        f"schedule step {step} was trained by version {step_meta['version']}, expected {step - 1}"
-                    )
-                result = trainer.step(batch, step - 1)
-                row = {"step": step, "version": step, **result.metrics}
-                if first_difference is None and not counterfactual:
-                    first_difference = _figure_difference(step, orig_rows.get(step), row)
-                    if first_difference is not None:
-                        say(_difference_line(first_difference))
-                check = None
-                if step in hashes or step == to_step:
-                    digest = weights_sha256(model)
-                    row["weights_sha256"] = digest
-                    ckpts.write(step, model, {})
-                    check = _check(step, digest, hashes.get(step), counterfactual, say, hint=hint)
-                    checks.append(check)
-                runlog.log_step(row, [], flush=False)
-                if check is not None and check["original_sha256"] is not None and not check["match"]:
-                    if not counterfactual:
-                        check["weights"] = _compare_with_original(cfg, store, step, model, say)
-                    if not counterfactual and not tolerant:
-                        say(f"stopped at v{step}: the replay differs (--tolerant trains on and measures the drift)")
-                        break
+        used_threads = _use_threads(_replay_threads(threads, dtype, meta, say), stack)
+        trainer = _trainer_at(original, model, from_step, out_dir, stack)
+        ckpts = _replay_store(original, model, from_step, out_dir)
+        with ckpts:
+            _train_recorded(original, trainer, model, ckpts, runlog, verdicts, from_step, to_step, tolerant)
         runlog.flush()
-        if tolerant and not counterfactual and checks and not checks[-1]["match"]:
-            final_distance = checks[-1].get("weights")
-            if final_distance:
-                say(
-                    f"final weights (v{checks[-1]['version']}) against the original's: relative L2 distance "
-                    f"{final_distance['relative_l2']:.3g}, max abs {final_distance['max_abs']:.3g}"
+    verdicts.finish(tolerant)
+    summary = _summary(original, verdicts, kinds, from_step, to_step, tolerant, used_threads, time.perf_counter() - t0)
+    write_json_atomic(str(out_dir / "summary.json"), summary)
+    if original.metrics is not None:
+        plot_comparison(original.metrics, pd.DataFrame(runlog.metrics), out_dir / "replay.png", original.counterfactual)
+    return summary
+
+
+def _use_threads(threads: int | None, stack: contextlib.ExitStack) -> int:
+    """Set torch's thread count for the block (it is the process's: put back what it was); the count used."""
+    if threads:
+        stack.callback(torch.set_num_threads, torch.get_num_threads())
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()
+
+
+def _trainer_at(original: _Original, model, step: int, out_dir: Path, stack: contextlib.ExitStack):
+    """The original's trainer with its state at checkpoint ``step`` (a counterfactual's optimizer settings)."""
+    trainer = make_trainer(original.cfg, model, int(original.meta["total_steps"]), out_dir, stack)
+    try:
+        state = original.store.read_file(step, run_state.TRAINER)
+    except FileNotFoundError:
+        raise ReplayError(
+            f"--from-step {step}: checkpoint v{step} holds no trainer state ({run_state.TRAINER}); start from "
+            "a checkpoint the run wrote whole"
+        ) from None
+    trainer.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
+    _take_optim_settings(trainer, original.cfg)
+    return trainer
+
+
+def _replay_store(original: _Original, model, step: int, out_dir: Path) -> RunCheckpoints:
+    """The replay's own checkpoints (whole weights, in its folder), starting with ``step``'s."""
+    storage = original.cfg.storage
+    store = CheckpointStore.from_config(
+        storage.model_copy(update={"url": None, "format": "full", "keep_last": None}), str(out_dir)
+    )
+    with as_base(model):
+        store.publish(step, model, None, meta={"step": step, "replay_of": str(original.dir)})
+    full = storage.model_copy(update={"format": "full"})
+    return RunCheckpoints(store, full, None, last_step=step, on_written=lambda r: None)
+
+
+def _train_recorded(original, trainer, model, ckpts, runlog, verdicts, from_step, to_step, tolerant) -> None:
+    """Train the recorded steps in order, checking each against the original; stop at the first
+    checkpoint that differs unless ``tolerant``."""
+    hashes, recorded = original.hashes(), original.rows()
+    with ThreadPoolExecutor(1, thread_name_prefix="schedule-reader") as reader:
+        # the next step's batch is read while this one trains (parquet decoding leaves the GIL)
+        ahead = reader.submit(read_step, original.dir, from_step + 1)
+        for step in range(from_step + 1, to_step + 1):
+            batch, step_meta = ahead.result()
+            if step < to_step:
+                ahead = reader.submit(read_step, original.dir, step + 1)
+            if step_meta["version"] != step - 1:
+                raise ReplayError(
+                    f"schedule step {step} was trained by version {step_meta['version']}, expected {step - 1}"
                 )
-    wall = time.perf_counter() - t0
-    summary = {
+            row = {"step": step, "version": step, **trainer.step(batch, step - 1).metrics}
+            verdicts.figures(step, row, recorded.get(step))
+            differs = False
+            if step in hashes or step == to_step:
+                row["weights_sha256"] = weights_sha256(model)
+                ckpts.write(step, model, {})
+                differs = verdicts.checkpoint(step, row["weights_sha256"], model)
+            runlog.log_step(row, [], flush=False)
+            if differs and not tolerant:
+                verdicts.say(f"stopped at v{step}: the replay differs (--tolerant trains on and measures the drift)")
+                return
+
+
+def _summary(original: _Original, verdicts: _Verdicts, kinds, from_step, to_step, tolerant, threads, wall) -> dict:
+    cf = original.counterfactual
+    note = (
+        "a counterfactual replay: the original run's trajectories trained under another setting; not an on-policy run"
+        if cf
+        else "an exact replay of the original run's training steps"
+    )
+    return {
         "replay": {
-            "of": str(run_dir),
+            "of": str(original.dir),
             "from_step": from_step,
             "to_step": to_step,
-            "counterfactual": counterfactual,
-            "overrides": overrides,
-            "note": (
-                "a counterfactual replay: the original run's trajectories trained under another "
-                "setting; not an on-policy run"
-            )
-            if counterfactual
-            else "an exact replay of the original run's training steps",
+            "counterfactual": cf,
+            "overrides": original.overrides,
+            "note": note,
         },
-        "name": f"{cfg.name}-replay",
+        "name": f"{original.cfg.name}-replay",
         "steps": to_step,
-        "checkpoints": checks,
-        "all_match": all(c["match"] for c in checks if c["original_sha256"] is not None),
-        "first_difference": first_difference,
-        "final_distance": final_distance,
+        "checkpoints": verdicts.checks,
+        "all_match": all(c["match"] for c in verdicts.checks if c["original_sha256"] is not None),
+        "first_difference": verdicts.first_difference,
+        "final_distance": verdicts.final_distance,
         "tolerant": tolerant,
         **kinds,
         "same_kernels": kinds["recorded_on"] is not None and same_kernels(kinds["recorded_on"], kinds["replayed_on"]),
         "wall_time_s": wall,
-        "threads": used_threads,
-        "original_threads": int(meta["trainer_threads"]),
-        **_original_times(run_dir),
+        "threads": threads,
+        "original_threads": int(original.meta["trainer_threads"]),
+        **_original_times(original.dir),
     }
-    write_json_atomic(str(out_dir / "summary.json"), summary)
-    if orig_metrics is not None:
-        plot_comparison(orig_metrics, pd.DataFrame(runlog.metrics), out_dir / "replay.png", counterfactual)
-    return summary
 
 
 def _take_optim_settings(trainer, cfg: ExperimentConfig) -> None:

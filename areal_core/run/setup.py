@@ -16,9 +16,7 @@ the latest one and redoes the steps after it (docs/OPERATIONS.md).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -26,17 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
 from areal_core.controller.agents import AgentRouter, agent_prompter
 from areal_core.controller.buffer import ReplayBuffer
 from areal_core.controller.elastic import url_list
 from areal_core.data.datasets import bucket, load_records, to_prompts
-from areal_core.data.prompting import decode_response
 from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
-from areal_core.eval.heldout import evaluate_prompts, heldout_sampling
 from areal_core.experiment import ExperimentConfig, upgraded_config
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
@@ -51,15 +46,17 @@ from areal_core.run.checkpoints import RunCheckpoints, restore_weights
 from areal_core.run.costs import CostLedger
 from areal_core.run.costs import write_parquet as write_costs
 from areal_core.run.folder import check_run_folder
+from areal_core.run.heldout import heldout_after, heldout_before
 from areal_core.run.loop import Loop, WeightPublisher, train_steps
 from areal_core.run.metrics import RunLog
+from areal_core.run.parts import Policy, Pools, RunSetup, Training
 from areal_core.run.schedule import ScheduleLog
 from areal_core.run.summary import build_summary
 from areal_core.startup import entered_together, made_on_enter
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
-from areal_core.trainer import lora
 from areal_core.trainer.backends import make_trainer
 from areal_core.trainer.core_lending import CoreLending, lent_threads
+from areal_core.trainer.published import as_base, published, trainable
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +104,6 @@ def _frozen_launch(cfg: ExperimentConfig, engine, run_dir: Path, model_path: str
     return frozen.launch(model_path, 0), frozen
 
 
-def _weight_versions(urls: list[str], make_client) -> list[int]:
-    """The weight version each server reports."""
-
-    async def ask():
-        clients = [make_client(u) for u in urls]
-        try:
-            return [(await c.info()).weight_version for c in clients]
-        finally:
-            for c in clients:
-                await c.aclose()
-
-    return asyncio.run(ask())
-
-
 def _quiet_libraries() -> None:
     """Our own progress bar is the one users watch; silence per-save/load bars."""
     from transformers.utils import logging as hf_logging
@@ -156,272 +139,269 @@ def run_experiment(
     :class:`RunStopped` is raised (``resume=True`` continues from that step).
     """
     with contextlib.ExitStack() as stack:
-        return _run_experiment(
-            cfg,
-            Path(run_dir),
-            stack,
-            max_steps=max_steps,
-            progress=progress,
-            cache_dir=cache_dir,
-            on_step=on_step,
-            on_checkpoint=on_checkpoint,
-            resume=resume,
-            stop=stop,
-        )
+        run = _open_run(cfg, Path(run_dir), max_steps, progress, resume)
+        policy = _load_policy(run, cache_dir)
+        training = _start_training(run, policy, stack, resume, on_checkpoint)
+        with _start_pools(run, policy, training) as pools:
+            before = training.before if training.before is not None else heldout_before(run, policy, pools)
+            controller, publisher = _rollout(run, policy, training, pools)
+            loop = _loop(run, policy, training, pools, controller, publisher, before, on_step, on_checkpoint, stop)
+            with loop.lending.installed(policy.model) if loop.lending else contextlib.nullcontext():
+                done = train_steps(loop, training.version, run.steps)
+            if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
+                raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None, done.servers_short)
+            after, multi_agent = heldout_after(run, policy, pools, controller, before)
+        return _summarize(run, policy, training, pools, controller, loop, done, before, after, multi_agent)
 
 
-def _run_experiment(
-    cfg: ExperimentConfig,
-    run_dir: Path,
-    stack: contextlib.ExitStack,
-    *,
-    max_steps,
-    progress,
-    cache_dir,
-    on_step,
-    on_checkpoint,
-    resume,
-    stop,
-) -> dict:
-    def phase(text: str) -> None:  # what the run is doing before (and after) its progress bar
-        if progress:
-            tqdm.write(f"[{cfg.name}] {text}")
-
+def _open_run(cfg: ExperimentConfig, run_dir: Path, max_steps: int | None, progress: bool, resume: bool) -> RunSetup:
+    """Check the folder (a refused run writes nothing), set the trainer's threads and seed, write config.json."""
     t_start = time.perf_counter()
-    check_run_folder(cfg, run_dir, resume)  # a refused run writes nothing, config.json included
+    check_run_folder(cfg, run_dir, resume)
     _quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     trainer_threads = trainer_torch_threads(cfg, os.cpu_count() or 1)
     torch.set_num_threads(trainer_threads)
     require_repeatable()  # the trainer's thread count changes as it borrows cores: its MKL must not care
-    steps = max_steps or cfg.trainer.max_steps
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(run_dir / "config.json"), config)
+    steps = max_steps or cfg.trainer.max_steps
+    return RunSetup(cfg, run_dir, steps, trainer_threads, config, progress, t_start)
 
-    # data and model (the tiny model gets its supervised warm start here, cached)
+
+def _load_policy(run: RunSetup, cache_dir: str | None) -> Policy:
+    """The records, then the model (the tiny model with its supervised warm start, cached), as the
+    trainer trains it, and the prompts; every budget is checked before the model is loaded."""
+    cfg = run.cfg
     train_records, eval_records = load_records(cfg.data)
     curriculum = cfg.data.curriculum  # a record without its field fails here, before the warm start
     buckets = [bucket(r, curriculum.by) for r in train_records] if curriculum else None
     if cfg.model.name == "tiny":  # its char tokenizer: the prompts are checked before the warm start
         check_trajectory_budget(cfg, to_prompts(train_records, build_char_tokenizer()))
-    model_info: dict = {}
     dtype, dtype_why = model_dtype(cfg.model)
     log.info("computing in %s (%s)", dtype_name(dtype), dtype_why)
-    phase(
+    warm = cfg.model.name == "tiny" and cfg.model.warm_start.steps
+    run.phase(
         f"loading {cfg.model.name} in {dtype_name(dtype)} ({dtype_why})"
-        + (
-            " and its supervised warm start (cached after the first run)"
-            if cfg.model.name == "tiny" and cfg.model.warm_start.steps
-            else ""
-        )
+        + (" and its supervised warm start (cached after the first run)" if warm else "")
     )
+    info: dict = {}
     model, tokenizer = load_base_model(
-        cfg.model, train_records=train_records, seed=cfg.seed, cache_dir=cache_dir, progress=progress, info=model_info
+        cfg.model, train_records=train_records, seed=cfg.seed, cache_dir=cache_dir, progress=run.progress, info=info
     )
     if cfg.trainer.backend.kind == "torch":  # (the megatron trainer keeps its own copy, on the CPU here)
         model.to(resolve_device(cfg.model.device))
-    lora_cfg = cfg.trainer.lora  # only adapters train and travel; the base stays checkpoint v0 (trainer/lora.py)
-    if lora_cfg is not None:
-        lora.apply_lora(model, lora_cfg.rank, lora_cfg.alpha, lora_cfg.targets, seed=cfg.seed)
+    model = trainable(model, cfg.trainer, cfg.seed)
     train_prompts = to_prompts(train_records, tokenizer, buckets=buckets)
     check_trajectory_budget(cfg, train_prompts)
-    eval_prompts = to_prompts(eval_records[: cfg.eval.n_problems], tokenizer)
-    ma = (
-        cfg.multi_agent
-    )  # several agents: each group is one agent's, routed by reward (areal_core/controller/agents.py)
-    agents = AgentRouter.from_config(ma) if ma is not None else None
+    ma = cfg.multi_agent
     prompter = agent_prompter(ma.agents, train_records, tokenizer) if ma is not None else None
     check_agent_budget(cfg, train_prompts, prompter)
-    decode = lambda ids: decode_response(tokenizer, ids)  # noqa: E731
-
-    store = CheckpointStore.from_config(cfg.storage, str(run_dir))
-    trainer = make_trainer(cfg, model, steps, run_dir, stack)
-    runlog = RunLog(run_dir)
-    version, before, saved = _start_or_resume(
-        cfg, config, model, tokenizer, trainer, store, runlog, model_info, resume, steps, on_checkpoint
+    return Policy(
+        model,
+        tokenizer,
+        info,
+        train_records,
+        eval_records,
+        train_prompts,
+        to_prompts(eval_records[: cfg.eval.n_problems], tokenizer),
+        AgentRouter.from_config(ma) if ma is not None else None,
+        prompter,
     )
 
-    # the servers compute as the trainer's model does
-    engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(model.dtype), device=cfg.model.device)
+
+def _start_training(run: RunSetup, policy: Policy, stack, resume: bool, on_checkpoint) -> Training:
+    """The trainer and the run's store and log; a fresh run publishes v0, a resumed one loads its latest checkpoint."""
+    store = CheckpointStore.from_config(run.cfg.storage, str(run.dir))
+    trainer = make_trainer(run.cfg, policy.model, run.steps, run.dir, stack)
+    runlog = RunLog(run.dir)
+    version, before, saved = _start_or_resume(
+        run.cfg,
+        run.config,
+        policy.model,
+        policy.tokenizer,
+        trainer,
+        store,
+        runlog,
+        policy.info,
+        resume,
+        run.steps,
+        on_checkpoint,
+    )
+    return Training(trainer, store, runlog, version, before, saved)
+
+
+@contextlib.contextmanager
+def _start_pools(run: RunSetup, policy: Policy, training: Training):
+    """The reward workers and the rollout servers (and a multi-agent run's frozen server), started
+    together; the servers compute as the trainer's model does and load what it publishes."""
+    cfg, store = run.cfg, training.store
+    engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(policy.model.dtype), device=cfg.model.device)
     api_key = new_key()  # the run's secret: the servers it starts require it (in their environment, not argv)
-    backend = make_backend(cfg.rollout, engine=engine, log_dir=run_dir, api_key=api_key)
-    frozen_launch, frozen_backend = _frozen_launch(cfg, engine, run_dir, store.local_copy(0) if ma else "", api_key)
-    phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
-    # LoRA: servers start (and restart) from the base, v0; the adapters are staged before the first step
-    serve_from = 0 if lora_cfg is not None else version
-    server_copy = store.loadable_url if backend.reads_store_urls else store.local_copy  # what servers load
+    backend = make_backend(cfg.rollout, engine=engine, log_dir=run.dir, api_key=api_key)
+    frozen_launch, frozen_backend = _frozen_launch(
+        cfg, engine, run.dir, store.local_copy(0) if cfg.multi_agent else "", api_key
+    )
+    run.phase(f"starting the reward workers (Dask) and the rollout servers ({backend.name})")
+    server_copy = store.loadable_url if backend.reads_store_urls else store.local_copy
+    serve_from = published(policy.model).serving_version(training.version)
     start = server_copy(serve_from)
     with entered_together(
         made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from), frozen_launch
     ) as (rewards, urls, frozen_urls):
-        rewards.warm_up({r.task for r in (*train_records, *eval_records)}, training=True)
+        rewards.warm_up({r.task for r in (*policy.train_records, *policy.eval_records)}, training=True)
+        yield Pools(rewards, list(urls), frozen_urls, backend, frozen_backend, engine, start, server_copy)
 
-        serving = list(urls)  # the servers there are (after training: those left in an elastic pool)
 
-        def heldout(prompts=eval_prompts) -> dict:
-            sampling, timeout = heldout_sampling(cfg), cfg.rollout.request_timeout_s
-            return evaluate_prompts(
-                serving, prompts, decode, rewards, sampling, timeout_s=timeout, make_client=backend.client
-            )
+def _controller_settings(cfg: ExperimentConfig, model) -> ControllerSettings:
+    r, t, curriculum = cfg.rollout, cfg.trainer, cfg.data.curriculum
+    return ControllerSettings(
+        batch_size=t.batch_size,
+        eta=t.eta,
+        n_samples=r.n_samples,
+        sampling=r.sampling.to_sampling(),
+        reward_correct=t.reward_correct,
+        reward_wrong=t.reward_wrong,
+        shuffle=cfg.data.shuffle,
+        seed=cfg.seed,
+        curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
+        kv_budget_tokens=r.client_kv_budget_tokens(),
+        # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
+        max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
+        deterministic=r.deterministic,
+        min_servers=r.min_servers,
+    )
 
-        def per_agent_accuracy() -> dict:  # held-out accuracy with each agent's prefix, on the trainable policy
-            ask = agent_prompter(ma.agents, eval_records, tokenizer)
-            return {
-                a.id: heldout([dataclasses.replace(p, input_ids=ask(a.id, p)) for p in eval_prompts])["accuracy"]
-                for a in ma.agents
-            }
 
-        if before is None:
-            phase(f"held-out accuracy before RL, on {len(eval_prompts)} problems")
-            before = heldout()
-            if ma is not None and ma.eval_per_agent:
-                before["per_agent"] = per_agent_accuracy()
-        log.info("held-out accuracy before RL: %.3f", before["accuracy"])
+def _servers(cfg: ExperimentConfig, pools: Pools, store: CheckpointStore) -> tuple[Servers, Servers | None]:
+    """The trainable policy's servers, and the frozen policy's (multi-agent runs that route agents to it)."""
+    r, b = cfg.rollout, pools.backend
+    trainable_pool = Servers(
+        pools.urls,
+        model_path=pools.start,
+        make_client=b.client,
+        restart=b.restart if b.restartable else None,
+        request_timeout_s=r.request_timeout_s,
+        discover=url_list(r.join_from) if r.join_from else None,
+    )
+    if not pools.frozen_urls:
+        return trainable_pool, None
+    frozen = Servers(
+        pools.frozen_urls,
+        model_path=store.local_copy(0),
+        make_client=b.client,
+        restart=pools.frozen_backend.restart,
+        request_timeout_s=r.request_timeout_s,
+    )
+    return trainable_pool, frozen
 
-        buffer = ReplayBuffer(ordered=cfg.rollout.deterministic)
-        settings = ControllerSettings(
-            batch_size=cfg.trainer.batch_size,
-            eta=cfg.trainer.eta,
-            n_samples=cfg.rollout.n_samples,
-            sampling=cfg.rollout.sampling.to_sampling(),
-            reward_correct=cfg.trainer.reward_correct,
-            reward_wrong=cfg.trainer.reward_wrong,
-            shuffle=cfg.data.shuffle,
-            seed=cfg.seed,
-            curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
-            kv_budget_tokens=cfg.rollout.client_kv_budget_tokens(),
-            # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
-            max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
-            deterministic=cfg.rollout.deterministic,
-            min_servers=cfg.rollout.min_servers,
-        )
-        transport = make_transport(
-            cfg.rollout.transport(), str(run_dir), cfg.rollout.backend.kind in ADAPTER_BACKENDS, engine.dtype
-        )
-        servers = Servers(
-            urls,
-            model_path=start,
-            make_client=backend.client,
-            restart=backend.restart if backend.restartable else None,
-            request_timeout_s=cfg.rollout.request_timeout_s,
-            discover=url_list(cfg.rollout.join_from) if cfg.rollout.join_from else None,
-        )
-        frozen = (
-            Servers(
-                frozen_urls,
-                model_path=store.local_copy(0),
-                make_client=backend.client,
-                restart=frozen_backend.restart,
-                request_timeout_s=cfg.rollout.request_timeout_s,
-            )
-            if frozen_urls
-            else None
-        )
-        controller = RolloutController(
-            servers,
-            train_prompts,
-            decode,
-            rewards,
-            buffer,
-            settings,
-            transport,
-            version=version,
-            episode=make_episode(cfg.episode),
-            encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
-            agents=AgentSetup(agents, prompter, frozen) if agents is not None else None,
-        )
-        if saved is not None:
-            controller.restore(saved.state["controller"])
-        publisher = WeightPublisher(transport, controller)
-        if lora_cfg is not None:
-            controller.restart_from(lambda: server_copy(0), 0)  # restarts: the base, then the adapters
-            publisher.stage(model, version)
 
-        def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
-            if on_checkpoint:
-                on_checkpoint(result.version, result.url)
-            if lora_cfg is None:
-                controller.restart_from(lambda: server_copy(result.version), result.version)
+def _rollout(run: RunSetup, policy: Policy, training: Training, pools: Pools):
+    """The rollout controller (its buffer, settings and weight transport) and the publisher that
+    stages versions for it; a resumed run's controller takes up its saved state."""
+    cfg, model = run.cfg, policy.model
+    transport = make_transport(
+        cfg.rollout.transport(), str(run.dir), cfg.rollout.backend.kind in ADAPTER_BACKENDS, pools.engine.dtype
+    )
+    servers, frozen = _servers(cfg, pools, training.store)
+    controller = RolloutController(
+        servers,
+        policy.train_prompts,
+        policy.decode,
+        pools.rewards,
+        ReplayBuffer(ordered=cfg.rollout.deterministic),
+        _controller_settings(cfg, model),
+        transport,
+        version=training.version,
+        episode=make_episode(cfg.episode),
+        encode=lambda text: policy.tokenizer.encode(text, add_special_tokens=False),
+        agents=AgentSetup(policy.agents, policy.prompter, frozen) if policy.agents is not None else None,
+    )
+    if training.saved is not None:
+        controller.restore(training.saved.state["controller"])
+    publisher = WeightPublisher(transport, controller)
+    pub = published(model)
+    if pub.serves_a_base:  # the servers hold the base: restarts load it too, then what is staged before step 1
+        base = pub.serving_version(training.version)
+        controller.restart_from(lambda: pools.server_copy(base), base)
+        publisher.stage(model, training.version)
+    return controller, publisher
 
-        first = next(model.parameters())
-        lent = lent_threads(cfg, trainer_threads, os.cpu_count() or 1, first.device, first.dtype)
-        loop = Loop(
-            name=cfg.name,
-            model=model,
-            trainer=trainer,
-            buffer=buffer,
-            controller=controller,
-            publisher=publisher,
-            runlog=runlog,
-            checkpoints=RunCheckpoints(store, cfg.storage, tokenizer, version, written, cfg.trainer.max_steps),
-            config=config,
-            before=before,
-            batch_size=cfg.trainer.batch_size,
-            eta=cfg.trainer.eta,
-            warmup_steps=cfg.trainer.warmup_steps_for_throughput,
-            agents=agents,
-            curriculum_by=curriculum.by if curriculum else None,
-            on_step=on_step,
-            stop=stop,
-            progress=progress,
-            schedule=ScheduleLog(
-                run_dir,
-                {
-                    "total_steps": steps,
-                    "trainer_threads": trainer_threads,
-                    "lent_threads": lent,
-                    "dtype": dtype_name(first.dtype),  # what a replay computes in, wherever it runs
-                    "numerics": cpu_kind(),
-                },
-            ),
-            costs=CostLedger(cfg.cost),
-            lending=CoreLending(controller.generating, trainer_threads, lent) if lent else None,
-        )
-        with loop.lending.installed(model) if loop.lending else contextlib.nullcontext():
-            done = train_steps(loop, version, steps)
-        if done.stopped:  # the checkpoint is written; leaving this block stops the servers, then Dask
-            raise RunStopped(done.last_step, cfg.cost.budget_usd if done.budget_spent else None, done.servers_short)
-        phase(f"held-out accuracy after RL, on {len(eval_prompts)} problems")
-        serving[:] = controller.live_urls()
-        after = heldout()
-        multi_agent = None
-        if agents is not None:
-            multi_agent = {
-                **agents.summary(),
-                "frozen_answers": controller.frozen_generated,
-                # what the frozen server reports now: its version never moved
-                "frozen_server_versions": _weight_versions(frozen_urls, backend.client),
-            }
-            if ma.eval_per_agent:
-                phase(f"held-out accuracy after RL with each agent's prefix, on {len(eval_prompts)} problems")
-                multi_agent["per_agent_eval"] = {
-                    a: {"before": before.get("per_agent", {}).get(a), "after": acc}
-                    for a, acc in per_agent_accuracy().items()
-                }
 
+def _loop(run: RunSetup, policy, training, pools, controller, publisher, before, on_step, on_checkpoint, stop) -> Loop:
+    """The training loop's parts: checkpoints that restart servers from what they load, the schedule,
+    the cost ledger and, where it keeps runs repeatable, core lending."""
+    cfg, model = run.cfg, policy.model
+    pub = published(model)
+
+    def written(result) -> None:  # a checkpoint is complete: evaluation and server restarts use it
+        if on_checkpoint:
+            on_checkpoint(result.version, result.url)
+        serve_from = pub.serving_version(result.version)
+        controller.restart_from(lambda: pools.server_copy(serve_from), serve_from)
+
+    first = next(model.parameters())
+    lent = lent_threads(cfg, run.trainer_threads, os.cpu_count() or 1, first.device, first.dtype)
+    curriculum = cfg.data.curriculum
+    meta = {
+        "total_steps": run.steps,
+        "trainer_threads": run.trainer_threads,
+        "lent_threads": lent,
+        "dtype": dtype_name(first.dtype),  # what a replay computes in, wherever it runs
+        "numerics": cpu_kind(),
+    }
+    return Loop(
+        name=cfg.name,
+        model=model,
+        trainer=training.trainer,
+        buffer=controller.buffer,
+        controller=controller,
+        publisher=publisher,
+        runlog=training.runlog,
+        checkpoints=RunCheckpoints(
+            training.store, cfg.storage, policy.tokenizer, training.version, written, cfg.trainer.max_steps
+        ),
+        config=run.config,
+        before=before,
+        batch_size=cfg.trainer.batch_size,
+        eta=cfg.trainer.eta,
+        warmup_steps=cfg.trainer.warmup_steps_for_throughput,
+        agents=policy.agents,
+        curriculum_by=curriculum.by if curriculum else None,
+        on_step=on_step,
+        stop=stop,
+        progress=run.progress,
+        schedule=ScheduleLog(run.dir, meta),
+        costs=CostLedger(cfg.cost),
+        lending=CoreLending(controller.generating, run.trainer_threads, lent) if lent else None,
+    )
+
+
+def _summarize(run, policy, training, pools, controller, loop, done, before, after, multi_agent) -> dict:
+    """summary.json and costs.parquet, once the servers and Dask are stopped."""
     summary = build_summary(
-        cfg,
-        steps=steps,
+        run.cfg,
+        steps=run.steps,
         loop=done,
-        first_step=version + 1,
-        runlog=runlog,
+        first_step=training.version + 1,
+        runlog=training.runlog,
         before=before,
         after=after,
-        model=model,
-        trainer_threads=trainer_threads,
-        resumed_from=saved.version if saved is not None else None,
-        model_info=model_info,
+        model=policy.model,
+        trainer_threads=run.trainer_threads,
+        resumed_from=training.saved.version if training.saved is not None else None,
+        model_info=policy.info,
         controller=controller,
-        rewards=rewards,
-        store=store,
+        rewards=pools.rewards,
+        store=training.store,
         checkpoints=loop.checkpoints,
-        t_start=t_start,
+        t_start=run.t_start,
     )
     if multi_agent is not None:
         summary["multi_agent"] = multi_agent
-    write_json_atomic(str(run_dir / "summary.json"), summary)
-    write_costs(runlog.metrics, run_dir / "costs.parquet")
+    write_json_atomic(str(run.dir / "summary.json"), summary)
+    write_costs(training.runlog.metrics, run.dir / "costs.parquet")
     return summary
 
 
@@ -446,7 +426,7 @@ def _start_or_resume(
         if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
             trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
         publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
-        with lora.without_adapters(model):
+        with as_base(model):
             store.publish(
                 0,
                 model,
