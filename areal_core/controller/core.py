@@ -25,15 +25,14 @@ from areal_core.controller.buffer import ReplayBuffer
 from areal_core.controller.elastic import watch_pool
 from areal_core.controller.episode_context import EpisodeContextOf
 from areal_core.controller.generation import ROUTE, Generator
+from areal_core.controller.grading import Grader
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.routing import FrozenGroups
-from areal_core.controller.settings import AgentSetup, ControllerSettings, Servers, prompt_of
+from areal_core.controller.settings import AgentSetup, ControllerSettings, Servers
 from areal_core.episodes import Episode, SingleTurn
 from areal_core.reward.result import RewardResult
-from areal_core.reward.service import RewardService
-from areal_core.rollout.backends.embedded.client import EmbeddedClient
-from areal_core.rollout.weight_transport import WeightTransport
-from areal_core.types import Prompt, Trajectory
+from areal_core.rollout.backends import default_client
+from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -46,45 +45,30 @@ class RolloutController:
     def __init__(
         self,
         servers: Servers,
-        prompts: list[Prompt],
         decode: Callable,
-        rewards: RewardService,
         buffer: ReplayBuffer,
         settings: ControllerSettings,
-        transport: WeightTransport,
+        admission: Admission,
+        generator: Generator,
+        recovery: ServerRecovery,
+        grader: Grader,
         *,
-        version: int = 0,
         episode: Episode | None = None,
         encode: Callable | None = None,
         agents: AgentSetup | None = None,
+        frozen: FrozenGroups | None = None,
     ):
-        if not prompts:
-            raise ValueError("the controller needs at least one prompt")
-        if agents is not None and agents.router.top_k < len(agents.router.ids) and agents.frozen is None:
-            raise ValueError("agents routed to the frozen policy need frozen servers")
+        """The parts (``make_controller`` builds them from a run's settings): ``admission`` draws
+        prompts past the staleness gate, ``generator`` has them answered, ``recovery`` pushes weights
+        and brings servers back, ``grader`` grades answers; ``frozen``: a multi-agent run's groups on
+        the frozen policy."""
         self.servers, self.decode, self.encode = servers, decode, encode
         self.episode = episode or SingleTurn()
         # a single-turn answer's grade is its last: the buffer can tell how long the trainer waits on grades
         self.measures_reward_wait = type(self.episode) is SingleTurn
-        self.rewards, self.buffer, self.s, self.transport = rewards, buffer, settings, transport
-        self.agents = agents
-        frozen = agents.frozen if agents is not None else None
-        # weight pushes and server recovery; a restarted server loads model_path (version), then the weights
-        self.recovery = ServerRecovery(
-            transport,
-            servers.request_timeout_s,
-            servers.restart,
-            servers.model_path,
-            version,
-            frozen.restart if frozen else None,
-            frozen.model_path if frozen else "",
-            agents.frozen_version if agents else 0,
-            elastic=settings.min_servers is not None,
-        )
-        self.admission = Admission(prompts, settings, version)
-        self.generator = Generator(settings, self.recovery, lambda: self.admission.version)
-        self.frozen = FrozenGroups(settings, agents.router) if agents is not None else None
-        self._tests = {p.id: p.tests for p in prompts if p.tests}  # what code answers are graded against
+        self.buffer, self.s, self.agents = buffer, settings, agents
+        self.admission, self.generator, self.recovery, self.grader = admission, generator, recovery, grader
+        self.frozen = frozen
         self._live: dict[str, Trajectory] = {}  # admitted, not yet in the buffer
         self._lock = threading.Lock()  # _live, tallies + buffer.put (reward callbacks run in Dask threads)
         self._restored: list[Trajectory] = []
@@ -248,7 +232,7 @@ class RolloutController:
             self._spawn(trajs, fresh=False)
         self._restored = []
         if self.s.min_servers is not None or self.servers.discover is not None:  # an elastic pool
-            make = self.servers.make_client or EmbeddedClient
+            make = self.servers.make_client or default_client
             self.spawn(
                 watch_pool(
                     self,
@@ -360,7 +344,7 @@ class RolloutController:
         """A verdict: a trainable answer goes to the buffer (and the curriculum's tally); a frozen one's
         is recorded for its agent, nothing else."""
         with self._lock:
-            self._verdict(traj, result)
+            self.grader.verdict(traj, result)
             if route == FROZEN:
                 self.frozen.record(traj)
                 return
@@ -376,38 +360,7 @@ class RolloutController:
         ``final`` (or a single-turn run): these are the answers' last grades, which the buffer notes."""
         if final or self.measures_reward_wait:
             self.buffer.grading(trajs[0].group_id, [t.traj_id for t in trajs])
-        tests = self._tests.get(prompt_of(trajs[0].group_id))  # one group, one prompt (and one list of tests)
-        items = [(t.task, x, t.reference, tests) for t, x in zip(trajs, texts, strict=True)]
-        fut, loop = self._loop.create_future(), self._loop
-
-        def settle(results, error) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(list(results))
-
-        def deliver(results, error) -> None:  # on a Dask client thread
-            try:
-                loop.call_soon_threadsafe(settle, results, error)
-            except RuntimeError:
-                if not loop.is_closed():
-                    raise
-                # the controller stopped while this group was being graded: nobody waits for it
-
-        self.rewards.submit_batch(items, on_done=deliver)
-        return fut
-
-    def _verdict(self, traj: Trajectory, result: RewardResult) -> None:
-        traj.correct = bool(result.correct)  # for code: every test passed
-        # reward_correct or reward_wrong; with partial credit (code under ``reward.code_reward: fraction``)
-        # the result's score of the way from reward_wrong to reward_correct
-        lo, hi = self.s.reward_wrong, self.s.reward_correct
-        traj.reward = (hi if result.correct else lo) if result.score is None else lo + result.score * (hi - lo)
-        traj.reward_info = {**traj.reward_info, **result.as_dict()}  # an episode's notes (turns) stay
-        versions = traj.policy_token_versions()
-        traj.policy_version = min(versions) if versions else None  # the oldest that sampled a token
+        return self.grader.grade(trajs, texts, self._loop)
 
     # what the run loop reads --------------------------------------------------------
     def agent_metrics(self) -> dict:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.controller import AgentSetup, ControllerSettings, Servers
 from areal_core.controller.agents import AgentRouter, agent_prompter
+from areal_core.controller.assemble import make_controller
 from areal_core.controller.buffer import ReplayBuffer
 from areal_core.controller.elastic import url_list
 from areal_core.data.datasets import bucket, load_records, to_prompts
@@ -305,7 +306,7 @@ def _rollout(run: RunSetup, policy: Policy, training: Training, pools: Pools):
         cfg.rollout.transport(), str(run.dir), cfg.rollout.backend.kind in ADAPTER_BACKENDS, pools.engine.dtype
     )
     servers, frozen = _servers(cfg, pools, training.store)
-    controller = RolloutController(
+    controller = make_controller(
         servers,
         policy.train_prompts,
         policy.decode,

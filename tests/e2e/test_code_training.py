@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal_core.controller import ControllerSettings, RolloutController, Servers, group_id, prompt_of
+from areal_core.controller import ControllerSettings, Servers, group_id, prompt_of
+from areal_core.controller.assemble import make_controller
 from areal_core.data.records import Record
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
@@ -71,7 +72,7 @@ def _controller(prompts, rewards, reward_correct=5.0, reward_wrong=-5.0):
         reward_correct=reward_correct,
         reward_wrong=reward_wrong,
     )
-    return RolloutController(
+    return make_controller(
         Servers(["http://127.0.0.1:1"]), prompts, lambda ids: PROGRAM, rewards, ReplayBuffer(), settings, transport=None
     )
 
@@ -256,7 +257,7 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
         RewardService(RewardConfig(n_workers=1, code_reward="fraction")) as rewards,
         start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv,
     ):
-        controller = RolloutController(
+        controller = make_controller(
             Servers([srv.url], model_path=str(tmp_path / "m")),
             prompts,
             lambda ids: PROGRAM,

@@ -9,8 +9,9 @@ import math
 import pandas as pd
 import pytest
 
-from areal_core.controller import AgentSetup, ControllerSettings, RolloutController, Servers
+from areal_core.controller import AgentSetup, ControllerSettings, Servers
 from areal_core.controller.agents import FROZEN, TRAINABLE, AgentRouter, MultiAgentConfig, agent_prompter, rank_agents
+from areal_core.controller.assemble import make_controller
 from areal_core.controller.buffer import ReplayBuffer
 from areal_core.experiment import ConfigError, load_config, parse_config
 from areal_core.reward.result import RewardResult
@@ -193,7 +194,7 @@ def _controller(agents: AgentRouter, servers: dict, transport, buffer, B=8, n=2,
         servers[url] = ScriptedServer(url)
         return servers[url]
 
-    return RolloutController(
+    return make_controller(
         Servers(["http://trainable:1"], make_client=make_client),
         prompts,
         lambda ids: names.get(ids[0], "?"),

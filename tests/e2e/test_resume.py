@@ -195,9 +195,10 @@ class _InstantRewards:
 
 def _controller(tmp_path, srv, prompts, buffer, settings, version: int):
     """A controller of ``prompts`` on the one server ``srv`` (model in tmp_path/m), rewards at once."""
-    from areal_core.controller import RolloutController, Servers
+    from areal_core.controller import Servers
+    from areal_core.controller.assemble import make_controller
 
-    return RolloutController(
+    return make_controller(
         Servers([srv.url], model_path=str(tmp_path / "m")),
         prompts,
         lambda ids: "",

@@ -157,7 +157,8 @@ class _ByReference:
 def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
     """Scripted servers (tests/fake_servers.py): what is tested is the controller's bookkeeping, not
     generation; the grades follow each prompt's kind."""
-    from areal_core.controller import ControllerSettings, RolloutController, Servers
+    from areal_core.controller import ControllerSettings, Servers
+    from areal_core.controller.assemble import make_controller
     from areal_core.controller.buffer import ReplayBuffer
     from areal_core.types import Prompt
     from tests.fake_servers import RecordingTransport, scripted_servers
@@ -178,7 +179,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
     )
     buffer, transport = ReplayBuffer(), RecordingTransport()
     servers, make_client = scripted_servers()
-    controller = RolloutController(
+    controller = make_controller(
         Servers(["http://a:1"], make_client=make_client),
         prompts,
         lambda ids: "",
@@ -208,7 +209,7 @@ def test_controller_feeds_group_results_to_the_curriculum_and_saves_them():
     for gid, (prompt_id, correct, done) in snap["tally"].items():
         assert gid.endswith(f"-p{prompt_id}") and 0 <= correct <= done < 2
     # a restored controller starts from the saved pass rates, positions and tallies
-    again = RolloutController(
+    again = make_controller(
         Servers(["http://127.0.0.1:9"]),
         prompts,
         lambda ids: "",

@@ -38,3 +38,11 @@ def make_backend(rollout, *, engine, log_dir: str | Path, api_key: str | None = 
             api_key=api_key,
         )
     raise ValueError(f"unknown rollout.backend.kind {cfg.kind!r}")
+
+
+def default_client(url: str, timeout_s: float):
+    """A client for a server given by URL alone: the embedded server's (what a pool of servers without
+    a backend's own client speaks to)."""
+    from areal_core.rollout.backends.embedded.client import EmbeddedClient
+
+    return EmbeddedClient(url, timeout_s)
