@@ -25,31 +25,24 @@ class StepResult:
     prox_version: int | None
     """The proximal policy's version (the weights the step started from), as the ledger records it;
     None for naive PPO, which has none."""
+    tokens_trained: int  # policy tokens the step's loss covered
+    accuracy: float  # the batch's share of correct answers
+    reward: float  # the batch's mean reward
+    staleness_max: int  # the oldest trained token's age in versions
+    answer_len_mean: float  # the batch's mean answer length, in tokens
 
     @classmethod
     def of(cls, metrics: dict, version: int) -> StepResult:
         """From a trainer's figures for a step by the policy at ``version``."""
-        return cls(metrics, None if metrics["prox_logp_path"] == "none" else version)
-
-    @property
-    def tokens_trained(self) -> int:
-        return int(self.metrics["tokens_trained"])
-
-    @property
-    def accuracy(self) -> float:
-        return float(self.metrics["accuracy"])
-
-    @property
-    def reward(self) -> float:
-        return float(self.metrics["reward"])
-
-    @property
-    def staleness_max(self) -> int:
-        return int(self.metrics["staleness_max"])
-
-    @property
-    def answer_len_mean(self) -> float:
-        return float(self.metrics["answer_len_mean"])
+        return cls(
+            metrics,
+            None if metrics["prox_logp_path"] == "none" else version,
+            tokens_trained=int(metrics["tokens_trained"]),
+            accuracy=float(metrics["accuracy"]),
+            reward=float(metrics["reward"]),
+            staleness_max=int(metrics["staleness_max"]),
+            answer_len_mean=float(metrics["answer_len_mean"]),
+        )
 
 
 class TrainEngine(Protocol):
