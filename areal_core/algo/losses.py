@@ -26,7 +26,7 @@ from areal_core.algo.off_policy import off_policy_correction
 from areal_core.numerics import fixed_sum
 
 if TYPE_CHECKING:
-    from areal_core.trainer.config import OffPolicyConfig
+    from areal_core.algo.off_policy import OffPolicyConfig
 
 # keys ending in "_max" are maxima: a step takes the largest over its micro-batches (the
 # others are token-weighted means)

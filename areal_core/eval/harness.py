@@ -28,9 +28,8 @@ from areal_core.eval.passk import maj_at_k, pass_at_k
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
-from areal_core.run.metrics import write_parquet_atomic
 from areal_core.startup import entered_together, made_on_enter
-from areal_core.storage.fsutil import write_json_atomic
+from areal_core.storage.fsutil import write_json_atomic, write_parquet_atomic
 
 log = logging.getLogger(__name__)
 

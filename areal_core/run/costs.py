@@ -125,7 +125,7 @@ def write_parquet(rows: list[dict], path) -> None:
     """``costs.parquet``: each step's ``cost_*`` columns (and its step and wall time)."""
     import pandas as pd
 
-    from areal_core.run.metrics import write_parquet_atomic
+    from areal_core.storage.fsutil import write_parquet_atomic
 
     keep = [
         {k: v for k, v in r.items() if k.startswith("cost_") or k in ("step", "step_time_s")}

@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from areal_core.storage.fsutil import write_bytes_atomic
-
-
-def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    write_bytes_atomic(str(path), df.to_parquet(index=False))
-
+from areal_core.storage.fsutil import write_parquet_atomic
 
 LEDGER_COLUMNS = [
     "trajectory_id",

@@ -225,6 +225,11 @@ def pipe_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         invalidate(fs, path)
 
 
+def write_parquet_atomic(df, path: str | os.PathLike) -> None:
+    """A pandas frame to ``path`` (local or fsspec URL) as parquet, atomically."""
+    write_bytes_atomic(str(path), df.to_parquet(index=False))
+
+
 def write_bytes_atomic(url: str, data: bytes, retries: int = 0, backoff_s: float = 0.5) -> None:
     """Write ``data`` at ``url`` atomically (see pipe_atomic), retrying transient errors."""
     fs, path = filesystem(url)

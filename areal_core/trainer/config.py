@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from areal_core.algo.off_policy import OffPolicyConfig, OffPolicyNone
 from areal_core.configbase import Section
 
 
@@ -64,64 +65,6 @@ class LoraConfig(Section):
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"trainer.lora.targets: each target once, got {self.targets}")
         return self
-
-
-class OffPolicyNone(Section):
-    """The plain decoupled objective: each token weighted by w = pi_prox / pi_behav."""
-
-    kind: Literal["none"] = "none"
-
-
-class OffPolicyCap(Section):
-    """Tokens with w > cap contribute 0 (AReaL's behaviour-weight cap)."""
-
-    kind: Literal["cap"] = "cap"
-    cap: float = Field(5.0, gt=1)  # C: the largest w a token may have and still count
-
-
-class OffPolicyTIS(Section):
-    """Token-level truncated importance sampling: each token weighted by min(w, cap)."""
-
-    kind: Literal["tis"] = "tis"
-    cap: float = Field(2.0, gt=1)  # C: the largest weight a token gets
-
-
-class OffPolicyMIS(Section):
-    """Sequence-level masked importance sampling: every token of a sequence weighted by the
-    sequence's ratio rho = prod w over its trained tokens; sequences with rho > cap contribute 0."""
-
-    kind: Literal["mis"] = "mis"
-    cap: float = Field(2.0, gt=1)  # C: the largest sequence ratio that still counts
-
-
-class OffPolicyGeoMask(Section):
-    """Whole sequences whose geometric-mean ratio exp(mean log w) is outside [lo, hi] contribute 0."""
-
-    kind: Literal["geo_mask"] = "geo_mask"
-    lo: float = Field(0.999, gt=0, lt=1)  # lower end of the kept band
-    hi: float = Field(1.001, gt=1)  # upper end of the kept band
-
-
-class OffPolicyIcePop(Section):
-    """IcePop: tokens with w outside [lo, hi] contribute 0, the others keep w."""
-
-    kind: Literal["icepop"] = "icepop"
-    lo: float = Field(0.5, gt=0, lt=1)  # lower end of the kept band
-    hi: float = Field(5.0, gt=1)  # upper end of the kept band
-
-
-class OffPolicyM2PO(Section):
-    """M2PO: the tokens with the largest (log w)^2 contribute 0, as few as bring the mean of
-    (log w)^2 over the kept tokens of a micro-batch to <= tau."""
-
-    kind: Literal["m2po"] = "m2po"
-    tau: float = Field(0.04, gt=0)  # tau_M2: the largest second moment of log w kept
-
-
-OffPolicyConfig = Annotated[
-    OffPolicyNone | OffPolicyCap | OffPolicyTIS | OffPolicyMIS | OffPolicyGeoMask | OffPolicyIcePop | OffPolicyM2PO,
-    Field(discriminator="kind"),
-]
 
 
 class TrainerConfig(Section):

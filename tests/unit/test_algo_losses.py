@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal_core.algo import decoupled_ppo_loss, naive_ppo_loss
-from areal_core.trainer.config import OffPolicyCap
+from areal_core.algo.off_policy import OffPolicyCap
 
 F64 = torch.float64
 
