@@ -11,8 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from areal_core.algo import decoupled_ppo_loss
-from areal_core.experiment import ConfigError, load_config
-from areal_core.trainer.config import (
+from areal_core.algo.off_policy import (
     OffPolicyCap,
     OffPolicyGeoMask,
     OffPolicyIcePop,
@@ -20,8 +19,9 @@ from areal_core.trainer.config import (
     OffPolicyMIS,
     OffPolicyNone,
     OffPolicyTIS,
-    TrainerConfig,
 )
+from areal_core.experiment import ConfigError, load_config
+from areal_core.trainer.config import TrainerConfig
 
 F64 = torch.float64
 EPS = 0.2
