@@ -30,7 +30,7 @@ GROUP = 8
 def trainer_config(s: Setup, check: bool = False):
     """The config's trainer settings, one minibatch, micro-batches of ``microbatch_tokens``; ``check``:
     no advantage normalisation (the check batch's rewards are all +5)."""
-    from areal_core.trainer.config import OffPolicyNone
+    from areal_core.algo.off_policy import OffPolicyNone
 
     t = s.cfg.trainer
     update = {
