@@ -140,6 +140,7 @@ class LoopResult:
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
     warm: tuple[float, int] | None = None  # (time, tokens so far) once the warm-up steps are done
+    first_step: int = 1  # the first step this loop trains
 
 
 def _lent_share(lending: CoreLending | None) -> float:
@@ -207,62 +208,18 @@ def _show(bar: tqdm, result: StepResult, loop: Loop) -> None:
 
 def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
     """Train from ``version`` to step ``steps`` (or to a stop); the servers hold the last version after."""
-    first_step = version + 1
-    out = LoopResult(version=version, last_step=version, checkpointed=version)  # (the start is a checkpoint)
+    # (the start is a checkpoint)
+    out = LoopResult(version=version, last_step=version, checkpointed=version, first_step=version + 1)
     bar = tqdm(total=steps, initial=min(version, steps), desc=f"RL {loop.name}", unit="step", disable=not loop.progress)
     with loop.checkpoints, logs_above_the_bar(loop.progress):
         try:
             loop.controller.start()
             if loop.costs is not None:
                 loop.costs.start(loop.controller.pool_figures())
-            for step in range(first_step, steps + 1):
-                clock = StepClock()
-                generated_before = loop.controller.generated_tokens
-                with clock.part("wait_time_s"):
-                    batch = _take_or_pause(loop, version, out)  # staleness-bounded
-                if batch is None:
+            for step in range(version + 1, steps + 1):
+                result = _train_step(loop, step, steps, out)
+                if result is None:  # the elastic pool is short of servers: stopped at a checkpoint
                     break
-                out.budget_spent = loop.costs is not None and loop.costs.budget_spent(loop.runlog.metrics)
-                # this step is the last, checkpointed
-                out.stopped = (loop.stop is not None and loop.stop.is_set()) or out.budget_spent
-                checkpointing = loop.checkpoints.due(step, final=step == steps) or out.stopped
-                if checkpointing:
-                    loop.controller.refresh_partials()  # for the resume state, read while we train
-                if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
-                    raise RuntimeError("a frozen-policy trajectory reached the trainer")
-                result = loop.trainer.step(batch, version)
-                recorded = record_schedule(loop, step, version, batch)
-                version += 1
-                with clock.part("publish_time_s"):
-                    loop.publisher.publish(loop.model, version, clock)  # servers get it while we go on
-                    row = {
-                        **step_row(
-                            step, version, result, batch, loop, loop.controller.generated_tokens - generated_before
-                        ),
-                        **clock.s,
-                        "schedule_bytes": recorded,
-                        "checkpoint": checkpointing,
-                    }
-                    loop.runlog.log_step(row, ledger_rows(batch, step, version - 1, result.prox_version), flush=False)
-                if checkpointing:  # weights, optimizer and every untrained answer, as of this step
-                    with clock.part("checkpoint_time_s"):
-                        out.checkpointed = step
-                        row["weights_sha256"] = weights_sha256(loop.model)
-                        # the resume state holds this row as of now (the write's own time is not in it)
-                        _finish_row(row, clock, loop, out, result, generated_before, commit=False)
-                        clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
-                            step, loop.model, resume_files(loop, step), final=step == steps
-                        )
-                else:
-                    loop.checkpoints.poll()
-                _finish_row(row, clock, loop, out, result, generated_before, commit=True)
-                loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
-                out.tokens += result.tokens_trained
-                out.version, out.last_step = version, step
-                if step == first_step - 1 + loop.warmup_steps:
-                    out.warm = (time.perf_counter(), out.tokens)
-                if loop.on_step:
-                    loop.on_step({**row, "total_steps": steps})
                 _show(bar, result, loop)
                 if out.stopped:
                     break
@@ -274,6 +231,52 @@ def train_steps(loop: Loop, version: int, steps: int) -> LoopResult:
             loop.publisher.transport.close()
     out.end = time.perf_counter()
     return out
+
+
+def _train_step(loop: Loop, step: int, steps: int, out: LoopResult) -> StepResult | None:
+    """One step: take a staleness-bounded batch, train it, record its schedule, publish the new
+    version (the servers get it while the next batch is taken), log the row, checkpoint when due."""
+    version, clock = out.version, StepClock()
+    generated_before = loop.controller.generated_tokens
+    with clock.part("wait_time_s"):
+        batch = _take_or_pause(loop, version, out)
+    if batch is None:
+        return None
+    out.budget_spent = loop.costs is not None and loop.costs.budget_spent(loop.runlog.metrics)
+    out.stopped = (loop.stop is not None and loop.stop.is_set()) or out.budget_spent  # this step is the last
+    checkpointing = loop.checkpoints.due(step, final=step == steps) or out.stopped
+    if checkpointing:
+        loop.controller.refresh_partials()  # for the resume state, read while we train
+    if any(t.route == FROZEN for t in batch):  # the buffer never holds them: a bug if so
+        raise RuntimeError("a frozen-policy trajectory reached the trainer")
+    result = loop.trainer.step(batch, version)
+    recorded = record_schedule(loop, step, version, batch)
+    with clock.part("publish_time_s"):
+        loop.publisher.publish(loop.model, version + 1, clock)  # servers get it while we go on
+        generated = loop.controller.generated_tokens - generated_before
+        row = {**step_row(step, version + 1, result, batch, loop, generated), **clock.s}
+        row.update(schedule_bytes=recorded, checkpoint=checkpointing)
+        loop.runlog.log_step(row, ledger_rows(batch, step, version, result.prox_version), flush=False)
+    if checkpointing:  # weights, optimizer and every untrained answer, as of this step
+        with clock.part("checkpoint_time_s"):
+            out.checkpointed = step
+            row["weights_sha256"] = weights_sha256(loop.model)
+            # the resume state holds this row as of now (the write's own time is not in it)
+            _finish_row(row, clock, loop, out, result, generated_before, commit=False)
+            clock.s["checkpoint_wait_s"] = loop.checkpoints.write(
+                step, loop.model, resume_files(loop, step), final=step == steps
+            )
+    else:
+        loop.checkpoints.poll()
+    _finish_row(row, clock, loop, out, result, generated_before, commit=True)
+    loop.runlog.flush(min_interval_s=METRICS_FLUSH_S)
+    out.tokens += result.tokens_trained
+    out.version, out.last_step = version + 1, step
+    if step == out.first_step - 1 + loop.warmup_steps:
+        out.warm = (time.perf_counter(), out.tokens)
+    if loop.on_step:
+        loop.on_step({**row, "total_steps": steps})
+    return result
 
 
 def _take_or_pause(loop: Loop, version: int, out: LoopResult) -> list[Trajectory] | None:
