@@ -1,5 +1,5 @@
 """The simulator against this machine, repeated: the validation runs of docs/PLANNING.md,
-each made `reps` times, then `areal_core.sim.local` on all of them.
+each made `reps` times, then the calibrated simulator (`areal_core/sim/local.py`) on all of them.
 
     .venv/bin/python -m bench sim_validation [--quick]
 
@@ -11,7 +11,7 @@ its CPU busy for 3 s in a row). Repetitions of a setting are one row of the tabl
 measured mean and its spread, each prediction's error against the mean and, in brackets,
 its range over the repetitions. The calibration is the one in the repository
 (`areal_core/sim/data/calibration_quickstart.json`); measure it again, the same day, with
-`python -m areal_core.sim.measure` and `python -m areal_core.sim.in_situ measure`.
+`areal-flow calibrate` and `areal-flow calibrate-in-situ measure`.
 The runs stay in runs/sim-validation/<time>/. A diagnostic, not part of `bench all`:
 --quick makes 1 repetition of shorter runs.
 """
@@ -83,8 +83,8 @@ def make_runs(root: Path, reps: int, qs_steps: int, trl_steps: int, parts=("quic
 
 
 def run(quick: bool, root: Path | None = None) -> dict:
-    from areal_core.sim.local import DEFAULT_CALIBRATION, format_rows, validate_runs
-    from areal_core.sim.measure import load_calibration
+    from areal_core.sim.local import format_rows, validate_runs
+    from areal_core.sim.measure import DEFAULT_CALIBRATION, load_calibration
     from bench.trl_peer import STEPS_FULL
 
     reps = REPS_QUICK if quick else REPS_FULL

@@ -111,7 +111,3 @@ def campaign(
         )
     report_path = report(run_dirs, out_dir, title=f"campaign {cfg.name}")
     return {"out_dir": out_dir, "run_dirs": run_dirs, "evaluations": evaluations, "report": report_path}
-
-
-if __name__ == "__main__":
-    campaign()

@@ -103,7 +103,3 @@ def evaluate(
         print(f"{b}: pass@1 {s['pass@1']:.3f} on {s['n_problems']} problems")
     print(f"results: {out_dir}")
     return summary
-
-
-if __name__ == "__main__":
-    evaluate("runs/quickstart/checkpoints/v150")

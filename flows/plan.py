@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode
 from areal_core.sim.planner import DEFAULT_ETAS
 from areal_core.sim.request import PlanOutcome, build_request, run_plan
 from tasks.flow_runs import plan_run_name
@@ -43,7 +44,7 @@ def plan(
     ratios: list[str] | None = None,
     prompts_per_step: int = 128,
     answers_per_prompt: int = 16,
-    weight_update: str = "reprefill",
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
     n_steps: int = 30,
     out_dir: str = "runs/plan",
 ) -> dict:
@@ -104,7 +105,3 @@ def plan(
     )
     print(outcome.markdown)
     return {**outcome.to_json(), "files": outcome.files}
-
-
-if __name__ == "__main__":
-    plan()

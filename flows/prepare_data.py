@@ -38,7 +38,3 @@ def prepare_data(
     if left_out:
         print(f"{source}: left out {len(left_out)} problem(s) that are also evaluation problems (see manifest.json)")
     return manifest
-
-
-if __name__ == "__main__":
-    prepare_data()

@@ -32,7 +32,3 @@ def provision(
         f"rollout: {report['rollout']['backend']}"
     )
     return report
-
-
-if __name__ == "__main__":
-    provision()

@@ -78,7 +78,3 @@ def sweep(
         run_dirs.append(run_dir)
     report_path = report(run_dirs, out_dir, title=f"sweep {' + '.join(names)}") if make_report else None
     return {"out_dir": out_dir, "run_dirs": run_dirs, "report": report_path}
-
-
-if __name__ == "__main__":
-    sweep()

@@ -73,7 +73,3 @@ def train(
 
         return Cancelled(message=state.message)
     return state.result()
-
-
-if __name__ == "__main__":
-    train()

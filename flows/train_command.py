@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from flows.cli_input import UsageError, _load, _overrides
+from flows.cli_input import UsageError, config_from, overrides_from
 
 
 def _check_run(cfg, run_dir: Path, resume: bool) -> None:
@@ -84,8 +84,8 @@ def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
 
 
 def run_train_command(args) -> int:
-    overrides = _overrides(args.set)
-    cfg = _load(args.config, overrides)
+    overrides = overrides_from(args.set)
+    cfg = config_from(args.config, overrides)
     b = cfg.trainer.backend
     if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
         from areal_core.trainer.megatron.follower import follow

@@ -20,7 +20,9 @@ class Grader:
         self.rewards, self.s = rewards, settings
         self._tests = {p.id: p.tests for p in prompts if p.tests}  # what code answers are graded against
 
-    def grade(self, trajs: Sequence[Trajectory], texts: Sequence[str], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    def grade(
+        self, trajs: Sequence[Trajectory], texts: Sequence[str], loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future:
         """Grade ``texts`` (one answer per trajectory of one group) as one batch of reward tasks; a
         future of ``loop`` with their results, in order."""
         tests = self._tests.get(prompt_of(trajs[0].group_id))  # one group, one prompt (and one list of tests)

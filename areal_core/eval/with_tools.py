@@ -2,16 +2,13 @@
 :mod:`areal_core.episodes.tool`): greedy, on the same held-out problems and checkpoints as the
 run's own single-turn, tool-free evaluation.
 
-    .venv/bin/python -m areal_core.eval.with_tools heldout RUN_DIR [--version N ...] [--n-problems N] [--out FILE]
+    areal-flow eval-tools RUN_DIR [--version N ...] [--n-problems N] [--out FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import json
-import logging
 import math
 from collections.abc import Sequence
 
@@ -166,28 +163,3 @@ def _num(k: str) -> float:
         return float(k)
     except ValueError:
         return math.inf
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m areal_core.eval.with_tools",
-        description="Held-out accuracy of a run's checkpoints with its tool-use episode.",
-    )
-    sub = p.add_subparsers(dest="cmd", required=True)
-    h = sub.add_parser("heldout", help="greedy held-out accuracy with tools, per checkpoint version")
-    h.add_argument("run_dir")
-    h.add_argument("--version", type=int, action="append", help="checkpoint version (repeat; default: first, latest)")
-    h.add_argument("--n-problems", type=int, default=None)
-    h.add_argument("--out", default=None, help="also write the result here (JSON)")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    result = evaluate_heldout(a.run_dir, a.version, n_problems=a.n_problems)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-
-
-if __name__ == "__main__":
-    main()

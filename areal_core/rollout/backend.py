@@ -10,11 +10,26 @@ business alone.
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
+
+# How a server takes a weight update while it generates (``rollout.weight_update``; the embedded
+# engine's docstring says what each does). Declared once: the config, the wire, every backend, the
+# simulator and the command line use it.
+WeightUpdateMode = Literal["reprefill", "keep_kv", "drain"]
+WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = typing.get_args(WeightUpdateMode)
+DEFAULT_WEIGHT_UPDATE: WeightUpdateMode = "reprefill"  # AReaL's interruptible generation
+
+
+def weight_update_mode(value: str) -> WeightUpdateMode:
+    """``value`` as a :data:`WeightUpdateMode`; anything else is a ValueError naming the modes."""
+    if value not in WEIGHT_UPDATE_MODES:
+        raise ValueError(f"weight_update: must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {value!r}")
+    return typing.cast(WeightUpdateMode, value)
 
 
 @dataclass(frozen=True)

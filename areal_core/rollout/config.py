@@ -7,10 +7,9 @@ from pydantic import Field, field_validator, model_validator
 
 from areal_core.configbase import Section
 from areal_core.rollout.auth import UNAUTHENTICATED_MESSAGE, ServerAuthConfig
-from areal_core.rollout.backend import Sampling
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, Sampling, WeightUpdateMode
 from areal_core.rollout.backends.sglang import SGLangConfig
 from areal_core.rollout.backends.vllm import VLLMConfig
-from areal_core.rollout.protocol import WeightUpdateMode
 
 _NEEDS_FULL = (
     "training needs the unfiltered distribution: the trainer recomputes logprobs over every "
@@ -123,7 +122,7 @@ class EngineConfig(Section):
     config (``RolloutConfig.engine_config``) and handed to the server whole, as JSON."""
 
     max_running: int = Field(256, gt=0)  # sequences decoded together
-    weight_update: WeightUpdateMode = "reprefill"
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE  # what an update does to in-flight sequences
     torch_threads: int = Field(1, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
@@ -170,7 +169,7 @@ class RolloutConfig(Section):
     max_running: int = Field(256, gt=0)  # sequences decoded together by one embedded server
     # what a weight update does to in-flight sequences: reprefill (AReaL: re-prefill them with the
     # new weights), keep_kv (PipelineRL: continue on the old KV cache), drain (finish them first)
-    weight_update: WeightUpdateMode = "reprefill"
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE
     # how weights reach the servers; None: the fastest that works for the backend
     # (embedded servers on this host: tensor; external and SGLang servers: distributed; vLLM: disk)
     weight_transport: WeightTransportConfig | None = None

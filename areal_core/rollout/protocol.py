@@ -36,9 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# How a server takes a weight update while it generates (``rollout.weight_update``; the embedded
-# engine's docstring says what each does). Declared once: the config, the wire and every backend use it.
-WeightUpdateMode = Literal["reprefill", "keep_kv", "drain"]
+from areal_core.rollout.backend import WeightUpdateMode
 
 MAX_TOKENS_PER_REQUEST = 1 << 16
 MAX_SEED = 1 << 63

@@ -8,10 +8,10 @@ Pure Python and numpy: no torch, no Prefect, no GPU.
 * `validation_rows()`: simulated vs published AReaL figures.
 * `request.build_request` / `request.run_plan`: what `areal-flow plan` and the `plan`
   flow run.
-* `python -m areal_core.sim.measure`: this machine's costs, measured with the project's
-  engine and trainer and fitted (the only module that imports torch);
-  `python -m areal_core.sim.local RUN_DIR...`: the calibrated simulator against runs
-  measured here.
+* `measure.py` (`areal-flow calibrate`): this machine's costs, measured with the project's
+  engine and trainer and fitted (the only module that imports torch); `in_situ.py`
+  (`areal-flow calibrate-in-situ`): what the whole system adds to them; `local.py`
+  (`areal-flow simulate RUN_DIR...`): the calibrated simulator against runs measured here.
 
 docs/PLANNING.md describes the model, its assumptions and its validation.
 """

@@ -7,10 +7,9 @@ Every invalid setting is a ValueError that names the field.
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field
 
-from areal_core.rollout.protocol import WeightUpdateMode
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode, weight_update_mode
 from areal_core.sim.cost import (
     CostModel,
     Efficiency,
@@ -23,7 +22,6 @@ from areal_core.sim.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
 from areal_core.sim.lengths import LengthDist
 
 MODES = ("async", "sync")
-UPDATE_MODES = typing.get_args(WeightUpdateMode)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class SimConfig:
     n_rollout_gpus: int | None = None
     rollout_tp: int | None = None
     eta: int = 4
-    weight_update: str = "reprefill"
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE
     prompts_per_step: int = 512
     answers_per_prompt: int = 16
     prompt_tokens: int = 1024
@@ -103,8 +101,7 @@ def resolve(cfg: SimConfig) -> Setup:
     """Validate `cfg`; every error is a ValueError that names the field."""
     if cfg.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {cfg.mode!r}")
-    if cfg.weight_update not in UPDATE_MODES:
-        raise ValueError(f"weight_update must be one of {UPDATE_MODES}, got {cfg.weight_update!r}")
+    weight_update_mode(cfg.weight_update)
     for name in ("n_gpus", "prompts_per_step", "answers_per_prompt", "n_steps", "max_running_per_server", "util_bins"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")

@@ -283,7 +283,7 @@ def in_situ_cost(cost: CostModel, in_situ: dict | None, mode: str) -> CostModel:
     missing = [k for k in FIT_KEYS if k not in f]
     if missing:
         raise ValueError(
-            f"in-situ calibration for {mode!r} lacks {missing}: fit it again (python -m areal_core.sim.in_situ)"
+            f"in-situ calibration for {mode!r} lacks {missing}: fit it again (areal-flow calibrate-in-situ)"
         )
     g, k = f["generation_slowdown"], f["train_slowdown"]
     if g <= 0 or k <= 0 or f["step_overhead_s"] < 0 or f["generation_fixed_s"] < 0:

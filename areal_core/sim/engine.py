@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from areal_core.algo.staleness import staleness_allows
-from areal_core.sim.config import MODES, UPDATE_MODES, Setup, SimConfig, resolve
+from areal_core.sim.config import MODES, Setup, SimConfig, resolve
 from areal_core.sim.result import SimResult, collect_result
 from areal_core.sim.server import Request, RolloutServer
 
-__all__ = ["MODES", "UPDATE_MODES", "Setup", "SimConfig", "SimResult", "resolve", "simulate"]
+__all__ = ["MODES", "Setup", "SimConfig", "SimResult", "resolve", "simulate"]
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """What the whole system adds to its components' costs on a machine whose processes share
 the cores, measured in situ from short runs in calibration settings.
 
-    .venv/bin/python -m areal_core.sim.in_situ measure [--config C] [--set K=V ...] [--steps N]
-    .venv/bin/python -m areal_core.sim.in_situ fit RUN_DIR [RUN_DIR ...]
+    areal-flow calibrate-in-situ measure [--config C] [--set K=V ...] [--steps N]
+    areal-flow calibrate-in-situ fit RUN_DIR [RUN_DIR ...]
 
 On a GPU cluster every rollout server and the trainer own their devices, and the
-component costs `areal_core.sim.measure` takes alone are what they cost in a run. On a
+component costs `areal-flow calibrate` measures alone (`measure.py`) are what they cost in a run. On a
 2-core CPU they are not: the trainer shares the cores with the rollout server, the Dask
 worker and scheduler and the controller's threads, and a synchronous step waits for
 HTTP calls and the grading of its last groups. From runs of the whole system (made by
@@ -37,7 +37,6 @@ them; the simulator itself is unchanged. `fit` writes them into the calibration 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -48,7 +47,6 @@ import numpy as np
 
 from areal_core.sim.cost import CostModel
 
-DEFAULT_CONFIG = "configs/quickstart.yaml"
 # The calibration settings: the quickstart's model and task with 4 and 24 prompts of 8 answers a
 # step (the quickstart has 16) and another seed, so that no validation row (docs/PLANNING.md) is
 # its own calibration; a small held-out evaluation (it runs outside the measured time)
@@ -242,49 +240,3 @@ def format_fit(result: dict) -> str:
             f"{v['generation_slowdown']:.2f} x simulated + {v['generation_fixed_s'] * 1e3:.1f} ms"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from areal_core.sim.local import DEFAULT_CALIBRATION
-    from areal_core.sim.measure import load_calibration
-
-    ap = argparse.ArgumentParser(prog="python -m areal_core.sim.in_situ", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="make the calibration runs (sync, then async) and fit")
-    m.add_argument("--config", default=DEFAULT_CONFIG)
-    m.add_argument(
-        "--set",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help=f"config overrides of the calibration setting (default: {' '.join(DEFAULT_SETS)})",
-    )
-    m.add_argument(
-        "--batches",
-        default=",".join(map(str, DEFAULT_BATCHES)),
-        help="answers per step of each calibration setting, comma-separated",
-    )
-    m.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    m.add_argument("--out-dir", default="runs/sim-calibration")
-    f = sub.add_parser("fit", help="fit from finished run folders (at least one synchronous)")
-    f.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    for p in (m, f):
-        p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="the file areal_core.sim.measure wrote")
-    args = ap.parse_args(argv)
-    cost, _ = load_calibration(args.calibration)
-    if args.cmd == "measure":
-        sets = list(DEFAULT_SETS) if args.set is None else args.set
-        batches = [int(b) for b in args.batches.split(",")]
-        runs = run_calibration(args.config, sets, batches, args.steps, Path(args.out_dir))
-        meta = {"config": args.config, "sets": sets, "batches": batches, "steps": args.steps}
-    else:
-        runs, meta = args.runs, {}
-    result = {**fit(runs, cost), **meta}
-    write_fit(args.calibration, result)
-    print(format_fit(result))
-    print(f"written to {args.calibration} (section in_situ)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The simulator, calibrated on this machine, against runs of the project measured here.
 
-    .venv/bin/python -m areal_core.sim.local RUN_DIR [RUN_DIR ...] [--calibration FILE] [--seeds 3]
+    areal-flow simulate RUN_DIR [RUN_DIR ...] [--calibration FILE] [--seeds 3]
 
 Each run folder (what `areal-flow train` writes) gives the setting: its config.json (batch,
 answers per prompt, eta, weight-update mode, servers and threads), its summary.json (the
@@ -26,22 +26,19 @@ what those runs measured the system to add; `--components-only` leaves it out.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from areal_core.rollout.backend import WeightUpdateMode
 from areal_core.sim.cost import CostModel, in_situ_cost
 from areal_core.sim.engine import SimConfig, simulate
 from areal_core.sim.hardware import GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
-
-DEFAULT_CALIBRATION = "areal_core/sim/data/calibration_quickstart.json"
 
 # The tiny model and a core of this machine, as the simulator's specs: only their memory
 # checks run when a calibrated cost model is given, and neither binds.
@@ -58,7 +55,7 @@ class RunFacts:
     run_dir: str
     name: str
     eta: int
-    weight_update: str
+    weight_update: WeightUpdateMode
     prompts_per_step: int
     answers_per_prompt: int
     steps: int
@@ -284,38 +281,14 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from areal_core.sim.measure import load_calibration
-
-    ap = argparse.ArgumentParser(prog="python -m areal_core.sim.local", description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run folders (areal-flow train --run-dir)")
-    ap.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="JSON written by areal_core.sim.measure")
-    ap.add_argument("--seeds", type=int, default=3, help="simulations per run (answer-length draws)")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
-    ap.add_argument(
-        "--components-only",
-        action="store_true",
-        help="leave out the in-situ overheads even where the calibration file has them",
-    )
-    args = ap.parse_args(argv)
-    cost, data = load_calibration(args.calibration)
-    in_situ = None if args.components_only else data.get("in_situ")
-    rows = validate_runs(args.runs, cost, args.seeds, in_situ)
-    print(format_rows(rows))
-    if in_situ:
-        used = ", ".join(r["run_dir"] for r in in_situ["runs"])
-        print(f"in-situ overheads fitted on: {used}")
-        overlap = {str(Path(r["run_dir"]).resolve()) for r in in_situ["runs"]} & {
-            str(Path(r).resolve()) for r in args.runs
-        }
-        if overlap:
-            print(f"WARNING: these runs are their own calibration: {', '.join(sorted(overlap))}")
-    if args.json:
-        from areal_core.storage.fsutil import write_text_atomic
-
-        write_text_atomic(args.json, json.dumps(rows, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def calibration_notes(in_situ: dict | None, run_dirs: list[str]) -> list[str]:
+    """What the rows' in-situ prediction rests on: the runs it was fitted on, and a warning for
+    any of ``run_dirs`` among them (a run that is its own calibration)."""
+    if not in_situ:
+        return []
+    notes = ["in-situ overheads fitted on: " + ", ".join(r["run_dir"] for r in in_situ["runs"])]
+    fitted = {str(Path(r["run_dir"]).resolve()) for r in in_situ["runs"]}
+    overlap = fitted & {str(Path(r).resolve()) for r in run_dirs}
+    if overlap:
+        notes.append(f"WARNING: these runs are their own calibration: {', '.join(sorted(overlap))}")
+    return notes

@@ -1,8 +1,8 @@
 """Measure this machine's costs with the project's own engine and trainer, and fit the
 simulator's cost model to them.
 
-    .venv/bin/python -m areal_core.sim.measure                      # configs/quickstart.yaml, ~1 min
-    .venv/bin/python -m areal_core.sim.measure --config C.yaml --out calibration.json [--quick]
+    areal-flow calibrate                      # configs/quickstart.yaml, ~1 min
+    areal-flow calibrate --config C.yaml --out calibration.json [--quick]
 
 What is timed (the config's model, dtype, sampling, trainer settings; the tiny model's
 shape with random weights: the cost does not depend on the weights):
@@ -30,13 +30,11 @@ the points and the machine. torch is imported here only: the simulator needs non
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import platform
 import random
-import sys
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -50,8 +48,8 @@ if TYPE_CHECKING:
     from areal_core.rollout.config import SamplingConfig
     from areal_core.rollout.protocol import SamplingParams
 
-DEFAULT_CONFIG = "configs/quickstart.yaml"
-DEFAULT_OUT = "areal_core/sim/data/calibration_quickstart.json"
+DEFAULT_CONFIG = "configs/quickstart.yaml"  # the setting measured, unless another config is given
+DEFAULT_CALIBRATION = "areal_core/sim/data/calibration_quickstart.json"  # where the fit goes, and is read from
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_PROMPT, DECODE_NEW, DECODE_CHUNK = (8, 40), 96, 16  # prompt lengths: uniform in the range
 PREFILL_N, PREFILL_LEN = (1, 4, 16, 64), (16, 48, 96, 128)
@@ -79,17 +77,11 @@ def _engine(model, max_running: int):
 
 
 def _engine_sampling(sampling: SamplingConfig, max_new_tokens: int) -> SamplingParams:
-    """The engine's sampling params for the configured ``sampling``, ignoring EOS: each request
-    generates exactly ``max_new_tokens``."""
-    from areal_core.rollout.protocol import SamplingParams
+    """The configured ``sampling`` as the engine takes it, ignoring EOS: each request generates
+    exactly ``max_new_tokens`` (the embedded backend's own conversion, as its client sends it)."""
+    from areal_core.rollout.backends.embedded.client import sampling_params
 
-    return SamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        max_new_tokens=max_new_tokens,
-        ignore_eos=True,
-    )
+    return sampling_params(sampling.to_sampling(max_new_tokens=max_new_tokens, ignore_eos=True))
 
 
 def measure_decode(model, sampling: SamplingConfig, vocab: int, reps: int, batches=DECODE_BATCHES) -> list[dict]:
@@ -260,7 +252,7 @@ def measure(config_path: str = DEFAULT_CONFIG, quick: bool = False) -> dict:
     }
     cost = calibrate_from(measurements)
     return {
-        "command": "python -m areal_core.sim.measure"
+        "command": "areal-flow calibrate"
         + (f" --config {config_path}" if config_path != DEFAULT_CONFIG else "")
         + (" --quick" if quick else ""),
         "config": config_path,
@@ -295,33 +287,33 @@ def load_calibration(path: str | os.PathLike) -> tuple[CostModel, dict]:
     return CostModel(**data["fitted"]), data
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m areal_core.sim.measure", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=DEFAULT_CONFIG, help="experiment config whose model and trainer are timed")
-    ap.add_argument("--out", default=DEFAULT_OUT, help="where to write the calibration JSON")
-    ap.add_argument("--quick", action="store_true", help="one repetition per point (about 4x faster, noisier)")
-    args = ap.parse_args(argv)
-    result = measure(args.config, args.quick)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+def write_calibration(result: dict, out: str | os.PathLike) -> Path:
+    """Write what `measure` returned as the calibration JSON at ``out``; returns the path."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def describe_fit(result: dict) -> str:
+    """The fitted cost model and its errors on the measured points, a few lines of text."""
     f = result["fitted"]
-    print(
-        f"decode step: {f['decode_overhead_s'] * 1e3:.2f} ms + {f['decode_flop_s_per_seq'] * 1e6:.1f} us/sequence "
-        f"+ {f['decode_flop_s_per_ctx_token'] * 1e9:.1f} ns/context token (compute plane); "
-        f"memory plane {f['decode_weight_read_s'] * 1e3:.2f} ms + {f['decode_kv_read_s_per_token'] * 1e9:.1f} ns/token"
-    )
-    print(f"prefill: {f['prefill_overhead_s'] * 1e3:.2f} ms + {f['prefill_s_per_token'] * 1e6:.1f} us/token")
-    print(
-        f"train: {f['train_step_overhead_s'] * 1e3:.1f} ms + {f['train_device_s_per_token'] * 1e6:.1f} "
-        f"us/token on one core, scaling efficiency {f['train_scaling_eff']:.2f} per doubling"
-    )
-    print(f"weight update: {f['weight_update_s'] * 1e3:.1f} ms")
+    lines = [
+        (
+            f"decode step: {f['decode_overhead_s'] * 1e3:.2f} ms + {f['decode_flop_s_per_seq'] * 1e6:.1f} us/sequence "
+            f"+ {f['decode_flop_s_per_ctx_token'] * 1e9:.1f} ns/context token (compute plane); memory plane "
+            f"{f['decode_weight_read_s'] * 1e3:.2f} ms + {f['decode_kv_read_s_per_token'] * 1e9:.1f} ns/token"
+        ),
+        f"prefill: {f['prefill_overhead_s'] * 1e3:.2f} ms + {f['prefill_s_per_token'] * 1e6:.1f} us/token",
+        (
+            f"train: {f['train_step_overhead_s'] * 1e3:.1f} ms + {f['train_device_s_per_token'] * 1e6:.1f} "
+            f"us/token on one core, scaling efficiency {f['train_scaling_eff']:.2f} per doubling"
+        ),
+        f"weight update: {f['weight_update_s'] * 1e3:.1f} ms",
+    ]
     for kind, e in result["fit_errors"].items():
-        print(f"fit error, {kind}: median {e['median_rel_error']:.1%}, max {e['max_rel_error']:.1%} ({e['n']} points)")
-    print(f"load average {result['machine']['load_average_1m']}; wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        lines.append(
+            f"fit error, {kind}: median {e['median_rel_error']:.1%}, max {e['max_rel_error']:.1%} ({e['n']} points)"
+        )
+    lines.append(f"load average {result['machine']['load_average_1m']}")
+    return "\n".join(lines)

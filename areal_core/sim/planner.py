@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode
 from areal_core.sim.cost import Efficiency, smallest_rollout_tp
 from areal_core.sim.engine import SimConfig, SimResult, simulate
 from areal_core.sim.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
@@ -94,7 +95,7 @@ def plan(
     etas=DEFAULT_ETAS,
     rollout_shares=DEFAULT_ROLLOUT_SHARES,
     rollout_counts: list[int] | None = None,
-    weight_update: str = "reprefill",
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
     n_steps: int = 30,
     warmup_steps: int = 10,
     seed: int = 0,

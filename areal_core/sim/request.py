@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_core.sim.config import UPDATE_MODES
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode, weight_update_mode
 from areal_core.sim.cost import Efficiency, smallest_rollout_tp
 from areal_core.sim.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from areal_core.sim.lengths import LengthDist
@@ -112,7 +112,7 @@ class PlanRequest:
     ratios: tuple[tuple[int, int], ...] | None = None
     prompts_per_step: int = 128
     answers_per_prompt: int = 16
-    weight_update: str = "reprefill"
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE
     n_steps: int = 30
     warmup_steps: int = 10
     seed: int = 0
@@ -142,7 +142,7 @@ def build_request(
     ratios: list[str] | None = None,
     prompts_per_step: int = 128,
     answers_per_prompt: int = 16,
-    weight_update: str = "reprefill",
+    weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
     n_steps: int = 30,
     warmup_steps: int | None = None,
     seed: int = 0,
@@ -169,8 +169,7 @@ def build_request(
         raise ValueError(f"warmup_steps: must be below n_steps ({n_steps}), got {warmup_steps}")
     if prompt_tokens >= context:
         raise ValueError(f"context: {context} leaves no room to answer after {prompt_tokens}-token prompts")
-    if weight_update not in UPDATE_MODES:
-        raise ValueError(f"weight_update: must be one of {', '.join(UPDATE_MODES)}, got {weight_update!r}")
+    weight_update_mode(weight_update)
     etas = tuple(sorted({int(e) for e in etas}))
     if not etas or etas[0] < 0:
         raise ValueError(f"eta: candidates must be whole numbers >= 0, got {list(etas)}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from areal_core.rollout.backend import WeightUpdateMode
 from areal_core.sim.config import Setup, SimConfig
 from areal_core.sim.server import RolloutServer
 
@@ -38,7 +39,7 @@ class SimResult:
 
     mode: str
     eta: int
-    weight_update: str
+    weight_update: WeightUpdateMode
     n_rollout_gpus: int
     n_trainer_gpus: int
     rollout_tp: int

@@ -21,6 +21,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from areal_core.rollout.backend import WeightUpdateMode
 from areal_core.sim.cost import CostModel
 
 
@@ -48,7 +49,9 @@ class Request:
 class RolloutServer:
     """Continuous batching with a weight-update mode: reprefill, keep_kv or drain."""
 
-    def __init__(self, index: int, cost: CostModel, tp: int, update_mode: str, max_running: int, admit_reserve: int):
+    def __init__(
+        self, index: int, cost: CostModel, tp: int, update_mode: WeightUpdateMode, max_running: int, admit_reserve: int
+    ):
         self.index = index
         self.cost = cost
         self.tp = tp

@@ -35,23 +35,56 @@ def test_bad_input_is_an_error_message_with_rc_2(argv, words, capsys):
     assert err.startswith("error: ") and words in err and "Traceback" not in err, err
 
 
+GROUPS = {
+    "run": ["train", "sweep", "campaign", "replay"],
+    "evaluate": ["eval", "eval-tools", "report"],
+    "plan": ["plan", "calibrate", "calibrate-in-situ", "simulate"],
+    "operate": ["runs", "export", "serve", "rollout-server", "stack"],
+}
+COMMANDS = [c for cmds in GROUPS.values() for c in cmds]
+
+
 def test_every_command_is_in_the_one_parser():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {
-        "train",
-        "eval",
-        "export",
-        "sweep",
-        "campaign",
-        "stack",
-        "plan",
-        "report",
-        "serve",
-        "runs",
-        "replay",
-    }
+    assert sorted(sub.choices) == sorted(COMMANDS)
     t = build_parser().parse_args(["train", CONFIG, "--no-prefect", "--resume"])
     assert t.no_prefect and t.resume and t.evaluate_every == 50
+
+
+def test_help_lists_every_command_under_its_group(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    titles = [lines.index(f"{g}:") for g in GROUPS]
+    assert titles == sorted(titles), "groups in the order run, evaluate, plan, operate"
+    for (group, cmds), start, end in zip(GROUPS.items(), titles, titles[1:] + [len(lines)]):
+        listed = [line.split()[0] for line in lines[start + 1 : end] if line.startswith("  ") and line[2] != " "]
+        assert [c for c in listed if c in COMMANDS] == cmds, (group, listed)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[c] for c in COMMANDS] + [["calibrate-in-situ", "measure"], ["calibrate-in-situ", "fit"]],
+    ids=" ".join,
+)
+def test_every_command_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: areal-flow {' '.join(argv)} "), out[:200]
+
+
+def test_building_the_parser_imports_no_simulator_engine_or_torch():
+    code = (
+        "import sys; from flows.cli import build_parser; build_parser(); "
+        "heavy = [m for m in ('torch', 'prefect', 'areal_core.sim', 'areal_core.rollout.backends.embedded.engine') "
+        "if m in sys.modules]; assert not heavy, heavy"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_prefect_free_paths_do_not_import_prefect():

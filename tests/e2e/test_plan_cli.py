@@ -87,7 +87,6 @@ def test_plan_takes_answer_lengths_from_a_past_run(tmp_path, capsys):
         (["--gpus", "0"], "error: n_gpus: must be at least 1"),
         (["--context", "100"], "error: context: 100 leaves no room to answer"),
         (["--eta", "1,x"], "error: --eta expects comma-separated whole numbers"),
-        (["--weight-update", "hot"], "error: weight_update: must be one of"),
         (["--from-run", "/nonexistent/run"], "error: from_run: /nonexistent/run holds neither"),
     ],
 )
@@ -96,6 +95,13 @@ def test_bad_input_is_one_error_line(args, message, capsys):
     captured = capsys.readouterr()
     assert captured.err.startswith(message), captured.err
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_weight_update_takes_only_the_modes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(SMALL + ["--weight-update", "hot"])
+    assert e.value.code == 2
+    assert "invalid choice: 'hot' (choose from 'reprefill', 'keep_kv', 'drain')" in capsys.readouterr().err
 
 
 def test_model_names_carrying_a_size():

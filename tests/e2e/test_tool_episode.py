@@ -5,8 +5,6 @@ run (embedded servers, Dask grading, the trainer) with the tool."""
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -243,16 +241,18 @@ def test_config_and_the_chain_task_tool_format():
         )
 
 
-def test_heldout_with_tools_command():
-    """``python -m areal_core.eval.with_tools heldout RUN_DIR``: the held-out evaluation with tools."""
-    out = subprocess.run(
-        [sys.executable, "-m", "areal_core.eval.with_tools", "heldout", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "run_dir" in out.stdout and "--n-problems" in out.stdout
+def test_heldout_with_tools_command(tmp_path, capsys):
+    """``areal-flow eval-tools RUN_DIR``: the held-out evaluation with tools; a folder that is not a run
+    is named before anything starts."""
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval-tools", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "RUN_DIR" in out and "--n-problems" in out and "--version" in out
+    assert main(["eval-tools", str(tmp_path)]) == 2
+    assert f"not a run folder (no config.json): {tmp_path}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

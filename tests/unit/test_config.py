@@ -166,11 +166,11 @@ def test_micro_batch_must_hold_a_whole_trajectory(tmp_path):
 def test_longest_prompt_is_checked_against_the_micro_batch_budget_before_the_model(tmp_path, monkeypatch):
     """Prompt + max_new_tokens above the budget would fail in the middle of training (allocate_microbatches
     refuses a sequence longer than the budget); it fails before the warm start instead, naming the record."""
-    from areal_core.run import setup as run_module
     from areal_core.algo import allocate_microbatches
     from areal_core.data.datasets import to_prompts
     from areal_core.data.synthetic import ChainTask
     from areal_core.models import build_char_tokenizer
+    from areal_core.run import setup as run_module
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the check")

@@ -48,7 +48,7 @@ def test_the_server_receives_on_the_engines_device(device):
     """create_app builds its receiver on the device the engine reports (the engine is not touched)."""
     engine = SimpleNamespace(device=torch.device(device))
     app = create_app(engine)
-    assert app.state.weight_receiver.device == torch.device(device)
+    assert app.state.parts.receiver.device == torch.device(device)
 
 
 def test_a_real_engine_on_the_cpu_gives_a_cpu_receiver():
@@ -58,7 +58,7 @@ def test_a_real_engine_on_the_cpu_gives_a_cpu_receiver():
     engine = RolloutEngine(tiny_qwen2(3), start=False)
     try:
         assert engine.device == torch.device("cpu")
-        assert create_app(engine).state.weight_receiver.device == torch.device("cpu")
+        assert create_app(engine).state.parts.receiver.device == torch.device("cpu")
     finally:
         engine.shutdown()
 

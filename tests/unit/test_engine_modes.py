@@ -139,5 +139,5 @@ def test_a_request_of_a_stopping_engine_gets_503(monkeypatch):
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="weight_update must be one of reprefill, keep_kv, drain"):
+    with pytest.raises(ValueError, match="weight_update: must be one of reprefill, keep_kv, drain"):
         RolloutEngine(tiny_qwen2(3), start=False, weight_update="interruptible")

@@ -53,14 +53,25 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from areal_core.rollout import auth
-from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
+from areal_core.rollout.backend import (
+    DEFAULT_WEIGHT_UPDATE,
+    FinishReason,
+    Generation,
+    Sampling,
+    ServerInfo,
+    WeightUpdateMode,
+    versions_from_spans,
+)
 from areal_core.rollout.backends.sglang_launch import check_reachable, sglang_launch_command, write_server_config
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
-from areal_core.rollout.protocol import WeightUpdateMode
 
 PauseMode = Literal["abort", "retract", "in_place"]
-PAUSE_MODE_FOR_UPDATE: dict[str, PauseMode | None] = {"keep_kv": "in_place", "reprefill": "retract", "drain": None}
+PAUSE_MODE_FOR_UPDATE: dict[WeightUpdateMode, PauseMode | None] = {
+    "keep_kv": "in_place",
+    "reprefill": "retract",
+    "drain": None,
+}
 
 
 class SGLangConfig(auth.ServerAuthConfig):
@@ -95,7 +106,9 @@ class SGLangConfig(auth.ServerAuthConfig):
         return self
 
 
-def _sampling_params(s: Sampling) -> dict[str, Any]:
+def sampling_params(s: Sampling) -> dict[str, Any]:
+    """``s`` as SGLang's ``sampling_params``: the one place a :class:`Sampling` becomes this
+    backend's wire form (fields left at SGLang's defaults are not sent)."""
     sp: dict[str, Any] = {
         "max_new_tokens": s.max_new_tokens,
         "temperature": s.temperature,
@@ -104,6 +117,8 @@ def _sampling_params(s: Sampling) -> dict[str, Any]:
     }  # SGLang: -1 disables top-k
     if s.stop_token_ids:
         sp["stop_token_ids"] = list(s.stop_token_ids)
+    if s.ignore_eos:
+        sp["ignore_eos"] = True
     if s.seed is not None:
         sp["sampling_seed"] = s.seed
     return sp
@@ -197,7 +212,7 @@ class SGLangClient(HTTPClient):
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str) -> Generation:
         body = {
             "input_ids": [int(t) for t in input_ids],
-            "sampling_params": _sampling_params(sampling),
+            "sampling_params": sampling_params(sampling),
             "return_logprob": True,
             "rid": wire_rid(rid),
         }
@@ -215,7 +230,7 @@ class SGLangClient(HTTPClient):
             raise ValueError(f"{n} prompts, {len(sampling)} sampling params, {len(rids)} rids")
         body = {
             "input_ids": [[int(t) for t in ids] for ids in input_ids],
-            "sampling_params": [_sampling_params(s) for s in sampling],
+            "sampling_params": [sampling_params(s) for s in sampling],
             "return_logprob": True,
             "rid": [wire_rid(r) for r in rids],
         }
@@ -347,7 +362,7 @@ class SGLangBackend:
         self,
         cfg: SGLangConfig,
         log_dir: str | None = None,
-        weight_update: WeightUpdateMode = "reprefill",
+        weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
         api_key: str | None = None,
     ):
         """``weight_update``: ``rollout.weight_update``, which picks the pause mode of each update;

@@ -55,14 +55,21 @@ from pydantic import Field
 
 from areal_core.configbase import Section
 from areal_core.rollout import auth
-from areal_core.rollout.backend import FinishReason, Generation, Sampling, ServerInfo, versions_from_spans
+from areal_core.rollout.backend import (
+    DEFAULT_WEIGHT_UPDATE,
+    FinishReason,
+    Generation,
+    Sampling,
+    ServerInfo,
+    WeightUpdateMode,
+    versions_from_spans,
+)
 from areal_core.rollout.backends.vllm_untie import untied_copy
 from areal_core.rollout.client import HTTPClient, RolloutServerError, check_health_sync
 from areal_core.rollout.process import ServerProcess
-from areal_core.rollout.protocol import WeightUpdateMode
 
 VENV = Path(__file__).resolve().parents[3] / "bench" / ".venvs" / "vllm"
-PAUSE_MODE = {"keep_kv": "keep", "reprefill": "abort", "drain": "wait"}
+PAUSE_MODE: dict[WeightUpdateMode, str] = {"keep_kv": "keep", "reprefill": "abort", "drain": "wait"}
 
 
 class VLLMConfig(Section):
@@ -134,6 +141,8 @@ def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | N
 
 
 def sampling_params(s: Sampling) -> dict[str, Any]:
+    """``s`` as vLLM's ``sampling_params`` (the sampled token's logprob asked for, no text): the one
+    place a :class:`Sampling` becomes this backend's wire form."""
     sp: dict[str, Any] = {
         "max_tokens": s.max_new_tokens,
         "temperature": s.temperature,
@@ -209,7 +218,7 @@ class VLLMClient(HTTPClient):
         self,
         url: str,
         timeout_s: float = 600.0,
-        weight_update: WeightUpdateMode = "reprefill",
+        weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
         retries: int = 2,
         untie_lm_head: bool = True,
         api_key: str | None = None,
@@ -343,7 +352,7 @@ class VLLMBackend:
         self,
         cfg: VLLMConfig,
         *,
-        weight_update: WeightUpdateMode = "reprefill",
+        weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
         seed: int = 0,
         dtype: str = "float32",
         log_dir: str | None = None,

@@ -59,9 +59,7 @@ class EmbeddedClient(HTTPClient):
         return st
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling, rid: str | None = None) -> Generation:
-        req = GenerateRequest(
-            input_ids=[int(t) for t in input_ids], sampling_params=_sampling_params(sampling), rid=rid
-        )
+        req = GenerateRequest(input_ids=[int(t) for t in input_ids], sampling_params=sampling_params(sampling), rid=rid)
         return to_generation(GenerateResponse.model_validate_json(await self._call("POST", GENERATE, req)))
 
     async def generate_batch(
@@ -71,7 +69,7 @@ class EmbeddedClient(HTTPClient):
         responses in order."""
         req = GenerateBatchRequest(
             input_ids=[[int(t) for t in ids] for ids in input_ids],
-            sampling_params=[_sampling_params(s) for s in sampling],
+            sampling_params=[sampling_params(s) for s in sampling],
             rid=list(rids) if rids is not None else None,
         )
         return [to_generation(r) for r in _RESPONSES.validate_json(await self._call("POST", GENERATE, req))]
@@ -174,8 +172,9 @@ class _Empty(pydantic.BaseModel):
 _RESPONSES = pydantic.TypeAdapter(list[GenerateResponse])
 
 
-def _sampling_params(s: Sampling) -> SamplingParams:
-    """``s`` as the server's wire model (the seed under SGLang's name ``sampling_seed``)."""
+def sampling_params(s: Sampling) -> SamplingParams:
+    """``s`` as the embedded server's wire form (the seed under SGLang's name ``sampling_seed``): the
+    one place a :class:`Sampling` becomes this backend's sampling params."""
     return SamplingParams(
         temperature=s.temperature,
         top_p=s.top_p,

@@ -19,7 +19,7 @@ Output conventions (what the trainer relies on):
 * ``output_token_versions[i]`` is the engine's weight version when token ``i``
   was sampled; ``weight_version`` is the version when the request finished.
 
-Weight updates, by ``weight_update`` mode (``WEIGHT_UPDATE_MODES``):
+Weight updates, by ``weight_update`` mode (``WeightUpdateMode`` in ``rollout/backend.py``):
 
 * ``reprefill`` (AReaL's interruptible generation): the update is applied between two
   steps, the KV cache is dropped and every unfinished sequence (prompt + tokens so far)
@@ -60,13 +60,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import typing
 from collections import deque
 from concurrent.futures import Future
 
 import torch
 
 from areal_core.models.digest import weights_sha256
+from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode, weight_update_mode
 from areal_core.rollout.backends.embedded.engine_batch import BatchSteps
 from areal_core.rollout.backends.embedded.engine_parts import EngineStopped, kv_reserve, requests_snapshot
 from areal_core.rollout.backends.embedded.engine_parts import deliver as _deliver
@@ -80,13 +80,11 @@ from areal_core.rollout.backends.embedded.kv_forward import (
 from areal_core.rollout.backends.embedded.sampling import BatchSampler, RequestError, Sequence, new_sequence
 from areal_core.rollout.backends.embedded.weight_receiver import check_weights
 from areal_core.rollout.config import KVBudget
-from areal_core.rollout.protocol import ModelInfo, SamplingParams, WeightUpdateMode
+from areal_core.rollout.protocol import ModelInfo, SamplingParams
 from areal_core.storage.localize import localize
 from areal_core.trainer.lora import AdapterMerger
 
-__all__ = ["WEIGHT_UPDATE_MODES", "EngineStopped", "RequestError", "RolloutEngine", "kv_reserve"]
-
-WEIGHT_UPDATE_MODES = typing.get_args(WeightUpdateMode)
+__all__ = ["EngineStopped", "RequestError", "RolloutEngine", "kv_reserve"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +101,7 @@ class RolloutEngine(BatchSteps):
         *,
         model_path: str = "",
         max_running: int = 256,
-        weight_update: WeightUpdateMode = "reprefill",
+        weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE,
         weight_version: int = 0,
         kv_slots: int | None = None,
         kv_capacity: int | None = None,
@@ -116,8 +114,7 @@ class RolloutEngine(BatchSteps):
     ):
         if max_running < 1:
             raise ValueError("max_running must be >= 1")
-        if weight_update not in WEIGHT_UPDATE_MODES:
-            raise ValueError(f"weight_update must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {weight_update!r}")
+        weight_update_mode(weight_update)
         model.eval()
         # the cache's first rows and positions; with a budget none ahead of what admission reserved
         if kv_slots is None:
