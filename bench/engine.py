@@ -76,7 +76,7 @@ def bench_model(
     warm_each_batch: bool = True,
     with_bf16: bool = True,
 ) -> list[dict]:
-    from areal_core.rollout.process import free_port
+    from areal_core.net import free_port
     from bench import models
     from bench.vllm_peer import VLLMServer
 

@@ -27,6 +27,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from areal_core.rollout.backend import Sampling
+from areal_core.rollout.backends import default_client
 from areal_core.rollout.backends.embedded.launcher import start_server
 from areal_core.rollout.pool import RolloutPool
 
@@ -71,7 +72,7 @@ class RssSampler:
 
 
 async def _generate_all(url: str, n: int, max_new_tokens: int) -> tuple[int, list[str], int]:
-    pool = RolloutPool([url], timeout_s=1800)
+    pool = RolloutPool([url], default_client, timeout_s=1800)
     sampling = Sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
 
     async def one(k: int):

@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from areal_core.rollout.process import free_port
+from areal_core.net import free_port
 from areal_core.storage.fsutil import ensure_bucket
 
 __all__ = ["MotoS3Server", "ensure_bucket", "free_port"]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from areal_core.rollout.process import free_port
+from areal_core.net import free_port
 from areal_core.storage.fsutil import write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,6 +24,7 @@ from areal_core.controller.agents import FROZEN, TRAINABLE
 from areal_core.controller.recovery import ServerRecovery
 from areal_core.controller.settings import ControllerSettings, Servers
 from areal_core.rollout.backend import Generation, Sampling
+from areal_core.rollout.backends import default_client
 from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.pool import RolloutPool
 from areal_core.types import Trajectory
@@ -64,12 +65,12 @@ class Generator:
         self.pools[TRAINABLE] = RolloutPool(
             servers.urls,
             timeout_s=servers.request_timeout_s,
-            make_client=servers.make_client,
+            make_client=servers.make_client or default_client,
             kv_budget_tokens=self.s.kv_budget_tokens,
         )
         if frozen is not None:  # never given to the transport: no weights ever reach them
             self.pools[FROZEN] = RolloutPool(
-                frozen.urls, timeout_s=frozen.request_timeout_s, make_client=frozen.make_client
+                frozen.urls, timeout_s=frozen.request_timeout_s, make_client=frozen.make_client or default_client
             )
         self.recovery.bind(self.pools[TRAINABLE], self.pools.get(FROZEN))
 

@@ -184,9 +184,10 @@ async def _generate(
     and max_new_tokens; ``on_done(index, response)`` as each finishes."""
     from tqdm import tqdm
 
+    from areal_core.rollout.backends import default_client
     from areal_core.rollout.pool import RolloutPool
 
-    pool = RolloutPool(urls, timeout_s=3600.0)
+    pool = RolloutPool(urls, default_client, timeout_s=3600.0)
     bar = tqdm(total=len(jobs), desc=desc, unit="ans", disable=not progress, dynamic_ncols=True)
 
     async def one(i: int, rid: str, ids: list[int], seed: int, max_new: int) -> None:

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from areal_core.rollout.backend import Sampling
+from areal_core.rollout.backends import default_client
 from areal_core.rollout.client import RolloutServerError
 from areal_core.rollout.pool import RolloutPool
 
@@ -43,7 +44,7 @@ async def _answer(pool: RolloutPool, prompt, sampling: Sampling):
 
 
 async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
-    pool = RolloutPool(urls, timeout_s=timeout_s, make_client=make_client)
+    pool = RolloutPool(urls, make_client or default_client, timeout_s=timeout_s)
     try:
         return await asyncio.gather(*(_answer(pool, p, sampling) for p in prompts))
     finally:

@@ -95,6 +95,7 @@ def evaluate_heldout(
     from areal_core.eval.heldout import heldout_sampling
     from areal_core.experiment import ExperimentConfig
     from areal_core.reward.service import RewardService
+    from areal_core.rollout.backends import default_client
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.rollout.pool import RolloutPool
     from areal_core.storage import CheckpointStore
@@ -119,7 +120,7 @@ def evaluate_heldout(
             with start_server(folder, max_running=512) as server:
 
                 async def main(url=server.url, tokenizer=tokenizer, prompts=prompts, v=v):
-                    pool = RolloutPool([url])
+                    pool = RolloutPool([url], default_client)
                     ctx = PoolContext(
                         pool, rewards, tokenizer, heldout_sampling(cfg), {f"eval-{p.id}": p.tests for p in prompts}
                     )

@@ -99,6 +99,17 @@ class RolloutClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+class WeightClient(RolloutClient, Protocol):
+    """A client whose server takes weights by more than a folder: from shared memory on its host, or
+    broadcast over a process group (``weight_transports`` says which); what the weight transports use."""
+
+    async def update_weights_from_shared_memory(self, shm_name: str, specs, version: int) -> None: ...
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None: ...
+    async def update_weights_from_distributed(self, specs, group_name: str, version: int) -> None: ...
+
+
 class RolloutBackend(Protocol):
     """Starts (or finds) a run's servers and makes a client for each. ``launch`` leaves every
     server serving ``model_path`` as ``version``; leaving its context stops what it started."""

@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Sequence
 
 from areal_core.rollout.backend import Generation, Sampling
-from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.client import run_all
 from areal_core.rollout.protocol import ModelInfo
 
@@ -25,14 +24,12 @@ class RolloutPool:
     Elastic pools: a server ``join``s (held out of service until it holds the current weights) and
     ``leave``s (it is gone: no request, no weights; its index stays, so indices never move)."""
 
-    def __init__(
-        self, urls: Sequence[str], timeout_s: float = 600.0, make_client=None, kv_budget_tokens: int | None = None
-    ):
+    def __init__(self, urls: Sequence[str], make_client, timeout_s: float = 600.0, kv_budget_tokens: int | None = None):
         if not urls:
             raise ValueError("RolloutPool needs at least one server URL")
         if kv_budget_tokens is not None and kv_budget_tokens <= 0:
             raise ValueError(f"kv_budget_tokens must be positive, got {kv_budget_tokens}")
-        self.clients = [(make_client or EmbeddedClient)(u, timeout_s) for u in urls]
+        self.clients = [make_client(u, timeout_s) for u in urls]
         self.in_flight = [0] * len(self.clients)  # generate requests awaiting an answer, per server
         self.sent = [0] * len(self.clients)
         self._next = 0

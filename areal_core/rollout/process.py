@@ -1,5 +1,4 @@
-"""A server child process and the ports it listens on, for every rollout backend (the embedded
-engine's launcher, SGLang, vLLM) and the other local services that need a free port.
+"""A server child process, for every rollout backend (the embedded engine's launcher, SGLang, vLLM).
 
 A :class:`ServerProcess` leads its own session (process group), so ``stop()`` signals the
 server and whatever it started; it is stopped at interpreter exit if nobody stopped it before.
@@ -11,25 +10,9 @@ import atexit
 import logging
 import os
 import signal
-import socket
 import subprocess
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def address_towards(host: str, port: int) -> str:
-    """This host's address on the route to ``host``:``port`` (the interface the kernel would send
-    from; a UDP connect sends nothing). Where a host has several networks, the one a peer reaches."""
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, kind, proto) as s:
-        s.connect(sockaddr)
-        return s.getsockname()[0]
 
 
 def _tail(path: str, n_bytes: int = 4000) -> str:

@@ -31,9 +31,9 @@ from multiprocessing import shared_memory
 import torch
 import torch.distributed as dist
 
-from areal_core.rollout.backends.embedded.client import EmbeddedClient
+from areal_core.net import free_port
+from areal_core.rollout.backend import WeightClient
 from areal_core.rollout.client import RolloutServerError, run_all
-from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import flat_layout, make_process_group, views_of
 from areal_core.trainer.published import published
 
@@ -77,7 +77,7 @@ class WeightTransport(ABC):
         finally:
             self._buffer_lock.release()
 
-    async def connect(self, clients: list[EmbeddedClient]) -> None:
+    async def connect(self, clients: list[WeightClient]) -> None:
         offers = await asyncio.gather(*(c.weight_transports() for c in clients))
         for c, offered in zip(clients, offers):
             if self.kind not in offered:
@@ -96,7 +96,7 @@ class WeightTransport(ABC):
                 self.staged_bytes = sum(t.nbytes for t in named.values())
             self.staged_version = version
 
-    async def push(self, clients: list[EmbeddedClient]) -> None:
+    async def push(self, clients: list[WeightClient]) -> None:
         async with self._buffer():
             if self.staged_version is None:
                 raise RuntimeError(f"{self.kind} transport: push() before anything was staged")
@@ -104,7 +104,7 @@ class WeightTransport(ABC):
             await self._push(clients, self.staged_version)
             self.last_push_s = time.perf_counter() - t0
 
-    async def resend(self, clients: list[EmbeddedClient], i: int) -> None:
+    async def resend(self, clients: list[WeightClient], i: int) -> None:
         """Server ``i`` came back: give it the staged version (the one whole version in the buffer,
         which may be newer than what the others serve; the next push brings them to it)."""
         async with self._buffer():
@@ -112,10 +112,10 @@ class WeightTransport(ABC):
                 raise RuntimeError(f"{self.kind} transport: resend() before anything was staged")
             await self._resend(clients, i, self.staged_version)
 
-    async def _resend(self, clients: list[EmbeddedClient], i: int, version: int) -> None:
+    async def _resend(self, clients: list[WeightClient], i: int, version: int) -> None:
         await self._push([clients[i]], version)
 
-    async def members_changed(self, clients: list[EmbeddedClient]) -> None:  # noqa: B027 - optional
+    async def members_changed(self, clients: list[WeightClient]) -> None:  # noqa: B027 - optional
         """The pool's servers are now ``clients`` (one left, or joined and was resent the weights):
         nothing to do for a transport that sends to each server on its own."""
 
@@ -123,7 +123,7 @@ class WeightTransport(ABC):
     def _stage(self, weights, version: int) -> None: ...
 
     @abstractmethod
-    async def _push(self, clients: list[EmbeddedClient], version: int) -> None: ...
+    async def _push(self, clients: list[WeightClient], version: int) -> None: ...
 
     def close(self) -> None:  # noqa: B027 - optional: only a transport that holds resources overrides it
         pass
@@ -160,7 +160,7 @@ class DiskTransport(WeightTransport):
                 return path
         raise RuntimeError(f"disk transport: version {version} was not staged (staged: {[v for v, _ in self._staged]})")
 
-    async def _push(self, clients: list[EmbeddedClient], version: int) -> None:
+    async def _push(self, clients: list[WeightClient], version: int) -> None:
         path = self._path(version)
         await run_all(c.update_weights_from_disk(path, version) for c in clients)
 
@@ -186,7 +186,7 @@ class TensorTransport(WeightTransport):
             for name, t in named.items():
                 views[name].copy_(t)
 
-    async def _push(self, clients: list[EmbeddedClient], version: int) -> None:
+    async def _push(self, clients: list[WeightClient], version: int) -> None:
         await run_all(c.update_weights_from_shared_memory(self._shm.name, self._specs, version) for c in clients)
 
     def close(self) -> None:
@@ -238,7 +238,7 @@ class DistributedTransport(WeightTransport):
         self._send: dict[str, torch.Tensor] | None = None
         self._specs = None
 
-    async def connect(self, clients: list[EmbeddedClient]) -> None:
+    async def connect(self, clients: list[WeightClient]) -> None:
         await super().connect(clients)
         self._generation += 1
         self._group = f"areal-weights-{os.getpid()}-{self._generation}"
@@ -277,7 +277,7 @@ class DistributedTransport(WeightTransport):
         for s in self._specs:
             self._pg.broadcast(self._send[s.name], 0).wait()
 
-    async def _push(self, clients: list[EmbeddedClient], version: int) -> None:
+    async def _push(self, clients: list[WeightClient], version: int) -> None:
         if self._pg is None:
             raise RuntimeError("distributed transport: connect() comes before push()")
         await _unless_one_is_lost(
@@ -285,11 +285,11 @@ class DistributedTransport(WeightTransport):
             + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients]
         )
 
-    async def _resend(self, clients: list[EmbeddedClient], i: int, version: int) -> None:
+    async def _resend(self, clients: list[WeightClient], i: int, version: int) -> None:
         await self.connect(clients)  # the group has a fixed membership: everyone joins a new one
         await self._push(clients, version)
 
-    async def members_changed(self, clients: list[EmbeddedClient]) -> None:
+    async def members_changed(self, clients: list[WeightClient]) -> None:
         if clients:
             await self.connect(clients)  # a new group of the servers there are now
 

@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (the
 
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from areal_core.rollout.process import free_port
+from areal_core.net import free_port
 from areal_core.trainer.config import TrainerConfig
 from areal_core.trainer.megatron import mapping, parallel, shims
 from areal_core.trainer.megatron.trainer import MegatronTrainer

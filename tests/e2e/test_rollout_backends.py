@@ -9,6 +9,7 @@ import re
 import pytest
 
 from areal_core.experiment import ExperimentConfig
+from areal_core.net import free_port
 from areal_core.rollout.backend import Generation, Sampling
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
@@ -16,7 +17,6 @@ from areal_core.rollout.backends.embedded.launcher import EmbeddedBackend
 from areal_core.rollout.backends.external import ExternalBackend
 from areal_core.rollout.backends.sglang import SGLangBackend
 from areal_core.rollout.client import RolloutServerError
-from areal_core.rollout.process import free_port
 from tests.e2e.test_rollout_server import hf_greedy, tiny_qwen2
 
 

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from areal_core.rollout.backend import Sampling
+from areal_core.rollout.backends import default_client
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.backends.embedded.engine import RolloutEngine
 from areal_core.rollout.backends.embedded.launcher import EmbeddedServers, server_seed, start_server
@@ -185,7 +186,7 @@ def test_the_server_says_what_it_computes_with(server):
 
 def test_pool_spreads_requests_and_broadcasts(server):
     async def go():
-        pool = RolloutPool([server.url, server.url + "/"], timeout_s=60)
+        pool = RolloutPool([server.url, server.url + "/"], default_client, timeout_s=60)
         try:
             resps = await asyncio.gather(*(pool.generate([1, 2], Sampling(max_new_tokens=4)) for _ in range(8)))
             await pool.pause()

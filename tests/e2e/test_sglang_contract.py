@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from areal_core.net import free_port
 from areal_core.rollout.backend import Generation, Sampling, versions_from_spans
 from areal_core.rollout.backends.sglang import (
     SGLangBackend,
@@ -25,7 +26,6 @@ from areal_core.rollout.backends.sglang import (
     wire_rid,
 )
 from areal_core.rollout.client import RolloutServerError
-from areal_core.rollout.process import free_port
 from areal_core.rollout.weight_layout import TensorSpec
 from tests.sglang_standin import (
     SGLANG_ABORTED_RESPONSE_FIXTURE,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from areal_core.net import free_port
 from areal_core.rollout.backend import Sampling, versions_from_spans
 from areal_core.rollout.backends import vllm as vb
 from areal_core.rollout.backends.vllm import (
@@ -33,7 +34,6 @@ from areal_core.rollout.backends.vllm import (
     vllm_env,
 )
 from areal_core.rollout.client import RolloutServerError, check_health_sync
-from areal_core.rollout.process import free_port
 
 RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "vllm_generate_responses.json").read_text())
 

@@ -157,7 +157,7 @@ def test_a_server_without_the_transport_is_named_at_connect():
 def test_distributed_resend_with_a_fixed_master_port(two_servers):
     """A server restart with rollout.weight_transport.master_port set: the new group is made on the
     same port (the store the first group used still holds it), and every server ends at the version."""
-    from areal_core.rollout.process import free_port
+    from areal_core.net import free_port
 
     servers, _ = two_servers
     t = DistributedTransport(master_port=free_port())

@@ -27,11 +27,12 @@ import time
 from pathlib import Path
 
 from areal_core.device import resolve_device
+from areal_core.net import free_port
 from areal_core.rollout import auth
 from areal_core.rollout.backends.embedded.client import EmbeddedClient
 from areal_core.rollout.client import check_health_sync
 from areal_core.rollout.config import EngineConfig
-from areal_core.rollout.process import ServerProcess, free_port
+from areal_core.rollout.process import ServerProcess
 
 log = logging.getLogger(__name__)
 

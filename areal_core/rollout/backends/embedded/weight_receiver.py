@@ -17,7 +17,7 @@ from multiprocessing import resource_tracker, shared_memory
 import torch
 import torch.distributed as dist
 
-from areal_core.rollout.process import address_towards
+from areal_core.net import address_towards
 from areal_core.rollout.weight_layout import TensorSpec, make_process_group, views_of
 from areal_core.trainer.lora import check_adapters, is_adapter_name
 
