@@ -39,8 +39,8 @@ from transformers.utils import logging as hf_logging
 from areal_core.experiment import ConfigError, ExperimentConfig, apply_overrides
 from areal_core.models.digest import weights_sha256
 from areal_core.models.loading import model_dtype
+from areal_core.models.weights import load_model
 from areal_core.numerics import cpu_kind, kind_label, require_repeatable, same_kernels, thread_invariant
-from areal_core.rollout.model_io import load_model
 from areal_core.run.checkpoints import RunCheckpoints, restore_weights
 from areal_core.run.metrics import RunLog
 from areal_core.run.schedule import ScheduleError, read_meta, read_step

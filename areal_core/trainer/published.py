@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from safetensors.torch import load as load_safetensors
 
-from areal_core.rollout.model_io import apply_weights, read_weights
+from areal_core.models.weights import apply_weights, read_weights
 from areal_core.storage import CheckpointStore
 from areal_core.storage.adapters import ADAPTER_FILE
 from areal_core.storage.snapshot import cpu_copy, snapshot_files, snapshot_model

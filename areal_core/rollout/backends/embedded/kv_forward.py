@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_core.models.decoder import apply_rope, rope_table
-from areal_core.rollout.model_io import (  # noqa: F401 - re-exported: the engine's imports
+from areal_core.models.weights import (  # noqa: F401 - re-exported: the engine's imports
     UnsupportedModelError,
     apply_weights,
     check_supported,

@@ -1,5 +1,5 @@
-"""The engine's model I/O: which Hugging Face models it supports, loading them, and reading and
-applying new weights from safetensors folders."""
+"""A decoder's weights and safetensors folders: which Hugging Face models the engine and the trainer
+support, loading them, and reading and applying new weights from safetensors folders."""
 
 from __future__ import annotations
 
