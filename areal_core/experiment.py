@@ -12,17 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from areal_core.configbase import Section
 from areal_core.controller.agents import MultiAgentConfig
 from areal_core.data.config import DataConfig
 from areal_core.episodes.config import EpisodeConfig, SingleTurnConfig
-from areal_core.eval.config import EvalConfig
 from areal_core.models.config import ModelConfig
 from areal_core.reward.config import RewardConfig
 from areal_core.rollout.config import RolloutConfig
-from areal_core.run.costs import CostConfig
 from areal_core.storage.config import StorageConfig
 from areal_core.trainer.config import TrainerConfig
 
@@ -31,6 +29,37 @@ BUILTIN_MODELS = ("tiny", "smollm2-135m")
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names file, line, key and expectation."""
+
+
+class EvalConfig(Section):
+    """The held-out evaluation a run makes before and after RL."""
+
+    n_problems: int = Field(500, gt=0)  # held-out problems for accuracy_before / accuracy_after
+    temperature: float = Field(0.0, ge=0)  # 0: greedy
+    max_new_tokens: int | None = Field(None, gt=0)  # default: rollout.sampling.max_new_tokens
+
+
+class DevicePrices(Section):
+    rollout: float = Field(ge=0)  # USD per device-hour of a rollout server
+    trainer: float = Field(ge=0)  # USD per device-hour of the trainer
+
+
+class CostConfig(Section):
+    """Prices and a budget for the cost ledger (``run/costs.py``)."""
+
+    # prices per device-hour; None: the ledger counts time and tokens, not money
+    usd_per_device_hour: DevicePrices | None = None
+    # stop cleanly (checkpointed, resumable) once the run has cost this much; needs the prices
+    budget_usd: float | None = Field(None, gt=0)
+    trainer_devices: int = Field(1, gt=0)  # devices the trainer holds (the rollout pool: its servers)
+
+    @model_validator(mode="after")
+    def _budget_needs_prices(self):
+        if self.budget_usd is not None and self.usd_per_device_hour is None:
+            raise ValueError(
+                "cost.budget_usd needs cost.usd_per_device_hour: {rollout: X, trainer: Y} to price the run"
+            )
+        return self
 
 
 class ExperimentConfig(Section):

@@ -23,36 +23,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from pydantic import Field, model_validator
-
-from areal_core.configbase import Section
+from areal_core.experiment import CostConfig
 
 if TYPE_CHECKING:
     import pandas as pd
 
 TRAINER_STAGES = ("training", "weight_sync", "waiting_grades", "waiting_rollout", "checkpoint", "other")
 ROLLOUT_STAGES = ("generating", "gate", "idle")
-
-
-class DevicePrices(Section):
-    rollout: float = Field(ge=0)  # USD per device-hour of a rollout server
-    trainer: float = Field(ge=0)  # USD per device-hour of the trainer
-
-
-class CostConfig(Section):
-    # prices per device-hour; None: the ledger counts time and tokens, not money
-    usd_per_device_hour: DevicePrices | None = None
-    # stop cleanly (checkpointed, resumable) once the run has cost this much; needs the prices
-    budget_usd: float | None = Field(None, gt=0)
-    trainer_devices: int = Field(1, gt=0)  # devices the trainer holds (the rollout pool: its servers)
-
-    @model_validator(mode="after")
-    def _budget_needs_prices(self):
-        if self.budget_usd is not None and self.usd_per_device_hour is None:
-            raise ValueError(
-                "cost.budget_usd needs cost.usd_per_device_hour: {rollout: X, trainer: Y} to price the run"
-            )
-        return self
 
 
 class CostLedger:

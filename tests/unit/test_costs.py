@@ -7,7 +7,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from areal_core.run.costs import CostConfig, CostLedger, summary
+from areal_core.experiment import CostConfig
+from areal_core.run.costs import CostLedger, summary
 
 
 def figures(busy, gate, again=0, n=2):
