@@ -8,7 +8,8 @@ from the run's seed) and ``lora_B`` [out, r] (zeros), always float32. Its forwar
 (``attn.q_proj(x)``, ``layer.mlp(h)``), runs adapters without knowing about them. Every other
 parameter is frozen: only adapters train.
 
-Merging. :func:`merge_weight` is the only place a merged weight is computed:
+Merging. ``merge_weight`` (``storage/adapters.py``, where checkpoints need it too) is the only place
+a merged weight is computed:
 ``W = (float32(W_base) + B_s @ A).to(W_base.dtype)`` with ``B_s = lora_B * alpha / r``
 (:func:`scaled_b`). The rollout engine (:class:`AdapterMerger`), checkpoint materialisation and
 export (:func:`merge_state`) and the transports that send full weights (:func:`merged_weights`)
@@ -28,11 +29,22 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
-ADAPTER_FILE = "adapter.safetensors"  # a LoRA checkpoint's weights: unscaled lora_A / lora_B by module
-ADAPTER_CONFIG = "adapter_config.json"  # rank, alpha, targets, modules, base_version
-CONFIG_FORMAT = "areal-lora/1"
-BASE_VERSION = 0  # every LoRA checkpoint is made against the run's checkpoint v0
+# the adapters' names, files and arithmetic are storage's (a checkpoint holds them), imported here
+from areal_core.storage.adapters import (  # noqa: F401 - part of this module's face
+    A_SUFFIX,
+    ADAPTER_CONFIG,
+    ADAPTER_FILE,
+    B_SUFFIX,
+    BASE_VERSION,
+    CONFIG_FORMAT,
+    _check_pair,
+    adapter_pairs,
+    is_adapter_name,
+    merge_state,
+    merge_weight,
+    scale_of,
+    scaled_b,
+)
 
 
 class LoRALinear(torch.nn.Linear):
@@ -46,10 +58,6 @@ class LoRALinear(torch.nn.Linear):
         out = F.linear(x, self.weight, self.bias)
         low = F.linear(F.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B) * self.scale
         return out + low.to(out.dtype)
-
-
-def scale_of(rank: int, alpha: float) -> float:
-    return float(alpha) / int(rank)
 
 
 def apply_lora(
@@ -137,23 +145,6 @@ def load_adapters(model: torch.nn.Module, tensors: dict[str, torch.Tensor], sour
             mine[name].copy_(t)
 
 
-def scaled_b(b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``lora_B * alpha / r`` in float32: the B that travels and that :func:`merge_weight` takes."""
-    return b.to(torch.float32) * scale
-
-
-def merge_weight(base: torch.Tensor, a: torch.Tensor, b_scaled: torch.Tensor) -> torch.Tensor:
-    """THE merge: ``(float32(base) + b_scaled @ a)`` rounded to ``base``'s dtype. One product, then
-    one add (no fused add-multiply), so every caller gets the same bits on one machine.
-
-    A bfloat16 base keeps the caveat of any merged bf16 weight: a delta smaller than half a bf16
-    step of the base value rounds away (the adapters themselves stay exact in float32)."""
-    delta = torch.mm(
-        b_scaled.to(device=base.device, dtype=torch.float32), a.to(device=base.device, dtype=torch.float32)
-    )
-    return (base.to(torch.float32) + delta).to(base.dtype)
-
-
 def wire_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a LoRA model sends to servers that merge (the embedded engine): ``lora_A`` and the
     pre-scaled ``lora_B`` (:func:`scaled_b`) of every adapted module, float32."""
@@ -192,60 +183,6 @@ def without_adapters(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         for m, a, b in taken:
             m.__class__ = LoRALinear
             m.lora_A, m.lora_B = a, b
-
-
-def merge_state(
-    base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], config: dict, source: str
-) -> dict[str, torch.Tensor]:
-    """``base`` (checkpoint v0's tensors by name) with the checkpoint's adapters (unscaled, as
-    :func:`adapter_tensors` saved them, ``config`` their ``adapter_config.json``) merged in."""
-    if config.get("format") != CONFIG_FORMAT:
-        raise ValueError(f"{source}: {ADAPTER_CONFIG} has format {config.get('format')!r}, expected {CONFIG_FORMAT!r}")
-    scale = scale_of(config["rank"], config["alpha"])
-    out = dict(base)
-    for mod, (a, b) in adapter_pairs(adapters, source).items():
-        w = base.get(mod + ".weight")
-        if w is None:
-            raise ValueError(f"{source}: adapter of {mod}, but the base has no {mod}.weight")
-        _check_pair(mod, a, b, tuple(w.shape), source)
-        out[mod + ".weight"] = merge_weight(w, a, scaled_b(b, scale))
-    return out
-
-
-def is_adapter_name(name: str) -> bool:
-    return name.endswith((A_SUFFIX, B_SUFFIX))
-
-
-def adapter_pairs(named: dict[str, torch.Tensor], source: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{module: (lora_A, lora_B)}`` from tensors named ``<module>.lora_A`` / ``.lora_B``; every
-    name must be one, and every module must have both."""
-    halves: dict[str, list] = {}
-    for name, t in named.items():
-        if not is_adapter_name(name):
-            raise ValueError(
-                f"{source}: {name!r} is not an adapter tensor (<module>.lora_A or .lora_B); an "
-                "update holds adapters only or full weights only"
-            )
-        mod, which = (name[: -len(A_SUFFIX)], 0) if name.endswith(A_SUFFIX) else (name[: -len(B_SUFFIX)], 1)
-        halves.setdefault(mod, [None, None])[which] = t
-    for mod, (a, b) in halves.items():
-        if a is None or b is None:
-            raise ValueError(
-                f"{source}: {mod} has {'lora_B' if a is None else 'lora_A'} without "
-                f"{'lora_A' if a is None else 'lora_B'}"
-            )
-    return {m: (a, b) for m, (a, b) in halves.items()}
-
-
-def _check_pair(mod: str, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], source: str) -> None:
-    out_f, in_f = shape
-    if a.dtype != torch.float32 or b.dtype != torch.float32:
-        raise ValueError(f"{source}: the adapters of {mod} are {a.dtype}/{b.dtype}; adapters are float32")
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_f or b.shape[0] != out_f or a.shape[0] != b.shape[1]:
-        raise ValueError(
-            f"{source}: {mod}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit its "
-            f"weight {shape} (expected [r, {in_f}] and [{out_f}, r])"
-        )
 
 
 def check_adapters(model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> None:
