@@ -26,7 +26,7 @@ class ControllerSettings:
     seed: int = 0
     curriculum: dict | None = None  # {"ema": .., "floor": ..}: BucketCurriculum over Prompt.bucket
     kv_budget_tokens: int | None = None  # a client-side KV limit per server (servers that do not enforce one)
-    # prompt + answer of one trajectory at most (trajectory_budget.py); every request's max_new_tokens is
+    # prompt + answer of one trajectory at most (run/budget.py); every request's max_new_tokens is
     # clamped to what it leaves. None: no limit
     max_trajectory_tokens: int | None = None
     # rollout.deterministic: admission waves generated at fixed versions, curriculum fed in order

@@ -27,7 +27,7 @@ class EpisodeContext(Protocol):
 
     def room(self, traj: Trajectory) -> int | None:
         """How many more tokens ``traj`` (prompt + answer) may hold: the model's context, the trainer's
-        micro-batch and the KV budget leave that much (``trajectory_budget.py``); None: no limit.
+        micro-batch and the KV budget leave that much (``run/budget.py``); None: no limit.
         ``generate`` never goes past it; an episode adds environment text only where it ``fits``."""
 
     def encode(self, text: str) -> list[int]: ...
