@@ -17,9 +17,12 @@ differ (times tables are easiest), and much of what it gets wrong is the form, n
 writes ``44 + 24 = 68`` and stops, or explains the order of operations until it runs out of
 tokens); docs/RL_TUNING.md has the measured start per kind.
 
-Held-out split: a fixed share of the problems, chosen by a seeded hash of (kind, operands), is
-reserved for evaluation; train draws reject reserved problems and held-out draws accept only
-them, so no held-out calculation is ever trained on (in any wording).
+Held-out split: a fixed share of the calculations, chosen by a seeded hash of the calculation itself,
+is reserved for evaluation; train draws reject reserved calculations and held-out draws accept only
+them, so no held-out calculation is ever trained on, in any wording or order: a sum or a product is
+one calculation whichever operand comes first (``47 plus 38`` and ``38 plus 47``, ``7 times 16`` and
+``16 times 7``), and a word problem is the sum or difference it asks for (``Mia has 38 ... gets 47
+more`` is ``38 plus 47``).
 """
 
 from __future__ import annotations
@@ -61,9 +64,20 @@ def question(op: str, a: int, b: int, rng: random.Random) -> tuple[str, int]:
     return (f"{name} has {a} {items}. {name} gets {b} more {items}. How many {items} does {name} have now?"), a + b
 
 
-def is_eval_problem(op: str, a: int, b: int, seed: int) -> bool:
-    """Whether (kind, operands) belongs to the held-out share."""
-    h = hashlib.blake2b(f"{seed}:arith:{op}:{a}:{b}".encode(), digest_size=8).digest()
+def calculation(op: str, a: int, b: int, answer: int) -> tuple[str, int, int]:
+    """The calculation a question asks for, in one form whatever its wording or operand order: a sum
+    or product with its operands sorted, a difference as it is (a word problem: its sum or difference)."""
+    if op == "mul":
+        return ("*", min(a, b), max(a, b))
+    if op == "sub" or (op == "word" and answer == a - b):
+        return ("-", a, b)
+    return ("+", min(a, b), max(a, b))
+
+
+def is_eval_problem(calc: tuple[str, int, int], seed: int) -> bool:
+    """Whether a :func:`calculation` belongs to the held-out share."""
+    sign, a, b = calc
+    h = hashlib.blake2b(f"{seed}:arith:{sign}:{a}:{b}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") % 1000 < EVAL_SHARE_PER_MILLE
 
 
@@ -83,9 +97,9 @@ class ArithTask:
             op = rng.choice(self.cfg.ops)
             while True:  # rejection within the kind keeps the kinds' mix intact
                 a, b = _operands(op, rng, self.cfg)
-                if is_eval_problem(op, a, b, self.cfg.seed) == want_eval:
+                text, answer = question(op, a, b, rng)
+                if is_eval_problem(calculation(op, a, b, answer), self.cfg.seed) == want_eval:
                     break
-            text, answer = question(op, a, b, rng)
             out.append(
                 Record(
                     id=f"arith-{split}-{i:06d}",
