@@ -1,21 +1,25 @@
-"""Prefect flow: provision -> prepare_data -> train (or sweep) -> evaluate final checkpoints -> report."""
+"""Prefect flow: provision -> prepare_data -> train every setting on paired seeds (more while a
+difference is unclear, ``areal_core/run/campaign.py``) -> decide -> evaluate final checkpoints -> report."""
 
 from __future__ import annotations
 
 import os
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 
 from areal_core.report.compare import eval_dir_for_run
-from areal_core.run.sweep import default_out_dir
+from areal_core.report.decision import write_decision_report
+from areal_core.run.campaign import CampaignPlan, run_campaign, run_dir_of
+from areal_core.run.decide import Budget
+from areal_core.run.sweep import default_out_dir, freeze_config, sweep_points
 from areal_core.storage import CheckpointStore, read_json
 from flows.evaluate import evaluate
 from flows.prepare_data import prepare_data
 from flows.provision import provision
 from flows.report import report
-from flows.sweep import sweep
 from flows.train import train
-from tasks.flow_runs import campaign_run_name
+from tasks.flow_runs import artifact_key, campaign_run_name
 
 
 @flow(name="campaign", log_prints=True, flow_run_name=campaign_run_name)
@@ -36,8 +40,18 @@ def campaign(
     evaluate_every: int | None = 0,
     s3_credentials_block: str | None = None,
     cache_dir: str | None = None,
+    seeds: int = 1,
+    baseline: str | None = None,
+    until_clear: bool = False,
+    max_seeds: int = 10,
+    max_runs: int | None = None,
+    max_minutes: float | None = None,
+    margin: float = 0.02,
+    outcome: str = "accuracy_after",
 ) -> dict:
-    """provision -> prepare data -> one training run (or a sweep) -> evaluate each final checkpoint -> report.
+    """provision -> prepare data -> every setting of the grid on paired seeds -> decide -> evaluate
+    each final checkpoint -> report. Runs go to ``out_dir/<setting>-s<seed>``; a campaign started
+    again over the same folder reuses the finished runs of the same config and code.
 
     Args:
         config_path: The YAML config to train (e.g. configs/quickstart.yaml).
@@ -61,6 +75,15 @@ def campaign(
         s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// storage.
             None: the worker's environment.
         cache_dir: Where warm starts are cached. None: ~/.cache/areal-flow.
+        seeds: Seeds every setting runs (0 .. seeds-1, the same in every setting: paired).
+        baseline: The setting differences are taken to (a label such as eta0-decoupled). None: the first.
+        until_clear: Add a seed of every setting while a difference to the baseline is unclear
+            (its 95 % interval neither excludes 0 nor lies within +-margin), up to the budget.
+        max_seeds: With until_clear: at most this many seeds per setting.
+        max_runs: With until_clear: at most this many runs in all. None: no limit.
+        max_minutes: With until_clear: no new seed after this many minutes. None: no limit.
+        margin: Differences within +-margin count as the same.
+        outcome: What decides: accuracy_after (held-out accuracy after RL) or accuracy_gain.
     """
     from areal_core.experiment import load_config  # torch: imported when the flow runs, not when deployed
 
@@ -83,23 +106,26 @@ def campaign(
         overrides["data.eval_dataset"] = m["files"][eval_source]
     load_config(config_path, overrides)  # the config still validates with the prepared files
 
-    if eta or objective or grid:
-        s = sweep(
-            config_path,
-            eta=eta or [],
-            objective=objective or [],
-            grid=grid,
-            max_steps=max_steps,
-            out_dir=out_dir,
-            overrides=overrides,
-            evaluate_every=evaluate_every,
-            make_report=False,
-            cache_dir=cache_dir,
-        )  # credentials: already in this process's environment (provision)
-        run_dirs = s["run_dirs"]
-    else:
-        run_dirs = [os.path.join(out_dir, cfg.name)]
-        train(config_path, run_dirs[0], max_steps, overrides, evaluate_every, cache_dir=cache_dir)
+    points = sweep_points(eta, objective, grid, allow_empty=True)
+    points = [(label or cfg.name, ov) for label, ov in points]
+    frozen = freeze_config(config_path, os.path.join(out_dir, "config.yaml"), overrides)
+    steps = {"trainer.max_steps": max_steps} if max_steps else {}
+    plan = CampaignPlan(
+        points, baseline or points[0][0], seeds, until_clear, Budget(max_seeds, max_runs, max_minutes), margin, outcome
+    )
+
+    def train_one(label: str, seed: int, ov: dict, run_dir) -> None:
+        train.with_options(flow_run_name=f"train-{label}-s{seed}")(
+            frozen, str(run_dir), None, {**ov, **steps}, evaluate_every, cache_dir=cache_dir
+        )
+
+    decision = run_campaign(
+        plan, out_dir, lambda ov: load_config(frozen, {**ov, **steps}).model_dump(mode="json"), train_one
+    )
+    create_markdown_artifact(
+        write_decision_report(out_dir), key=artifact_key("decision", out_dir), description="the campaign's decision"
+    )
+    run_dirs = [str(run_dir_of(out_dir, s["label"], int(k))) for s in decision["settings"] for k in s["by_seed"]]
 
     evaluations = {}
     for run_dir in run_dirs:
@@ -110,4 +136,10 @@ def campaign(
             ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=eval_limit, run_dir=run_dir
         )
     report_path = report(run_dirs, out_dir, title=f"campaign {cfg.name}")
-    return {"out_dir": out_dir, "run_dirs": run_dirs, "evaluations": evaluations, "report": report_path}
+    return {
+        "out_dir": out_dir,
+        "run_dirs": run_dirs,
+        "evaluations": evaluations,
+        "report": report_path,
+        "decision": decision,
+    }

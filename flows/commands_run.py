@@ -53,9 +53,21 @@ def cmd_sweep(args) -> int:
 def cmd_campaign(args) -> int:
     overrides = overrides_from(args.set)
     config_from(args.config, overrides)
+    from areal_core.run.campaign import CampaignFolderError
     from flows.campaign import campaign
 
-    out = campaign(
+    try:
+        out = run_campaign_command(campaign, args, overrides)
+    except CampaignFolderError as e:
+        raise UsageError(str(e)) from None
+    print(f"{out['out_dir']}/decision.md")
+    print(out["report"])
+    return 0
+
+
+def run_campaign_command(campaign, args, overrides: dict) -> dict:
+    """The campaign flow with the command line's settings."""
+    return campaign(
         config_path=args.config,
         out_dir=args.out,
         eta=csv_values(args.eta, int) or None,
@@ -68,9 +80,15 @@ def cmd_campaign(args) -> int:
         benches=csv_values(args.benches) or None,
         eval_limit=args.eval_limit,
         s3_credentials_block=args.s3_credentials_block,
+        seeds=args.seeds,
+        baseline=args.baseline,
+        until_clear=args.until_clear,
+        max_seeds=args.max_seeds,
+        max_runs=args.max_runs,
+        max_minutes=args.max_minutes,
+        margin=args.margin,
+        outcome=args.outcome,
     )
-    print(out["report"])
-    return 0
 
 
 def cmd_replay(args) -> int:
@@ -184,6 +202,25 @@ def _campaign_parser(sub) -> None:
     c.add_argument("--benches", default="synthetic", help="comma-separated benchmarks for the final checkpoints")
     c.add_argument("--eval-limit", type=int, help="at most this many problems per benchmark")
     c.add_argument("--s3-credentials-block", help="Prefect Secret block with AWS_* variables")
+    d = c.add_argument_group("deciding (paired seeds: seed k runs in every setting)")
+    d.add_argument("--seeds", type=positive_int, default=1, help="seeds every setting runs first (default 1)")
+    d.add_argument("--baseline", help="the setting differences are taken to, e.g. eta0-decoupled (default: the first)")
+    d.add_argument(
+        "--until-clear",
+        action="store_true",
+        help="add a seed of every setting while a difference to the baseline is unclear (its 95 %% interval "
+        "neither excludes 0 nor lies within +-margin), up to --max-seeds / --max-runs / --max-minutes",
+    )
+    d.add_argument("--max-seeds", type=positive_int, default=10, help="with --until-clear: seeds per setting at most")
+    d.add_argument("--max-runs", type=positive_int, help="with --until-clear: runs in all at most")
+    d.add_argument("--max-minutes", type=float, help="with --until-clear: no new seed after this many minutes")
+    d.add_argument("--margin", type=float, default=0.02, help="differences within +-margin count as the same")
+    d.add_argument(
+        "--outcome",
+        choices=("accuracy_after", "accuracy_gain"),
+        default="accuracy_after",
+        help="what decides: held-out accuracy after RL, or its gain",
+    )
 
 
 def _replay_parser(sub) -> None:

@@ -137,3 +137,26 @@ def describe_run(config_path: str, overrides: dict | None = None, max_steps: int
         parts.append(f"steps{max_steps}")
     parts.append(f"s{cfg.seed}")
     return slug("-".join(parts))[:80]
+
+
+def code_version() -> dict:
+    """The code a run ran: the git commit of this checkout and a digest of its uncommitted changes to
+    the code (``changes``, None where there are none), or the package's version where it is not a git
+    checkout. A campaign reuses a run only at the same code."""
+    import hashlib
+    import subprocess
+
+    import areal_core
+
+    root = Path(areal_core.__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        code = ["areal_core", "flows", "tasks"]  # (what runs; docs, benchmarks and results may change)
+        diff = subprocess.run(["git", "diff", "HEAD", "--", *code], cwd=root, capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "changes": None, "version": areal_core.__version__}
+    # uncommitted changes to tracked files: their digest, so a run at the same changes counts as the same code
+    changes = hashlib.sha256(diff).hexdigest()[:16] if diff else None
+    return {"commit": commit, "changes": changes, "version": areal_core.__version__}

@@ -14,6 +14,7 @@ from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.run.costs import describe as cost_line
 from areal_core.run.costs import summary as cost_summary
+from areal_core.run.folder import code_version
 from areal_core.run.loop import LoopResult
 from areal_core.run.metrics import RunLog, check_ledger
 
@@ -28,6 +29,7 @@ class RunSummary(TypedDict, total=False):
     """``summary.json``: one run's result (``multi_agent`` only where the run had agents)."""
 
     name: str
+    code: dict  # the commit the run ran (run/folder.py code_version)
     accuracy_before: float  # held-out greedy accuracy (eval.n_problems problems) before RL
     accuracy_after: float
     n_eval_problems: int
@@ -109,6 +111,7 @@ def build_summary(
     ws = model_info.get("warm_start")
     return RunSummary(
         name=cfg.name,
+        code=code_version(),
         accuracy_before=before["accuracy"],
         accuracy_after=after["accuracy"],
         n_eval_problems=before["n"],

@@ -44,8 +44,9 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     result = campaign(
         config_path=CONFIG, out_dir=str(out), max_steps=2, eval_limit=8, evaluate_every=1, cache_dir=warm_cache
     )
-    run_dir = out / "tiny"
+    run_dir = out / "tiny-s0"
     assert result["run_dirs"] == [str(run_dir)]
+    assert result["decision"]["settings"][0]["verdict"] == "baseline" and (out / "decision.md").is_file()
 
     # prepare_data wrote validated records, and the run trained from them
     manifest = json.loads((out / "data/manifest.json").read_text())
@@ -83,15 +84,15 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
 
     # progress artifact at 100%, evaluation and report tables
     arts = asyncio.run(_artifacts())
-    progress = [a for a in arts if a.type == "progress" and (a.key or "").startswith("train-progress-tiny")]
+    progress = [a for a in arts if a.type == "progress" and (a.key or "").startswith("train-progress-tiny-s0")]
     assert progress and float(progress[0].data) == pytest.approx(100.0)
     keys = {a.key for a in arts}
     # one evaluation artifact per run and version; the train run's result table
-    assert {"evaluation-tiny-v2", "report-runs", "report"} <= keys
+    assert {"evaluation-tiny-s0-v2", "report-runs", "report", "decision-campaign"} <= keys
     result_md = [a for a in arts if (a.key or "").startswith("train-result-tiny")]
     assert result_md and "held-out accuracy" in result_md[0].data and "| measure | value |" in result_md[0].data
     # the campaign's evaluation of v2 came after the run's result: it linked itself there (the artifact itself)
-    evaluation = next(a for a in arts if a.key == "evaluation-tiny-v2")
+    evaluation = next(a for a in arts if a.key == "evaluation-tiny-s0-v2")
     assert f"/artifacts/artifact/{evaluation.id}): heldout pass@1" in result_md[0].data
     assert "- v1: evaluate-tiny-v1: not scored yet" in result_md[0].data  # marked, but no deployment here
     curves = next(a for a in arts if a.key == "train-curves-tiny")
@@ -117,6 +118,40 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     assert [by_version[v].resource["areal.evaluate"] for v in (0, 1, 2)] == ["false", "true", "true"]
     assert by_version[1].resource.id == f"areal.run.{run_dir}"
     assert campaign_run.state.is_completed()
+
+
+@pytest.mark.slow
+@pytest.mark.nightly
+def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
+    prefect_harness, tmp_path, capsys, warm_cache
+):
+    """areal-flow campaign --until-clear on the tiny config: eta 0 against eta 1 and eta 1 naive, paired
+    seeds, more seeds while a difference is unclear (at most 3); the decision's intervals in the file
+    and in the UI artifact; the same command again trains nothing."""
+    from flows.cli import main
+
+    out = tmp_path / "decide"
+    args = ["campaign", CONFIG, "--eta", "0,1", "--objective", "decoupled,naive", "--max-steps", "2"]
+    args += ["--out", str(out), "--seeds", "2", "--until-clear", "--max-seeds", "3", "--margin", "0.05"]
+    args += ["--baseline", "eta0-decoupled", "--eval-limit", "4", "--benches", "heldout"]
+    assert main(args) == 0
+    decision = json.loads((out / "decision.json").read_text())
+    assert decision["baseline"] == "eta0-decoupled" and 2 <= decision["seeds"] <= 3
+    assert len(decision["settings"]) == 4 and decision["runs_trained"] == 4 * decision["seeds"]
+    if decision["seeds"] == 2:  # stopped early only where every difference was clear
+        assert decision["stopped_because"] == "every difference to the baseline is clear"
+    for s in decision["settings"][1:]:
+        d = s["difference"]
+        assert d["n"] == decision["seeds"] and d["lo"] <= d["mean"] <= d["hi"]
+    text = (out / "decision.md").read_text()
+    assert "| eta1-naive |" in text and "[" in text and (out / "forest.png").stat().st_size > 5000
+    arts = {a.key: a for a in asyncio.run(_artifacts())}
+    assert "| eta1-naive |" in arts["decision-decide"].data
+    capsys.readouterr()
+    assert main(args) == 0  # started again: every finished run reused
+    again = json.loads((out / "decision.json").read_text())
+    assert again["runs_trained"] == 0 and again["runs_reused"] == 4 * decision["seeds"]
+    assert [s["by_seed"] for s in again["settings"]] == [s["by_seed"] for s in decision["settings"]]
 
 
 @pytest.mark.slow

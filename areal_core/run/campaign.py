@@ -1,0 +1,152 @@
+"""A campaign that decides: every setting of a grid trained with the same seeds, a seed more at a time
+(``until_clear``) until each setting's paired difference to the baseline is clear or the budget is
+spent (``run/decide.py``), then the decision written as a file and drawn.
+
+Each run lives in ``OUT/<setting>-s<seed>``. A campaign started again over the same folder reuses every
+finished run whose config and code (``folder.code_version``) are those it would run now, so a stopped
+campaign continues where it stopped and a finished one reports again without training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_core.run.decide import Budget, Comparison, compare, next_seed
+from areal_core.run.folder import code_version
+from areal_core.storage.fsutil import write_text_atomic
+
+OUTCOMES = {
+    "accuracy_after": "held-out accuracy after RL",
+    "accuracy_gain": "held-out accuracy gain (after - before)",
+}
+
+
+@dataclass
+class CampaignPlan:
+    """``points``: (setting label, config overrides); ``baseline``: the label differences are taken to."""
+
+    points: list[tuple[str, dict]]
+    baseline: str
+    seeds: int = 3  # seeds every setting runs before any decision
+    until_clear: bool = False  # add seeds while a difference is unclear
+    budget: Budget = field(default_factory=Budget)
+    margin: float = 0.02  # differences narrower than this on each side count as the same
+    outcome: str = "accuracy_after"
+
+    def __post_init__(self) -> None:
+        labels = [label for label, _ in self.points]
+        if self.baseline not in labels:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the campaign's settings: {', '.join(labels)}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"the campaign's settings must differ: {labels}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
+        if self.seeds < 1 or self.margin <= 0:
+            raise ValueError(f"a campaign needs seeds >= 1 and margin > 0, got {self.seeds} and {self.margin}")
+
+
+def run_dir_of(out_dir: str | Path, label: str, seed: int) -> Path:
+    """``OUT/<setting>-s<seed>``: a folder of its own (and a name of its own in the UI) for every run."""
+    return Path(out_dir) / f"{label}-s{seed}"
+
+
+class CampaignFolderError(ValueError):
+    """A run's folder holds a run the campaign cannot reuse (another config or code)."""
+
+
+def reusable(run_dir: Path, config: dict, code: dict) -> bool:
+    """Whether ``run_dir`` holds a finished run (summary.json) of ``config`` (as config.json holds it)
+    at the code ``code``; False where it holds nothing yet. A folder that holds another run is a
+    :class:`CampaignFolderError` saying what differs (a campaign never trains over a run)."""
+    if not (run_dir / "config.json").is_file():
+        return False
+    written = json.loads((run_dir / "config.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else None
+    if written == config and summary is not None and summary.get("code") == code:
+        return True
+    why = (
+        "its config differs from the campaign's"
+        if written != config
+        else "it did not finish (resume it with areal-flow train --resume, or remove it)"
+        if summary is None
+        else f"it ran other code ({summary.get('code')}, the campaign runs {code})"
+    )
+    raise CampaignFolderError(f"{run_dir} holds a run the campaign cannot reuse: {why}; remove it or use another --out")
+
+
+def outcome_of(run_dir: Path, outcome: str) -> float:
+    s = json.loads((run_dir / "summary.json").read_text())
+    return s["accuracy_after"] - s["accuracy_before"] if outcome == "accuracy_gain" else s[outcome]
+
+
+def run_campaign(
+    plan: CampaignPlan,
+    out_dir: str | Path,
+    config_of: Callable[[dict], dict],
+    train: Callable[[str, int, dict, Path], None],
+    say: Callable[[str], None] = print,
+) -> dict:
+    """Train ``plan``'s settings seed by seed into ``out_dir`` and decide. ``config_of(overrides)``: the
+    config (as a run's config.json holds it) a run with those overrides gets; ``train(label, seed,
+    overrides, run_dir)`` trains one run. Returns the decision (also ``out_dir/decision.json``)."""
+    t0, code = time.monotonic(), code_version()
+    outcomes: dict[str, dict[int, float]] = {label: {} for label, _ in plan.points}
+    trained = reused = 0
+    done, seeds, why = 0, plan.seeds, ""
+    while True:
+        for seed in range(done, seeds):
+            for label, overrides in plan.points:
+                ov = {**overrides, "seed": seed}
+                run_dir = run_dir_of(out_dir, label, seed)
+                if reusable(run_dir, config_of(ov), code):
+                    reused += 1
+                    say(f"{label} seed {seed}: reused ({run_dir})")
+                else:
+                    train(label, seed, ov, run_dir)
+                    trained += 1
+                outcomes[label][seed] = outcome_of(run_dir, plan.outcome)
+        done = seeds
+        comparisons = compare(outcomes, plan.baseline, plan.margin)
+        if not plan.until_clear:
+            why = "a fixed number of seeds (--until-clear adds seeds while a difference is unclear)"
+            break
+        why = next_seed(comparisons, seeds, trained + reused, (time.monotonic() - t0) / 60, plan.budget)
+        if why is not None:
+            break
+        seeds += 1
+        say(f"still unclear: {', '.join(c.label for c in comparisons if not c.clear)}; seed {seeds - 1} next")
+    decision = _decision(plan, comparisons, outcomes, why, trained, reused, code)
+    write_text_atomic(str(Path(out_dir) / "decision.json"), json.dumps(decision, indent=2) + "\n")
+    return decision
+
+
+def _decision(plan, comparisons: list[Comparison], outcomes, why, trained, reused, code) -> dict:
+    def iv(i):
+        return None if i is None else {"mean": i.mean, "lo": i.lo, "hi": i.hi, "n": i.n}
+
+    return {
+        "outcome": plan.outcome,
+        "outcome_label": OUTCOMES[plan.outcome],
+        "baseline": plan.baseline,
+        "margin": plan.margin,
+        "seeds": max(len(v) for v in outcomes.values()),
+        "stopped_because": why,
+        "runs_trained": trained,
+        "runs_reused": reused,
+        "code": code,
+        "settings": [
+            {
+                "label": c.label,
+                "outcome": iv(c.outcome),
+                "difference": iv(c.difference),
+                "verdict": c.verdict,
+                "by_seed": {str(s): v for s, v in sorted(outcomes[c.label].items())},
+                "overrides": dict(plan.points)[c.label],
+            }
+            for c in comparisons
+        ],
+    }

@@ -1,0 +1,110 @@
+"""A campaign's loop (areal_core/run/campaign.py): paired seeds, seeds added until clear or the budget is
+spent, finished runs reused (never trained again) where config and code match, and its report."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from areal_core.report.decision import write_decision_report
+from areal_core.run.campaign import CampaignFolderError, CampaignPlan, run_campaign, run_dir_of
+from areal_core.run.decide import Budget
+from areal_core.run.folder import code_version
+
+# each setting's true effect on top of a seed's own level: eta4 is clearly better, naive the same
+EFFECT = {"eta0": 0.0, "eta4": 0.05, "naive": 0.0}
+
+
+def _config_of(ov: dict) -> dict:
+    return {"seed": ov["seed"], "overrides": {k: v for k, v in ov.items() if k != "seed"}}
+
+
+class FakeTrainer:
+    """Writes what a finished run leaves (config.json, summary.json, metrics.parquet-free) with an outcome
+    from the seed and the setting; counts what it trained."""
+
+    def __init__(self, noise: float = 0.004):
+        self.trained: list[tuple[str, int]] = []
+        self.noise = noise
+
+    def __call__(self, label: str, seed: int, ov: dict, run_dir: Path) -> None:
+        self.trained.append((label, seed))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        level = 0.3 + 0.1 * ((seed * 7) % 5)  # the seeds differ much more than the settings
+        jitter = self.noise * (1 if (seed + len(label)) % 2 else -1)
+        after = level + EFFECT[label] + jitter
+        (run_dir / "config.json").write_text(json.dumps(_config_of(ov)))
+        (run_dir / "summary.json").write_text(
+            json.dumps({"accuracy_before": level - 0.1, "accuracy_after": after, "code": code_version()})
+        )
+
+
+def _plan(**kw) -> CampaignPlan:
+    points = [(label, {"x": label}) for label in EFFECT]
+    return CampaignPlan(points, "eta0", **kw)
+
+
+def test_a_campaign_adds_seeds_until_every_difference_is_clear(tmp_path):
+    trainer = FakeTrainer()
+    d = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, trainer, say=lambda s: None)
+    verdicts = {s["label"]: s["verdict"] for s in d["settings"]}
+    assert verdicts == {"eta0": "baseline", "eta4": "better", "naive": "same within the margin"}
+    assert d["seeds"] >= 3 and d["stopped_because"] == "every difference to the baseline is clear"
+    assert len(trainer.trained) == 3 * d["seeds"] and d["runs_reused"] == 0
+    assert all((run_dir_of(tmp_path, label, s)).is_dir() for label in EFFECT for s in range(d["seeds"]))
+    on_disk = json.loads((tmp_path / "decision.json").read_text())
+    assert on_disk == d
+
+
+def test_a_campaign_resumes_without_training_a_finished_run_again(tmp_path):
+    first = FakeTrainer()
+    run_campaign(_plan(seeds=2), tmp_path, _config_of, first, say=lambda s: None)
+    assert len(first.trained) == 6
+    # started again over the same folder: every finished run reused
+    again = FakeTrainer()
+    d = run_campaign(_plan(seeds=2), tmp_path, _config_of, again, say=lambda s: None)
+    assert again.trained == [] and d["runs_reused"] == 6 and d["runs_trained"] == 0
+    # one more seed: only the new seed's runs are trained
+    more = FakeTrainer()
+    run_campaign(_plan(seeds=3), tmp_path, _config_of, more, say=lambda s: None)
+    assert sorted(more.trained) == [("eta0", 2), ("eta4", 2), ("naive", 2)]
+    # a folder holding a run of another config or other code is never trained over: the campaign says so
+    changed = FakeTrainer()
+    plan = CampaignPlan([("eta0", {"x": "eta0"}), ("eta4", {"x": "other"}), ("naive", {"x": "naive"})], "eta0", seeds=3)
+    with pytest.raises(CampaignFolderError, match=r"eta4-s0 holds a run .*its config differs"):
+        run_campaign(plan, tmp_path, _config_of, changed, say=lambda s: None)
+    assert changed.trained == []
+    summary = run_dir_of(tmp_path, "naive", 1) / "summary.json"
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "code": {**s["code"], "commit": "another"}}))
+    with pytest.raises(CampaignFolderError, match=r"naive-s1 holds a run .*it ran other code"):
+        run_campaign(_plan(seeds=3), tmp_path, _config_of, changed, say=lambda s: None)
+    # once removed, it is trained again (and only it)
+    shutil.rmtree(run_dir_of(tmp_path, "naive", 1))
+    run_campaign(_plan(seeds=3), tmp_path, _config_of, changed, say=lambda s: None)
+    assert changed.trained == [("naive", 1)]
+
+
+def test_the_budget_stops_a_campaign_and_says_what_is_still_unclear(tmp_path):
+    noisy = FakeTrainer(noise=0.05)  # the noise swamps eta4's effect at a few seeds
+    d = run_campaign(
+        _plan(seeds=2, until_clear=True, budget=Budget(max_runs=9)), tmp_path, _config_of, noisy, say=lambda s: None
+    )
+    assert d["seeds"] == 3 and len(noisy.trained) == 9
+    assert d["stopped_because"].startswith("budget spent") and "still unclear:" in d["stopped_because"]
+
+
+def test_the_decision_report_has_the_table_and_both_plots(tmp_path):
+    run_campaign(_plan(seeds=3), tmp_path, _config_of, FakeTrainer(), say=lambda s: None)
+    text = write_decision_report(tmp_path)
+    assert "| eta4 | 3 |" in text and "better" in text and "baseline" in text
+    assert (tmp_path / "forest.png").stat().st_size > 5000 and (tmp_path / "decision.md").read_text() == text
+    assert (tmp_path / "curves.png").is_file()  # (no metrics in these fake runs: an empty plot)
+
+
+def test_a_plan_is_checked():
+    with pytest.raises(ValueError, match="baseline 'eta9'"):
+        CampaignPlan([("eta0", {})], "eta9")
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        CampaignPlan([("eta0", {})], "eta0", outcome="loss")
