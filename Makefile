@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 
-.PHONY: demo test test-unit test-nightly setup clean ui-browser bench-trl vllm-venv
+.PHONY: demo test test-unit test-nightly setup clean ui-browser bench-trl vllm-venv docs
 
 # torch first, pinned to the CPU wheel: pip resolves `torch==2.13.0` from the index configured for
 # this machine (a CPU build here); installing it before anything else keeps a dependency from
@@ -50,6 +50,17 @@ test-nightly: $(FULL)
 # tests/unit alone: no servers, processes or Prefect (about 1 min on 2 cores)
 test-unit: $(FULL)
 	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests/unit
+
+# the docs site (mkdocs.yml): the reference pages regenerated from the code first (their test fails on a
+# stale page), then built with every warning an error; the site goes to site/ (not committed)
+DOCS := $(VENV)/.installed-docs
+$(DOCS): $(BASE)
+	$(PIP) install -e ".[docs]"
+	touch $(DOCS)
+
+docs: $(DOCS)
+	$(PY) -m infra.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The UI tests (tests/e2e/test_ui_screenshot.py, tests/e2e/test_train_deployment.py) need Debian's
 # chromium-headless-shell: a step of its own (README), never a side effect of `make test`; without
