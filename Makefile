@@ -27,8 +27,18 @@ $(FULL): $(BASE)
 
 setup: $(FULL)
 
+# the demo's folder: a finished demo there is not trained over (the target says how to run another);
+# a stopped one (Ctrl-C) is continued from its last checkpoint
+DEMO_DIR ?= runs/quickstart
 demo: $(BASE)
-	$(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir runs/quickstart
+	@if [ -f $(DEMO_DIR)/summary.json ]; then \
+	  echo "$(DEMO_DIR) holds a finished demo (summary.json): make demo DEMO_DIR=$(DEMO_DIR)-2 runs another, rm -rf $(DEMO_DIR) starts afresh"; \
+	elif [ -d $(DEMO_DIR)/checkpoints ]; then \
+	  echo "$(DEMO_DIR) holds a stopped demo: continuing it from its last checkpoint"; \
+	  $(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir $(DEMO_DIR) --resume; \
+	else \
+	  $(VENV)/bin/areal-flow train configs/quickstart.yaml --run-dir $(DEMO_DIR); \
+	fi
 
 # two pytest-xdist workers that steal tests from each other's queue: most tests wait on servers, Prefect
 # and subprocesses, so two workers fit 2 cores (about 82 % busy: a third worker only slows each test)
