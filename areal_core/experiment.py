@@ -63,7 +63,10 @@ class CostConfig(Section):
 
 
 class ExperimentConfig(Section):
-    name: str = "experiment"
+    """One run's whole config: the components' sections, checked against each other."""
+
+    name: str = "experiment"  # the run's name: in its folder's name, its logs and reports
+    # seeds the model's init and warm start, the prompt order and the sampling (the data: data.synthetic.seed)
     seed: int = 0
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -73,9 +76,8 @@ class ExperimentConfig(Section):
     storage: StorageConfig = StorageConfig()
     eval: EvalConfig = EvalConfig()
     episode: EpisodeConfig = SingleTurnConfig()  # what one rollout of a prompt group is (areal_core/episodes)
-    multi_agent: MultiAgentConfig | None = (
-        None  # several agents, reward-gated routing (areal_core/controller/agents.py)
-    )
+    # several agents, reward-gated routing (areal_core/controller/agents.py); None: one policy, no agents
+    multi_agent: MultiAgentConfig | None = None
     cost: CostConfig = CostConfig()  # prices and a budget for the cost ledger (areal_core/run/costs.py)
 
     @model_validator(mode="after")

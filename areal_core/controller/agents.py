@@ -42,12 +42,17 @@ ROUTES = (TRAINABLE, FROZEN)
 
 
 class AgentSpec(Section):
+    """One agent: a name and the instruction put before every prompt it is given."""
+
     id: str = Field(pattern=r"^[A-Za-z0-9_]+$")  # names metrics columns (agent_<id>_...)
     prefix: str = ""  # put before the text of every prompt this agent is given
 
 
 class MultiAgentConfig(Section):
-    agents: list[AgentSpec] = Field(min_length=1)
+    """Several agents in one run: every ``every_steps`` steps the ``top_k`` with the best moving-average
+    reward are routed to the trainable policy, the rest to the frozen one (the module docstring)."""
+
+    agents: list[AgentSpec] = Field(min_length=1)  # {id, prefix} each; prompt groups go to them in turn, in order
     top_k: int = Field(ge=1)  # agents routed to the trainable policy at each selection
     every_steps: int = Field(10, ge=1)  # a selection every this many trainer steps
     window: int = Field(256, ge=1)  # R(a): the mean of the agent's last this many rewards

@@ -11,12 +11,12 @@ class SyntheticTask(Section):
     """Chain-of-running-sums task; chain lengths drawn with P(k) proportional to 1/k**alpha."""
 
     kind: Literal["chain"] = "chain"
-    n_train: int = Field(20000, gt=0)
-    n_eval: int = Field(500, gt=0)
-    min_chain: int = Field(2, ge=1)
-    max_chain: int = Field(12, ge=1)
-    alpha: float = Field(1.0, ge=0)
-    seed: int = 0
+    n_train: int = Field(20000, gt=0)  # train records drawn (i.i.d.: short chains repeat)
+    n_eval: int = Field(500, gt=0)  # held-out records drawn, from prompts no train record has
+    min_chain: int = Field(2, ge=1)  # shortest chain (digits in a prompt)
+    max_chain: int = Field(12, ge=1)  # longest chain, at most 26 (one letter label per step)
+    alpha: float = Field(1.0, ge=0)  # P(chain length k) proportional to 1/k**alpha; 0: uniform
+    seed: int = 0  # seeds the draws and which prompts are held out
     # explicit: a3=3,b5=8,c7=15|15 (each step writes the digit it adds); compact: a3b8c15|15;
     # tool (for episode kind tool): chains of tool_min_chain steps or more as a Python call that sums
     # the prompt's digits, the sandbox's output and the answer,
@@ -44,13 +44,13 @@ class SyntheticCodeTask(Section):
     graded by unit tests in the sandbox. k is drawn with P(k) proportional to 1/k**alpha."""
 
     kind: Literal["code"]
-    n_train: int = Field(20000, gt=0)
-    n_eval: int = Field(500, gt=0)
+    n_train: int = Field(20000, gt=0)  # train records drawn
+    n_eval: int = Field(500, gt=0)  # held-out records drawn, from functions no train record has
     max_args: int = Field(4, ge=1, le=4)  # k in [1, max_args] (arguments named x, y, z, w)
-    alpha: float = Field(1.0, ge=0)
+    alpha: float = Field(1.0, ge=0)  # P(k arguments) proportional to 1/k**alpha; 0: uniform
     max_coef: int = Field(9, ge=1)  # coefficients in [-max_coef, max_coef]
     max_const: int = Field(20, ge=0)  # the constant in [-max_const, max_const]
-    seed: int = 0
+    seed: int = 0  # seeds the draws and which functions are held out
 
 
 class SyntheticArithTask(Section):
@@ -59,14 +59,14 @@ class SyntheticArithTask(Section):
     word problems, each ending in the same instruction; graded by the math grader."""
 
     kind: Literal["arith"]
-    n_train: int = Field(20000, gt=0)
-    n_eval: int = Field(400, gt=0)
+    n_train: int = Field(20000, gt=0)  # train records drawn
+    n_eval: int = Field(400, gt=0)  # held-out records drawn, from calculations no train record has
     # the kinds drawn (uniformly): add, sub (two-digit numbers), mul (a x b), word (one-step stories)
     ops: list[Literal["add", "sub", "mul", "word"]] = Field(["add", "sub", "mul", "word"], min_length=1)
     max_factor: int = Field(12, ge=2)  # mul: a in [2, max_factor]
     max_multiplicand: int = Field(19, ge=2)  # mul: b in [2, max_multiplicand]
     max_word: int = Field(30, ge=2)  # word: both numbers in [2, max_word]
-    seed: int = 0
+    seed: int = 0  # seeds the draws and which calculations are held out
 
 
 def _synthetic_kind(value) -> str:
@@ -94,9 +94,15 @@ class Curriculum(Section):
 
 
 class DataConfig(Section):
+    """The problems: the train records RL draws prompts from, and the held-out ones it is evaluated on."""
+
     # `synthetic` or a path/URL to a records file (jsonl or parquet, the project's record schema)
     dataset: str = "synthetic"
-    eval_dataset: str | None = None  # defaults to the synthetic held-out split
-    synthetic: SyntheticConfig = SyntheticTask()
+    # held-out problems, a records file like data.dataset; None: the synthetic task's held-out split (a
+    # data.dataset file needs one given here)
+    eval_dataset: str | None = None
+    synthetic: SyntheticConfig = SyntheticTask()  # the task that makes the records of dataset `synthetic`
+    # a fresh seeded order of the train prompts every epoch; false: their order in the data set (either
+    # way unused with a curriculum)
     shuffle: bool = True
     curriculum: Curriculum | None = None  # None: the data set's own mix, in shuffled epochs

@@ -11,6 +11,8 @@ from areal_core.configbase import Section
 
 
 class SingleTurnConfig(Section):
+    """The policy answers once and its answer is graded (the default)."""
+
     kind: Literal["single_turn"] = "single_turn"
 
 
@@ -20,9 +22,9 @@ class RetryConfig(Section):
     ``discount**(k-1)`` of the way from reward_wrong to reward_correct."""
 
     kind: Literal["retry"] = "retry"
-    max_turns: int = Field(2, ge=1)
-    discount: float = Field(1.0, gt=0.0, le=1.0)
-    feedback: str = "\nwrong ({reason}); again: "
+    max_turns: int = Field(2, ge=1)  # tries at most, the first included (1: no retry)
+    discount: float = Field(1.0, gt=0.0, le=1.0)  # a right answer at turn k earns discount**(k-1); 1: no discount
+    feedback: str = "\nwrong ({reason}); again: "  # the message after a wrong answer ({reason}, {parsed} filled in)
     max_new_tokens_per_turn: int | None = Field(None, ge=1)  # None: rollout.sampling.max_new_tokens
 
 
@@ -34,13 +36,13 @@ class ToolConfig(Section):
     ``format: tool`` demonstrations."""
 
     kind: Literal["tool"] = "tool"
-    max_calls: int = Field(1, ge=0)
-    timeout_s: float = Field(2.0, gt=0.0, le=60.0)
-    max_output_chars: int = Field(64, ge=1)
+    max_calls: int = Field(1, ge=0)  # tool calls run per answer at most; 0: none (a call is then plain text)
+    timeout_s: float = Field(2.0, gt=0.0, le=60.0)  # wall-clock seconds one call may run
+    max_output_chars: int = Field(64, ge=1)  # a call's output is cut to this many characters
     max_new_tokens_per_turn: int | None = Field(None, ge=1)  # None: rollout.sampling.max_new_tokens
-    open_tag: str = Field("<py>", min_length=1)
-    close_tag: str = Field("</py>", min_length=1)
-    result_template: str = Field("<out>{output}</out>", pattern=r"\{output\}")
+    open_tag: str = Field("<py>", min_length=1)  # the text that opens a call
+    close_tag: str = Field("</py>", min_length=1)  # the text that closes a call and ends the turn
+    result_template: str = Field("<out>{output}</out>", pattern=r"\{output\}")  # how an output is sent back ({output})
     stop_token_ids: list[int] | None = None  # None: the last token of close_tag
     memory_mb: int = Field(512, ge=64)  # address space of a call's process
     max_parallel: int = Field(2, ge=1)  # sandbox runs at a time
@@ -50,8 +52,8 @@ class ImportedConfig(Section):
     """``path: "package.module:factory"``: ``factory(**options)`` returns an episode."""
 
     kind: Literal["import"] = "import"
-    path: str = Field(pattern=r"^[\w.]+:\w+$")
-    options: dict[str, Any] = {}
+    path: str = Field(pattern=r"^[\w.]+:\w+$")  # "package.module:factory": factory(**options) returns the episode
+    options: dict[str, Any] = {}  # keyword arguments of the factory
 
 
 class OpenAIAgentConfig(Section):
@@ -62,8 +64,8 @@ class OpenAIAgentConfig(Section):
     (areal_core/episodes/openai_agent.py)."""
 
     kind: Literal["openai_agent"] = "openai_agent"
-    path: str = Field(pattern=r"^[\w.]+:\w+$")
-    options: dict[str, Any] = {}
+    path: str = Field(pattern=r"^[\w.]+:\w+$")  # "module:function": the agent, called once per answer
+    options: dict[str, Any] = {}  # keyword arguments the agent function is called with, after client and prompt
     max_calls: int = Field(8, ge=1)  # model calls per answer; more are refused (400)
     max_new_tokens_per_call: int | None = Field(None, ge=1)  # caps a call's max_tokens (neither: rollout's)
     chat_template: str | None = None  # Jinja text for /v1/chat/completions (None: the tokenizer's, else plain)

@@ -10,20 +10,20 @@ from areal_core.configbase import Section
 class TinyArch(Section):
     """Shape of the `tiny` Qwen2-architecture model (built from scratch)."""
 
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(2, gt=0)
-    intermediate_size: int = Field(512, gt=0)
-    max_position_embeddings: int = Field(512, gt=0)
+    hidden_size: int = Field(128, gt=0)  # width of the residual stream; a multiple of num_heads
+    num_layers: int = Field(2, gt=0)  # decoder layers
+    num_heads: int = Field(4, gt=0)  # attention (query) heads; a multiple of num_kv_heads
+    num_kv_heads: int = Field(2, gt=0)  # key/value heads, each shared by num_heads / num_kv_heads query heads
+    intermediate_size: int = Field(512, gt=0)  # width of each layer's MLP
+    max_position_embeddings: int = Field(512, gt=0)  # context length in tokens: caps a trajectory (prompt + answer)
 
 
 class WarmStart(Section):
     """Supervised warm start on the task's reference solutions before RL (0 steps: none)."""
 
-    steps: int = Field(600, ge=0)
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(1e-3, gt=0)
+    steps: int = Field(600, ge=0)  # AdamW steps (the most, with stop_at_accuracy); 0: no warm start
+    batch_size: int = Field(32, gt=0)  # demonstrations per step, drawn at random (seeded)
+    lr: float = Field(1e-3, gt=0)  # the first step's learning rate; it decays linearly to 10% of it over `steps`
     # Chain task only: draw demonstrations with P(chain length k) proportional to
     # k**-length_alpha instead of the train split's own distribution. A value
     # above data.synthetic.alpha makes the demonstrations mostly short, so the
@@ -38,11 +38,14 @@ class WarmStart(Section):
     # Where a sharp jump in accuracy lands depends on the seed and the machine's
     # floating point; stopping on accuracy gives RL the same start on every one. None: no stop.
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
-    check_every: int = Field(5, gt=0)
+    check_every: int = Field(5, gt=0)  # steps between validation-accuracy checks (with stop_at_accuracy)
+    # demonstrations held out as the validation split (with stop_at_accuracy; needs twice as many in all)
     val_problems: int = Field(512, gt=0)
 
 
 class ModelConfig(Section):
+    """The policy RL starts from (and, for `tiny`, its shape and supervised warm start)."""
+
     # `tiny`, `smollm2-135m`, or an HF model folder (local path, file:// or s3:// URL)
     name: str = "tiny"
     tiny: TinyArch = TinyArch()

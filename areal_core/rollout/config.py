@@ -21,10 +21,12 @@ _NEEDS_FULL = (
 class SamplingConfig(Section):
     """How the rollout servers sample the answers RL trains on (no top-p/top-k filtering)."""
 
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)  # must stay 1.0: see _NEEDS_FULL
-    top_k: int = Field(0, ge=0)  # must stay 0 (no top-k): see _NEEDS_FULL
-    max_new_tokens: int = Field(128, gt=0)
+    temperature: float = Field(1.0, ge=0)  # > 0 for RL; the trainer's logprobs use the same temperature
+    # must stay 1.0 (no nucleus filtering): training needs the distribution the policy samples from, unfiltered
+    top_p: float = Field(1.0, gt=0, le=1)
+    # must stay 0 (no top-k filtering): training needs the distribution the policy samples from, unfiltered
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(128, gt=0)  # the most tokens one answer (one turn of an episode) may generate
 
     @field_validator("top_p")
     @classmethod
@@ -94,8 +96,8 @@ class KVBudget(Section):
     2 x layers x kv_heads x head_dim x dtype bytes). Each request reserves prompt + max_new_tokens
     positions (what it holds when it ends at its length limit) from admission until it finishes."""
 
-    tokens: int | None = Field(None, gt=0)
-    bytes: int | None = Field(None, gt=0)
+    tokens: int | None = Field(None, gt=0)  # the budget in KV positions (tokens)
+    bytes: int | None = Field(None, gt=0)  # the budget in bytes of KV cache (embedded servers only), e.g. 2e9
 
     @field_validator("bytes", mode="before")
     @classmethod
@@ -123,7 +125,7 @@ class EngineConfig(Section):
 
     max_running: int = Field(256, gt=0)  # sequences decoded together
     weight_update: WeightUpdateMode = DEFAULT_WEIGHT_UPDATE  # what an update does to in-flight sequences
-    torch_threads: int = Field(1, gt=0)
+    torch_threads: int = Field(1, gt=0)  # torch (OpenMP) threads of the server
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = Field(0, ge=0)  # the sampling generator's (requests without sampling_seed)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # areal_core/device.py
@@ -161,6 +163,8 @@ RolloutBackendConfig = Annotated[
 
 
 class RolloutConfig(Section):
+    """The rollout servers that generate the answers, how many answers per prompt and how they are sampled."""
+
     # which servers generate: {kind: embedded} (the shorthand `backend: embedded` works too),
     # {kind: external, urls: [...]}, {kind: sglang, ...} (backends/sglang.py), {kind: vllm, ...}
     # (backends/vllm.py)
@@ -175,7 +179,7 @@ class RolloutConfig(Section):
     weight_transport: WeightTransportConfig | None = None
     n_samples: int = Field(8, gt=0)  # answers per prompt
     sampling: SamplingConfig = SamplingConfig()
-    torch_threads: int = Field(1, gt=0)
+    torch_threads: int = Field(1, gt=0)  # torch (OpenMP) threads of each embedded server
     # what the servers compute in: `model` = what the trainer computes in (model.dtype); float32 or
     # bfloat16 apart from it, e.g. a bf16 engine beside a float32 trainer, the numerics mismatch large
     # deployments live with (in-memory pushes are cast to it, a disk folder as the servers load it;

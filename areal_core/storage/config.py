@@ -8,6 +8,8 @@ from areal_core.configbase import Section
 
 
 class StorageConfig(Section):
+    """The run's checkpoints (versioned model folders): where they are written, how often, in what form."""
+
     # where versions are published: a folder, file:// or s3:// URL. None: <run_dir>/checkpoints
     url: str | None = None
     keep_last: int | None = Field(None, gt=0)  # None: keep every checkpoint (a delta's base is always kept)

@@ -9,15 +9,18 @@ from areal_core.configbase import Section
 
 
 class OptimConfig(Section):
-    lr: float = Field(2e-5, gt=0)
+    """AdamW and its learning-rate schedule, stepped once per training step (either trainer backend)."""
+
+    lr: float = Field(2e-5, gt=0)  # the peak learning rate (after warmup)
+    # after warmup: constant, or linear from lr towards lr * min_lr_ratio, reached as the run's steps end
     lr_schedule: Literal["constant", "linear"] = "linear"
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.05, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-5, gt=0)
-    grad_clip: float = Field(1.0, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # lr_schedule linear: the lr at the run's end as a share of lr
+    warmup_steps: int = Field(0, ge=0)  # steps whose lr rises linearly from lr / warmup_steps to lr; 0: none
+    weight_decay: float = Field(0.05, ge=0)  # AdamW's decoupled weight decay
+    beta1: float = Field(0.9, ge=0, lt=1)  # AdamW's decay rate of the gradient's running mean
+    beta2: float = Field(0.95, ge=0, lt=1)  # AdamW's decay rate of the squared gradient's running mean
+    eps: float = Field(1e-5, gt=0)  # AdamW's epsilon, added to the denominator
+    grad_clip: float = Field(1.0, gt=0)  # the gradient's global L2 norm is clipped to this at every optimizer step
     # start AdamW from the tiny model's warm-start moments instead of zeros (see Trainer.adopt_moments)
     continue_warm_start: bool = False
 
@@ -34,8 +37,8 @@ class MegatronTrainerBackend(Section):
     The run starts ranks 1.. on this host itself; under ``torchrun`` it uses torchrun's."""
 
     kind: Literal["megatron"] = "megatron"
-    tensor_parallel_size: int = Field(1, gt=0)
-    processes: int = Field(1, gt=0)
+    tensor_parallel_size: int = Field(1, gt=0)  # ranks each layer's weights are split over; divides processes
+    processes: int = Field(1, gt=0)  # gloo ranks in all (data parallel: processes / tensor_parallel_size)
 
     @model_validator(mode="after")
     def _tp_divides(self):
@@ -68,28 +71,36 @@ class LoraConfig(Section):
 
 
 class TrainerConfig(Section):
+    """The RL trainer: its backend, batch, staleness, objective, rewards, micro-batching and optimizer."""
+
     # {kind: torch} (shorthand `backend: torch`) or {kind: megatron, tensor_parallel_size, processes}
     backend: Annotated[TorchTrainerBackend | MegatronTrainerBackend, Field(discriminator="kind")] = (
         TorchTrainerBackend()
     )
     batch_size: int = Field(128, gt=0)  # B: trajectories per training step
     eta: int = Field(4, ge=0)  # max staleness; 0 = synchronous
-    max_steps: int = Field(100, gt=0)
+    max_steps: int = Field(100, gt=0)  # training steps of the run (the lr schedule's length); --max-steps overrides
+    # decoupled: AReaL's PPO with a proximal policy between behaviour and current (areal_core/algo/losses.py);
+    # naive: plain PPO clipped against the behaviour policy
     objective: Literal["decoupled", "naive"] = "decoupled"
-    eps_clip: float = Field(0.2, gt=0, lt=1)
+    eps_clip: float = Field(0.2, gt=0, lt=1)  # PPO's clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip]
     # what replaces the decoupled objective's behaviour weight w = pi_prox / pi_behav
     # (areal_core/algo/off_policy.py, docs/RL_TUNING.md): {kind: none | cap | tis | mis | geo_mask |
     # icepop | m2po, and the kind's settings}; shorthand `off_policy: icepop` (the kind's defaults)
     off_policy: OffPolicyConfig = OffPolicyNone()
-    reward_correct: float = 5.0
-    reward_wrong: float = -5.0
+    reward_correct: float = 5.0  # a right answer's reward
+    reward_wrong: float = -5.0  # a wrong answer's reward (partial credit lands between the two)
+    # advantage = the reward minus the mean, over the std: of the whole batch, of the answers to the same
+    # prompt (group, GRPO-style), or the reward as it is (none)
     adv_norm: Literal["batch", "group", "none"] = "batch"
-    ppo_minibatches: int = Field(1, gt=0)
+    ppo_minibatches: int = Field(1, gt=0)  # optimizer steps per training step, each on an equal share of the batch
     # pi_prox for decoupled PPO with ppo_minibatches > 1 (with one minibatch it is the update's own
     # forward, exact and free): "recompute" = a no-grad forward pass over the batch before the
     # update; "loglinear" = AReaL's interpolation between behaviour and current logprobs by version
     # (no extra forward; areal_core/algo/prox.py)
     prox_logp: Literal["recompute", "loglinear"] = "recompute"
+    # how a minibatch is split for the forward and backward passes: dynamic = packed up to
+    # max_tokens_per_microbatch tokens each; fixed = n_microbatches shares of (nearly) equal size
     microbatching: Literal["dynamic", "fixed"] = "dynamic"
     max_tokens_per_microbatch: int = Field(4096, gt=0)  # dynamic
     n_microbatches: int = Field(4, gt=0)  # fixed

@@ -81,17 +81,17 @@ class SGLangConfig(auth.ServerAuthConfig):
     server i sees GPUs i*tp_size.. via CUDA_VISIBLE_DEVICES), which require the run's key."""
 
     kind: Literal["sglang"] = "sglang"
-    urls: list[str] = []
-    num_servers: int = Field(1, ge=1)
-    tp_size: int = Field(1, ge=1)
-    mem_fraction_static: float = Field(0.85, gt=0, le=1)
-    host: str = "127.0.0.1"
-    port: int = Field(30000, gt=0, lt=65536)
-    port_stride: int = Field(10, ge=1)
+    urls: list[str] = []  # running servers' base URLs to use; []: start num_servers here
+    num_servers: int = Field(1, ge=1)  # servers to start (without urls)
+    tp_size: int = Field(1, ge=1)  # GPUs per started server (SGLang's --tp-size)
+    mem_fraction_static: float = Field(0.85, gt=0, le=1)  # GPU memory share for weights and KV cache (SGLang's)
+    host: str = "127.0.0.1"  # the address started servers listen on, and the run reaches them at
+    port: int = Field(30000, gt=0, lt=65536)  # the first started server's port
+    port_stride: int = Field(10, ge=1)  # server i listens on port + i * port_stride
     extra_args: list[str] = []  # passed on to sglang.launch_server as they are
-    env: dict[str, str] = {}
+    env: dict[str, str] = {}  # environment variables set for started servers (over this process's)
     python: str = sys.executable  # the interpreter of the venv that has sglang
-    startup_timeout_s: float = Field(900.0, gt=0)
+    startup_timeout_s: float = Field(900.0, gt=0)  # seconds a started server may take to answer /health
     connect_timeout_s: float = Field(10.0, gt=0)  # for configured urls, at start
 
     @model_validator(mode="after")

