@@ -30,10 +30,10 @@ def cmd_runs(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from areal_core.trainer.export import ExportError, export_checkpoint
+    from areal_core.trainer.export import ExportError, export_checkpoint, export_peft
 
     try:
-        print(export_checkpoint(args.source, args.out))
+        print((export_peft if args.peft else export_checkpoint)(args.source, args.out))
     except ExportError as e:
         raise UsageError(str(e)) from None
     return 0
@@ -96,6 +96,12 @@ def _export_parser(sub) -> None:
         help="a checkpoint version (RUN/checkpoints/vN, folder or URL) or a run folder (its latest)",
     )
     x.add_argument("--out", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
+    x.add_argument(
+        "--peft",
+        action="store_true",
+        help="a LoRA checkpoint as its adapters in PEFT's format: DIR/base (the base model) and DIR/adapter "
+        "(PeftModel.from_pretrained loads it), instead of the merged weights",
+    )
 
 
 def _serve_parser(sub) -> None:

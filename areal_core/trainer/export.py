@@ -9,6 +9,12 @@ adapters merged into v0 by the same merge the rollout engine uses), ``config.jso
 state or adapters), so ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` loads it.
 It is built in a temporary folder beside the destination and renamed into place: the destination
 is whole or absent.
+
+A LoRA version can also go out as its adapters in PEFT's format (:func:`export_peft`): ``base/``
+(checkpoint v0, the model the adapters were made against) and ``adapter/``
+(``adapter_config.json`` + ``adapter_model.safetensors``), which
+``peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("OUT/base"), "OUT/adapter")``
+loads; its outputs are the merged export's.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import re
 import shutil
 import tempfile
 
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
+
 from areal_core.storage import CheckpointStore
-from areal_core.storage.adapters import ADAPTER_CONFIG, ADAPTER_FILE
+from areal_core.storage.adapters import A_SUFFIX, ADAPTER_CONFIG, ADAPTER_FILE, B_SUFFIX, BASE_VERSION
 from areal_core.storage.checkpoints import VersionNotFoundError
 from areal_core.storage.delta import DELTA
 from areal_core.storage.manifest import MANIFEST
@@ -87,5 +96,68 @@ def export_checkpoint(source: str, out: str) -> str:
                 shutil.copyfile(os.path.join(dirpath, name), dest)
         if os.path.isdir(out):
             os.rmdir(out)  # empty (checked above)
+        os.rename(staged, out)
+    return out
+
+
+def peft_tensors(adapters: dict, prefix: str = "base_model.model.") -> dict:
+    """Our adapters (``<module>.lora_A`` / unscaled ``.lora_B``) under PEFT's names
+    (``base_model.model.<module>.lora_A.weight``; PEFT scales B by alpha / r, as we do)."""
+    out = {}
+    for name, t in adapters.items():
+        for suffix in (A_SUFFIX, B_SUFFIX):
+            if name.endswith(suffix):
+                out[f"{prefix}{name[: -len(suffix)]}{suffix}.weight"] = t.contiguous()
+    if len(out) != len(adapters):
+        raise ExportError(f"adapters with names PEFT has no place for: {sorted(set(adapters))[:3]}")
+    return out
+
+
+def peft_config(config: dict) -> dict:
+    """PEFT's ``adapter_config.json`` for our ``adapter_config.json``: rank, alpha and the target
+    modules' names; no dropout, no bias (what the trainer's adapters are)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": int(config["rank"]),
+        "lora_alpha": float(config["alpha"]),
+        "target_modules": sorted(config["targets"]),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "inference_mode": True,
+        "base_model_name_or_path": "../base",
+    }
+
+
+def export_peft(source: str, out: str) -> str:
+    """Write LoRA checkpoint ``source`` (a version, or a run folder's latest) as ``out/base`` (the
+    base model, v0) and ``out/adapter`` (its adapters in PEFT's format); ``out`` must not exist or be
+    empty; returns ``out``. A version of full weights has no adapters: an :class:`ExportError`."""
+    out = os.path.abspath(out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ExportError(f"{out} already exists and is not an empty folder; give a new or empty folder as --out")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=f".{os.path.basename(out)}.partial-") as tmp:
+        store, version = _store_and_version(source, os.path.join(tmp, "cache"))
+        try:
+            adapters = load_safetensors(store.read_file(version, ADAPTER_FILE))
+            config = json.loads(store.read_file(version, ADAPTER_CONFIG))
+        except FileNotFoundError:
+            raise ExportError(
+                f"{store.version_url(version)} holds full weights, not adapters (a run without trainer.lora): "
+                "export it without --peft"
+            ) from None
+        staged = os.path.join(tmp, "out")
+        export_checkpoint(store.version_url(BASE_VERSION), os.path.join(staged, "base"))
+        adapter = os.path.join(staged, "adapter")
+        os.makedirs(adapter)
+        save_file(peft_tensors(adapters), os.path.join(adapter, "adapter_model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(adapter, "adapter_config.json"), "w") as f:
+            json.dump(peft_config(config), f, indent=2, sort_keys=True)
+        if os.path.isdir(out):
+            os.rmdir(out)
         os.rename(staged, out)
     return out

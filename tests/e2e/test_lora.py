@@ -324,6 +324,41 @@ def test_export_of_a_full_checkpoint_loads_with_plain_transformers(tmp_path):
     assert all(torch.equal(p, base.state_dict()[n]) for n, p in loaded.named_parameters())
 
 
+def test_a_lora_checkpoint_exported_for_peft_loads_with_peft_and_answers_as_the_merged_export(tmp_path):
+    """export --peft: v0 as the base and the version's adapters in PEFT's format, which
+    PeftModel.from_pretrained loads; its logits are the merged export's (the same scale alpha / r)."""
+    from peft import PeftModel
+
+    from areal_core.trainer.export import export_peft
+    from flows.cli import main
+
+    base = llama(6)
+    store = CheckpointStore(str(tmp_path / "run/checkpoints"))
+    store.publish(0, base, meta={"step": 0})
+    model = adapted(copy.deepcopy(base), seed=7)
+    with CheckpointWriter(store) as w:
+        w.submit(
+            3,
+            lora.adapter_tensors(model),
+            snapshot_files(model),
+            meta={"step": 3},
+            adapter_config=lora.adapter_config(model),
+        ).result()
+    out = tmp_path / "peft"
+    assert main(["export", str(tmp_path / "run"), "--out", str(out), "--peft"]) == 0
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out / "base"), str(out / "adapter"))
+    merged = AutoModelForCausalLM.from_pretrained(export_checkpoint(store.version_url(3), str(tmp_path / "merged")))
+    ids = torch.tensor([SEQS[0]])
+    with torch.no_grad():
+        want, got = merged(ids).logits, peft_model(ids).logits
+    # (the merge and the unmerged forward round differently: agreement to float32 rounding, not bits)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4) and not torch.allclose(got, base(ids).logits, atol=1e-2)
+    cfg = json.loads((out / "adapter/adapter_config.json").read_text())
+    assert cfg["r"] == RANK and cfg["lora_alpha"] == ALPHA and cfg["peft_type"] == "LORA"
+    with pytest.raises(ExportError, match="holds full weights, not adapters"):
+        export_peft(store.version_url(0), str(tmp_path / "nope"))
+
+
 def test_cli_export_prints_the_folder_and_refuses_in_one_line(tmp_path, capsys):
     from flows.cli import main
 
