@@ -198,26 +198,38 @@ def check_adapters(model: torch.nn.Module, named: dict[str, torch.Tensor], sourc
 
 class AdapterMerger:
     """The rollout engine's side: the base values of the adapted weights, captured at the first
-    adapter update (the server started from the base, checkpoint v0), and every adapter update
-    merged into them (:func:`merge_weight`), giving full weights to load."""
+    adapter update, and every adapter update merged into them (:func:`merge_weight`), giving full
+    weights to load. Adapters are made against the run's base, checkpoint v0 (``BASE_VERSION``): a
+    server that holds another version's full weights (started from a merged checkpoint) refuses
+    them, rather than merging them into weights that already hold earlier adapters.
 
-    def __init__(self) -> None:
+    ``version``: the version of the full weights the server holds (at start: what it loaded)."""
+
+    def __init__(self, version: int = BASE_VERSION) -> None:
         self._base: dict[str, torch.Tensor] | None = None
+        self.full_version = version
         self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
         return self._base is not None
 
-    def stage(self, model: torch.nn.Module, named: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-        """Weights to load for a checked update: an adapter update becomes the merged target weights;
-        full weights pass through (and forget the captured base: they are a new model)."""
+    def stage(
+        self, model: torch.nn.Module, named: dict[str, torch.Tensor], source: str, version: int
+    ) -> dict[str, torch.Tensor]:
+        """Weights to load for a checked update to ``version``: an adapter update becomes the merged
+        target weights; full weights pass through (and forget the captured base: they are a new model)."""
         if not any(is_adapter_name(n) for n in named):
             with self._lock:
-                self._base = None
+                self._base, self.full_version = None, version
             return named
         pairs = adapter_pairs(named, source)
         with self._lock, torch.no_grad():
+            if self._base is None and self.full_version != BASE_VERSION:
+                raise ValueError(
+                    f"{source}: adapters are made against checkpoint v{BASE_VERSION}, the run's base, and this "
+                    f"server holds the full weights of v{self.full_version}: restart it from v{BASE_VERSION}"
+                )
             if self._base is None:
                 params = dict(model.named_parameters())
                 self._base = {m: params[m + ".weight"].detach().clone() for m in pairs}

@@ -257,6 +257,27 @@ def test_servers_refuse_bad_adapters_by_name():
         check_weights(model, {**good, "lm_head.weight": model.lm_head.weight.detach()}, "t")
 
 
+def test_a_server_holding_another_versions_full_weights_refuses_adapters(tmp_path):
+    """Adapters are made against v0: a server started from a merged checkpoint (v5's full weights)
+    refuses them by name, instead of merging them into weights that already hold adapters; one that
+    holds v0 takes them, and after full weights of v7 arrive it refuses again."""
+    base = llama(6)
+    base.save_pretrained(tmp_path / "m")
+    wire = lora.wire_adapters(adapted(llama(6), seed=2))
+    merged = RolloutEngine.from_pretrained(str(tmp_path / "m"), weight_version=5, start=False)
+    with pytest.raises(ValueError, match=r"made against checkpoint v0.*holds the full weights of v5: restart it"):
+        merged.update_weights_from_tensors(wire, 6, "push")
+    fresh = RolloutEngine.from_pretrained(str(tmp_path / "m"), weight_version=0, start=False)
+    fut = fresh.update_weights_from_tensors(wire, 1, "push")
+    fresh.step()
+    fut.result(timeout=10)
+    fut = fresh.update_weights_from_tensors({n: p.detach() for n, p in base.named_parameters()}, 7, "full")
+    fresh.step()
+    fut.result(timeout=10)
+    with pytest.raises(ValueError, match="holds the full weights of v7"):
+        fresh.update_weights_from_tensors(wire, 8, "push")
+
+
 def test_what_a_model_sends():
     """A LoRA model sends its adapters (B pre-scaled) to servers that merge, merged full weights to
     the others; a full model its parameters. Bytes per update: adapters are a small fraction."""

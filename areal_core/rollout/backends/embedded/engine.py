@@ -165,7 +165,7 @@ class RolloutEngine(BatchSteps):
         self.last_update_stall_s: float | None = None  # the engine loop's time in the last update
         self.busy_s = 0.0  # the engine loop's time prefilling, decoding and applying weights (cost ledger)
         self.reprefilled_tokens = 0  # positions prefilled again because an update replaced the K/V under them
-        self._adapters = AdapterMerger()  # LoRA updates: merged into the base captured at the first one
+        self._adapters = AdapterMerger(weight_version)  # LoRA updates: merged into the base captured at the first
         # version -> weights_sha256 of what went live (EngineConfig.weight_hashes); None: not hashed
         self.weight_hashes: dict[int, str] | None = {weight_version: weights_sha256(model)} if weight_hashes else None
         self._thread: threading.Thread | None = None
@@ -306,7 +306,7 @@ class RolloutEngine(BatchSteps):
         LoRA adapters (``<module>.lora_A`` and the pre-scaled ``.lora_B``) are merged here, into the
         base values of those weights captured at the first adapter update (``lora.AdapterMerger``):
         the engine then decodes over plain merged weights, as fast as without adapters."""
-        staged = self._adapters.stage(self.kv.model, check_weights(self.kv.model, named, label), label)
+        staged = self._adapters.stage(self.kv.model, check_weights(self.kv.model, named, label), label, version)
         return self._command("update", (staged, int(version), label))
 
     def update_weights(self, model_path: str, version: int) -> Future:
@@ -316,7 +316,8 @@ class RolloutEngine(BatchSteps):
         ``FileNotFoundError`` / ``ValueError`` for a bad one); the returned
         future resolves once the engine decodes with the new weights.
         """
-        staged = self._adapters.stage(self.kv.model, read_weights(self.kv.model, localize(model_path)), model_path)
+        named = read_weights(self.kv.model, localize(model_path))
+        staged = self._adapters.stage(self.kv.model, named, model_path, version)
         return self._command("update", (staged, int(version), model_path))
 
     def _command(self, kind: str, arg: object = None) -> Future:
