@@ -9,9 +9,10 @@ FULL   := $(VENV)/.installed-full
 
 .PHONY: demo test test-unit test-nightly setup clean ui-browser bench-trl vllm-venv docs
 
-# torch first, pinned to the CPU wheel: pip resolves `torch==2.13.0` from the index configured for
-# this machine (a CPU build here); installing it before anything else keeps a dependency from
-# pulling a CUDA build (on a GPU machine, install the CUDA wheel of your choice first instead)
+# torch first, pinned: pip resolves `torch==2.13.0` from the index configured for this machine, whose
+# build (CPU or CUDA) it gets; installing it before anything else keeps a dependency from pulling
+# another build. A torch 2.13.0 already in .venv satisfies the pin and is kept (a CUDA build put there
+# before the first make, README "Install"); another version would be replaced.
 $(BASE): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0

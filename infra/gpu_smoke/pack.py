@@ -1,18 +1,21 @@
-"""Prepare, on this machine, what a GPU machine needs beyond its image (run once; nothing here runs there).
+"""Prepare, on a machine with network, what a GPU machine needs beyond a CUDA build of torch.
 
     .venv/bin/python -m infra.gpu_smoke.pack [--check]
 
-* ``infra/gpu_wheels/``: the wheels of the packages the smoke run imports that the GPU image lacks
-  (``WHEELS``, pinned to this venv's versions; Python 3.12, manylinux x86_64, no dependencies: each
-  dependency the image lacks is named itself), and ``smollm2-spec.tar.xz``: SmolLM2-135M's config and
-  tokenizer, for a model of its shapes with random weights where its GGUF did not travel;
-* ``infra/gpu_model_a/``, ``infra/gpu_model_b/``: SmolLM2-135M's GGUF file (98 MB, more than one call
-  may carry) in two parts, each with the sha256 of the whole in ``manifest.json``, split so that both
-  calls carry the same.
+Run it once; nothing here runs on the GPU machine. It writes:
 
-A call carries at most 64 MiB with the working tree, so the GGUF needs two calls on one warm machine:
-the first carries part a (``infra/gpu_run.sh stage`` keeps it in /tmp), the second part b and the
-wheels. ``--check`` only prints each call's size. All three folders are ignored by git.
+* ``infra/gpu_wheels/``: the wheels of the packages the smoke run imports beyond such an environment
+  (``WHEELS``, pinned to this venv's versions; Python 3.12, manylinux x86_64, no dependencies: each
+  dependency it lacks is named itself), and ``smollm2-spec.tar.xz``: SmolLM2-135M's config and
+  tokenizer, for a model of its shapes with random weights where its GGUF is not copied;
+* ``infra/gpu_model_a/``, ``infra/gpu_model_b/``: SmolLM2-135M's GGUF file (98 MB) in two parts, each
+  with the sha256 of the whole in ``manifest.json``, split so that the checkout with part a and the
+  checkout with the wheels and part b are about the same size (for copying in two transfers where one
+  transfer's size is limited; copy all three folders where it is not).
+
+On the GPU machine ``infra/gpu_run.sh stage`` keeps part a in its work folder, and ``infra/gpu_run.sh``
+installs the wheels and puts the GGUF together. ``--check`` only prints the sizes, and whether each
+transfer stays within 64 MiB. All three folders are ignored by git.
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from pathlib import Path
 
 from infra.gpu_smoke.common import REPO
 
-# what the smoke run imports that the GPU image ('cuda', Python 3.12) does not have; versions as this
-# venv's. The image has torch, transformers, numpy, pandas, pyarrow, aiohttp, fsspec, pyyaml, tqdm,
-# accelerate, safetensors, tokenizers, click, cloudpickle, msgpack, psutil, toolz, sortedcontainers,
-# jinja2, packaging, h11, anyio, annotated-doc and sympy (device tool's KINDS.md).
+# what the smoke run imports beyond the CUDA environment it was prepared for (Python 3.12 with torch,
+# transformers, numpy, pandas, pyarrow, aiohttp, fsspec, pyyaml, tqdm, accelerate, safetensors,
+# tokenizers, click, cloudpickle, msgpack, psutil, toolz, sortedcontainers, jinja2, packaging, h11, anyio,
+# annotated-doc and sympy); versions as this venv's.
 WHEELS = (
     "pydantic==2.14.4",
     "pydantic-core==2.50.5",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
-    "typing-extensions==4.16.0",  # pydantic 2.14 needs a recent one; the image's version is not known
+    "typing-extensions==4.16.0",  # pydantic 2.14 needs a recent one; the environment's may be older
     "fastapi==0.144.0",
     "starlette==1.10.0",
     "uvicorn==0.54.0",
@@ -65,7 +68,7 @@ PLATFORMS = (
     "manylinux1_x86_64",
 )
 WHEEL_DIR, PART_A, PART_B = REPO / "infra/gpu_wheels", REPO / "infra/gpu_model_a", REPO / "infra/gpu_model_b"
-LIMIT = 64 << 20  # bytes one call carries, the working tree included
+LIMIT = 64 << 20  # bytes one transfer may hold, the working tree included (--check)
 
 
 def download_wheels(dest: Path) -> list[Path]:
@@ -133,7 +136,7 @@ def split_gguf(size_a: int) -> dict:
 
 
 def tree_bytes() -> int:
-    """Bytes of what every call sends: tracked files and untracked files git does not ignore."""
+    """Bytes of the checkout every transfer holds: tracked files and untracked files git does not ignore."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO,
@@ -155,20 +158,20 @@ def report() -> dict:
         "part_a": folder_bytes(PART_A),
         "part_b": folder_bytes(PART_B),
     }
-    sizes["call_stage"] = tree + sizes["part_a"]
-    sizes["call_run"] = tree + sizes["wheels_and_spec"] + sizes["part_b"]
+    sizes["transfer_a"] = tree + sizes["part_a"]
+    sizes["transfer_b"] = tree + sizes["wheels_and_spec"] + sizes["part_b"]
     for w in sorted(WHEEL_DIR.glob("*.whl")):
         print(f"  {w.stat().st_size / 2**20:7.2f} MiB  {w.name}")
     for k, v in sizes.items():
         print(f"{k:>16}: {v / 2**20:7.2f} MiB")
-    sizes["fits"] = max(sizes["call_stage"], sizes["call_run"]) <= LIMIT
-    print(f"each call within {LIMIT >> 20} MiB: {sizes['fits']}")
+    sizes["fits"] = max(sizes["transfer_a"], sizes["transfer_b"]) <= LIMIT
+    print(f"each transfer within {LIMIT >> 20} MiB: {sizes['fits']}")
     return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infra.gpu_smoke.pack", description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only print each call's size")
+    ap.add_argument("--check", action="store_true", help="only print each transfer's size")
     ap.add_argument("--no-model", action="store_true", help="wheels and spec only (no GGUF parts)")
     args = ap.parse_args(argv)
     if not args.check:
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         download_wheels(WHEEL_DIR)
         write_spec(WHEEL_DIR / "smollm2-spec.tar.xz")
         if not args.no_model:
-            # part b rides with the wheels: split so that both calls carry the same
+            # part b goes with the wheels: split so that both transfers hold the same
             from areal_core.models.smollm2 import find_smollm2_gguf
 
             gguf = Path(*find_smollm2_gguf()).stat().st_size

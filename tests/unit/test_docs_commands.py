@@ -11,7 +11,7 @@ import pytest
 from flows.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # the tutorials and how-to pages too
 PLACEHOLDERS = {
     "CONFIG": "configs/quickstart.yaml",
     "DIR": "runs/x",
