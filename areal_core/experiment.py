@@ -349,7 +349,23 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         data = apply_overrides(data, overrides)
     if isinstance(data, dict):
         _check_paths(data, path, places, overrides)
+        data = _paths_from(data, path.parent)
     return _validate(data, str(path), places, overrides)
+
+
+def _paths_from(data: dict, base: Path) -> dict:
+    """``data`` with a relative model folder or dataset file made absolute against ``base`` (the
+    config's folder, where ``_check_paths`` found them), so a run reads them wherever it starts."""
+    model = dict(data["model"]) if isinstance(data.get("model"), dict) else {}
+    dataset = dict(data["data"]) if isinstance(data.get("data"), dict) else {}
+    m = model.get("name")
+    if isinstance(m, str) and m not in BUILTIN_MODELS and "://" not in m and not os.path.isabs(m):
+        model["name"] = str((base / m).resolve())
+    for key in ("dataset", "eval_dataset"):
+        d = dataset.get(key)
+        if isinstance(d, str) and d != "synthetic" and "://" not in d and not os.path.isabs(d):
+            dataset[key] = str((base / d).resolve())
+    return {**data, **({"model": model} if model else {}), **({"data": dataset} if dataset else {})}
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -258,3 +258,18 @@ def test_a_run_saved_before_a_key_was_added_still_resumes():
     saved["trainer"]["behav_weight_cap"] = 5.0
     with pytest.raises(ValueError):
         upgraded_config(saved)
+
+
+def test_relative_paths_are_read_from_the_configs_folder_wherever_the_run_starts(tmp_path, monkeypatch):
+    """A dataset named relative to the config's folder is checked there and read from there too: the
+    loaded config holds its absolute path, so a run started from another folder finds it."""
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    records = folder / "data/train.jsonl"
+    records.write_text("")
+    (folder / "exp.yaml").write_text("data:\n  dataset: data/train.jsonl\n  eval_dataset: data/train.jsonl\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(folder / "exp.yaml")
+    assert cfg.data.dataset == str(records.resolve()) == cfg.data.eval_dataset
