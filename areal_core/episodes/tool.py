@@ -12,10 +12,14 @@ transcript itself, so an answer is right when its call is the right one and it c
 
 A call runs like a REPL line: its output is what it prints, then the ``repr`` of the value of a final
 expression (``3+5+7`` gives ``15``); an exception gives its last traceback line
-(``ZeroDivisionError: division by zero``). The calls of one step of a group share one sandbox run,
-each in a forked process of its own that can write no file (its output reaches the runner only
-through its own pipe) and is killed at its time limit; a run that fails as a whole (a call killed
-the runner, say) is done again with one sandbox run per call, so no call can spoil another's output.
+(``ZeroDivisionError: division by zero``). No call can reach another: the calls of one step of a
+group share one sandbox run where the sandbox has user ids of its own (``sandbox.run_each``: each
+call in a process and under a user id of its own, with a private ``/tmp``, forked from a zygote
+that never holds another call's code or output, its output on a pipe of its own, everything of its
+user id killed before the next call starts); elsewhere each call has a sandbox run of its own. A
+batched run that fails as a whole is done again one call per run; whether a call's process entered
+the sandbox is said by trusted code on a channel of its own, so a call cannot feign a failure (and
+get the others run again) or hide one.
 
 Evaluation: the run's own held-out accuracy (before and after RL) is single-turn, with no tools; the
 accuracy *with* tools, greedy, on the same held-out problems and checkpoints, is
@@ -25,9 +29,7 @@ accuracy *with* tools, greedy, on the same held-out problems and checkpoints, is
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,9 +37,9 @@ from dataclasses import dataclass
 
 from areal_core.data.synthetic import TOOL_CLOSE, TOOL_OPEN, TOOL_RESULT
 from areal_core.episodes.base import EpisodeContext, append_environment, fits
-from areal_core.reward.code import RUNNER_SOURCE, runner_results
+from areal_core.reward.code import RUNNER_SOURCE
 from areal_core.reward.result import RewardResult
-from areal_core.reward.sandbox import SandboxLimits, run_python_file
+from areal_core.reward.sandbox import SandboxLimits, SandboxRun, guarantees, run_each, run_python_file
 from areal_core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,8 @@ class CallResult:
 
 
 class PythonTool:
-    """Runs Python calls in the sandbox (:mod:`areal_core.reward.sandbox`): a batch per sandbox run,
-    each call in a process of its own (see the module docstring). ``run`` blocks; it is thread-safe."""
+    """Runs Python calls in the sandbox (:mod:`areal_core.reward.sandbox`), no call able to reach another (see
+    the module docstring). ``run`` blocks; it is thread-safe."""
 
     def __init__(
         self, timeout_s: float = 2.0, max_output_chars: int = 64, memory_mb: int = 512, mode: str | None = None
@@ -66,57 +68,60 @@ class PythonTool:
         self.n_sandbox_runs = 0
         self._lock = threading.Lock()
 
-    def _limits(self, n: int) -> SandboxLimits:
-        wall = n * (self.timeout_s + 0.5) + 5.0
+    def limits(self) -> SandboxLimits:
+        """Each call's limits: its time, a CPU second more, its memory, 1 MiB of output."""
         return SandboxLimits(
-            wall_s=wall,
-            cpu_s=math.ceil(wall),
+            wall_s=self.timeout_s,
+            cpu_s=int(self.timeout_s) + 1,
             memory_mb=self.memory_mb,
             max_processes=32,
-            file_size_mb=max(1, math.ceil(n * 4 * (self.max_output_chars + 64) / 2**20)),
+            file_size_mb=1,
         )
 
-    def _batch(self, codes: list[str]) -> list[CallResult] | None:
-        """One sandbox run for ``codes``; None when it did not report a result for each."""
+    def _count(self) -> None:
         with self._lock:
             self.n_sandbox_runs += 1
-        cap = 4 * self.max_output_chars + 4  # bytes: a character is at most 4 of them
-        run = run_python_file(
-            "runner.py",
-            {"runner.py": RUNNER_SOURCE},
-            json.dumps({"calls": codes, "wall_s": self.timeout_s, "max_bytes": cap}),
-            limits=self._limits(len(codes)),
-            mode=self.mode,
-            args=("repl_calls",),
-        )
-        raw = runner_results(run.stdout, len(codes)) if run.ok else None
-        if raw is None:
-            log.debug("tool batch of %d calls failed (%s); running them one by one", len(codes), run.reason())
-            return None
-        return [self._result(r["out"], r["timed_out"]) for r in raw]
 
-    def _result(self, output: str, timed_out: bool) -> CallResult:
-        output = output.rstrip()
+    def _together(self, codes: list[str]) -> list[CallResult] | None:
+        """One sandbox run for ``codes``, each call in a process and under a user id of its own
+        (``sandbox.run_each``); None when the run failed as a whole (which no call can cause or feign)."""
+        self._count()
+        runs = run_each(
+            RUNNER_SOURCE, "repl_prepare", "batch_repl", [c.encode() for c in codes], self.limits(), self.mode
+        )
+        if runs is None:
+            log.warning("a sandbox run of %d tool calls failed as a whole; running them one by one", len(codes))
+            return None
+        return [self._result(r) for r in runs]
+
+    def _alone(self, code: str) -> CallResult:
+        """A sandbox run of its own for ``code``."""
+        self._count()
+        run = run_python_file("runner.py", {"runner.py": RUNNER_SOURCE}, code, self.limits(), self.mode, ("repl",))
+        if run.setup_error is not None:
+            log.warning("a tool call did not run: %s", run.reason())
+            return CallResult("Error: the call did not run in the sandbox", failed=True)
+        return self._result(run)
+
+    def _result(self, run: SandboxRun) -> CallResult:
+        output = run.stdout.rstrip()
         truncated = len(output) > self.max_output_chars
         if truncated:
             output = output[: self.max_output_chars] + "..."
-        if timed_out:
+        if run.timed_out:
             output = (output + "\n" if output else "") + f"TimeoutError: the call ran past {self.timeout_s:g}s"
-        return CallResult(output, timed_out=timed_out, truncated=truncated)
+        elif run.limit is not None:
+            output = (output + "\n" if output else "") + f"Error: {run.reason()}"
+        return CallResult(output, timed_out=run.timed_out, truncated=truncated)
 
     def run(self, codes: Sequence[str]) -> list[CallResult]:
         """Each call's result, in order."""
         codes = list(codes)
-        if not codes:
-            return []
-        results = self._batch(codes)
-        if results is not None:
-            return results
-        out = []
-        for code in codes:  # alone, so a call that broke the shared run spoils only its own output
-            one = self._batch([code]) if len(codes) > 1 else None
-            out.append(one[0] if one else CallResult("Error: the call did not run in the sandbox", failed=True))
-        return out
+        if len(codes) > 1 and guarantees(self.mode)["own_user"]:
+            results = self._together(codes)
+            if results is not None:
+                return results
+        return [self._alone(code) for code in codes]
 
 
 _EXECUTORS: dict[int, ThreadPoolExecutor] = {}

@@ -4,19 +4,20 @@ Test kinds (dicts, as stored in a record's ``tests``):
 
 * ``{"testtype": "stdin", "input": str, "output": str}``: the program reads
   ``input`` on stdin; its stdout must match ``output`` (line by line after
-  stripping trailing whitespace; numbers may differ by 1e-6).
+  stripping trailing whitespace; integers exactly, a number within 1e-6 of an
+  expected decimal: :mod:`areal_core.reward.compare`).
 * ``{"testtype": "functional", "input": str, "output": str, "fn_name": str}``
   (LiveCodeBench / LeetCode style): ``input`` holds one JSON value per line,
   the arguments; ``Solution().fn_name(*args)`` (or a top-level ``fn_name``)
-  must return the JSON value ``output``.
-* ``{"testtype": "assert", "code": str}`` (HumanEval ``check(candidate)``,
-  LeetCode ``check(Solution().f)``): ``code`` must run without raising. It
-  runs in a namespace of trusted text (the imports, LeetCode's helpers, the
-  prefix) where the names it takes from the program (the prefix's stubs, and
-  names it uses that nothing trusted defines) stand for the program's
-  objects. Optional ``"prefix"``: text the program is appended to when it
-  does not contain it already (HumanEval's prompt: signature, docstring and
-  helper functions); its helpers with a body are the trusted ones.
+  must return the JSON value ``output`` (compared as ``compare.values_equal``).
+* ``{"testtype": "assert", "code": str, "entry_point": str}`` (HumanEval
+  ``check(candidate)``, LeetCode ``check(Solution().f)``): ``code`` must run
+  without raising. It runs in a namespace of trusted text (the imports,
+  LeetCode's helpers, the prefix) where ``entry_point`` (HumanEval's function,
+  LeetCode's ``Solution``), and nothing else, stands for the program's object.
+  Optional ``"prefix"``: text the program is appended to when it does not
+  contain it already (HumanEval's prompt: signature, docstring and helper
+  functions); its helpers are the trusted ones.
 
 Functional and assert programs get :data:`PREAMBLE` (the imports LeetCode
 solutions take for granted, and LeetCode's ``ListNode`` / ``TreeNode``).
@@ -38,18 +39,20 @@ No part of the verdict is decided where the program runs:
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import json
 import logging
-import math
 import os
 import re
 import symtable
 from dataclasses import dataclass, field
 
+from areal_core.data.code_tests import TestCaseError, check_test_case, shared_testtype
 from areal_core.reward import code_rpc
+from areal_core.reward.compare import stdout_matches, values_equal
+from areal_core.reward.result import valid_text
 from areal_core.reward.sandbox import (
+    CheckedRun,
     SandboxLimits,
     SandboxRun,
     guarantees,
@@ -61,7 +64,6 @@ from areal_core.reward.sandbox import (
 
 log = logging.getLogger(__name__)
 PREAMBLE = code_rpc.IMPORTS + "sys.setrecursionlimit(100000)\n" + code_rpc.NODE_CLASSES + "\n"
-TEST_TYPES = ("stdin", "functional", "assert")
 DEFAULT_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 # code_rpc.py's text: the trusted runner copied into sandbox runs (the grader's roles, the tool episode's calls)
@@ -90,61 +92,17 @@ def extract_code(response: str) -> str:
     return (python or [body for _, body in blocks])[-1]
 
 
-def _close(a, b) -> bool:
-    """Equal JSON values, numbers up to 1e-6 (relative or absolute)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    return a == b
-
-
-def stdout_matches(got: str, want: str) -> bool:
-    got_lines = [ln.rstrip() for ln in got.strip().splitlines()]
-    want_lines = [ln.rstrip() for ln in want.strip().splitlines()]
-    if got_lines == want_lines:
-        return True
-    got_tok, want_tok = got.split(), want.split()
-    if len(got_tok) != len(want_tok):
-        return False
-    for g, w in zip(got_tok, want_tok):
-        if g == w:
-            continue
-        try:
-            if not math.isclose(float(g), float(w), rel_tol=1e-6, abs_tol=1e-6):
-                return False
-        except ValueError:
-            return False
-    return True
-
-
-def _check_tests(tests: list[dict]) -> str:
+def check_tests(tests: list[dict]) -> str:
+    """The tests' one testtype; ValueError naming the test, the field and what was expected (the records'
+    own check, ``areal_core.data.code_tests``: tests given here directly get the same)."""
     if not tests:
         raise ValueError("grade_code needs at least one test")
-    kinds = {t.get("testtype") for t in tests}
-    if not kinds <= set(TEST_TYPES):
-        raise ValueError(f"unknown test type(s) {sorted(map(str, kinds - set(TEST_TYPES)))}; known: {TEST_TYPES}")
-    if len(kinds) != 1:
-        raise ValueError(f"tests of one problem must share one testtype, got {sorted(kinds)}")
-    kind = kinds.pop()
-    need = {"stdin": ("input", "output"), "functional": ("input", "output", "fn_name"), "assert": ("code",)}[kind]
     for i, t in enumerate(tests):
-        missing = [k for k in need if not isinstance(t.get(k), str)]
-        if missing:
-            raise ValueError(f"test {i} ({kind}): missing or non-string field(s) {missing}")
-        if kind == "functional":
-            args = [ln for ln in t["input"].split("\n") if ln.strip()]
-            for name, texts in (("input", args), ("output", [t["output"]])):
-                for text in texts:
-                    try:
-                        json.loads(text)
-                    except ValueError:
-                        raise ValueError(f"test {i} (functional): field {name!r} is not JSON: {text[:100]!r}") from None
-    return kind
+        try:
+            check_test_case(t)
+        except TestCaseError as e:
+            raise ValueError(f"test {i} ({t.get('testtype')}): {e}") from None
+    return shared_testtype(tests)
 
 
 def _grade_stdin(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
@@ -203,14 +161,15 @@ def _functional_verdict(run: SandboxRun, tests: list[dict]) -> CodeResult:
     if bad:
         return CodeResult(False, f"invalid results from the program's process: {bad}", len(tests), 0)
     if results and set(results[0]) == {"error"}:
-        return CodeResult(False, results[0]["error"][:300], len(tests), 0)
+        return CodeResult(False, valid_text(results[0]["error"][:300]), len(tests), 0)
     details, n_ok = [], 0
     for i, (t, r) in enumerate(zip(tests, results)):
-        if "error" in r:
-            details.append({"test": i, "ok": False, "reason": r["error"][:300]})
-            return CodeResult(False, f"test {i}: {r['error'][:300]}", len(tests), n_ok, details)
-        if not _close(r["value"], json.loads(t["output"])):
-            details.append({"test": i, "ok": False, "reason": "wrong result", "got": str(r["value"])[:200]})
+        if "error" in r:  # what the program's process claims: its text made valid (JSON can carry lone surrogates)
+            error = valid_text(r["error"][:300])
+            details.append({"test": i, "ok": False, "reason": error})
+            return CodeResult(False, f"test {i}: {error}", len(tests), n_ok, details)
+        if not values_equal(r["value"], json.loads(t["output"])):
+            details.append({"test": i, "ok": False, "reason": "wrong result", "got": valid_text(str(r["value"])[:200])})
             return CodeResult(False, f"test {i}: wrong result", len(tests), n_ok, details)
         details.append({"test": i, "ok": True})
         n_ok += 1
@@ -236,7 +195,7 @@ def grade_functional_many(
     if len(programs) != len(tests):
         raise ValueError(f"{len(programs)} programs but {len(tests)} test lists")
     for t in tests:
-        if _check_tests(t) != "functional":
+        if check_tests(t) != "functional":
             raise ValueError("grade_functional_many takes functional tests only")
     if len(programs) < 2 or not guarantees()["own_user"]:
         return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
@@ -256,26 +215,6 @@ def _functional_batch(programs: list[str], tests: list[list[dict]], limits: Sand
         log.info("batched grading of %d programs failed; grading them one by one", len(jobs))
         return [_grade_functional(p, t, limits) for p, t in zip(programs, tests)]
     return [_functional_verdict(run, t) for run, t in zip(runs, tests)]
-
-
-def runner_results(stdout: str, n: int) -> list[dict] | None:
-    """The last line of a one-at-a-time runner (``code_rpc._one_at_a_time``: the tool episode's calls), checked: one ``{"out", "timed_out", "exit_code", "signal"}`` per job; None otherwise."""
-    lines = stdout.strip().splitlines()
-    try:
-        per = json.loads(lines[-1]) if lines else None
-    except (ValueError, RecursionError):
-        return None
-    keys = {"out", "timed_out", "exit_code", "signal"}
-    if type(per) is not list or len(per) != n or any(type(r) is not dict or set(r) != keys for r in per):
-        return None
-    ok = all(
-        isinstance(r["out"], str)
-        and isinstance(r["timed_out"], bool)
-        and (r["exit_code"] is None or type(r["exit_code"]) is int)
-        and (r["signal"] is None or type(r["signal"]) is int)
-        for r in per
-    )
-    return per if ok else None
 
 
 def _global_names(code: str) -> tuple[set[str], set[str]]:
@@ -300,89 +239,72 @@ def _import_names() -> frozenset[str]:
     return frozenset(ns) - {"__builtins__"}
 
 
-def _is_stub_statement(b: ast.stmt) -> bool:
-    if isinstance(b, (ast.Pass, ast.Import, ast.ImportFrom)):
-        return True
-    return (
-        isinstance(b, ast.Expr)
-        and isinstance(b.value, ast.Constant)
-        and (isinstance(b.value.value, str) or b.value.value is Ellipsis)
-    )
-
-
-def _stub_names(prefix: str) -> list[str]:
-    """Top-level functions of the prefix with no body (only a docstring, imports, ``pass`` or ``...``): the
-    program's to write. The prefix's other functions are trusted helpers."""
-    return [
-        node.name
-        for node in ast.parse(prefix).body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(map(_is_stub_statement, node.body))
-    ]
+def _assert_job(prefix: str, tests: list[dict], limits: SandboxLimits) -> dict:
+    """The checker's job (``code_rpc.checker_main``): the test code, the prefix, the entry points (the only names
+    taken from the program), the classes that travel by value."""
+    refs, bound = set(), set()
+    for text in (prefix, *(t["code"] for t in tests)):
+        r, b = _global_names(text)  # (parsed already: check_test_case)
+        refs |= r
+        bound |= b
+    return {
+        "prefix": prefix,
+        "cases": [t["code"] for t in tests],
+        "entry_points": sorted({t["entry_point"] for t in tests}),
+        # the common imports cost ~6 ms of start-up: only when the tests or the prefix use one of their names
+        "imports": bool((refs - bound) & _import_names()),
+        "byvalue": sorted(
+            {*code_rpc.NODE_CLASS_NAMES, *(n.name for n in ast.parse(prefix).body if isinstance(n, ast.ClassDef))}
+        ),
+        "max_message": limits.file_size_mb * 2**20,
+    }
 
 
 def _grade_assert(program: str, tests: list[dict], limits: SandboxLimits) -> CodeResult:
     prefix = tests[0].get("prefix") or ""
     if prefix and prefix.strip() not in program:
         program = prefix + "\n" + program
-    refs, bound = set(), set()
-    for i, t in enumerate(tests):
-        try:
-            r, b = _global_names(t["code"])
-        except SyntaxError as e:
-            raise ValueError(f"test {i} (assert): code does not parse: {e}") from None
-        refs |= r
-        bound |= b
-    try:
-        stubs = _stub_names(prefix)
-        prefix_refs, prefix_bound = _global_names(prefix)
-        classes = [n.name for n in ast.parse(prefix).body if isinstance(n, ast.ClassDef)]
-    except SyntaxError as e:
-        raise ValueError(f"test 0 (assert): prefix does not parse: {e}") from None
-    job = {
-        "prefix": prefix,
-        "cases": [t["code"] for t in tests],
-        "stubs": stubs,
-        # globals the tests look up that they do not define: trusted names, or the program's (the checker sorts)
-        "loads": sorted(n for n in refs - bound if not hasattr(builtins, n)),
-        # the common imports cost ~6 ms of start-up: only when the tests or the prefix use one of their names
-        "imports": bool(((refs - bound) | (prefix_refs - prefix_bound)) & _import_names()),
-        "byvalue": sorted({*code_rpc.NODE_CLASS_NAMES, *classes}),
-        "max_message": limits.file_size_mb * 2**20,
-    }
     run = run_with_checker(
         [sandbox_python(), "-I", "runner.py", "candidate"],
         {"solution.py": PREAMBLE + program, "runner.py": RUNNER_SOURCE},
-        {"checker.py": RUNNER_SOURCE, "job.json": json.dumps(job)},
+        {"checker.py": RUNNER_SOURCE, "job.json": json.dumps(_assert_job(prefix, tests, limits))},
         "checker.py",
         ("checker",),
         limits,
     )
+    return _assert_verdict(run, len(tests))
+
+
+def _assert_verdict(run: CheckedRun, n: int) -> CodeResult:
+    """The verdict the checker wrote (its one stdout line, out of the program's reach)."""
     chk = run.checker
     lines = chk.stdout.splitlines()
     if chk.timed_out or chk.exit_code != 0 or len(lines) != 1:
-        if chk.timed_out or chk.signal is not None:
+        if run.program.limit is not None or run.program.setup_error is not None:  # the run was ended for it
+            reason = run.program.reason()
+        elif chk.timed_out or chk.signal is not None:
             reason = chk.reason()
         else:
             reason = "the checker failed: " + (chk.stderr.strip().splitlines()[-1:] or ["no verdict"])[0][:300]
-        return CodeResult(False, reason, len(tests), 0)
+        return CodeResult(False, reason, n, 0)
     verdict = json.loads(lines[0])  # written by the trusted checker only
     if "error" in verdict:
-        return CodeResult(False, verdict["error"], len(tests), 0)
+        return CodeResult(False, verdict["error"], n, 0)
     details, n_ok = [], 0
     for i, r in enumerate(verdict["results"]):
         if not r["ok"]:
             details.append({"test": i, "ok": False, "reason": r["error"]})
-            return CodeResult(False, f"test {i}: {r['error']}", len(tests), n_ok, details)
+            return CodeResult(False, f"test {i}: {r['error']}", n, n_ok, details)
         details.append({"test": i, "ok": True})
         n_ok += 1
-    if n_ok < len(tests):
-        return CodeResult(False, "the checker stopped early", len(tests), n_ok, details)
-    return CodeResult(True, "ok", len(tests), n_ok, details)
+    if n_ok < n:
+        return CodeResult(False, "the checker stopped early", n, n_ok, details)
+    return CodeResult(True, "ok", n, n_ok, details)
 
 
 def grade_code(program: str, tests: list[dict], limits: SandboxLimits | None = None) -> CodeResult:
     """Run ``program`` against ``tests`` in the sandbox; passes only if every test passes."""
-    kind = _check_tests(tests)
+    kind = check_tests(tests)
     limits = limits or DEFAULT_LIMITS
     if kind == "stdin":
         return _grade_stdin(program, tests, limits)

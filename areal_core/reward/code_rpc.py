@@ -12,6 +12,11 @@ with the expected outputs, which never enter the sandbox. A group's programs
 are run the same way by :func:`batch_functional`, each in a process of its own
 forked from a zygote that loaded this module (``sandbox.run_each``).
 
+``repl`` (a tool call, untrusted; ``episodes/tool.py``): runs the code read on
+stdin like a REPL line, its output on stdout. A batch of calls runs the same
+way through :func:`batch_repl`, each call in a process and under a user id of
+its own (``sandbox.run_each``).
+
 ``candidate`` (the program's process, untrusted): loads ``solution.py``, says
 ``ready`` on fd 4 and then answers requests read on fd 3: fetch a global name,
 call an object, read an attribute. Values travel as plain data (below); any
@@ -20,8 +25,9 @@ other object stays in this process and travels as a numbered handle.
 ``checker`` (trusted, its own process and, where the sandbox can, its own user
 id): reads ``job.json`` from its private work folder, builds the test
 namespace from trusted text only (the imports, the LeetCode helpers, the
-problem's prefix), installs the names the tests take from the program (values
-or handles fetched from the candidate), runs the test code, and writes the
+problem's prefix), installs the test's entry points, the only names it takes
+from the program (values or handles fetched from the candidate), runs the test
+code, and writes the
 verdict as one JSON line on a private copy of its fd 1. Whatever the candidate
 sends is decoded into exact built-in types (or instances of the trusted
 helper classes), so the test code compares plain data: no ``__eq__`` of the
@@ -338,83 +344,6 @@ def functional_main():
     _functional(job, src, chan)
 
 
-def _one_at_a_time(jobs, child, wall, cap):
-    """Run ``child(job, w)`` for each of ``jobs`` in a forked process of its own, one after another
-    (trusted code, in the sandbox; the tool episode's calls, which are not graded: they share the
-    runner's user id and memory). The runner makes itself undumpable first: no process of the
-    sandbox's user can then trace it or open its fds or memory through /proc, and its children
-    inherit that. Each child gets its own process group and keeps fds 0-2 and ``w``, the write end of
-    a pipe only the runner reads; it is killed at ``wall`` seconds or once it wrote more than ``cap``
-    bytes. Per job: ``{"out", "timed_out", "exit_code", "signal"}``. (Graded programs run one per
-    process of a user id of their own instead, from a zygote that never holds another program's
-    data: ``batch_functional``.)"""
-    import ctypes
-    import select
-    import signal
-    import time
-
-    try:
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    except (OSError, AttributeError):
-        pass
-    results = []
-    for job in jobs:
-        r, w = os.pipe()
-        for _ in range(100):  # the last child's processes may not all be reaped yet (process limit)
-            try:
-                pid = os.fork()
-                break
-            except BlockingIOError:
-                time.sleep(0.01)
-        else:
-            pid = os.fork()
-        if pid == 0:
-            try:
-                os.setpgid(0, 0)
-                keep = sorted({0, 1, 2, w})
-                for lo, hi in zip(keep, keep[1:] + [1 << 16]):
-                    os.closerange(lo + 1, hi)
-                child(job, w)
-            finally:
-                os._exit(0)
-        os.close(w)
-        data, timed_out, deadline = b"", False, time.monotonic() + wall
-        while len(data) <= cap:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                timed_out = True
-                break
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            data += chunk
-        os.close(r)
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        _, status = os.waitpid(pid, 0)
-        results.append(
-            {
-                "out": data[:cap].decode(errors="replace"),
-                "timed_out": timed_out,
-                "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            }
-        )
-    return results
-
-
-def _private_stdout():
-    """A private copy of fd 1 for the runner's report; fds 0-2 then point at /dev/null."""
-    out = os.fdopen(os.dup(1), "w")
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    return out
-
-
 def batch_prepare():
     """The zygote of a batched run (``sandbox.run_each``), once: load what every program's preamble imports,
     so that each program's process, forked from it, starts with them."""
@@ -447,29 +376,51 @@ def _repl(code):
         print(f"{type(e).__name__}: {e}")
 
 
-def repl_calls_main():
-    """The tool episode's calls (``episodes/tool.py``): ``{"calls": [code], "wall_s", "max_bytes"}`` on
-    stdin; each call in a child of its own (``_one_at_a_time``) whose fds 1 and 2 are its pipe, with no
-    file writes and a CPU limit; writes one JSON line, a result per call, on a private copy of fd 1."""
+def repl_prepare():
+    """The zygote of a batch of tool calls (``sandbox.run_each``): nothing to load."""
+
+
+def batch_repl(job, fd):
+    """One tool call of a batch (``episodes/tool.py``), in a process of its own under a user id of its own, in
+    the sandbox: ``job`` is the code (UTF-8); what it prints (fds 1 and 2) and the ``repr`` of a final
+    expression go to ``fd``, the call's own pipe (it can write no file). Never returns."""
     import resource
 
-    spec = json.loads(sys.stdin.read())
-    out = _private_stdout()
-    wall = float(spec["wall_s"])
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no files: output reaches the launcher only by the pipe
+    _repl(job.decode(errors="replace"))
+    _flush_and_exit()
 
-    def child(code, w):
-        os.dup2(w, 1)
-        os.dup2(w, 2)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no files: output reaches the runner only by the pipe
-        cpu = int(wall) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        _repl(code)
-        sys.stdout.flush()
-        sys.stderr.flush()
 
-    results = _one_at_a_time(spec["calls"], child, wall, int(spec["max_bytes"]))
-    out.write(json.dumps(results) + "\n")
-    out.flush()
+def repl_main():
+    """One tool call in a sandbox run of its own: the code on stdin runs in a child that can write no file
+    (:func:`batch_repl`, its output on a pipe); what comes through the pipe is copied to stdout."""
+    code = sys.stdin.read().encode()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        batch_repl(code, w)
+    os.close(w)
+    while chunk := os.read(r, 1 << 16):
+        try:
+            os.write(1, chunk)
+        except OSError:  # past the output's size limit: the rest is dropped
+            break
+    os.close(r)  # the call's next writes fail (a broken pipe): it ends
+    os.waitpid(pid, 0)
+    os._exit(0)
+
+
+def _flush_and_exit():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken by the call: nothing more to write
+            pass
+    os._exit(0)
 
 
 def candidate_main():
@@ -636,11 +587,18 @@ class _Checker:
         return enc.message(value)
 
 
+# exceptions with a meaning to the interpreter's control flow: a StopIteration out of the program's function
+# would end the test's map(), zip() or iteration early (``all(map(check, cases))`` true), so they never reach
+# the test code as themselves
+CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit", "KeyboardInterrupt"})
+
+
 def _exception(type_name, message):
     """The checker's copy of an exception the program raised: a built-in ``Exception`` class of that name, else
-    :class:`CandidateError` (so a claimed ``SystemExit`` or ``KeyboardInterrupt`` is an ordinary failure)."""
+    (a control-flow exception, a ``SystemExit``, anything not built in) :class:`CandidateError`, an ordinary
+    failure."""
     cls = getattr(builtins, type_name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if type_name not in CONTROL_FLOW and isinstance(cls, type) and issubclass(cls, Exception):
         try:
             return cls(message)
         except TypeError:  # e.g. UnicodeDecodeError takes five arguments
@@ -701,9 +659,8 @@ def checker_main():
     except Exception as e:  # noqa: BLE001 - the program's process refused the setup:
         # nothing it says can be trusted to mean more
         chk.fatal(f"protocol: setup refused: {e!r}"[:300])
-    # names the tests take from the program: the prefix's stubs, and what the tests use that nothing trusted defines
-    wanted = set(job["stubs"]) | {n for n in job["loads"] if n not in ns and not hasattr(builtins, n)}
-    for name in sorted(wanted):
+    # the names the tests take from the program: their entry points, nothing else
+    for name in job["entry_points"]:
         try:
             ns[name] = chk.request({"op": "global", "name": name})
         except Exception:  # noqa: BLE001 - not provided by the program: a test that needs it fails on a NameError
@@ -727,7 +684,7 @@ if __name__ == "__main__":
         candidate_main()
     elif role == "functional":
         functional_main()
-    elif role == "repl_calls":
-        repl_calls_main()
+    elif role == "repl":
+        repl_main()
     else:
         sys.exit(f"unknown role {role!r}")

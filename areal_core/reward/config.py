@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -28,12 +29,15 @@ class RewardConfig(Section):
     # test passes, else reward_wrong) or fraction (reward_wrong + share of tests passed x (reward_correct
     # - reward_wrong); each failing test costs one more sandbox run). Accuracy and evaluation are all-pass.
     code_reward: Literal["all_pass", "fraction"] = "all_pass"
-    # grade code in training even where the sandbox lacks a guarantee (sandbox.guarantees: no network, hidden
-    # host files, confined writes, bounded disk, own user id, every process killed; e.g. the rlimits mode in a
-    # container without CAP_SYS_ADMIN). False: training refuses to grade code there (sandbox.WeakSandboxError,
-    # naming what is missing); True: it grades, and logs a warning naming it. A policy under RL learns to use
-    # whatever the sandbox lets a program reach (the expected outputs in the checkout, the scheduler's port).
-    allow_weak_sandbox: bool = False
+    # grade code even where the sandbox lacks a guarantee (sandbox.guarantees: no network, hidden host files,
+    # confined writes, bounded disk, own user id, every process killed, limits on an answer's processes
+    # together, the system call filter; e.g. the rlimits mode in a container without CAP_SYS_ADMIN). False:
+    # training and evaluation refuse to grade code there (sandbox.WeakSandboxError, naming what is missing);
+    # True: they grade, and log a warning naming it. A policy under RL learns to use whatever the sandbox lets
+    # a program reach (the expected outputs in the checkout, the scheduler's port), and an evaluated model's
+    # programs reach the same. Default: the environment's AREAL_ALLOW_WEAK_SANDBOX=1 (for `areal-flow eval`,
+    # which takes no reward config), else False.
+    allow_weak_sandbox: bool = Field(default_factory=lambda: os.environ.get("AREAL_ALLOW_WEAK_SANDBOX") == "1")
 
     @model_validator(mode="after")
     def _tls_files_with_a_tls_scheduler(self):

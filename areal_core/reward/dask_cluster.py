@@ -23,6 +23,7 @@ import contextvars
 import logging
 import os
 import shutil
+import sys
 import tempfile
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class _OwnSessions:
         env = _SPAWN_ENV.get()
         if env is not None:
             kwargs["env"] = {**os.environ, **env}
+        if args[:2] == (sys.executable, "-m"):  # isolated (-I): no module of the run's folder or PYTHONPATH is
+            # imported in place of a standard one; the nanny's worker processes inherit the flag
+            args = (sys.executable, "-I", *args[1:])
         return await self._real.create_subprocess_exec(*args, start_new_session=True, **kwargs)
 
 

@@ -1,15 +1,30 @@
-"""One entry point for grading, by task kind; runs inside Dask workers."""
+"""One entry point for grading, by task kind; runs inside Dask workers.
+
+One answer, one verdict: :func:`grade_batch` grades each answer on its own, and whatever goes wrong while
+an answer is graded (the grader raises on what the program produced, the sandbox fails, the grading runs
+past its time) is that answer's verdict, wrong, with the reason. It raises only for what no answer causes
+and every answer would meet: a malformed item (:class:`GradingInputError`) or a sandbox the config refuses
+(``sandbox.WeakSandboxError``).
+"""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 
 from areal_core.reward.result import RewardResult
 
+log = logging.getLogger(__name__)
 TASKS = ("chain", "math", "code")
 TIMED_OUT = "grading timed out"  # the reason of an answer whose grading ran past reward.timeout_s
+GRADING_FAILED = "grading failed"  # the reason's start for an answer whose grading raised
 CODE_REWARDS = ("all_pass", "fraction")  # reward.code_reward: see grade_partial
+
+
+class GradingInputError(ValueError):
+    """An item that cannot be graded whatever its answer says (an unknown task, a code item without valid
+    tests, a math item without a reference): a caller's or a data set's error, raised, never a verdict."""
 
 
 def grade(task: str, response: str, reference: str, tests: list[dict] | None = None) -> RewardResult:
@@ -76,14 +91,6 @@ def grade_partial(task: str, response: str, reference: str, tests: list[dict] | 
     )
 
 
-def grade_within(
-    timeout_s: float, task: str, response: str, reference: str, tests: list[dict] | None = None
-) -> RewardResult:
-    """:func:`grade`, given ``timeout_s`` seconds: an answer still being graded then is graded
-    wrong with reason :data:`TIMED_OUT` (see :func:`grade_batch`)."""
-    return grade_batch([(task, response, reference, tests)], timeout_s)[0]
-
-
 def grade_batch(
     items: list[tuple[str, str, str, list[dict] | None]],
     timeout_s: float,
@@ -103,10 +110,14 @@ def grade_batch(
     answer cost more than grading a short one). An item still being graded after
     ``timeout_s`` is graded wrong with reason :data:`TIMED_OUT`; its thread, which Python
     cannot stop, is told to stop after it and left behind, and a fresh thread takes the
-    items after it. A grader's exception is raised here.
+    items after it. A grader's exception while grading an item is that item's verdict (wrong,
+    reason :data:`GRADING_FAILED` and the exception, logged); a malformed item raises
+    :class:`GradingInputError` before anything is graded.
     """
     if code_reward not in CODE_REWARDS:
         raise ValueError(f"code_reward must be one of {CODE_REWARDS}, got {code_reward!r}")
+    for k, item in enumerate(items):
+        check_item(item, k)
     grader = grade if code_reward == "all_pass" else grade_partial
     if allow_weak_sandbox is not None and any(item[0] == "code" for item in items):
         from areal_core.reward.sandbox import require_strong
@@ -132,11 +143,44 @@ def _worker_address() -> str:
         return ""
 
 
+def check_item(item: tuple, k: int = 0) -> None:
+    """A ``(task, response, reference, tests)`` item that can be graded, else :class:`GradingInputError` naming
+    item ``k`` and what is wrong."""
+    task, _, reference, tests = item
+    if task not in TASKS:
+        raise GradingInputError(f"item {k}: no grader for task kind {task!r}; known: {', '.join(TASKS)}")
+    if task == "math" and not str(reference).strip():
+        raise GradingInputError(f"item {k}: empty math reference answer")
+    if task == "code":
+        if not tests:
+            raise GradingInputError(f"item {k}: a code task needs tests to grade against")
+        from areal_core.reward.code import check_tests
+
+        try:
+            check_tests(tests)
+        except ValueError as e:
+            raise GradingInputError(f"item {k}: {e}") from None
+
+
+def failed_verdict(error: BaseException) -> RewardResult:
+    """The verdict of an answer whose grading failed with ``error``: wrong; the reason names the error (its type
+    and the first line of its message)."""
+    first = (str(error).splitlines() or [""])[0][:200]
+    return RewardResult(correct=False, reason=f"{GRADING_FAILED}: {type(error).__name__}: {first}")
+
+
+def failed(item: tuple, error: BaseException) -> RewardResult:
+    """:func:`failed_verdict` for an item whose grader raised here (logged with its trace)."""
+    log.error("grading a %s answer raised %r: graded wrong", item[0], error, exc_info=error)
+    return failed_verdict(error)
+
+
 def _grade_functional_together(items: list[tuple], code_reward: str) -> dict[int, RewardResult]:
     """The code answers with functional tests among ``items``, graded in batched sandbox runs
     (``code.grade_functional_many``: the verdicts grading them one by one gives, at a fraction of
     the start-up cost); by index. Each program is bounded by the sandbox's wall time, not
-    ``timeout_s``. Partial credit's extra runs (after a failing test) go one by one."""
+    ``timeout_s``. Partial credit's extra runs (after a failing test) go one by one. If the
+    batched grading raises, its items are left to be graded one by one (each its own verdict)."""
     picked = [
         i
         for i, (task, _, _, tests) in enumerate(items)
@@ -147,10 +191,18 @@ def _grade_functional_together(items: list[tuple], code_reward: str) -> dict[int
     from areal_core.reward.code import extract_code, grade_functional_many
 
     programs = [extract_code(items[i][1]) for i in picked]
-    verdicts = grade_functional_many(programs, [items[i][3] for i in picked])
+    try:
+        verdicts = grade_functional_many(programs, [items[i][3] for i in picked])
+    except Exception as e:  # logged; each of these answers is then graded alone
+        log.error("batched grading of %d answers raised %r; grading them one by one", len(picked), e, exc_info=e)
+        return {}
     out = {}
     for i, program, v in zip(picked, programs, verdicts):
-        score = _passed_share(program, items[i][3], v) if code_reward == "fraction" else None
+        try:
+            score = _passed_share(program, items[i][3], v) if code_reward == "fraction" else None
+        except Exception as e:  # noqa: BLE001 - this answer's verdict (wrong, reason and trace logged)
+            out[i] = failed(items[i], e)
+            continue
         out[i] = RewardResult(correct=v.passed, parsed=program[:2000], reason=v.reason, score=score)
     return out
 
@@ -169,9 +221,8 @@ def _grade_in_order(items: list[tuple], timeout_s: float, grader) -> list[Reward
                     return
                 try:
                     done.put(grader(*item))
-                except Exception as e:  # noqa: BLE001 - raised again below, in the caller's thread
-                    done.put(e)
-                    return
+                except Exception as e:  # noqa: BLE001 - this answer's verdict: wrong, reason and trace logged
+                    done.put(failed(item, e))
 
         threading.Thread(target=work, name=f"grading-{items[first][0]}", daemon=True).start()
         while len(results) < len(items):
@@ -181,7 +232,5 @@ def _grade_in_order(items: list[tuple], timeout_s: float, grader) -> list[Reward
                 stop.set()
                 results.append(RewardResult(correct=False, reason=TIMED_OUT))
                 break
-            if isinstance(out, Exception):
-                raise out
             results.append(out)
     return results

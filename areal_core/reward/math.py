@@ -115,13 +115,13 @@ class _Helper:
     """One helper process answering ``{"answer", "reference"}`` lines with ``[ok, reason]`` lines."""
 
     def __init__(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # -I: the package as installed, never a module from the worker's folder or PYTHONPATH (no math.py or
+        # json.py standing in for the standard one); the helper flushes each answer itself
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "areal_core.reward.math"],
+            [sys.executable, "-I", "-m", "areal_core.reward.math"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env,
             start_new_session=True,
         )  # exits at EOF: when its parent is gone
         self._buf = b""

@@ -14,6 +14,12 @@ files nor signal, trace or read the checker (``code.py`` uses it for assert
 tests, with ``code_rpc.py``). :func:`run_each` runs several programs one
 after another in one sandbox run, each in a process and under a user id of its
 own forked from a clean zygote (``sandbox_batch``).
+
+Every sandboxed process runs under the seccomp filter of ``sandbox_seccomp`` (where this machine takes it:
+``guarantees()["syscall_filter"]``), and the launcher ends a run whose processes together pass the memory or
+process limit (``sandbox_tree``; :attr:`SandboxRun.limit`). Whether the program's process entered the sandbox
+is said by trusted code on a channel of its own (:attr:`SandboxRun.setup_error`; a batch: a byte per job), so
+no exit code of the program's can feign or hide a failed setup.
 """
 
 from __future__ import annotations
@@ -85,8 +91,9 @@ def require_strong(allow_weak: bool) -> str:
 class SandboxLimits:
     wall_s: float = 10.0
     cpu_s: int = 10
-    memory_mb: int = 1024  # address space
-    max_processes: int = 32  # tasks (processes and threads)
+    # each process's address space, and the memory of all the program's processes together (``sandbox_tree``)
+    memory_mb: int = 1024
+    max_processes: int = 32  # tasks (processes and threads) of the program, all together
     file_size_mb: int = 16  # any file written, stdout and stderr included
     disk_mb: int = 64  # size of the private /tmp (namespaces mode)
     max_open_files: int = 256
@@ -102,14 +109,20 @@ class SandboxRun:
     stdout: str
     stderr: str
     leftovers_killed: int = 0
+    limit: str | None = None  # "memory" or "processes": its processes together went past that limit (killed)
+    setup_error: str | None = None  # it never ran: the sandbox could not be set up (said by trusted code only)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.limit is None and self.setup_error is None
 
     def reason(self) -> str:
+        if self.setup_error is not None:
+            return f"sandbox setup failed: {self.setup_error[:200]}"
         if self.timed_out:
             return "wall time limit exceeded"
+        if self.limit is not None:
+            return f"{'memory' if self.limit == 'memory' else 'process'} limit exceeded (all its processes together)"
         if self.signal is not None:
             import signal as _signal
 
@@ -210,6 +223,7 @@ def _start(limits: SandboxLimits | None, mode: str | None) -> tuple[SandboxLimit
         "marker": marker,
         "limits": asdict(limits),
         "netns": mode == "rlimits" and bool(guarantees(mode)["no_network"]),
+        "syscall_filter": bool(guarantees(mode)["syscall_filter"]),
         "root": _root_layout() if mode == "namespaces" else None,
     }
     return limits, mode, marker, spec
@@ -267,6 +281,8 @@ def _run(argv, files, stdin, limits, mode, checker) -> tuple[SandboxRun, Sandbox
                 stdout=_read_capped(os.path.join(where, "stdout"), limits),
                 stderr=_read_capped(os.path.join(where, "stderr"), limits),
                 leftovers_killed=status["leftovers_killed"],
+                limit=status.get("limit") if where == folder else None,
+                setup_error=status.get("setup_error") if where == folder else None,
             )
 
         program = result(folder, status)
@@ -295,9 +311,11 @@ def run_each(
     Per job a :class:`SandboxRun` whose ``stdout`` is what it wrote on fd 3 (``stderr`` is empty:
     fds 0-2 are /dev/null); None when the run failed as a whole. Needs user ids of its own
     (``guarantees()["own_user"]``)."""
-    limits, mode, marker, spec = _start(limits, mode)
     if not guarantees(mode)["own_user"]:
-        raise ValueError(f"run_each needs user ids of its own for its jobs (root); mode {mode!r} has none here")
+        raise ValueError(
+            f"run_each needs user ids of its own for its jobs (root); mode {mode or sandbox_mode()!r} has none here"
+        )
+    limits, mode, marker, spec = _start(limits, mode)
     uids: set[int] = set()
     for _ in jobs:
         uids.add(_new_uid(uids))
@@ -332,6 +350,7 @@ def run_each(
             wall_s=r["wall_s"],
             stdout=r["out"],
             stderr="",
+            limit=r["limit"],
         )
         for r in status["batch"]
     ]
@@ -366,6 +385,8 @@ def _launch(cmd: list[str], limits: SandboxLimits, marker: str) -> dict:
             "timed_out": False,
             "wall_s": 0.0,
             "leftovers_killed": _sweep_marker(marker),
+            "limit": None,
+            "setup_error": None,
         }
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"sandbox launcher failed (exit {proc.returncode}): {err.decode(errors='replace')[-1000:]}")

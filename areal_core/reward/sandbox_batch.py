@@ -18,8 +18,11 @@ process, each its own:
 * job K's **process**: still root, it reads its own job file, takes a private ``/tmp`` (a tmpfs of
   ``disk_mb`` in a mount namespace of its own, and System V IPC of its own: ``namespaces`` mode) or a
   work folder of its own (``rlimits`` mode), then drops into the sandbox (user id of its own, no new
-  privileges, limits, fds 0-2 on /dev/null, fd 3 its output pipe, nothing else) and calls the runner's
-  ``entry(job, 3)``.
+  privileges, limits, the seccomp filter, fds 0-2 on /dev/null, fd 3 its output pipe, nothing else),
+  writes one byte on its setup channel (a pipe to the zygote, closed at once: nothing after it can write
+  there, so only trusted code says whether it entered the sandbox) and calls the runner's ``entry(job, 3)``.
+
+The launcher also ends a job whose processes together pass the memory or process limit (``sandbox_tree``).
 
 So a program cannot reach another program's input, output, channel, memory, processes or files: other
 user ids, other pipes, and nothing of theirs in its own memory. User ids are not reused within a run.
@@ -35,8 +38,9 @@ import time
 
 import sandbox_proc as proc
 import sandbox_rootfs as rootfs
+import sandbox_tree as tree
 
-SETUP_FAILED = 126  # a job's process could not drop into the sandbox: the batch fails as a whole
+SETUP_FAILED = 126  # the exit code of a job's process that could not drop into the sandbox
 
 
 def main(folder: str, spec: dict) -> dict:
@@ -61,11 +65,11 @@ def main(folder: str, spec: dict) -> dict:
     results, error = [], None
     for k, uid in enumerate(batch["uids"]):
         try:
-            results.append(_job(mine, k, uid, lim["wall_s"], batch["max_bytes"]))
-        except (OSError, ValueError) as e:  # the zygote is gone or said something else than a number
+            results.append(_job(mine, k, uid, lim, batch["max_bytes"]))
+        except (OSError, ValueError) as e:  # the zygote is gone or said something else than two numbers
             error = f"job {k}: the zygote failed: {e!r}"
             break
-        if results[-1]["exit_code"] == SETUP_FAILED and not results[-1]["out"]:
+        if not results[-1].pop("entered"):  # told by trusted code only: no program can claim or deny it
             error = f"job {k}: its process could not enter the sandbox"
             break
     mine.close()
@@ -74,23 +78,28 @@ def main(folder: str, spec: dict) -> dict:
     return {"batch": results if error is None else None, "batch_error": error}
 
 
-def _job(sock: socket.socket, k: int, uid: int, wall_s: float, cap: int) -> dict:
-    """Job ``k``: its output (at most ``cap`` bytes, then it is killed), whether it ran past ``wall_s``, its
-    exit status. Returns once the zygote has killed everything of ``uid``'s."""
+def _job(sock: socket.socket, k: int, uid: int, lim: dict, cap: int) -> dict:
+    """Job ``k``: its output (at most ``cap`` bytes, then it is killed), whether it ran past its wall time or
+    its processes together past their memory or process limit (``sandbox_tree``), its exit status, whether its
+    process entered the sandbox. Returns once the zygote has killed everything of ``uid``'s."""
     t0 = time.monotonic()
     r, w = os.pipe()
     socket.send_fds(sock, [f"{k} {uid}".encode()], [w])
     os.close(w)
-    pid = int(_recv(sock, t0 + wall_s + 30))
+    pid = int(_recv(sock, t0 + lim["wall_s"] + 30))
     os.set_blocking(r, False)
-    deadline = t0 + wall_s
-    out, timed_out, killed, status, watch = bytearray(), False, False, None, [r, sock]
-    while status is None:
-        left = None if killed else max(0.0, deadline - time.monotonic())
+    deadline, limits = t0 + lim["wall_s"], tree.TreeWatch(lim, lambda: tree.uid_pids(uid))
+    out, timed_out, limit, killed, reply, watch = bytearray(), False, None, False, None, [r, sock]
+    while reply is None:
+        left = None if killed else max(0.0, min(deadline - time.monotonic(), tree.POLL_S))
         ready = select.select(watch, [], [], left)[0]
-        if not ready:
-            timed_out = killed = True
-            proc.kill_session(pid)
+        if not ready and not killed:
+            if time.monotonic() >= deadline:
+                timed_out = killed = True
+                proc.kill_session(pid)
+            elif (limit := limits.check()) is not None:
+                killed = True
+                proc.kill_uid(uid)
             continue
         if r in ready:
             chunk = _read(r)
@@ -102,7 +111,8 @@ def _job(sock: socket.socket, k: int, uid: int, wall_s: float, cap: int) -> dict
                     killed = True
                     proc.kill_session(pid)
         if sock in ready:
-            status = int(_recv(sock, time.monotonic() + 30))
+            reply = _recv(sock, time.monotonic() + 30).split()
+    status, entered = int(reply[0]), reply[1] == b"1"
     wall = time.monotonic() - t0
     while len(out) <= cap and (chunk := _read(r)):  # all writers are dead now: what is left in the pipe
         out += chunk
@@ -110,7 +120,9 @@ def _job(sock: socket.socket, k: int, uid: int, wall_s: float, cap: int) -> dict
     return {
         "out": bytes(out[:cap]).decode(errors="replace"),
         "timed_out": timed_out,
+        "limit": limit,
         "wall_s": wall,
+        "entered": entered,
         **proc.decode(status),
     }
 
@@ -152,7 +164,9 @@ def _zygote(spec: dict, runner: str, jobs_fd: int, sock: socket.socket, base: st
 
         site.main()  # what `python -I` gives a program (exit(), quit(), the site folders), as in a run of its own
         ns[spec["batch"]["prepare"]]()
-        entry, lim = ns[spec["batch"]["entry"]], spec["limits"]
+        entry = ns[spec["batch"]["entry"]]
+        if spec["syscall_filter"]:
+            proc.seccomp.program()  # made once here, inherited by every job's process
         while True:
             msg, fds, _, _ = socket.recv_fds(sock, 64, 1)
             if not msg:
@@ -160,12 +174,16 @@ def _zygote(spec: dict, runner: str, jobs_fd: int, sock: socket.socket, base: st
                 break
             k, uid = map(int, msg.split())
             (w,) = fds
+            entered_r, entered_w = os.pipe2(os.O_CLOEXEC)
             pid = os.fork()
             if pid == 0:
-                _job_process(k, uid, lim, jobs_fd, w, null, base, entry)
+                _job_process(k, uid, spec, jobs_fd, (w, entered_w), null, base, entry)
             os.close(w)
+            os.close(entered_w)
             sock.send(str(pid).encode())
             status = _wait(pid)
+            entered = os.read(entered_r, 1) == b"1"  # the job's process ended: its write end is closed
+            os.close(entered_r)
             if _reap():  # something of the job's is left (as our subreaper's child, or its descendant)
                 proc.kill_uid(uid)
                 _reap()
@@ -173,7 +191,7 @@ def _zygote(spec: dict, runner: str, jobs_fd: int, sock: socket.socket, base: st
                 import shutil
 
                 shutil.rmtree(os.path.join(base, str(k)), ignore_errors=True)
-            sock.send(str(status).encode())
+            sock.send(f"{status} {int(entered)}".encode())
     except BaseException:  # noqa: BLE001 - the launcher sees the zygote gone and fails the batch
         import traceback
 
@@ -201,9 +219,10 @@ def _reap() -> bool:
     return True
 
 
-def _job_process(k: int, uid: int, lim: dict, jobs_fd: int, w: int, null: int, base: str | None, entry) -> None:
-    """Job ``k``'s process: read its job, drop into the sandbox, run ``entry(job, 3)`` (never returns)."""
-    code = SETUP_FAILED
+def _job_process(k: int, uid: int, spec: dict, jobs_fd: int, pipes: tuple, null: int, base: str | None, entry) -> None:
+    """Job ``k``'s process: read its job, drop into the sandbox, say so on the setup channel (``pipes``: the
+    output pipe's and the setup channel's write ends), close it, run ``entry(job, 3)`` (never returns)."""
+    code, lim = SETUP_FAILED, spec["limits"]
     try:
         fd = os.open(str(k), os.O_RDONLY, dir_fd=jobs_fd)
         with os.fdopen(fd, "rb") as f:
@@ -214,7 +233,12 @@ def _job_process(k: int, uid: int, lim: dict, jobs_fd: int, w: int, null: int, b
         else:
             work = os.path.join(base, str(k))
         proc.make_work(work, {}, uid)
-        proc.enter(uid, lim, work, (null, null, null, w), lim["max_processes"])
+        w, entered = pipes
+        entered = proc.enter(
+            uid, lim, work, (null, null, null, w), lim["max_processes"], spec["syscall_filter"], entered
+        )
+        os.write(entered, b"1")
+        os.close(entered)  # nothing after this (the program) can write it
         code = 1
         entry(job, 3)
         code = 0

@@ -16,8 +16,11 @@ kills what is left by user id (when it could give the command a user id of its o
 in the environment.
 
 Either way the command runs in a child that gets its own session, a user id of its own when we
-are root, no new privileges, the resource limits, a scrubbed environment and the work folder as its
-current directory. The launcher kills it at the wall-time limit.
+are root, no new privileges, the resource limits, the seccomp filter (``sandbox_seccomp``), a scrubbed
+environment and the work folder as its current directory. A setup failure is written on a close-on-exec
+pipe that the command's ``exec`` closes, so only trusted code writes it (the status's ``setup_error``). The
+launcher kills the command at the wall-time limit, or when its processes together pass the memory or
+process limit (``sandbox_tree``; the status's ``limit``).
 
 With a ``checker`` in the spec (``DIR/checker/`` holds its files; it writes
 ``DIR/checker/stdout`` and ``stderr``), a trusted Python script runs beside the command under the
@@ -58,15 +61,21 @@ def _helper(name: str):
 
 proc = _helper("sandbox_proc")
 rootfs = _helper("sandbox_rootfs")
+tree = _helper("sandbox_tree")
 
 
-def _exec_child(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
-    """In the forked child: become the sandboxed command (never returns)."""
+def _exec_child(spec: dict, work: str, fds: tuple[int, ...], nproc: int, report: int) -> None:
+    """In the forked child: become the sandboxed command (never returns). A setup failure (before the exec,
+    or the exec itself) is written on ``report``, which the exec closes: the command cannot write it."""
+    kept = report
     try:
-        proc.enter(spec["uid"], spec["limits"], work, fds, nproc)
+        kept = proc.enter(spec["uid"], spec["limits"], work, fds, nproc, spec["syscall_filter"], report)
         os.execve(spec["argv"][0], spec["argv"], spec["env"])
-    except BaseException as e:  # noqa: BLE001 - report any setup failure on the command's stderr
-        os.write(2, f"sandbox setup failed: {e!r}\n".encode())
+    except BaseException as e:  # noqa: BLE001 - any setup failure is reported on the setup channel
+        try:
+            os.write(kept, f"{e!r}"[:500].encode())
+        except OSError:
+            os.write(2, f"sandbox setup failed: {e!r}\n".encode())
     os._exit(126)
 
 
@@ -76,7 +85,7 @@ def _run_checker(spec: dict, work: str, fds: tuple[int, ...], nproc: int) -> Non
     user id, the limits and the fds are those of the sandbox."""
     code = 126
     try:
-        proc.enter(spec["uid"], spec["limits"], work, fds, nproc)
+        proc.enter(spec["uid"], spec["limits"], work, fds, nproc, spec["syscall_filter"])
         code = 1
         script = spec["script"]
         with open(script) as f:
@@ -156,12 +165,100 @@ def _tasks_of_uid(uid: int) -> int:
     return n
 
 
+def _read_report(fd: int) -> str | None:
+    """What the child wrote on its setup channel before its exec (None: nothing, it entered the sandbox)."""
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+    os.close(fd)
+    return data.decode(errors="replace") if data else None
+
+
+def _watch(spec: dict, child: int, checker: int | None):
+    """The limits on the command's processes together (``sandbox_tree``): those of its user id, else the
+    launcher's descendants but the checker."""
+    if spec["uid"] is not None:
+        return tree.TreeWatch(spec["limits"], lambda: tree.uid_pids(spec["uid"]))
+    me = os.getpid()
+    return tree.TreeWatch(spec["limits"], lambda: [p for p in tree.descendant_pids(me) if p != checker])
+
+
+def _kill_command(spec: dict, child: int) -> None:
+    """Kill the command's processes now (it went past a limit of all of them together)."""
+    if spec["uid"] is not None:
+        proc.kill_uid(spec["uid"])
+        return
+    for pid in [child, *tree.descendant_pids(os.getpid())]:
+        proc.kill_session(pid)
+
+
+def _supervise(spec: dict, work: str, chk_work: str, fds: tuple, chk_fds: tuple | None, nproc: int) -> dict:
+    """Fork the command (and the checker), wait for the one that ends the run, kill what is left; the status."""
+    lim, chk = spec["limits"], spec.get("checker")
+    t0 = time.monotonic()
+    to_close = list(fds)
+    if chk:
+        req_r, req_w = os.pipe()  # checker -> command
+        resp_r, resp_w = os.pipe()  # command -> checker
+        fds = (*fds, req_r, resp_w)
+        to_close += [*chk_fds, req_r, req_w, resp_r, resp_w]
+    if spec["syscall_filter"]:
+        proc.seccomp.program()  # made once, before the forks that install it
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    child = os.fork()
+    if child == 0:
+        _exec_child(spec, work, fds, nproc, report_w)
+    os.close(report_w)
+    checker = None
+    if chk:
+        checker = os.fork()
+        if checker == 0:
+            _run_checker({**spec, **chk}, chk_work, (*chk_fds, req_w, resp_r), nproc)
+    for fd in to_close:
+        os.close(fd)
+    setup_error = _read_report(report_r)
+    main_pid = checker if chk else child  # the run ends when this one ends
+    deadline, watch = t0 + lim["wall_s"], _watch(spec, child, checker)
+    statuses, timed_out, limit = {}, False, None
+    while main_pid not in statuses and setup_error is None:
+        # as PID 1 of a namespace (or the subreaper) we also reap orphans: wait for any child
+        pid, st = os.waitpid(-1, os.WNOHANG)
+        if pid in (child, checker):
+            statuses[pid] = st
+        elif pid == 0:
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            limit = watch.check()
+            if limit is not None:
+                _kill_command(spec, child)
+                break
+            time.sleep(0.005)
+    wall = time.monotonic() - t0
+    for pid in (child, checker):
+        if pid is not None and pid not in statuses:
+            proc.kill_session(pid)
+            _, statuses[pid] = os.waitpid(pid, 0)
+        if pid is not None:
+            proc.kill_session(pid)  # whatever is left in its session
+    return {
+        **proc.decode(statuses[child]),
+        "timed_out": timed_out,
+        "wall_s": wall,
+        "limit": limit,
+        "setup_error": setup_error,
+        "checker": proc.decode(statuses[checker]) if chk else None,
+    }
+
+
 def main(folder: str) -> int:
     with open(os.path.join(folder, "spec.json")) as f:
         spec = json.load(f)
     lim, mode, chk = spec["limits"], spec["mode"], spec.get("checker")
     if mode != "namespaces":
         proc.libc().prctl(proc.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # what the command leaves behind stays ours (a descendant, for the limits on its processes together)
+        proc.libc().prctl(proc.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if spec["netns"]:  # a network namespace of the run's own, with nothing in it
             rootfs.unshare(proc.libc(), rootfs.CLONE_NEWNET)
     if spec.get("batch"):
@@ -171,6 +268,7 @@ def main(folder: str) -> int:
         return 0
     fds = _open_io(folder, os.path.join(folder, "stdin"))
     files = _read_files(os.path.join(folder, "files"))
+    chk_fds = None
     if chk:
         chk_folder = os.path.join(folder, "checker")
         chk_fds = _open_io(chk_folder, os.devnull)
@@ -185,52 +283,8 @@ def main(folder: str) -> int:
         proc.make_work(chk_work, chk_files, chk["uid"])
     # the host process's own user id: the limit counts the user's other tasks too
     nproc = lim["max_processes"] if spec["uid"] is not None else _tasks_of_uid(os.getuid()) + lim["max_processes"]
-
-    t0 = time.monotonic()
-    to_close = list(fds)
-    if chk:
-        req_r, req_w = os.pipe()  # checker -> command
-        resp_r, resp_w = os.pipe()  # command -> checker
-        fds = (*fds, req_r, resp_w)
-        to_close += [*chk_fds, req_r, req_w, resp_r, resp_w]
-    child = os.fork()
-    if child == 0:
-        _exec_child(spec, work, fds, nproc)
-    checker = None
-    if chk:
-        checker = os.fork()
-        if checker == 0:
-            _run_checker({**spec, **chk}, chk_work, (*chk_fds, req_w, resp_r), nproc)
-    for fd in to_close:
-        os.close(fd)
-    main_pid = checker if chk else child  # the run ends when this one ends
-    deadline = t0 + lim["wall_s"]
-    statuses, timed_out = {}, False
-    while main_pid not in statuses:
-        # as PID 1 of a namespace we also reap orphans: wait for any child
-        pid, st = os.waitpid(-1, os.WNOHANG)
-        if pid in (child, checker):
-            statuses[pid] = st
-        elif pid == 0:
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            time.sleep(0.005)
-    wall = time.monotonic() - t0
-    for pid in (child, checker):
-        if pid is not None and pid not in statuses:
-            proc.kill_session(pid)
-            _, statuses[pid] = os.waitpid(pid, 0)
-        if pid is not None:
-            proc.kill_session(pid)  # whatever is left in its session
-    leftovers = _sweep(spec) if mode != "namespaces" else 0
-    out = {
-        **proc.decode(statuses[child]),
-        "timed_out": timed_out,
-        "wall_s": wall,
-        "leftovers_killed": leftovers,
-        "checker": proc.decode(statuses[checker]) if chk else None,
-    }
+    out = _supervise(spec, work, chk_work, fds, chk_fds, nproc)
+    out["leftovers_killed"] = _sweep(spec) if mode != "namespaces" else 0
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0  # as PID 1 (namespaces mode), exiting kills whatever is left in the namespace

@@ -6,6 +6,10 @@ standard library, read-only, and a size-limited private ``/tmp``
 (``sandbox_rootfs``); a user id of its own; every process killed when the run
 ends.
 
+Both modes filter system calls (``sandbox_seccomp``, where this machine takes the filter) and bound an
+answer's processes together (``sandbox_tree``; in ``rlimits`` only as root, where the watching launcher is out
+of the program's reach).
+
 ``rlimits`` (the fallback, e.g. a container without ``CAP_SYS_ADMIN``):
 resource limits, scrubbed environment, fresh work folder, its own session; a
 user id of its own and an empty network namespace only where we are root and
@@ -28,10 +32,11 @@ import shutil
 import subprocess
 import sys
 
-from areal_core.reward import sandbox_rootfs
+from areal_core.reward import sandbox_rootfs, sandbox_seccomp
 
 MODES = ("namespaces", "rlimits")
 UNSHARE_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+_PR_SET_NO_NEW_PRIVS = 38
 
 # What each mode guarantees (True) or does not (False). Tests assert these.
 GUARANTEES = {
@@ -44,6 +49,8 @@ GUARANTEES = {
         "disk_bounded": True,  # tmpfs of limits.disk_mb
         "own_user": True,  # cannot signal or read other processes; per-run process limit
         "all_processes_killed": True,
+        "aggregate_limits": True,  # memory and processes of an answer's processes together (sandbox_tree)
+        "syscall_filter": None,  # filled in below: the seccomp filter, where this machine takes it
     },
     "rlimits": {
         "limits": True,
@@ -54,6 +61,8 @@ GUARANTEES = {
         "disk_bounded": False,  # only the size of each file is bounded
         "own_user": None,  # filled in below: True when running as root
         "all_processes_killed": None,  # by user id as root; by environment marker otherwise
+        "aggregate_limits": None,  # filled in below: as root (the watching launcher is out of the program's reach)
+        "syscall_filter": None,
     },
 }
 # what is at stake where a guarantee is missing (the refusal to grade in training says it)
@@ -67,6 +76,10 @@ MISSING = {
     "disk_bounded": "bounded disk use",
     "own_user": "a user id of its own (programs can signal and read the grader's processes)",
     "all_processes_killed": "killing every process a program started",
+    "aggregate_limits": "limits on an answer's processes together (only each process is bounded: its memory "
+    "limit times its process limit in all)",
+    "syscall_filter": "a system call filter (programs can call unshare, mount, ptrace, bpf, keyctl: the kernel "
+    "interfaces escapes start from)",
 }
 
 
@@ -81,7 +94,10 @@ def guarantees(mode: str | None = None) -> dict:
         g["own_user"] = _is_root()
         # without an own user id, a process that clears its environment escapes the sweep
         g["all_processes_killed"] = _is_root()
+        # without one, the program can kill the launcher that watches its processes
+        g["aggregate_limits"] = _is_root()
         g["no_network"] = _probe_netns() is None
+    g["syscall_filter"] = _probe_seccomp() is None
     return g
 
 
@@ -126,6 +142,20 @@ def _probe_netns() -> str | None:
         timeout=20,
     )
     return None if r.returncode == 0 else "unshare(CLONE_NEWNET) refused (no CAP_SYS_ADMIN?)"
+
+
+@functools.cache
+def _probe_seccomp() -> str | None:
+    """None if the sandboxed interpreter can install the seccomp filter (``sandbox_seccomp``) here, else why not."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not sandbox_seccomp.supported():
+        return f"no seccomp filter for {os.uname().machine}"
+    code = (
+        f"import ctypes, sys; sys.path.append({here!r}); import sandbox_seccomp; "
+        f"ctypes.CDLL(None).prctl({_PR_SET_NO_NEW_PRIVS}, 1, 0, 0, 0); sandbox_seccomp.install()"
+    )
+    r = subprocess.run([sandbox_python(), "-I", "-S", "-c", code], capture_output=True, timeout=20)
+    return None if r.returncode == 0 else f"the kernel refused it: {r.stderr.decode(errors='replace')[-200:]}"
 
 
 @functools.cache

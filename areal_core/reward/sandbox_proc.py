@@ -8,6 +8,10 @@ import fcntl
 import os
 import resource
 import signal
+import time
+
+import sandbox_seccomp as seccomp
+import sandbox_tree as tree
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -29,25 +33,37 @@ def set_limits(lim: dict, nproc: int) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def enter(uid: int | None, lim: dict, work: str, fds: tuple[int, ...], nproc: int) -> None:
+def enter(
+    uid: int | None, lim: dict, work: str, fds: tuple[int, ...], nproc: int, syscall_filter: bool, report: int = -1
+) -> int:
     """In a forked child: drop into the sandbox: its own session, ``fds`` as fds 0, 1, 2, ..., every other fd
     closed, user id ``uid`` (None: keep ours), no new privileges, killed with its parent, the limits, ``work``
-    as its folder."""
+    as its folder, and (``syscall_filter``) the seccomp filter (``sandbox_seccomp``).
+
+    ``report`` (if >= 0) is kept too, close-on-exec, at the number returned (-1 without one): the trusted
+    channel on which the caller says that the process entered the sandbox, before anything untrusted runs."""
     os.setsid()
     # move every fd out of the way first, so that no target number clobbers a source
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
-    for i, fd in enumerate(high):
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (*fds, report) if fd >= 0]
+    for i, fd in enumerate(high[: len(fds)]):
         os.dup2(fd, i)  # inheritable
-    os.closerange(len(fds), 65536)
+    kept = -1
+    if report >= 0:
+        kept = os.dup2(high[-1], len(fds), inheritable=False)
+    os.closerange(len(fds) + (report >= 0), 65536)
     if uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
     c = libc()
-    c.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if c.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
     c.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
     set_limits(lim, nproc)
     os.chdir(work)
+    if syscall_filter:
+        seccomp.install()
+    return kept
 
 
 def make_work(work: str, files: dict[str, bytes], uid: int | None) -> None:
@@ -73,25 +89,38 @@ def kill_session(pid: int) -> None:
 def kill_uid(uid: int) -> None:
     """SIGKILL every process of user id ``uid`` (that this process's PID namespace holds): a child of ours takes
     that user id and calls ``kill(-1)``, which reaches exactly the processes whose real or saved user id is
-    ``uid``; the kernel does it in one pass that a fork cannot outrun. (Having changed user id without an exec,
-    the child cannot be traced or read by them.) We must be root."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            for _ in range(3):
-                os.kill(-1, signal.SIGKILL)
-            code = 0
-        except ProcessLookupError:  # nothing (left) to kill
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        raise RuntimeError(f"killing the processes of user id {uid} failed (status {status})")
+    ``uid``, in one pass that a fork cannot outrun. (Having changed user id without an exec, the child cannot be
+    traced or read by them; but they can signal it: if one kills it before its ``kill(-1)``, another child
+    tries, and should each be killed, we signal what is left of ``uid`` ourselves, as root, until nothing is:
+    the process limit bounds how many there can be.) We must be root."""
+    for _ in range(10):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                for _ in range(3):
+                    os.kill(-1, signal.SIGKILL)
+                code = 0
+            except ProcessLookupError:  # nothing (left) to kill
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status == 0:
+            return
+    deadline = time.monotonic() + 10
+    while left := tree.uid_pids(uid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"killing the processes of user id {uid} failed: {len(left)} left")
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
 
 
 def decode(status: int) -> dict:

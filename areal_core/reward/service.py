@@ -15,6 +15,13 @@ Each answer's grading gets ``timeout_s`` seconds once its worker starts it
 ``"grading timed out"`` and counted in ``n_timed_out``, so a hung grader never
 holds up training.
 
+One answer, one verdict: an answer whose grading raises is graded wrong with reason
+``"grading failed: ..."`` (``n_failed``), and a task that fails as a whole (its worker
+killed again and again, its result lost) is split, each answer graded in a task of its
+own, so that only the answer that broke it is graded wrong. The callers get an error only
+for what no answer causes: a sandbox the config refuses (``reward.allow_weak_sandbox``,
+asked on every path, training and evaluation), a malformed item, a client shutting down.
+
 Batches are coalesced: at most one grading task per worker thread is in flight, and the
 batches submitted meanwhile go out together as one task when one returns. Under load that
 is one scheduler round trip for many groups (a Dask task costs a few ms of CPU across
@@ -34,15 +41,19 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dask_cluster import RewardCluster, external_security
-from areal_core.reward.dispatch import TIMED_OUT, grade_batch, grade_within
+from areal_core.reward.dispatch import GRADING_FAILED, TIMED_OUT, GradingInputError, failed_verdict, grade_batch
 from areal_core.reward.result import RewardResult
+from areal_core.reward.sandbox import WeakSandboxError
 
 log = logging.getLogger(__name__)
 
 RESUBMITS = 3  # per grading task, after KilledWorker
+# errors a grading task delivers as errors, not verdicts: none of them is an answer's doing
+NOT_A_VERDICT = (WeakSandboxError, GradingInputError, CancelledError)
 PARENT_WATCH = "areal_core.reward.parent_watch"
 GRADER_MODULES = ("areal_core.data.synthetic", "areal_core.reward.math", "areal_core.reward.code")
 
@@ -55,6 +66,7 @@ class RewardService:
         self._cluster = None
         self.n_resubmitted = 0  # grading tasks submitted again after KilledWorker
         self.n_timed_out = 0  # answers graded wrong because their grading ran past timeout_s
+        self.n_failed = 0  # answers graded wrong because their grading raised or failed as a whole
         self.n_tasks = 0  # grading tasks submitted (coalesced batches count once)
         self._pending: list[tuple[list, Callable]] = []  # batches waiting for a free worker thread
         self._in_flight = 0
@@ -113,34 +125,33 @@ class RewardService:
         (areal_core.reward.math), which the first math answer would otherwise wait for, in a
         run's first steps. Workers that join later start theirs on first use.
 
-        With code among ``tasks``, the workers whose sandbox lacks a guarantee are named: for
-        ``training`` without ``reward.allow_weak_sandbox`` that is a ``sandbox.WeakSandboxError`` here,
-        before anything is generated (``submit_batch`` checks again where each batch is graded, for
-        workers that join later); otherwise a warning."""
+        With code among ``tasks``, the workers whose sandbox lacks a guarantee are named: without
+        ``reward.allow_weak_sandbox`` that is a ``sandbox.WeakSandboxError`` here (``training`` or
+        evaluation alike), before anything is generated (each grading task checks again, for workers
+        that join later); with it, a warning."""
         from areal_core.reward.math import warm_helper
         from areal_core.reward.sandbox import missing_guarantees
 
         if "math" in tasks:
             self.client.run(warm_helper)
-        if "code" in tasks:
-            weak = {w: m for w, m in self.client.run(missing_guarantees).items() if m}
-            if weak:
-                lacks = sorted({g for m in weak.values() for g in m})
-                if training and not self.cfg.allow_weak_sandbox:
-                    from areal_core.reward.sandbox import WeakSandboxError
-
-                    raise WeakSandboxError(
-                        f"the code sandbox of reward worker(s) {sorted(weak)} lacks: {', '.join(lacks)}; training "
-                        "refuses to grade code there. Run the reward workers as root with util-linux `unshare` "
-                        "(namespaces mode), or set reward.allow_weak_sandbox: true to grade anyway "
-                        "(docs/EVALUATION.md)"
-                    )
-                log.warning(
-                    "the code sandbox of worker(s) %s lacks: %s; training grades code there only with "
-                    "reward.allow_weak_sandbox: true (docs/EVALUATION.md)",
-                    sorted(weak),
-                    lacks,
-                )
+        if "code" not in tasks:
+            return
+        weak = {w: m for w, m in self.client.run(missing_guarantees).items() if m}
+        if not weak:
+            return
+        lacks = ", ".join(sorted({g for m in weak.values() for g in m}))
+        if not self.cfg.allow_weak_sandbox:
+            raise WeakSandboxError(
+                f"the code sandbox of reward worker(s) {sorted(weak)} lacks: {lacks}; "
+                f"{'training' if training else 'evaluation'} refuses to grade code there. Run the reward workers "
+                "as root with util-linux `unshare` (namespaces mode), or set reward.allow_weak_sandbox: true "
+                "(AREAL_ALLOW_WEAK_SANDBOX=1 for `areal-flow eval`) to grade anyway (docs/EVALUATION.md)"
+            )
+        log.warning(
+            "the code sandbox of worker(s) %s lacks: %s; grading code there anyway (reward.allow_weak_sandbox: true)",
+            sorted(weak),
+            lacks,
+        )
 
     def submit(
         self,
@@ -150,8 +161,9 @@ class RewardService:
         on_done: Callable[[RewardResult | None, BaseException | None], None],
         tests: list[dict] | None = None,
     ):
-        """Submit one grading task; ``on_done(result, error)`` is called from a Dask thread."""
-        return self._submit(grade_within, (self.cfg.timeout_s, task, response, reference, tests), on_done)
+        """Submit one grading task (evaluation: a verdict, no partial credit); ``on_done(result, error)`` is
+        called from a Dask thread (``error``: only what no answer causes, see :meth:`submit_batch`)."""
+        self._submit([(task, response, reference, tests)], "all_pass", lambda rs, e: on_done(rs and rs[0], e))
 
     def submit_batch(
         self,
@@ -164,8 +176,10 @@ class RewardService:
 
         This is the training path: code answers get ``reward.code_reward``'s credit
         (``RewardResult.score`` under ``fraction``); ``submit`` and ``grade_many`` give verdicts only.
-        Code is graded only in a sandbox that gives every guarantee, unless
-        ``reward.allow_weak_sandbox``: otherwise ``on_done`` gets ``sandbox.WeakSandboxError``."""
+        Each answer gets a verdict whatever happens while it is graded (see the module docstring);
+        ``on_done`` gets an error only for what no answer causes: ``sandbox.WeakSandboxError`` (code in
+        a sandbox that lacks a guarantee, without ``reward.allow_weak_sandbox``), a malformed item
+        (``dispatch.GradingInputError``), or the client shutting down."""
         with self._coalesce_lock:
             self._pending.append((list(items), on_done))
             ready = self._take_pending()
@@ -195,54 +209,119 @@ class RewardService:
                 start += len(items)
 
         self.n_tasks += 1
-        self._submit(grade_batch, (merged, self.cfg.timeout_s, self.cfg.code_reward, self.cfg.allow_weak_sandbox), done)
+        self._submit(merged, self.cfg.code_reward, done)
 
-    def _submit(self, fn, args: tuple, on_done):
+    def _submit(self, items: list[tuple], code_reward: str, on_done: Callable) -> None:
+        """Grade ``items`` in one Dask task (``dispatch.grade_batch``). A task lost with its workers
+        (``KilledWorker``) is submitted again, up to ``RESUBMITS`` times; a task that still fails is split,
+        each item graded in a task of its own, and an item whose task alone fails is graded wrong with the
+        error as its reason (:meth:`_failed`): one answer that kills its worker or breaks its grading task
+        costs the others nothing."""
         from distributed.scheduler import KilledWorker
 
-        def attempt(k: int):
-            fut = self.client.submit(fn, *args, pure=False, retries=2)
+        args = (items, self.cfg.timeout_s, code_reward, self.cfg.allow_weak_sandbox)
+
+        def attempt(k: int) -> None:
+            fut = self.client.submit(grade_batch, *args, pure=False, retries=2)
 
             def _done(f):
                 try:
-                    result = f.result()
+                    results = f.result()
+                except NOT_A_VERDICT as e:
+                    on_done(None, e)
                 except KilledWorker as e:
                     if k < RESUBMITS:
                         log.warning("grading task lost with its workers (%s); submitting it again", e)
                         self.n_resubmitted += 1
                         attempt(k + 1)
                         return
-                    on_done(None, e)
-                except BaseException as e:  # noqa: BLE001 - delivered to the caller, which decides
-                    on_done(None, e)
+                    self._failed(items, code_reward, e, on_done)
+                except Exception as e:  # noqa: BLE001 - the task failed as a whole: graded item by item
+                    self._failed(items, code_reward, e, on_done)
                 else:
-                    self._count_timeouts(result if isinstance(result, list) else [result])
-                    on_done(result, None)
+                    self._count(results)
+                    on_done(results, None)
 
             fut.add_done_callback(_done)
-            return fut
 
-        return attempt(0)
+        attempt(0)
 
-    def _count_timeouts(self, results: list[RewardResult]) -> None:
-        n = sum(r.reason == TIMED_OUT for r in results)
-        if n:
-            self.n_timed_out += n
-            log.warning("%d answer(s) graded wrong: grading ran past reward.timeout_s (%gs)", n, self.cfg.timeout_s)
+    def _failed(self, items: list[tuple], code_reward: str, error: BaseException, on_done: Callable) -> None:
+        """A grading task failed as a whole with ``error``: one item is graded wrong with it as the reason;
+        several are each graded again in a task of their own (``on_done`` gets them all, in order)."""
+        if len(items) == 1:
+            log.error("grading a %s answer failed as a whole (%r): graded wrong", items[0][0], error)
+            self.n_failed += 1
+            on_done([failed_verdict(error)], None)
+            return
+        log.warning("a grading task of %d answers failed (%r); grading each alone", len(items), error)
+        results: list = [None] * len(items)
+        errors: list = []
+        left = [len(items)]
+        lock = threading.Lock()
+
+        def one(i: int):
+            def got(rs, e) -> None:
+                with lock:
+                    if e is not None:
+                        errors.append(e)
+                    else:
+                        results[i] = rs[0]
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last and errors:
+                    on_done(None, errors[0])
+                elif last:
+                    on_done(results, None)
+
+            return got
+
+        for i, item in enumerate(items):
+            self._submit([item], code_reward, one(i))
+
+    def _count(self, results: list[RewardResult]) -> None:
+        timed_out = sum(r.reason == TIMED_OUT for r in results)
+        failed = sum(r.reason.startswith(GRADING_FAILED) for r in results)
+        if timed_out:
+            self.n_timed_out += timed_out
+            log.warning(
+                "%d answer(s) graded wrong: grading ran past reward.timeout_s (%gs)", timed_out, self.cfg.timeout_s
+            )
+        if failed:
+            self.n_failed += failed
+            log.warning("%d answer(s) graded wrong: their grading raised (see the worker's log)", failed)
 
     def grade_many(
         self, task: str, responses: list[str], references: list[str], tests: list[list[dict] | None] | None = None
     ) -> list[RewardResult]:
-        """Verdicts for ``responses`` (one Dask task each); ``tests``: each one's tests (code)."""
+        """Verdicts for ``responses`` (one Dask task each); ``tests``: each one's tests (code). An answer
+        whose task fails is graded wrong with the error as its reason; what no answer causes (see
+        :meth:`submit_batch`) is raised."""
         n = len(responses)
         tests = tests if tests is not None else [None] * n
         if len(tests) != n:
             raise ValueError(f"{len(tests)} test lists for {n} responses")
+        items = [[(task, r, ref, t)] for r, ref, t in zip(responses, references, tests)]
         futs = self.client.map(
-            grade_within, [self.cfg.timeout_s] * n, [task] * n, responses, references, tests, pure=False, retries=2
+            grade_batch,
+            items,
+            [self.cfg.timeout_s] * n,
+            ["all_pass"] * n,
+            [self.cfg.allow_weak_sandbox] * n,
+            pure=False,
+            retries=2,
         )
-        results = self.client.gather(futs)
-        self._count_timeouts(results)
+        results = []
+        for fut in futs:
+            try:
+                results += fut.result()
+            except NOT_A_VERDICT:
+                raise
+            except Exception as e:  # noqa: BLE001 - this answer's verdict: wrong, the error its reason (logged)
+                log.error("grading a %s answer failed as a whole (%r): graded wrong", task, e)
+                self.n_failed += 1
+                results.append(failed_verdict(e))
+        self._count([r for r in results if not r.reason.startswith(GRADING_FAILED)])
         return results
 
     def close(self) -> None:

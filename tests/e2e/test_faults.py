@@ -201,7 +201,8 @@ class _FakeFuture:
 
 def test_task_given_up_by_the_scheduler_is_resubmitted():
     """KilledWorker (the scheduler gave up on a task whose workers kept dying): submitted
-    again, up to RESUBMITS times; then the error reaches the caller."""
+    again, up to RESUBMITS times; then the answer is graded wrong with the error as its reason
+    (one answer, one verdict: the caller gets no error to fail the run with)."""
     from distributed.scheduler import KilledWorker
 
     from areal_core.reward import service as service_mod
@@ -210,10 +211,10 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
 
     graded = RewardResult(correct=True)
     for failures, expect_ok in ((2, True), (service_mod.RESUBMITS + 1, False)):
-        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + [graded]
+        outcomes = [KilledWorker("k", SimpleNamespace(address="tcp://w"), 0)] * failures + [[graded]]
         svc = RewardService.__new__(RewardService)
         svc.cfg = RewardConfig()
-        svc.n_resubmitted = svc.n_timed_out = 0
+        svc.n_resubmitted = svc.n_timed_out = svc.n_failed = 0
         svc.client = type("C", (), {"submit": lambda self, *a, outcomes=outcomes, **k: _FakeFuture(outcomes.pop(0))})()
         got = []
         svc.submit("chain", "x", "y", on_done=lambda r, e, got=got: got.append((r, e)))
@@ -221,7 +222,9 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
         if expect_ok:
             assert got[0] == (graded, None) and svc.n_resubmitted == failures
         else:
-            assert isinstance(got[0][1], KilledWorker) and svc.n_resubmitted == service_mod.RESUBMITS
+            ((result, error),) = got
+            assert error is None and not result.correct and result.reason.startswith("grading failed: KilledWorker")
+            assert svc.n_resubmitted == service_mod.RESUBMITS and svc.n_failed == 1
 
 
 @pytest.mark.slow

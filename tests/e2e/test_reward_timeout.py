@@ -78,14 +78,28 @@ def test_grade_batch_uses_one_thread_and_replaces_it_only_after_a_timeout(monkey
     assert graded[0][1] != graded[1][1]  # the items after the hung one ran in a fresh thread
 
 
-def test_grade_batch_raises_a_graders_error(monkeypatch):
-    from areal_core.reward import dispatch
-
-    def broken(task, response, reference, tests=None):
-        raise ValueError("no grader for this")
-
-    monkeypatch.setattr(dispatch, "grade", broken)
+def test_a_graders_error_is_that_answers_verdict(monkeypatch):
+    """One answer, one verdict: a grader raising on one answer grades that answer wrong (the reason names the
+    error) and the others as usual; a malformed item raises before anything is graded."""
     import pytest
 
-    with pytest.raises(ValueError, match="no grader"):
-        dispatch.grade_batch([("chain", "a", "b", None)], timeout_s=5.0)
+    from areal_core.reward import dispatch
+
+    real = dispatch.grade
+
+    def broken(task, response, reference, tests=None):
+        if response == "boom":
+            raise OverflowError("int too large to convert to float")
+        return real(task, response, reference, tests)
+
+    monkeypatch.setattr(dispatch, "grade", broken)
+    items = [("chain", CORRECT, CORRECT, None), ("chain", "boom", CORRECT, None), ("chain", CORRECT, CORRECT, None)]
+    for _ in range(2):  # the answer after the failing one is graded in the same thread, as before
+        out = dispatch.grade_batch(items, timeout_s=5.0)
+        assert [r.correct for r in out] == [True, False, True]
+        assert out[1].reason == "grading failed: OverflowError: int too large to convert to float"
+        items = items[::-1]
+    with pytest.raises(dispatch.GradingInputError, match=r"item 1: no grader for task kind 'poem'"):
+        dispatch.grade_batch([("chain", CORRECT, CORRECT, None), ("poem", "x", "y", None)], timeout_s=5.0)
+    with pytest.raises(dispatch.GradingInputError, match=r"item 0: a code task needs tests"):
+        dispatch.grade_batch([("code", "print(1)", "", None)], timeout_s=5.0)

@@ -324,6 +324,7 @@ STYLES = {
                 "prefix": ASSERT_PREFIX,
                 "code": "def check(candidate):\n    assert close(candidate(7), 49)\n    assert close(candidate(12), 144)\n"
                 "    assert candidate(-3) == 9\n\n\ncheck(square)\n",
+                "entry_point": "square",
             }
         ],
         "def square(x):\n    return x * x\n",

@@ -30,6 +30,7 @@ from areal_core.reward import sandbox
 from areal_core.reward.code import grade_code, grade_functional_many
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.dispatch import grade_batch
+from areal_core.reward.result import RewardResult
 from areal_core.reward.sandbox import SandboxLimits, WeakSandboxError, guarantees, sandbox_mode
 from tests.e2e.test_sandbox_hostile import _Listener, _modes, _recorded_markers, _sandbox_processes
 from tests.sandbox_attacks import ANSWER_FILE, ATTACKS, CONTROL, TESTS, fill
@@ -280,7 +281,8 @@ def test_training_refuses_a_weak_sandbox_unless_allowed(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="areal_core.reward.sandbox"):
             assert [r.correct for r in grade_batch(items, 30.0, allow_weak_sandbox=True)] == [True, True]
         assert "allow_weak_sandbox: true" in caplog.text and "hidden host files" in caplog.text
-        assert [r.correct for r in grade_batch(items, 30.0)] == [True, True]  # evaluation does not ask
+        # the library call that does not ask (benchmarks, these tests): graded; the reward service always asks
+        assert [r.correct for r in grade_batch(items, 30.0)] == [True, True]
     finally:
         monkeypatch.delenv("AREAL_SANDBOX_MODE")
         sandbox_mode.cache_clear()
@@ -296,37 +298,73 @@ def test_allow_weak_sandbox_is_a_typed_field_off_by_default():
         RewardConfig(allow_weak_sandbox="yes")
 
 
-def test_the_training_path_grades_with_the_configs_choice():
+def test_every_path_of_the_service_grades_with_the_configs_choice():
+    """Training (submit_batch) and evaluation (submit, grade_many) alike send reward.allow_weak_sandbox."""
+    from types import SimpleNamespace
+
     from areal_core.reward.service import RewardService
 
     for allow in (False, True):
-        svc = RewardService.__new__(RewardService)  # no cluster: only what submit_batch sends
+        svc = RewardService.__new__(RewardService)  # no cluster: only what the paths send
         svc.cfg, svc.n_tasks, svc._pending, svc._in_flight, svc._max_in_flight = (
-            RewardConfig(allow_weak_sandbox=allow),
+            RewardConfig(allow_weak_sandbox=allow, code_reward="fraction"),
             0,
             [],
             0,
             1,
         )
         svc._coalesce_lock = threading.Lock()
+        svc.n_timed_out = svc.n_failed = 0
         sent = []
-        svc._submit = lambda fn, args, done, sent=sent: sent.append((fn, args))
-        svc.submit_batch([("code", CONTROL, "", TESTS)], on_done=lambda results, error: None)
-        assert sent == [(grade_batch, ([("code", CONTROL, "", TESTS)], 30.0, "all_pass", allow))]
+
+        class _Done:
+            def __init__(self, items):
+                self.items = items
+
+            def add_done_callback(self, fn):
+                fn(self)
+
+            def result(self):
+                return [RewardResult(correct=True)] * len(self.items)
+
+        def submit(fn, *args, sent=sent, **kwargs):
+            sent.append((fn, args))
+            return _Done(args[0])
+
+        svc.client = SimpleNamespace(submit=submit, map=lambda fn, *cols, **k: [submit(fn, *a) for a in zip(*cols)])
+        item = ("code", CONTROL, "", TESTS)
+        svc.submit_batch([item], on_done=lambda results, error: None)  # training: the config's credit
+        svc.submit(*item[:3], on_done=lambda result, error: None, tests=TESTS)  # evaluation: verdicts
+        svc.grade_many("code", [CONTROL], [""], [TESTS])
+        assert sent == [
+            (grade_batch, ([item], 30.0, "fraction", allow)),
+            (grade_batch, ([item], 30.0, "all_pass", allow)),
+            (grade_batch, ([item], 30.0, "all_pass", allow)),
+        ]
 
 
-def test_a_training_run_refuses_a_weak_sandbox_before_anything_is_generated(monkeypatch, caplog):
-    """``RewardService.warm_up(..., training=True)`` (run.py calls it before the first evaluation) asks the
-    workers what their sandbox lacks and refuses at once; evaluation and an explicit allowance only warn."""
+def test_a_weak_sandbox_is_refused_before_anything_is_generated_in_training_and_evaluation(monkeypatch, caplog):
+    """``RewardService.warm_up`` (the run and ``areal-flow eval`` call it before generating) asks the workers
+    what their sandbox lacks and refuses at once, in training and evaluation alike; every grading path refuses
+    too; an explicit allowance (reward.allow_weak_sandbox, or AREAL_ALLOW_WEAK_SANDBOX=1 for a config's
+    default) only warns."""
     from areal_core.reward.service import RewardService
 
     monkeypatch.setenv("AREAL_SANDBOX_MODE", "rlimits")  # the workers inherit it
+    monkeypatch.delenv("AREAL_ALLOW_WEAK_SANDBOX", raising=False)
     with RewardService(RewardConfig(n_workers=1)) as rewards:
-        with pytest.raises(WeakSandboxError, match=r"lacks: .*host_files_hidden.*reward.allow_weak_sandbox: true"):
+        with pytest.raises(WeakSandboxError, match=r"lacks: .*host_files_hidden.*training refuses.*allow_weak_sandbox"):
             rewards.warm_up({"math", "code"}, training=True)
-        rewards.warm_up({"math"}, training=True)  # no code in the data: nothing to refuse
-        with caplog.at_level(logging.WARNING, logger="areal_core.reward.service"):
+        with pytest.raises(WeakSandboxError, match=r"lacks: .*host_files_hidden.*evaluation refuses"):
             rewards.warm_up({"code"})  # evaluation
+        rewards.warm_up({"math"}, training=True)  # no code in the data: nothing to refuse
+        with pytest.raises(WeakSandboxError, match="hidden host files"):
+            rewards.grade_many("code", [f"```python\n{CONTROL}```"], [""], [TESTS])
+    monkeypatch.setenv("AREAL_ALLOW_WEAK_SANDBOX", "1")
+    assert RewardConfig().allow_weak_sandbox is True
+    with RewardService(RewardConfig(n_workers=1)) as rewards:
+        with caplog.at_level(logging.WARNING, logger="areal_core.reward.service"):
+            rewards.warm_up({"code"})
         assert "lacks" in caplog.text
-    with RewardService(RewardConfig(n_workers=1, allow_weak_sandbox=True)) as rewards:
-        rewards.warm_up({"code"}, training=True)
+        assert [r.correct for r in rewards.grade_many("code", [f"```python\n{CONTROL}```"], [""], [TESTS])] == [True]
+    _clean_host_tmp()

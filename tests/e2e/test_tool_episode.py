@@ -188,19 +188,21 @@ def test_hostile_calls_cannot_hurt_the_host_or_each_other(tmp_path, monkeypatch)
     hostile = [
         f"open({str(target)!r}, 'w').write('pwned')",  # write a host file
         "import os; os.environ.get('AREAL_TOOL_TEST_SECRET')",  # read the host's environment
-        "import os; os.kill(os.getppid(), 9)",  # kill the runner: the batch is run again call by call
+        "import os; os.kill(os.getppid(), 9)",  # kill its parent (a batch's zygote, root's: out of reach)
         "import os; [os.fork() for _ in range(64)]",  # fork bomb: the sandbox's process limit
         "bytearray(4 * 2**30)",  # memory: the address-space limit
         "import os; fd = os.open('/proc/%d/fd/1' % os.getppid(), os.O_WRONLY); os.write(fd, b'[]')",
+        "import os; os._exit(126)",  # the exit code of a failed setup: the batch goes on
         "3 + 4",
     ]
     if g["own_user"]:  # signalling the host is refused only where the sandbox has a user id of its own
         hostile.append(f"import os; os.kill({os.getpid()}, 9)")
     ctx = ScriptedPolicy({f"t{i}": f"<py>{c}</py>|" for i, c in enumerate(hostile)})
     group = _group(len(hostile))
-    asyncio.run(
-        ToolUse(max_calls=1, timeout_s=2.0, tool=PythonTool(timeout_s=2.0, max_output_chars=200)).run(group, ctx)
-    )
+    tool = PythonTool(timeout_s=2.0, max_output_chars=200)
+    asyncio.run(ToolUse(max_calls=1, timeout_s=2.0, tool=tool).run(group, ctx))
+    # one sandbox run for all (each call under a user id of its own) where the sandbox has user ids to give
+    assert tool.n_sandbox_runs == (1 if g["own_user"] else len(hostile))
     outs = {c: _env_text(t, ctx) for c, t in zip(hostile, group)}
     assert not target.exists() or target.read_text() == ""  # no call writes a file (RLIMIT_FSIZE 0)
     if g["writes_confined"]:

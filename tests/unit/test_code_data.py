@@ -104,6 +104,7 @@ def test_overlap_sees_through_formatting_and_rewording():
                     "testtype": "assert",
                     "code": "def check(candidate):\n    assert candidate([1], 1) == 1\n\n"
                     "check(Solution().countDivisible)",
+                    "entry_point": "Solution",
                 }
             ],
         )

@@ -42,7 +42,9 @@ MIXED = {
     "class_solution": "class Solution:\n    def f(self, x, y):\n        return 2 * x + y + 1\n",
     "prints_and_answers": "print('noise')\ndef f(x, y):\n    print('more noise')\n    return 2 * x + y + 1\n",
     "loops_on_second": "def f(x, y):\n    while x == 3:\n        pass\n    return 2 * x + y + 1\n",
-    "float_close": "def f(x, y):\n    return 2 * x + y + 1 + 1e-12\n",
+    "float_close": "def f(x, y):\n    return 2 * x + y + 1 + 1e-12\n",  # an expected integer is compared exactly
+    "float_equal": "def f(x, y):\n    return float(2 * x + y + 1)\n",  # ... and a float equal to it is equal
+    "huge_int": "def f(x, y):\n    return 10**400\n",  # no float holds it: compared exactly, never an OverflowError
 }
 
 
@@ -79,7 +81,7 @@ def test_batched_verdicts_equal_one_by_one():
     assert runs == {"batched": 1, "single": 0}  # one sandbox run for all of them
     assert {n: _key(r) for n, r in zip(names, together)} == {n: _key(r) for n, r in zip(names, alone)}
     assert [r.passed for r in together] == [
-        n in ("right", "class_solution", "prints_and_answers", "float_close") for n in names
+        n in ("right", "class_solution", "prints_and_answers", "float_equal") for n in names
     ]
     by_name = dict(zip(names, together))
     assert by_name["loops_on_second"].n_passed == 1 and by_name["first_test_only"].n_passed == 1

@@ -37,10 +37,28 @@ def test_stdin_crash_reports_the_error():
 
 def test_output_comparison():
     assert stdout_matches("3 \n\n", "3")
-    assert stdout_matches("0.3333333", "0.33333333")
+    assert stdout_matches("0.33333334", "0.33333333")  # the expected form, within the relative tolerance
+    assert not stdout_matches("0.3333333", "0.33333333")  # another form: as the problem states it
+    # integers exactly (a relative tolerance would take 10**20 + 1 for 10**20), and as the text they are
+    assert not stdout_matches("100000000000000000001", "100000000000000000000")
+    assert not stdout_matches("49.0", "49") and not stdout_matches("049", "49")
     assert not stdout_matches("0.34", "0.33")
     assert not stdout_matches("1 2", "1 2 3")
     assert not stdout_matches("yes", "no")
+
+
+def test_a_tolerance_only_where_the_answer_is_a_float_and_formats_as_stated():
+    """What graded wrong answers right before: zero for a tiny expected float (an absolute floor took it),
+    an integer without its zero padding, a decimal without its stated digits. Each right answer passes."""
+    tiny = [{"testtype": "functional", "input": "3", "output": "1e-09", "fn_name": "f"}]
+    assert not grade_code("def f(n):\n    return 0\n", tiny, FAST).passed
+    assert grade_code("def f(n):\n    return 1e-09\n", tiny, FAST).passed
+    padded = [{"testtype": "stdin", "input": "5\n", "output": "00000101\n"}]
+    assert not grade_code("print(bin(int(input()))[2:])\n", padded, FAST).passed
+    assert grade_code("print(format(int(input()), '08b'))\n", padded, FAST).passed
+    money = [{"testtype": "stdin", "input": "5 2\n", "output": "2.50\n"}]
+    assert not grade_code("a, b = map(int, input().split())\nprint(a / b)\n", money, FAST).passed
+    assert grade_code("a, b = map(int, input().split())\nprint(f'{a / b:.2f}')\n", money, FAST).passed
 
 
 def test_functional_tests_leetcode_style():
@@ -59,7 +77,13 @@ def test_functional_tests_leetcode_style():
 
 
 def test_assert_tests_and_early_exit_does_not_pass():
-    tests = [{"testtype": "assert", "code": "def check(f):\n    assert f(2) == 4\n\ncheck(square)\n"}]
+    tests = [
+        {
+            "testtype": "assert",
+            "code": "def check(f):\n    assert f(2) == 4\n\ncheck(square)\n",
+            "entry_point": "square",
+        }
+    ]
     assert grade_code("def square(x):\n    return x * x\n", tests, FAST).passed
     assert not grade_code("def square(x):\n    return x + x + 1\n", tests, FAST).passed
     # exiting with status 0 before the checks run is not a pass
@@ -74,7 +98,7 @@ def test_bad_tests_are_rejected():
         grade_code("print(1)", [{"testtype": "nope", "input": "", "output": ""}])
     with pytest.raises(ValueError):
         grade_code("print(1)", [{"testtype": "functional", "input": "1", "output": "1"}])  # no fn_name
-    with pytest.raises(ValueError, match=r"test 1 \(functional\): field 'output' is not JSON"):
+    with pytest.raises(ValueError, match=r"test 1 \(functional\): field 'output': expected JSON, got '\[1,'"):
         grade_code(
             "print(1)",
             [
@@ -82,8 +106,15 @@ def test_bad_tests_are_rejected():
                 {"testtype": "functional", "input": "1", "output": "[1,", "fn_name": "f"},
             ],
         )
-    with pytest.raises(ValueError, match=r"test 0 \(functional\): field 'input' is not JSON"):
+    with pytest.raises(ValueError, match=r"test 0 \(functional\): field 'input': expected JSON, got 'abc'"):
         grade_code("print(1)", [{"testtype": "functional", "input": "[1]\nabc", "output": "1", "fn_name": "f"}])
+    # an assert test names the one thing it takes from the program
+    with pytest.raises(ValueError, match=r"test 0 \(assert\): field 'entry_point': expected the name .* got missing"):
+        grade_code("def f():\n    return 1\n", [{"testtype": "assert", "code": "assert f() == 1\n"}])
+    with pytest.raises(ValueError, match=r"field 'entry_point': expected a Python name, got 'f\(\)'"):
+        grade_code(
+            "def f():\n    return 1\n", [{"testtype": "assert", "code": "assert f() == 1", "entry_point": "f()"}]
+        )
 
 
 def test_extract_code_takes_the_last_python_block():
@@ -127,7 +158,7 @@ def test_leetcode_reference_solutions_sample_pass():
 # programs are in tests/e2e/test_sandbox_hostile.py; here: fidelity and the protocol's strictness.
 
 from areal_core.reward import code_rpc  # noqa: E402
-from areal_core.reward.code import _global_names, _parse_results, _stub_names  # noqa: E402
+from areal_core.reward.code import _parse_results  # noqa: E402
 
 
 def test_functional_result_stream_is_parsed_strictly():
@@ -258,8 +289,8 @@ def test_wire_rejects_deep_nesting():
         code_rpc.Decoder(None, None).message(wire)
 
 
-def _assert_test(code, prefix=None):
-    t = {"testtype": "assert", "code": code}
+def _assert_test(code, entry, prefix=None):
+    t = {"testtype": "assert", "code": code, "entry_point": entry}
     if prefix is not None:
         t["prefix"] = prefix
     return [t]
@@ -268,7 +299,8 @@ def _assert_test(code, prefix=None):
 def test_assert_tests_compare_exact_types_and_see_exceptions():
     types = _assert_test(
         "def check(c):\n    assert c() == ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n"
-        "    assert type(c()[0]) is tuple\n\ncheck(f)\n"
+        "    assert type(c()[0]) is tuple\n\ncheck(f)\n",
+        "f",
     )
     assert grade_code(
         "def f():\n    return ((1, 2), {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n", types, FAST
@@ -277,7 +309,8 @@ def test_assert_tests_compare_exact_types_and_see_exceptions():
         "def f():\n    return ([1, 2], {3: [4.5, None]}, {1}, b'x', 2**5000, float('inf'))\n", types, FAST
     ).passed
     raises = _assert_test(
-        "def check(c):\n    try:\n        c(-1)\n    except ValueError:\n        return\n    assert False\n\ncheck(f)\n"
+        "def check(c):\n    try:\n        c(-1)\n    except ValueError:\n        return\n    assert False\n\ncheck(f)\n",
+        "f",
     )
     assert grade_code("def f(x):\n    raise ValueError('negative')\n", raises, FAST).passed
     assert not grade_code("def f(x):\n    return 0\n", raises, FAST).passed
@@ -292,8 +325,28 @@ def test_assert_tests_compare_exact_types_and_see_exceptions():
         assert not r.passed and "CandidateError" in r.reason, (exc, r.reason)
 
 
+def test_control_flow_exceptions_of_the_program_are_candidate_errors():
+    """A StopIteration out of the program's function would end the test's map() early: all(map(...)) of
+    nothing is true. It reaches the test code as a CandidateError, which nothing catches."""
+    tests = _assert_test(
+        "def check(c):\n    assert all(map(lambda x: c(x) == x * x, [2, 3, 7]))\n    assert list(zip(map(c, [1]), [1])) == [(1, 1)]\n\ncheck(square)\n",
+        "square",
+    )
+    assert grade_code("def square(x):\n    return x * x\n", tests, FAST).passed
+    for exc in ("StopIteration", "StopAsyncIteration", "type('S', (StopIteration,), {})"):
+        r = grade_code(f"def square(x):\n    raise {exc}()\n", tests, FAST)
+        assert not r.passed and "CandidateError" in r.reason, (exc, r.reason)
+    # the live attack: in the test's own interpreter the same program passes this test
+    ns: dict = {}
+    exec("def square(x):\n    raise StopIteration\n", ns)
+    exec(tests[0]["code"].replace("check(square)", "") + "\nresult = all(map(lambda x: square(x) == x * x, [2]))", ns)
+    assert ns["result"] is True
+
+
 def test_assert_objects_of_the_program_are_handles():
-    tests = _assert_test("def check(c):\n    s = c()\n    assert s.total(2) == 5 and s.base == 3\n\ncheck(Counter3)\n")
+    tests = _assert_test(
+        "def check(c):\n    s = c()\n    assert s.total(2) == 5 and s.base == 3\n\ncheck(Counter3)\n", "Counter3"
+    )
     prog = "class Counter3:\n    base = 3\n    def total(self, x):\n        return self.base + x\n"
     assert grade_code(prog, tests, FAST).passed
     assert not grade_code(prog.replace("self.base + x", "self.base - x"), tests, FAST).passed
@@ -303,7 +356,9 @@ def test_assert_trusted_names_win_over_the_programs():
     # an entry point named like an import (math.gcd): the prefix's stub says it is the program's
     prefix = 'def gcd(a, b):\n    """Greatest common divisor."""\n'
     tests = _assert_test(
-        "import math\n\ndef check(candidate):\n    assert candidate(12, 18) == math.gcd(12, 18)\n\ncheck(gcd)\n", prefix
+        "import math\n\ndef check(candidate):\n    assert candidate(12, 18) == math.gcd(12, 18)\n\ncheck(gcd)\n",
+        "gcd",
+        prefix,
     )
     assert grade_code("def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n", tests, FAST).passed
     assert not grade_code("def gcd(a, b):\n    return 1\n", tests, FAST).passed
@@ -312,7 +367,7 @@ def test_assert_trusted_names_win_over_the_programs():
         "class Box:\n    def __init__(self, v):\n        self.v = v\n    def ok(self):\n        return self.v == 49\n"
         '\n\ndef square_box(x):\n    """A Box of x squared."""\n'
     )
-    tests = _assert_test("def check(c):\n    assert c(7).ok()\n\n\ncheck(square_box)\n", prefix)
+    tests = _assert_test("def check(c):\n    assert c(7).ok()\n\n\ncheck(square_box)\n", "square_box", prefix)
     assert grade_code("def square_box(x):\n    return Box(x * x)\n", tests, FAST).passed
     for forged in (
         "def square_box(x):\n    b = Box(0)\n    b.ok = lambda: True\n    return b\n",  # shadow the method
@@ -323,8 +378,8 @@ def test_assert_trusted_names_win_over_the_programs():
         ),
     ):  # redefine the class
         assert not grade_code(forged, tests, FAST).passed, forged
-    # top-level asserts (MBPP style), no prefix: the function is the program's
-    assert grade_code("def add(a, b):\n    return a + b\n", _assert_test("assert add(1, 2) == 3\n"), FAST).passed
+    # top-level asserts (MBPP style), no prefix: the entry point is the program's
+    assert grade_code("def add(a, b):\n    return a + b\n", _assert_test("assert add(1, 2) == 3\n", "add"), FAST).passed
 
 
 def test_assert_leetcode_node_helpers():
@@ -332,7 +387,8 @@ def test_assert_leetcode_node_helpers():
         "def check(candidate):\n    assert is_same_list(candidate(head=list_node([1, 2, 3])), "
         "list_node([3, 2, 1]))\n    assert candidate(head=None) is None\n    n = 3000\n"
         "    assert is_same_list(candidate(head=list_node(list(range(n)))), list_node(list(range(n))[::-1]))"
-        "\n\n\ncheck(Solution().reverseList)\n"
+        "\n\n\ncheck(Solution().reverseList)\n",
+        "Solution",
     )
     prog = (
         "class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
@@ -343,7 +399,8 @@ def test_assert_leetcode_node_helpers():
     assert not grade_code(prog.replace("return prev", "return head"), tests, FAST).passed
     trees = _assert_test(
         "def check(candidate):\n    assert is_same_tree(candidate(root=tree_node([4, 2, 7, 1, 3])), "
-        "tree_node([4, 7, 2, None, None, 3, 1]))\n\n\ncheck(Solution().invertTree)\n"
+        "tree_node([4, 7, 2, None, None, 3, 1]))\n\n\ncheck(Solution().invertTree)\n",
+        "Solution",
     )
     inv = (
         "class Solution:\n    def invertTree(self, root):\n        if root:\n"
@@ -354,18 +411,24 @@ def test_assert_leetcode_node_helpers():
     assert not grade_code(inv.replace("root.left, root.right =", "root.right, root.left ="), trees, FAST).passed
 
 
-def test_stub_and_global_name_analysis():
-    prefix = (
-        "import math\n\ndef helper(x):\n    return x + 1\n\ndef f(grid, k):\n    import math\n"
-        '    """Doc."""\n\ndef g():\n    ...\n'
-    )
-    assert _stub_names(prefix) == ["f", "g"]
-    refs, bound = _global_names(
-        "import math\ndef check(c):\n    x = c(3)\n    assert abs(x - poly(x)) < 1\ncheck(find_zero)\n"
-    )
-    assert refs - bound == {"abs", "poly", "find_zero"}
+def test_only_the_entry_point_is_taken_from_the_program():
+    """A name the test code uses that nothing trusted defines is not looked up in the program: the program
+    cannot supply the test's helpers (here ``poly``, which a forged pass would define to agree with anything)."""
+    code = "def check(c):\n    x = c(3)\n    assert poly(x) == 0\n\ncheck(find_zero)\n"
+    prog = "def poly(x):\n    return 0\ndef find_zero(x):\n    return 1\n"
+    r = grade_code(prog, _assert_test(code, "find_zero"), FAST)
+    assert not r.passed and "NameError" in r.reason and "poly" in r.reason, r
+    # with poly trusted (the prefix's), the same program is checked against it
+    prefix = "def poly(x):\n    return x - 1\n\n\ndef find_zero(x):\n    ...\n"
+    assert grade_code(prog, _assert_test(code, "find_zero", prefix), FAST).passed
+    assert not grade_code(prog.replace("return 1", "return 2"), _assert_test(code, "find_zero", prefix), FAST).passed
+    # a program without the entry point: the test fails on a NameError, whatever else it defines
+    r = grade_code("def other(x):\n    return 1\n", _assert_test(code, "find_zero"), FAST)
+    assert not r.passed and "NameError" in r.reason and "find_zero" in r.reason, r
 
 
 def test_assert_test_code_that_does_not_parse_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"test 1 \(assert\): code does not parse"):
-        grade_code("def f():\n    return 1\n", _assert_test("assert f() == 1\n") + _assert_test("assert (\n"), FAST)
+    with pytest.raises(ValueError, match=r"test 1 \(assert\): field 'code': Python that does not parse"):
+        grade_code(
+            "def f():\n    return 1\n", _assert_test("assert f() == 1\n", "f") + _assert_test("assert (\n", "f"), FAST
+        )
