@@ -9,17 +9,18 @@ from areal_core.configbase import Section
 
 
 class RewardConfig(Section):
+    """How answers are graded: the Dask cluster the graders run on, their time limit, and code's reward."""
+
     # None: start a local Dask cluster (scheduler + workers, each a process, over TLS with certificates made
     # for the run); else an existing scheduler: tls://host:port (with the tls_* files below), or tcp:// (no
     # authentication: any process that reaches it can run code there; logged as a warning)
     scheduler_address: str | None = None
-    tls_ca_file: str | None = (
-        None  # tls:// scheduler: the CA certificate (PEM) the cluster's certificates are signed by
-    )
+    # tls:// scheduler: the CA certificate (PEM) the cluster's certificates are signed by
+    tls_ca_file: str | None = None
     tls_client_cert: str | None = None  # tls:// scheduler: this run's client certificate (PEM), signed by that CA
     tls_client_key: str | None = None  # tls:// scheduler: its private key (PEM; None: in tls_client_cert)
     n_workers: int = Field(1, gt=0)  # local cluster workers (processes)
-    threads_per_worker: int = Field(1, gt=0)
+    threads_per_worker: int = Field(1, gt=0)  # answers a local worker grades at once (Dask threads)
     # per answer, from when its worker starts grading it: one still being graded then is graded wrong
     # (reason "grading timed out", counted in the run summary's grading_timeouts). The graders' own
     # limits normally end a grading first (math: helper process killed after 20 s; code: the

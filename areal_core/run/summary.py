@@ -57,6 +57,7 @@ class RunSummary(TypedDict, total=False):
     grading_resubmits: int
     grading_tasks: int
     grading_timeouts: int
+    grading_failures: int  # answers graded wrong because grading itself failed (a worker lost, an error)
     rl_time_s: float
     reward_wait_s: float  # the trainer's wait for grades alone (NaN: multi-turn, not measured)
     reward_wait_share: float  # of the RL time
@@ -137,6 +138,7 @@ def build_summary(
         grading_resubmits=rewards.n_resubmitted,
         grading_tasks=rewards.n_tasks,
         grading_timeouts=rewards.n_timed_out,
+        grading_failures=rewards.n_failed,
         rl_time_s=rl_time,
         reward_wait_s=reward_wait,
         reward_wait_share=reward_wait / max(rl_time, 1e-9),

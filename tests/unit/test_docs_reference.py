@@ -34,10 +34,16 @@ def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
 def test_the_config_reference_lists_every_field_and_says_what_each_does(generated):
     from areal_core.experiment import ExperimentConfig
 
-    rows = re.findall(r"^\| `([^`]+)` \| ([^|]*(?:\\\|[^|]*)*) \|", generated["config.md"], re.M)
+    rows = []  # (key, what it does): the table's first and last cells (a cell's own "|" is escaped)
+    for line in generated["config.md"].splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            rows.append((cells[0].strip("`"), cells[-1]))
     listed = {key.split(" (kind:")[0] for key, _ in rows}
     assert listed == _keys(ExperimentConfig)
     assert len(listed) > 150
+    unexplained = [key for key, help_ in rows if not help_.strip()]
+    assert not unexplained, f"config keys without a comment in the code: {unexplained}"
 
 
 def test_the_command_reference_lists_every_subcommand(generated):
