@@ -91,7 +91,7 @@ def _job(sock: socket.socket, k: int, uid: int, lim: dict, cap: int) -> dict:
     deadline, limits = t0 + lim["wall_s"], tree.TreeWatch(lim, lambda: tree.uid_pids(uid))
     out, timed_out, limit, killed, reply, watch = bytearray(), False, None, False, None, [r, sock]
     while reply is None:
-        left = None if killed else max(0.0, min(deadline - time.monotonic(), tree.POLL_S))
+        left = None if killed else max(0.0, min(deadline - time.monotonic(), limits.until_next()))
         ready = select.select(watch, [], [], left)[0]
         if not ready and not killed:
             if time.monotonic() >= deadline:
