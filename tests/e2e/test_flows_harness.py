@@ -94,8 +94,8 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
     # the campaign's evaluation of v2 came after the run's result: it linked itself there (the artifact itself)
     evaluation = next(a for a in arts if a.key == "evaluation-tiny-s0-v2")
     assert f"/artifacts/artifact/{evaluation.id}): heldout pass@1" in result_md[0].data
-    assert "- v1: evaluate-tiny-v1: not scored yet" in result_md[0].data  # marked, but no deployment here
-    curves = next(a for a in arts if a.key == "train-curves-tiny")
+    assert "- v1: evaluate-tiny-s0-v1: not scored yet" in result_md[0].data  # marked, but no deployment here
+    curves = next(a for a in arts if a.key == "train-curves-tiny-s0")
     assert "![learning curves of tiny](data:image/png;base64," in curves.data and "step 2 of 2" in curves.data
     assert "](data:image/png;base64," in evaluation.data and "pass@1" in evaluation.data
     costs = next(a for a in arts if (a.key or "").startswith("train-costs-tiny"))  # the cost ledger, stacked
