@@ -16,6 +16,9 @@ replay runs on whatever cores it has. Two things in torch's CPU arithmetic follo
   products can still follow the thread count (a weight gradient summed over a long micro-batch,
   flash attention's query gradient). :func:`thread_invariant` says where the guarantee holds; where
   it does not, the trainer keeps one thread count (no core lending) and a replay uses the original's.
+* **oneDNN's bfloat16 products on AVX-512 without bf16 units** split their sums between threads too
+  (a CPU with AVX-512 but no ``avx512_bf16``, or ``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_BF16``);
+  with the bf16 units (AVX-512 BF16, AMX) or without AVX-512 they do not.
 * **Full reductions.** ``tensor.sum()`` over more than 32,768 elements adds one partial sum per
   thread. :func:`fixed_sum` adds in an order fixed by the tensor's size alone.
 
@@ -103,13 +106,19 @@ def require_repeatable() -> str | None:
 def thread_invariant(dtype) -> tuple[bool, str]:
     """Whether torch's CPU arithmetic in ``dtype`` (a trainer's forward and backward) gives the same
     bits on any thread count in this process, and why. bfloat16 products run in oneDNN, whose results
-    do not follow the thread count; float32 products run in MKL, which promises that only in its
+    do not follow the thread count where it uses the CPU's bf16 units or no AVX-512 at all (not so in
+    its AVX-512 kernels without them: :func:`onednn_emulates_bf16`); float32 products run in MKL, which promises that only in its
     strict mode, and that mode covers Intel CPUs' AVX2 and AVX-512 paths alone: on other CPUs (AMD)
     MKL may split a long product's sum between its threads. ``tests/numerics_probe.py`` checks the
     claim on every kernel family a machine offers."""
     import torch
 
     if dtype == torch.bfloat16:
+        if onednn_emulates_bf16():
+            return False, (
+                "bfloat16 products run in oneDNN's AVX-512 kernels without bf16 units (this CPU has none, "
+                "or ONEDNN_MAX_CPU_ISA caps them), whose sums follow the thread count"
+            )
         return True, "bfloat16 products run in oneDNN, whose results do not follow the thread count"
     mode = mkl_mode()
     if mode is None:
@@ -122,6 +131,39 @@ def thread_invariant(dtype) -> tuple[bool, str]:
             f"{str(dtype).removeprefix('torch.')} products may split their sums between threads"
         )
     return True, "MKL's strict mode on an Intel CPU: its products do not follow the thread count"
+
+
+# oneDNN's instruction-set levels (ONEDNN_MAX_CPU_ISA), lowest first; the AVX-512 ones from AVX512_CORE
+_ONEDNN_LEVELS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX512_CORE_FP16",
+    "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX512_CORE_AMX_FP16",
+)
+
+
+def onednn_emulates_bf16(flags: set[str] | None = None, cap: str | None = None) -> bool:
+    """Whether oneDNN computes bfloat16 products with AVX-512 kernels but without the CPU's bf16 units
+    (a CPU with AVX-512 and no ``avx512_bf16``/``amx_bf16``, or ``ONEDNN_MAX_CPU_ISA`` set below
+    ``AVX512_CORE_BF16``): those kernels split a product's sum between threads, so its bits follow the
+    thread count (``tests/e2e/test_numerics_kernels.py`` found so on every such setting). On CPUs
+    without AVX-512 torch's and oneDNN's bfloat16 products do not."""
+    flags = set(_cpu_flags()) if flags is None else flags
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL") if cap is None else cap
+    level = _ONEDNN_LEVELS.index(cap.upper()) if cap.upper() in _ONEDNN_LEVELS else len(_ONEDNN_LEVELS)
+    avx512 = "avx512f" in flags and level >= _ONEDNN_LEVELS.index("AVX512_CORE")
+    bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and level >= _ONEDNN_LEVELS.index("AVX512_CORE_BF16")
+    return avx512 and not bf16_units
 
 
 def fixed_sum(x):

@@ -17,6 +17,7 @@ from areal_core.numerics import (
     fixed_sum,
     kind_label,
     mkl_mode,
+    onednn_emulates_bf16,
     require_repeatable,
     same_kernels,
 )
@@ -150,3 +151,20 @@ def test_weight_difference_against_an_independent_computation():
 
 def test_require_repeatable_in_this_process():
     assert require_repeatable() in (None, MKL_MODE)
+
+
+@pytest.mark.parametrize(
+    "flags, cap, emulated",
+    [
+        ({"avx2"}, "ALL", False),  # an AVX2-only CPU: no AVX-512 kernels
+        ({"avx2", "avx512f"}, "ALL", True),  # AVX-512 without bf16 units
+        ({"avx2", "avx512f", "avx512_bf16"}, "ALL", False),  # AVX-512 BF16 (EPYC)
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "ALL", False),  # AMX (Xeon)
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE", True),  # the units capped away
+        ({"avx2", "avx512f", "avx512_bf16"}, "avx512_core_vnni", True),
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", False),  # capped below AVX-512
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE_AMX", False),
+    ],
+)
+def test_onednn_emulates_bf16_where_avx512_kernels_run_without_bf16_units(flags, cap, emulated):
+    assert onednn_emulates_bf16(flags, cap) is emulated
