@@ -37,4 +37,12 @@ LEARNING = (
     "replay_speed",
 )
 
-DIAGNOSTICS = ("core_split", "sim_validation", "trl_peer_smollm2", "trl_peer_ab", "determinism", "engine_mismatch")
+DIAGNOSTICS = (
+    "core_split",
+    "sim_validation",
+    "trl_peer_smollm2",
+    "trl_peer_ab",
+    "determinism",
+    "determinism_cost",
+    "engine_mismatch",
+)
