@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 
-.PHONY: demo test test-unit test-nightly setup clean ui-browser bench-trl vllm-venv docs
+.PHONY: demo test test-unit test-nightly setup clean ui-browser slurm bench-trl vllm-venv docs
 
 # torch first, pinned: pip resolves `torch==2.13.0` from the index configured for this machine, whose
 # build (CPU or CUDA) it gets; installing it before anything else keeps a dependency from pulling
@@ -79,6 +79,13 @@ docs: $(DOCS)
 ui-browser:
 	command -v chromium-headless-shell >/dev/null || apt-get install -y chromium-headless-shell || \
 	  (apt-get update && apt-get install -y chromium-headless-shell)
+
+# The Slurm tests (tests/e2e/test_slurm_*.py: a cluster of munged, slurmctld and slurmd nodes in network
+# namespaces, made by the tests) need Debian's slurm-wlm and munge, as root: a step of its own (CI runs it
+# first); without them those tests are reported as SKIPPED with the reason
+slurm:
+	[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] || \
+	  apt-get install -y slurm-wlm munge || (apt-get update && apt-get install -y slurm-wlm munge)
 
 # TRL 1.16.0 in its own venv for `python -m bench trl_peer` (torch's CPU wheel first; ~1-2 min, PyPI)
 TRL_VENV := bench/.venvs/trl

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from areal_core.cluster.config import ClusterConfig, LocalClusterConfig, settle_rollout
 from areal_core.configbase import Section
 from areal_core.controller.agents import MultiAgentConfig
 from areal_core.data.config import DataConfig
@@ -79,6 +80,10 @@ class ExperimentConfig(Section):
     # several agents, reward-gated routing (areal_core/controller/agents.py); None: one policy, no agents
     multi_agent: MultiAgentConfig | None = None
     cost: CostConfig = CostConfig()  # prices and a budget for the cost ledger (areal_core/run/costs.py)
+    # where the pools run: {kind: local} (this machine, the default) or {kind: slurm, ...}: the rollout
+    # servers, reward workers and (areal-flow train --cluster slurm) the trainer as Slurm jobs
+    # (areal_core/cluster, docs/how-to/slurm.md)
+    cluster: ClusterConfig = LocalClusterConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self):
@@ -128,6 +133,7 @@ class ExperimentConfig(Section):
                 "model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
                 f"data.dataset: synthetic (got {self.data.dataset!r})"
             )
+        settle_rollout(self.cluster, r)
         ma = self.multi_agent
         if r.deterministic is None:  # a synchronous run repeats unless asked not to (rollout/config.py)
             r.deterministic = t.eta == 0 and r.backend.kind == "embedded" and ma is None

@@ -23,6 +23,8 @@ def cmd_runs(args) -> int:
         return 0
     rows = [("folder", "config", "state", "steps", "held-out before -> after")]
     rows += [(e.folder, e.name, e.state, e.steps, e.accuracy) for e in entries]
+    if any(e.jobs for e in entries):  # runs on Slurm (cluster: slurm): their jobs' ids, by role
+        rows = [(*r, j) for r, j in zip(rows, ["slurm jobs", *(e.jobs for e in entries)])]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -157,6 +157,13 @@ def _train_parser(sub) -> None:
         help="send the run to the Prefect server's `train` deployment (PREFECT_API_URL; a worker runs "
         "it and it shows under the deployment's runs) and follow it there",
     )
+    t.add_argument(
+        "--cluster",
+        choices=("local", "slurm"),
+        help="set cluster.kind; slurm: the trainer too runs as a Slurm job (submitted and followed from "
+        "here, resumed from its last checkpoint if requeued; the rollout and reward pools are jobs of "
+        "their own), docs/how-to/slurm.md",
+    )
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.add_argument("--json", action="store_true", help="also print the summary as JSON")
 

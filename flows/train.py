@@ -6,6 +6,7 @@ from prefect import flow
 
 from tasks.flow_runs import train_run_name, user_error
 from tasks.provision import apply_s3_credentials_block
+from tasks.slurm import train_on_slurm
 from tasks.training import train_run
 
 
@@ -20,6 +21,7 @@ def train(
     cache_dir: str | None = None,
     resume: bool = False,
     s3_credentials_block: str | None = None,
+    cluster: str | None = None,
 ) -> dict:
     """Train one experiment: warm start, asynchronous RL, held-out accuracy before and after.
 
@@ -41,12 +43,17 @@ def train(
         resume: Continue the run in run_dir from its latest checkpoint (a retry always does).
         s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// storage.
             None: the worker's environment.
+        cluster: Set the config's cluster.kind: "slurm" runs the trainer as a Slurm job (followed
+            from here, its log in this flow run's logs) and the rollout and reward pools as jobs of
+            their own (docs/how-to/slurm.md); "local" or None: here.
     """
     from areal_core.experiment import ConfigError, load_config
     from areal_core.run.folder import RunFolderError, check_inputs, check_run_folder, claim_run_dir
 
     if s3_credentials_block:
         apply_s3_credentials_block(s3_credentials_block)
+    if cluster:
+        overrides = {**(overrides or {}), "cluster.kind": cluster}
     try:  # a user error ends the run with its one-line message, before anything is written
         cfg = load_config(config_path, overrides or {})
         check_inputs(cfg)
@@ -65,6 +72,8 @@ def train(
 
         run_dir = claim_run_dir(flow_run.name or cfg.name)
         print(f"run folder: {run_dir}")
+    if cluster == "slurm":
+        return train_on_slurm(config_path, run_dir, max_steps, overrides)
     state = train_run(
         config_path, run_dir, max_steps, overrides, evaluate_every, progress, cache_dir, resume, return_state=True
     )

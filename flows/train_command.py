@@ -51,7 +51,8 @@ def _again(args, run_dir: Path) -> str:
     """The command that runs this training again in the same folder (the same config and overrides)."""
     sets = [x for pair in args.set for x in ("--set", pair)]
     steps = ["--max-steps", str(args.max_steps)] if args.max_steps else []
-    return shlex.join(["areal-flow", "train", args.config, "--run-dir", str(run_dir), *sets, *steps])
+    cluster = ["--cluster", args.cluster] if args.cluster else []
+    return shlex.join(["areal-flow", "train", args.config, "--run-dir", str(run_dir), *sets, *steps, *cluster])
 
 
 def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
@@ -85,6 +86,8 @@ def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
 
 def run_train_command(args) -> int:
     overrides = overrides_from(args.set)
+    if args.cluster:
+        overrides["cluster.kind"] = args.cluster
     cfg = config_from(args.config, overrides)
     b = cfg.trainer.backend
     if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
@@ -103,8 +106,13 @@ def run_train_command(args) -> int:
 
     run_dir = Path(args.run_dir or default_run_dir(describe_run(args.config, overrides, args.max_steps)))
     _check_run(cfg, run_dir, args.resume)
+    if args.cluster == "slurm":  # the trainer too is a Slurm job: submitted and followed from here
+        return _train_on_slurm(args, cfg, run_dir)
+    from areal_core.cluster.trainer_job import pools_cancelled_at_exit
+
     budget = short = None
-    with CtrlC() as stop:  # the first Ctrl-C stops at a checkpoint, a second exits at once
+    # the first Ctrl-C stops at a checkpoint, a second exits at once; Slurm pools are cancelled however it ends
+    with CtrlC() as stop, pools_cancelled_at_exit(cfg, run_dir):
         try:
             summary = _train(args, cfg, overrides, run_dir, stop)
         except RunStopped as e:
@@ -141,6 +149,30 @@ def run_train_command(args) -> int:
     return 0
 
 
+def _train_on_slurm(args, cfg, run_dir: Path) -> int:
+    """Submit the trainer as a Slurm job, follow it (its log, here) and end as it ends."""
+    from areal_core.cluster.slurm import PoolNotReady, SlurmError
+    from areal_core.cluster.trainer_job import TrainerJobEnded, outcome, run_trainer_job
+    from areal_core.interrupt import EXIT_STATUS
+
+    try:
+        info = run_trainer_job(cfg, args.config, run_dir, args.set, args.max_steps, echo=lambda t: print(t, flush=True))
+        summary = outcome(info, run_dir, _again(args, run_dir))
+    except (PoolNotReady, SlurmError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except TrainerJobEnded as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_STATUS if e.stopped else 1
+    except KeyboardInterrupt:
+        print("interrupted: every Slurm job of the run was cancelled", file=sys.stderr)
+        return EXIT_STATUS
+    print_run_summary(summary, run_dir)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
 def _latest_checkpoint(cfg, run_dir) -> int | None:
     from areal_core.storage import CheckpointStore
 
@@ -159,6 +191,7 @@ def _submit_to_deployment(args, overrides: dict) -> int:
         "overrides": overrides or None,
         "evaluate_every": args.evaluate_every,
         "resume": args.resume,
+        "cluster": args.cluster,
     }
     if args.run_dir:
         params["run_dir"] = str(Path(args.run_dir).resolve())

@@ -55,21 +55,28 @@ class Host:
     ifname: str
     procs: list[subprocess.Popen] = field(default_factory=list)
 
-    def command(self, cmd: list[str]) -> list[str]:
+    def command(self, cmd: list[str], host_mounts: bool = False) -> list[str]:
+        """``cmd`` run in this host's network namespace. ``ip netns exec`` also gives it a /sys of
+        the namespace (without the host's cgroup mounts); ``host_mounts``: keep the host's mounts
+        (``nsenter --net``), for a program that needs /sys/fs/cgroup (slurmd)."""
+        if host_mounts:
+            return ["nsenter", f"--net=/var/run/netns/{self.netns}", *cmd]
         return ["ip", "netns", "exec", self.netns, *cmd]
 
-    def start(self, cmd: list[str], log_path: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, cmd: list[str], log_path: str | Path, env: dict[str, str] | None = None, host_mounts: bool = False
+    ) -> subprocess.Popen:
         """Start ``cmd`` in this host (its own session; output to ``log_path``); stopped at the end."""
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                self.command(cmd),
+                self.command(cmd, host_mounts),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
             )
-        self.procs.append(proc)  # `ip netns exec` execs the command: this is its PID
+        self.procs.append(proc)  # `ip netns exec` and nsenter exec the command: this is its PID
         return proc
 
     def python(self, code: str, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> str:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from areal_core.controller.agents import TRAINABLE
-from areal_core.storage.fsutil import filesystem, invalidate, write_text_atomic
+from areal_core.rollout.join_list import announce, read_urls
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +35,11 @@ class ServersShort(RuntimeError):
 def url_list(path: str) -> Callable[[], list[str]]:
     """``discover`` for ``rollout.join_from``: the base URLs in the file at ``path`` (a path or
     fsspec URL; one per line, ``#`` comments and blank lines skipped), read anew at each call; no
-    file yet: none."""
-
-    def read() -> list[str]:
-        fs, p = filesystem(path)
-        invalidate(fs, p)
-        if not fs.exists(p):
-            return []
-        text = fs.cat_file(p).decode()
-        urls = [line.split("#", 1)[0].strip().rstrip("/") for line in text.splitlines()]
-        return [u for u in urls if u]
-
-    return read
+    file yet: none. ``announce`` (``rollout/join_list.py``) adds and removes URLs there."""
+    return lambda: read_urls(path)
 
 
-def announce(path: str, urls: list[str], present: bool = True) -> None:
-    """Add ``urls`` to the join list at ``path`` (``rollout.join_from``), or with ``present=False``
-    take them out; the file is rewritten whole (atomically). One writer at a time."""
-    now, urls = url_list(path)(), [u.rstrip("/") for u in urls]  # (as url_list reads them)
-    new = now + [u for u in urls if u not in now] if present else [u for u in now if u not in urls]
-    write_text_atomic(path, "".join(f"{u}\n" for u in new))
+__all__ = ["EVERY_S", "ServersShort", "announce", "url_list", "watch_pool"]
 
 
 async def watch_pool(

@@ -7,6 +7,9 @@
   environment (the Prefect flow may fill it from a block first), never from a config.
 * Rollout servers: external ones must answer ``/health``; embedded ones are started
   by the training run itself (one process per ``rollout.n_servers``).
+* ``cluster: slurm``: the reward workers are brought up as Slurm jobs (dask-jobqueue, over the run's
+  TLS), grade the known answer and are cancelled again; the report names their job ids and how long
+  they took from submission to grading. The rollout servers are the run's own job array.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ class ProvisionError(RuntimeError):
     """A part a run needs is not reachable or does not work."""
 
 
-def check_dask(cfg: RewardConfig) -> dict:
+def check_dask(cfg: RewardConfig, service=None) -> dict:
+    """Grade a known answer on the cluster (``service``: a context manager giving the RewardService;
+    default: ``RewardService(cfg)``)."""
     t0 = time.perf_counter()
-    with RewardService(cfg) as svc:
+    with service if service is not None else RewardService(cfg) as svc:
         address = svc.scheduler_address
         workers = len(svc.client.scheduler_info().get("workers", {}))
         [ok] = svc.grade_many("chain", ["a1b3|3"], ["a1b3|3"])
@@ -72,8 +77,26 @@ def storage_url(cfg: ExperimentConfig, out_dir: str) -> str:
 
 
 def provision(cfg: ExperimentConfig, out_dir: str) -> dict:
+    if cfg.cluster.kind == "slurm":
+        return _provision_on_slurm(cfg, out_dir)
     return {
         "dask": check_dask(cfg.reward),
         "storage": check_storage(storage_url(cfg, out_dir)),
         "rollout": check_rollout(cfg.rollout),
+    }
+
+
+def _provision_on_slurm(cfg: ExperimentConfig, out_dir: str) -> dict:
+    from areal_core.cluster.jobs import RunJobs
+    from areal_core.cluster.pools import reward_service, trainer_address
+
+    before = set(RunJobs(out_dir).ids())
+    dask = check_dask(cfg.reward, reward_service(cfg, out_dir))
+    dask["scheduler"] = "reward workers as Slurm jobs (dask-jobqueue), cancelled after the check"
+    dask["slurm_jobs"] = [j for j in RunJobs(out_dir).ids(("reward",)) if j not in before]
+    return {
+        "dask": dask,
+        "storage": check_storage(storage_url(cfg, out_dir)),
+        "rollout": {"backend": "slurm", "started_by": "the training run, as a Slurm job array"},
+        "slurm": {"trainer_address": trainer_address(cfg.cluster), "jobs_file": str(RunJobs(out_dir).path)},
     }

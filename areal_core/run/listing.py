@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_core.cluster.jobs import RunJobs
+
 
 @dataclass(frozen=True)
 class RunEntry:
@@ -15,6 +17,7 @@ class RunEntry:
     state: str  # "finished"; "unfinished, checkpoint vN" (running, or stopped: --resume continues it)
     steps: str  # done / asked
     accuracy: str  # held-out before -> after (finished runs)
+    jobs: str = ""  # the Slurm jobs it submitted, by role (cluster: slurm): "trainer 12, rollout 13, reward 14 15"
 
 
 def _versions(run_dir: Path) -> list[int]:
@@ -35,6 +38,10 @@ def describe(run_dir: Path) -> RunEntry | None:
     except ValueError:
         return RunEntry(str(run_dir), "?", "config.json unreadable", "", "")
     asked = (cfg.get("trainer") or {}).get("max_steps", "?")
+    try:
+        jobs = RunJobs(run_dir).summary()
+    except ValueError as e:
+        jobs = str(e)
     summary_file = run_dir / "summary.json"
     if summary_file.is_file():
         s = json.loads(summary_file.read_text())
@@ -44,11 +51,12 @@ def describe(run_dir: Path) -> RunEntry | None:
             "finished",
             f"{s['steps']} / {s['steps']}",
             f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}",
+            jobs,
         )
     versions = _versions(run_dir)
     last = versions[-1] if versions else None
     state = f"unfinished, checkpoint v{last}" if last else "unfinished, no checkpoint yet"
-    return RunEntry(str(run_dir), cfg.get("name", "?"), state, f"{last or 0} / {asked}", "")
+    return RunEntry(str(run_dir), cfg.get("name", "?"), state, f"{last or 0} / {asked}", "", jobs)
 
 
 def list_runs(root: str | Path) -> list[RunEntry]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from areal_core.cluster.pools import reward_service, rollout_backend, weight_transport, with_run_folder
 from areal_core.controller import AgentSetup, ControllerSettings, Servers
 from areal_core.controller.agents import AgentRouter, agent_prompter
 from areal_core.controller.assemble import make_controller
@@ -37,9 +38,7 @@ from areal_core.experiment import ExperimentConfig, upgraded_config
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
 from areal_core.models.loading import model_dtype
 from areal_core.numerics import cpu_kind, require_repeatable
-from areal_core.reward.service import RewardService
 from areal_core.rollout.auth import new_key
-from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
 from areal_core.run.budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
@@ -53,7 +52,7 @@ from areal_core.run.metrics import RunLog
 from areal_core.run.parts import Policy, Pools, RunSetup, Training
 from areal_core.run.schedule import ScheduleLog
 from areal_core.run.summary import build_summary
-from areal_core.startup import entered_together, made_on_enter
+from areal_core.startup import entered_together
 from areal_core.storage import CheckpointStore, run_state, write_json_atomic
 from areal_core.trainer.backends import make_trainer
 from areal_core.trainer.core_lending import CoreLending, lent_threads
@@ -84,7 +83,8 @@ def trainer_torch_threads(cfg: ExperimentConfig, cores: int) -> int:
     if cfg.trainer.eta == 0 and r.weight_update == "drain":
         return cores
     frozen = 1 if cfg.multi_agent is not None and cfg.multi_agent.needs_frozen_server else 0  # its own server
-    busy = r.torch_threads * (r.n_servers + frozen) if r.backend.kind == "embedded" else 0
+    servers_here = r.n_servers if cfg.cluster.kind == "local" else 0  # (on Slurm they run on other nodes)
+    busy = r.torch_threads * (servers_here + frozen) if r.backend.kind == "embedded" else 0
     return max(1, cores - busy)
 
 
@@ -158,6 +158,7 @@ def run_experiment(
 def _open_run(cfg: ExperimentConfig, run_dir: Path, max_steps: int | None, progress: bool, resume: bool) -> RunSetup:
     """Check the folder (a refused run writes nothing), set the trainer's threads and seed, write config.json."""
     t_start = time.perf_counter()
+    cfg = with_run_folder(cfg, run_dir)  # (on Slurm: where the pool's servers announce themselves)
     check_run_folder(cfg, run_dir, resume)
     _quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +241,7 @@ def _start_pools(run: RunSetup, policy: Policy, training: Training):
     cfg, store = run.cfg, training.store
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(policy.model.dtype), device=cfg.model.device)
     api_key = new_key()  # the run's secret: the servers it starts require it (in their environment, not argv)
-    backend = make_backend(cfg.rollout, engine=engine, log_dir=run.dir, api_key=api_key)
+    backend = rollout_backend(cfg, engine=engine, run_dir=run.dir, api_key=api_key)  # (cluster.kind's)
     frozen_launch, frozen_backend = _frozen_launch(
         cfg, engine, run.dir, store.local_copy(0) if cfg.multi_agent else "", api_key
     )
@@ -248,9 +249,8 @@ def _start_pools(run: RunSetup, policy: Policy, training: Training):
     server_copy = store.loadable_url if backend.reads_store_urls else store.local_copy
     serve_from = published(policy.model).serving_version(training.version)
     start = server_copy(serve_from)
-    with entered_together(
-        made_on_enter(RewardService, cfg.reward), backend.launch(start, serve_from), frozen_launch
-    ) as (rewards, urls, frozen_urls):
+    rewards_up = reward_service(cfg, run.dir)  # (cluster.kind's: a local Dask cluster, or Slurm jobs)
+    with entered_together(rewards_up, backend.launch(start, serve_from), frozen_launch) as (rewards, urls, frozen_urls):
         rewards.warm_up({r.task for r in (*policy.train_records, *policy.eval_records)}, training=True)
         yield Pools(rewards, list(urls), frozen_urls, backend, frozen_backend, engine, start, server_copy)
 
@@ -303,7 +303,10 @@ def _rollout(run: RunSetup, policy: Policy, training: Training, pools: Pools):
     stages versions for it; a resumed run's controller takes up its saved state."""
     cfg, model = run.cfg, policy.model
     transport = make_transport(
-        cfg.rollout.transport(), str(run.dir), cfg.rollout.backend.kind in ADAPTER_BACKENDS, pools.engine.dtype
+        weight_transport(cfg, pools.backend),
+        str(run.dir),
+        cfg.rollout.backend.kind in ADAPTER_BACKENDS,
+        pools.engine.dtype,
     )
     servers, frozen = _servers(cfg, pools, training.store)
     controller = make_controller(

@@ -61,6 +61,8 @@ MUTABLE_KEYS = (
     "storage.full_every",
     # a run stopped by its budget continues once the budget is raised
     "cost",
+    # where the pools run (a run stopped on one cluster may continue on another)
+    "cluster",
 )
 REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
 

@@ -29,6 +29,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from areal_core.device import resolve_device
+from areal_core.net import address_towards, free_port
 from areal_core.numerics import cpu_kind
 from areal_core.rollout.auth import API_KEY_ENV, BearerAuth
 from areal_core.rollout.backends.embedded import routes_admin, routes_generation, routes_weights
@@ -37,6 +38,7 @@ from areal_core.rollout.backends.embedded.http_api import ServerParts, add_error
 from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
 from areal_core.rollout.backends.embedded.server_args import parse_args
 from areal_core.rollout.backends.embedded.weight_receiver import DistributedReceiver, SharedMemoryReader
+from areal_core.rollout.join_list import announce
 
 SERVER_KEEP_ALIVE_S = 75  # idle keep-alive; clients expire theirs sooner (client.py)
 log = logging.getLogger("areal_core.rollout.backends.embedded.server")
@@ -109,6 +111,10 @@ def serve(args: argparse.Namespace) -> None:
             "serving without an API key (--allow-unauthenticated): any process that can reach "
             "this port can generate, pause generation and load weights"
         )
+    if args.host_towards:
+        args.host = address_towards(args.host_towards, 9)
+    if args.port == 0:
+        args.port = free_port(args.host)
     eng = args.engine_config
     torch.set_num_threads(eng.torch_threads)
     keep_freed_memory()  # each step's large tensors reuse the heap's pages (malloc.py)
@@ -151,11 +157,28 @@ def serve(args: argparse.Namespace) -> None:
     server.engine = engine
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid, server), name="parent-watch", daemon=True).start()
+    url = f"http://{args.host}:{args.port}"
+    if args.announce:
+        threading.Thread(
+            target=_announce_once_up, args=(server, args.announce, url), name="announce", daemon=True
+        ).start()
     try:
         server.run()
     finally:
+        if args.announce:
+            announce(args.announce, [url], present=False)
         engine.shutdown()
         log.info("stopped")
+
+
+def _announce_once_up(server: _Server, join_list: str, url: str) -> None:
+    """Add ``url`` to ``join_list`` once uvicorn accepts connections (what the run reads to take it in)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.2)
+    announce(join_list, [url])
+    log.info("announced %s in %s", url, join_list)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,19 @@ def _engine_config(text: str):
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder or fsspec URL")
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, required=True, help="the port to listen on")
+    ap.add_argument("--port", type=int, required=True, help="the port to listen on (0: a free one)")
+    ap.add_argument(
+        "--host-towards",
+        metavar="ADDRESS",
+        help="listen on this host's address on the route to ADDRESS (e.g. the trainer's), instead of --host: "
+        "for a job that does not know which of its node's addresses the run reaches",
+    )
+    ap.add_argument(
+        "--announce",
+        metavar="LIST",
+        help="once serving, add this server's URL to LIST (a run's rollout.join_from: the run takes it in); "
+        "taken out again when the server stops",
+    )
     ap.add_argument("--weight-version", type=int, default=0, help="the version the loaded weights are (default 0)")
     ap.add_argument(
         "--engine-config",

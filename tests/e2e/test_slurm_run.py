@@ -1,0 +1,178 @@
+"""Whole runs on a real Slurm cluster (tests/slurm_cluster.py: munged, slurmctld and three slurmd nodes,
+each in a network namespace of its own, the run's folder on the folder they share), started as a user
+would, from the login node: ``areal-flow train CONFIG --cluster slurm``. The trainer is a job on n1,
+the rollout servers a job array on n2, the reward workers a dask-jobqueue job on n3.
+
+- the tiny end-to-end config trains every step: the ledger exactly once, no token staler than eta,
+  every answer graded on n3, each job on its node, none left in ``squeue`` after; the time from
+  submission to the first trained step is printed;
+- one rollout server's job is cancelled with ``scancel`` mid-run and then requeued: it leaves the
+  pool, comes back (a new URL) and joins again; nothing lost, nothing trained twice;
+- the run is cancelled (SIGTERM to ``areal-flow train``, as a Prefect cancellation does): no job of
+  the run is left in ``squeue``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slurm_cluster import slurm_cluster, unavailable
+
+HERE = Path(__file__).resolve().parents[1]  # tests/
+AREAL_FLOW = str(Path(sys.executable).parent / "areal-flow")
+STEPS = 40
+
+pytestmark = [pytest.mark.nightly, pytest.mark.skipif(bool(unavailable()), reason=f"Slurm: {unavailable()}")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+def _config(cluster, name: str, steps: int) -> str:
+    cfg = yaml.safe_load((HERE / "data/e2e.yaml").read_text())
+    cfg["name"] = name
+    cfg["rollout"]["n_servers"] = 2
+    cfg["trainer"]["max_steps"] = steps
+    cfg["cluster"] = {
+        "kind": "slurm",
+        "partition": "cpu",
+        "time_limit": "1:00:00",
+        "start_timeout_s": 300,
+        "trainer": {"extra_sbatch": ["--nodelist=n1"]},
+        "rollout": {"extra_sbatch": ["--nodelist=n2"]},
+        "reward": {"extra_sbatch": ["--nodelist=n3"]},
+    }
+    path = cluster.shared / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _train(cluster, config: str, run: Path) -> list[str]:
+    return cluster.command([AREAL_FLOW, "train", config, "--run-dir", str(run), "--cluster", "slurm", "--no-progress"])
+
+
+def _env(cluster) -> dict[str, str]:
+    return {**os.environ, **cluster.env, "AREAL_FLOW_CACHE": str(cluster.shared / "cache")}
+
+
+def _jobs(run: Path) -> dict[str, list[str]]:
+    by_role: dict[str, list[str]] = {}
+    for j in json.loads((run / "slurm/jobs.json").read_text()):
+        by_role.setdefault(j["role"], []).append(j["job_id"])
+    return by_role
+
+
+def _nodes(cluster, job_id: str) -> set[str]:
+    out = cluster.run(["scontrol", "-o", "show", "job", job_id])
+    return {f.split("=", 1)[1] for line in out.splitlines() for f in line.split() if f.startswith("NodeList=")}
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout_s:.0f} s"
+        time.sleep(1.0)
+
+
+def _check_ledger(run: Path, steps: int, batch: int, eta: int) -> dict:
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ledger_check"]["ok"], summary["ledger_check"]
+    ledger = pd.read_parquet(run / "ledger.parquet")
+    assert len(ledger) == steps * batch and ledger["trajectory_id"].is_unique
+    assert (ledger["trained_by_version"] - ledger["min_token_version"]).max() <= eta
+    return summary
+
+
+def test_the_quickstart_trains_with_its_trainer_servers_and_workers_slurm_jobs(cluster):
+    run = cluster.shared / "run-e2e"
+    config = _config(cluster, "slurm-e2e", STEPS)
+    proc = subprocess.run(_train(cluster, config, run), env=_env(cluster), capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "trainer: job" in proc.stdout and "RUNNING on n1" in proc.stdout  # followed from the login node
+
+    cfg = yaml.safe_load(Path(config).read_text())
+    _check_ledger(run, STEPS, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
+    jobs = _jobs(run)
+    assert sorted(jobs) == ["reward", "rollout", "trainer"] and len(jobs["trainer"]) == 1
+    assert _nodes(cluster, jobs["trainer"][0]) == {"n1"}
+    assert _nodes(cluster, jobs["rollout"][0]) == {"n2"}
+    assert {n for j in jobs["reward"] for n in _nodes(cluster, j)} == {"n3"}
+    graders = {a.split("//")[1].rsplit(":", 1)[0] for a in pd.read_parquet(run / "ledger.parquet")["graded_by"]}
+    assert graders == {cluster.nodes["n3"].address}
+    assert cluster.queue() == []
+
+    submitted = json.loads((run / "slurm/jobs.json").read_text())[0]["submitted"]
+    first_step = (run / "schedule/step-000001.parquet").stat().st_mtime
+    print(f"\nSlurm: submission of the trainer's job to its first trained step: {first_step - submitted:.1f} s")
+
+
+def test_a_rollout_job_cancelled_and_requeued_leaves_and_rejoins_the_pool(cluster):
+    run = cluster.shared / "run-requeue"
+    steps = 250  # (long enough for the requeued task to wait out cred_expire, start and join: ~0.4 s a step)
+    config = _config(cluster, "slurm-requeue", steps)
+    with open(cluster.root / "requeue-run.log", "w") as out:
+        proc = subprocess.Popen(_train(cluster, config, run), env=_env(cluster), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(run / "schedule/step-000004.parquet", proc, 900)
+        task = f"{_jobs(run)['rollout'][0]}_1"
+        listed = run / "slurm/rollout-servers.txt"  # where the servers announce themselves
+        before = set(listed.read_text().split())
+        cluster.run(["scancel", task])
+        deadline = time.monotonic() + 60
+        while task in cluster.queue():
+            assert time.monotonic() < deadline, f"{task} still listed after scancel"
+            time.sleep(0.5)
+        cluster.run(["scontrol", "requeue", task])
+        deadline = time.monotonic() + 300
+        while not set(listed.read_text().split()) - before:  # the requeued task, on a new port
+            assert proc.poll() is None, "the run ended before the requeued server announced itself"
+            assert time.monotonic() < deadline, f"{task} did not serve again within 300 s"
+            time.sleep(0.5)
+        assert proc.wait(timeout=1800) == 0, (cluster.root / "requeue-run.log").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    cfg = yaml.safe_load(Path(config).read_text())
+    summary = _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
+    pool = summary["rollout_pool"]
+    assert len(pool["left"]) == 1 and len(pool["joined"]) == 1, pool  # it left, and came back on a new port
+    assert pool["joined"][0].startswith(f"http://{cluster.nodes['n2'].address}:")
+    assert cluster.queue() == []
+
+
+def test_cancelling_the_run_leaves_no_job_in_squeue(cluster):
+    run = cluster.shared / "run-cancel"
+    config = _config(cluster, "slurm-cancel", 400)
+    with open(cluster.root / "cancel-run.log", "w") as out:
+        proc = subprocess.Popen(_train(cluster, config, run), env=_env(cluster), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(run / "schedule/step-000001.parquet", proc, 900)
+        jobs, queue = _jobs(run), cluster.queue()  # the trainer, the servers and the workers are up
+        assert jobs["trainer"][0] in queue and set(jobs["reward"]) <= set(queue)
+        assert any(q.startswith(jobs["rollout"][0] + "_") for q in queue), queue
+        proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation sends the flow run's process
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 60
+    while cluster.queue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cluster.queue() == [], cluster.queue()
+    log = (cluster.root / "cancel-run.log").read_text()
+    assert "cancelled the run's Slurm job(s)" in log, log[-3000:]
