@@ -32,6 +32,7 @@ from netns import unavailable as netns_unavailable
 DAEMONS = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm"}
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 PARTITION = "cpu"
+URGENT = "urgent"  # with preemption=True: a partition whose jobs preempt (requeue) those of `cpu`
 
 
 def _which(name: str) -> str | None:
@@ -96,10 +97,17 @@ class SlurmCluster:
         raise RuntimeError(f"Slurm nodes not idle after {timeout_s:.0f} s: {states.strip()!r}; logs in {self.root}/log")
 
 
-def _conf(root: Path, ctl: Host, nodes: dict[str, Host], cpus: int, munge_socket: Path) -> str:
+def _conf(root: Path, ctl: Host, nodes: dict[str, Host], cpus: int, munge_socket: Path, preemption: bool) -> str:
     node_lines = [
         f"NodeName={n} NodeAddr={h.address} CPUs={cpus} RealMemory=4000 State=UNKNOWN" for n, h in nodes.items()
     ]
+    partitions = [f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP"]
+    if preemption:  # a job of the urgent partition takes the CPUs it needs from jobs of `cpu`, which are requeued
+        partitions = [
+            partitions[0] + " PriorityTier=1",
+            f"PartitionName={URGENT} Nodes={','.join(nodes)} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+        ]
+        node_lines = ["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", *node_lines]
     return "\n".join(
         [
             "ClusterName=aftest",
@@ -136,7 +144,7 @@ def _conf(root: Path, ctl: Host, nodes: dict[str, Host], cpus: int, munge_socket
             "JobCompType=jobcomp/none",
             "PropagateResourceLimits=NONE",
             *node_lines,
-            f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP",
+            *partitions,
             "",
         ]
     )
@@ -158,8 +166,10 @@ def _wait_for(path: Path, what: str, log: Path, timeout_s: float = 30.0) -> None
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: Path, n_nodes: int = 3, cpus: int = 4) -> Iterator[SlurmCluster]:
-    """Start the cluster under ``root`` (see the module docstring); stop it, by PID, at the end."""
+def slurm_cluster(root: Path, n_nodes: int = 3, cpus: int = 4, preemption: bool = False) -> Iterator[SlurmCluster]:
+    """Start the cluster under ``root`` (see the module docstring); stop it, by PID, at the end.
+    ``preemption``: a second partition, ``urgent``, whose jobs preempt those of ``cpu`` (Slurm requeues
+    them: ``PreemptType=preempt/partition_prio``, ``PreemptMode=REQUEUE``)."""
     root = Path(root)
     for sub in ("munge", "state", "spool", "run", "log", "shared"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -186,7 +196,7 @@ def slurm_cluster(root: Path, n_nodes: int = 3, cpus: int = 4) -> Iterator[Slurm
         )
         _wait_for(sock, "munged", root / "log" / "munged.log")
         conf = root / "slurm.conf"
-        conf.write_text(_conf(root, ctl, nodes, cpus, sock))
+        conf.write_text(_conf(root, ctl, nodes, cpus, sock, preemption))
         cluster = SlurmCluster(root, root / "shared", conf, ctl, nodes)
         env = cluster.env
         ctl.start([_which("slurmctld"), "-D", "-i", "-f", str(conf)], root / "log" / "slurmctld.out", env)
@@ -200,7 +210,7 @@ def slurm_cluster(root: Path, n_nodes: int = 3, cpus: int = 4) -> Iterator[Slurm
             yield cluster
         finally:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                cluster.run(["scancel", "--quiet", "--partition", PARTITION], timeout_s=30)
+                cluster.run(["scancel", "--quiet", "--user=root"], timeout_s=30)  # (every job: the cluster is the test's)
                 deadline = time.monotonic() + 30
                 while cluster.queue() and time.monotonic() < deadline:
                     time.sleep(0.5)

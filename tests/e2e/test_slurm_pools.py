@@ -182,3 +182,28 @@ def test_a_pool_that_cannot_come_up_says_which_job_and_where_its_log_is(cluster)
     assert "0 of 1 serving after cluster.start_timeout_s (3 s)" in pending and "PENDING (BeginTime)" in pending, pending
     assert str(run / "pending/slurm/rollout-") in pending
     assert out["fails_left"] == [] and out["pending_left"] == []
+
+
+PROVISION = """
+import json
+from areal_core.cluster.slurm import queued
+from areal_core.experiment import load_config
+from areal_core.ops.provision import provision
+
+cluster = {{"kind": "slurm", "reward": {{"extra_sbatch": ["--nodelist=n3"]}}, "start_timeout_s": 240}}
+cfg = load_config({config!r}, {{"cluster": cluster}})
+report = provision(cfg, {out!r})
+report["left"] = queued(report["dask"]["slurm_jobs"])
+print(json.dumps(report))
+"""
+
+
+def test_the_provision_step_brings_up_the_reward_workers_as_jobs_and_checks_them(cluster):
+    """What the provision flow runs with cluster: slurm: the reward workers as Slurm jobs, a known
+    answer graded on them, the jobs cancelled; the report names them and the trainer's address."""
+    out_dir = cluster.shared / "provision"
+    report = _on_login_node(cluster, PROVISION.format(config=str(HERE / "data/e2e.yaml"), out=str(out_dir)))
+    assert len(report["dask"]["slurm_jobs"]) == 1 and report["dask"]["workers"] == 1, report
+    assert report["dask"]["probe_address"].startswith(f"tls://{cluster.ctl.address}:")
+    assert report["slurm"]["trainer_address"] == cluster.ctl.address and report["left"] == []
+    assert report["storage"] and report["rollout"]["backend"] == "slurm"

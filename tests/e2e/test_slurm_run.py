@@ -3,11 +3,13 @@ each in a network namespace of its own, the run's folder on the folder they shar
 would, from the login node: ``areal-flow train CONFIG --cluster slurm``. The trainer is a job on n1,
 the rollout servers a job array on n2, the reward workers a dask-jobqueue job on n3.
 
-- the tiny end-to-end config trains every step: the ledger exactly once, no token staler than eta,
+- the quickstart config trains 40 steps: the ledger exactly once, no token staler than eta,
   every answer graded on n3, each job on its node, none left in ``squeue`` after; the time from
   submission to the first trained step is printed;
 - one rollout server's job is cancelled with ``scancel`` mid-run and then requeued: it leaves the
   pool, comes back (a new URL) and joins again; nothing lost, nothing trained twice;
+- the trainer's job is requeued mid-run (what a preemption does): the requeued job resumes the run
+  from its last checkpoint with new pools, and the run ends once, followed throughout;
 - the run is cancelled (SIGTERM to ``areal-flow train``, as a Prefect cancellation does): no job of
   the run is left in ``squeue``.
 """
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurm_cluster import slurm_cluster, unavailable
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
+REPO = HERE.parent
 AREAL_FLOW = str(Path(sys.executable).parent / "areal-flow")
 STEPS = 40
 
@@ -42,23 +45,34 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def _config(cluster, name: str, steps: int) -> str:
-    cfg = yaml.safe_load((HERE / "data/e2e.yaml").read_text())
-    cfg["name"] = name
-    cfg["rollout"]["n_servers"] = 2
-    cfg["trainer"]["max_steps"] = steps
-    cfg["cluster"] = {
-        "kind": "slurm",
-        "partition": "cpu",
-        "time_limit": "1:00:00",
-        "start_timeout_s": 300,
-        "trainer": {"extra_sbatch": ["--nodelist=n1"]},
-        "rollout": {"extra_sbatch": ["--nodelist=n2"]},
-        "reward": {"extra_sbatch": ["--nodelist=n3"]},
+def _config(cluster, name: str, steps: int, base: Path = HERE / "data/e2e.yaml") -> str:
+    """``base`` (the tests' small config, or the quickstart) with two rollout servers and each pool a
+    Slurm job on a node of its own: the trainer on n1, the servers on n2, the reward workers on n3."""
+    cfg = {
+        "extends": str(base),
+        "name": name,
+        "rollout": {"n_servers": 2},
+        "trainer": {"max_steps": steps},
+        "cluster": {
+            "kind": "slurm",
+            "partition": "cpu",
+            "time_limit": "1:00:00",
+            "start_timeout_s": 300,
+            "trainer": {"extra_sbatch": ["--nodelist=n1"]},
+            "rollout": {"extra_sbatch": ["--nodelist=n2"]},
+            "reward": {"extra_sbatch": ["--nodelist=n3"]},
+        },
     }
     path = cluster.shared / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
+
+
+def _loaded(config: str) -> dict:
+    """The config as the run reads it (``extends`` resolved)."""
+    from areal_core.experiment import load_config
+
+    return load_config(config).model_dump()
 
 
 def _train(cluster, config: str, run: Path) -> list[str]:
@@ -100,12 +114,12 @@ def _check_ledger(run: Path, steps: int, batch: int, eta: int) -> dict:
 
 def test_the_quickstart_trains_with_its_trainer_servers_and_workers_slurm_jobs(cluster):
     run = cluster.shared / "run-e2e"
-    config = _config(cluster, "slurm-e2e", STEPS)
+    config = _config(cluster, "slurm-e2e", STEPS, REPO / "configs/quickstart.yaml")
     proc = subprocess.run(_train(cluster, config, run), env=_env(cluster), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "trainer: job" in proc.stdout and "RUNNING on n1" in proc.stdout  # followed from the login node
 
-    cfg = yaml.safe_load(Path(config).read_text())
+    cfg = _loaded(config)
     _check_ledger(run, STEPS, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
     jobs = _jobs(run)
     assert sorted(jobs) == ["reward", "rollout", "trainer"] and len(jobs["trainer"]) == 1
@@ -147,11 +161,40 @@ def test_a_rollout_job_cancelled_and_requeued_leaves_and_rejoins_the_pool(cluste
     finally:
         if proc.poll() is None:
             proc.kill()
-    cfg = yaml.safe_load(Path(config).read_text())
+    cfg = _loaded(config)
     summary = _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
     pool = summary["rollout_pool"]
     assert len(pool["left"]) == 1 and len(pool["joined"]) == 1, pool  # it left, and came back on a new port
     assert pool["joined"][0].startswith(f"http://{cluster.nodes['n2'].address}:")
+    assert cluster.queue() == []
+
+
+def test_a_trainer_job_requeued_mid_run_resumes_from_its_last_checkpoint(cluster):
+    """What a preemption does to the trainer's job: Slurm stops it (SIGTERM) and runs it again. The
+    requeued job continues the run from its last checkpoint with new pools; the run finishes once,
+    followed from the login node throughout."""
+    run = cluster.shared / "run-trainer-requeue"
+    steps = 120
+    config = _config(cluster, "slurm-trainer-requeue", steps)
+    with open(cluster.root / "trainer-requeue-run.log", "w") as out:
+        proc = subprocess.Popen(_train(cluster, config, run), env=_env(cluster), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(run / "schedule/step-000020.parquet", proc, 900)
+        trainer = _jobs(run)["trainer"][0]
+        cluster.run(["scontrol", "requeue", trainer])
+        assert proc.wait(timeout=1800) == 0, (cluster.root / "trainer-requeue-run.log").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    followed = (cluster.root / "trainer-requeue-run.log").read_text()
+    resumed = [line for line in followed.splitlines() if line.startswith("resuming from checkpoint v")]
+    assert len(resumed) == 1 and int(resumed[0].split("checkpoint v")[1].split()[0]) >= 18, followed[-3000:]
+    out = cluster.run(["scontrol", "-o", "show", "job", trainer])
+    assert "Restarts=1" in out and "JobState=COMPLETED" in out, out
+    cfg = _loaded(config)
+    _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
+    jobs = _jobs(run)  # the first trainer's pools were cancelled, the requeued one submitted its own
+    assert len(jobs["trainer"]) == 1 and len(jobs["rollout"]) == 2 and len(jobs["reward"]) == 2, jobs
     assert cluster.queue() == []
 
 
