@@ -34,6 +34,7 @@ LEARNING = (
     "rl_vs_sft",
     "repeatability",
     "preemption",
+    "preemption_slurm",
     "replay_speed",
 )
 

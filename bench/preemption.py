@@ -134,10 +134,10 @@ def one_run(label: str, seed: int, steps: int, kill_every: int | None, root: Pat
     wall = time.perf_counter() - t0
     if rc != 0:
         raise RuntimeError(f"{label} exited with {rc}; see {root / (label + '.log')}")
-    return _row(label, seed, kill_every, run_dir, wall, events)
+    return run_row(label, seed, kill_every, run_dir, wall, events)
 
 
-def _row(label: str, seed: int, kill_every: int | None, run_dir: Path, wall: float, events: list[dict]) -> dict:
+def run_row(label: str, seed: int, kill_every: int | None, run_dir: Path, wall: float, events: list[dict]) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     ledger = pd.read_parquet(run_dir / "ledger.parquet")
@@ -175,6 +175,22 @@ def _row(label: str, seed: int, kill_every: int | None, run_dir: Path, wall: flo
         f"{len(summary['rollout_pool']['left'])} left / {len(summary['rollout_pool']['joined'])} joined"
     )
     return row
+
+
+def pool_summary(steady: list[dict], hit: list[dict]) -> dict:
+    """What the preempted runs (``hit``) lost, trained twice and cost against the undisturbed ones
+    (``steady``, seed by seed)."""
+    return {
+        "trajectories_lost": sum(r["trajectories_lost"] for r in hit),
+        "trajectories_duplicated": sum(r["trajectories_duplicated"] for r in hit),
+        "max_staleness": max(r["max_staleness"] for r in hit),
+        "eta": hit[0]["eta"],
+        "servers_left": sum(len(r["pool"]["left"]) for r in hit),
+        "servers_joined": sum(len(r["pool"]["joined"]) for r in hit),
+        "gain_preempted": mean_std([r["gain"] for r in hit]),
+        "gain_undisturbed": mean_std([r["gain"] for r in steady]),
+        "throughput_preempted_over_undisturbed": [h["tokens_per_s"] / s["tokens_per_s"] for s, h in zip(steady, hit)],
+    }
 
 
 def run(quick: bool) -> dict:
@@ -220,17 +236,7 @@ def run(quick: bool) -> dict:
             title=f"quickstart, {steps} steps, 2 servers (external, distributed transport)",
         )
     )
-    ratios = [h["tokens_per_s"] / s["tokens_per_s"] for s, h in zip(steady, hit)]
-    summary = {
-        "trajectories_lost": sum(r["trajectories_lost"] for r in hit),
-        "trajectories_duplicated": sum(r["trajectories_duplicated"] for r in hit),
-        "max_staleness": max(r["max_staleness"] for r in hit),
-        "eta": hit[0]["eta"],
-        "servers_killed": sum(len(r["pool"]["left"]) for r in hit),
-        "servers_joined": sum(len(r["pool"]["joined"]) for r in hit),
-        "gain_preempted": mean_std([r["gain"] for r in hit]),
-        "gain_undisturbed": mean_std([r["gain"] for r in steady]),
-        "throughput_preempted_over_undisturbed": ratios,
-    }
+    summary = pool_summary(steady, hit)
+    ratios = summary["throughput_preempted_over_undisturbed"]
     print(f"preempted / undisturbed training throughput per seed: {', '.join(f'{x:.3f}' for x in ratios)}")
     return {"rows": rows, "summary": summary}
