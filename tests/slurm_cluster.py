@@ -210,7 +210,9 @@ def slurm_cluster(root: Path, n_nodes: int = 3, cpus: int = 4, preemption: bool 
             yield cluster
         finally:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                cluster.run(["scancel", "--quiet", "--user=root"], timeout_s=30)  # (every job: the cluster is the test's)
+                cluster.run(
+                    ["scancel", "--quiet", "--user=root"], timeout_s=30
+                )  # (every job: the cluster is the test's)
                 deadline = time.monotonic() + 30
                 while cluster.queue() and time.monotonic() < deadline:
                     time.sleep(0.5)
