@@ -25,6 +25,7 @@ import pandas as pd
 import psutil
 import pytest
 
+import areal_core.reward.service as service_module
 import areal_core.run.setup as run_module
 from areal_core.controller.generation import Generator
 from areal_core.experiment import load_config
@@ -55,7 +56,7 @@ def test_run_survives_server_worker_and_s3_faults(tmp_path, monkeypatch, warm_ca
             made["rewards"] = self
 
     monkeypatch.setattr(launcher, "EmbeddedServers", Servers)
-    monkeypatch.setattr(run_module, "RewardService", Rewards)
+    monkeypatch.setattr(service_module, "RewardService", Rewards)  # (what the run's setup makes)
     events: dict[str, object] = {}
 
     with MotoS3Server() as s3:
