@@ -12,6 +12,7 @@ the cores go; the simulator against measured runs; the TRL peer on SmolLM2, an h
 TRL's own settings cost; the engine-vs-trainer logprob gap of bf16 servers); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
+``python -m bench.render`` renders the docs' tables marked as coming from a record (bench/render.py).
 """
 
 BENCHMARKS = (

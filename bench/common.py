@@ -188,11 +188,26 @@ def command(name: str, quick: bool) -> str:
     return f"python -m bench {name}" + (" --quick" if quick else "")
 
 
+def code_commit() -> str:
+    """The checkout's commit (short), with ``+changes`` where its code differs from it (files outside
+    bench/results/ and docs/); "unknown" outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    changed = [ln[3:] for ln in status.stdout.splitlines() if not ln[3:].startswith(("bench/results/", "docs/"))]
+    return head.stdout.strip() + ("+changes" if changed else "")
+
+
 def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> Path:
-    """Write ``result`` (plus machine facts and the command) to ``results_dir/<name>.json``."""
+    """Write ``result`` (plus machine facts, the command and the commit) to ``results_dir/<name>.json``."""
     payload = {
         "benchmark": name,
         "command": command(name, quick),
+        "commit": code_commit(),
         "quick": quick,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": wall_s,
