@@ -104,8 +104,9 @@ def slurm_reward_service(
     private = tempfile.mkdtemp(prefix="dask-tls-", dir=folder(run_dir))  # mode 0700, on the shared folder
     try:
         _write_certificates(security, private)  # this process's client certificate (ca.pem, cert.pem, key.pem)
+        opts = jobqueue_options(reward, cluster, run_dir, run_name, trainer_address)
         jq = SLURMCluster(
-            **jobqueue_options(reward, cluster, run_dir, run_name, trainer_address),
+            **opts,
             protocol="tls://",
             security=security,
             shared_temp_directory=private,
@@ -113,7 +114,6 @@ def slurm_reward_service(
         )
         try:
             jq.scale(reward.n_workers)
-            opts = jobqueue_options(reward, cluster, run_dir, run_name, trainer_address)
             _wait_workers(
                 jq, reward.n_workers, cluster, RunJobs(run_dir), security, opts["log_directory"], opts["job_name"]
             )
