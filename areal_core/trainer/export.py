@@ -19,6 +19,7 @@ loads; its outputs are the merged export's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -69,15 +70,28 @@ def _store_and_version(source: str, cache_dir: str) -> tuple[CheckpointStore, in
     return store, latest
 
 
-def export_checkpoint(source: str, out: str) -> str:
-    """Write checkpoint ``source`` (a version, or a run folder's latest) as a full HF folder at
-    ``out``, which must not exist or be empty; returns ``out``."""
-    out = os.path.abspath(out)
+@contextlib.contextmanager
+def _staged_into(out: str):
+    """``(tmp, staged)``: a scratch folder beside ``out`` and the path to write the export at inside
+    it, which becomes ``out`` (absolute; it must not exist or be empty) once the block ends without an
+    error; nothing is left at ``out`` otherwise."""
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ExportError(f"{out} already exists and is not an empty folder; give a new or empty folder as --out")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=f".{os.path.basename(out)}.partial-") as tmp:
+        staged = os.path.join(tmp, "out")
+        yield tmp, staged
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked above)
+        os.rename(staged, out)
+
+
+def export_checkpoint(source: str, out: str) -> str:
+    """Write checkpoint ``source`` (a version, or a run folder's latest) as a full HF folder at
+    ``out``, which must not exist or be empty; returns ``out``."""
+    out = os.path.abspath(out)
+    with _staged_into(out) as (tmp, staged):
         store, version = _store_and_version(source, os.path.join(tmp, "cache"))
         try:
             folder = store.local_copy(version)
@@ -85,7 +99,6 @@ def export_checkpoint(source: str, out: str) -> str:
             raise ExportError(str(e)) from None
         if not os.path.isfile(os.path.join(folder, WEIGHTS)):
             raise ExportError(f"{store.version_url(version)}: no {WEIGHTS} after materialising; not a model checkpoint")
-        staged = os.path.join(tmp, "model")
         for dirpath, _, names in os.walk(folder):
             for name in names:
                 rel = os.path.relpath(os.path.join(dirpath, name), folder).replace(os.sep, "/")
@@ -94,9 +107,6 @@ def export_checkpoint(source: str, out: str) -> str:
                 dest = os.path.join(staged, *rel.split("/"))
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 shutil.copyfile(os.path.join(dirpath, name), dest)
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty (checked above)
-        os.rename(staged, out)
     return out
 
 
@@ -136,11 +146,7 @@ def export_peft(source: str, out: str) -> str:
     base model, v0) and ``out/adapter`` (its adapters in PEFT's format); ``out`` must not exist or be
     empty; returns ``out``. A version of full weights has no adapters: an :class:`ExportError`."""
     out = os.path.abspath(out)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise ExportError(f"{out} already exists and is not an empty folder; give a new or empty folder as --out")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=f".{os.path.basename(out)}.partial-") as tmp:
+    with _staged_into(out) as (tmp, staged):
         store, version = _store_and_version(source, os.path.join(tmp, "cache"))
         try:
             adapters = load_safetensors(store.read_file(version, ADAPTER_FILE))
@@ -150,14 +156,10 @@ def export_peft(source: str, out: str) -> str:
                 f"{store.version_url(version)} holds full weights, not adapters (a run without trainer.lora): "
                 "export it without --peft"
             ) from None
-        staged = os.path.join(tmp, "out")
         export_checkpoint(store.version_url(BASE_VERSION), os.path.join(staged, "base"))
         adapter = os.path.join(staged, "adapter")
         os.makedirs(adapter)
         save_file(peft_tensors(adapters), os.path.join(adapter, "adapter_model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(adapter, "adapter_config.json"), "w") as f:
             json.dump(peft_config(config), f, indent=2, sort_keys=True)
-        if os.path.isdir(out):
-            os.rmdir(out)
-        os.rename(staged, out)
     return out
