@@ -17,6 +17,7 @@ from areal_core.reward.dispatch import grade_batch
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt, Trajectory
+from tests.scripted_controller import graded_batches
 
 PROGRAM = "def f(x): return x*2"
 
@@ -218,26 +219,6 @@ def test_reward_config_code_reward_is_typed():
 def test_generation_sandbox_reward_through_dask(tmp_path):
     """A real rollout server and a real Dask reward service: each group is graded against its own
     prompt's tests in the sandbox, in a Dask worker, with the fraction reward."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from areal_core.controller.buffer import ReplayBuffer
-    from areal_core.reward.service import RewardService
-    from areal_core.rollout.backends.embedded.launcher import start_server
-    from areal_core.rollout.weight_transport import DiskTransport
-
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=128,
-        eos_token_id=3,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     prompts = [
         Prompt(id="doubles", task="code", input_ids=[5, 6, 7], reference="", tests=DOUBLES),
         Prompt(id="half", task="code", input_ids=[5, 6, 8], reference="", tests=HALF),
@@ -251,27 +232,9 @@ def test_generation_sandbox_reward_through_dask(tmp_path):
         reward_wrong=-1.0,
         shuffle=False,
     )
-    buffer = ReplayBuffer()
     # the model's answers are random tokens: every answer "is" PROGRAM, so each prompt's tests decide
-    with (
-        RewardService(RewardConfig(n_workers=1, code_reward="fraction")) as rewards,
-        start_server(str(tmp_path / "m"), weight_version=0, max_running=8) as srv,
-    ):
-        controller = make_controller(
-            Servers([srv.url], model_path=str(tmp_path / "m")),
-            prompts,
-            lambda ids: PROGRAM,
-            rewards,
-            buffer,
-            settings,
-            DiskTransport(str(tmp_path / "w")),
-            version=0,
-        )
-        controller.start()
-        try:
-            batch = buffer.take(4, version=0, eta=0, timeout=120)
-        finally:
-            controller.stop()
+    reward = RewardConfig(n_workers=1, code_reward="fraction")
+    [batch], rewards = graded_batches(tmp_path, prompts, lambda ids: PROGRAM, settings, reward, 1, 8)
     by_prompt = {prompt_of(t.group_id): t for t in batch}
     assert (by_prompt["doubles"].correct, by_prompt["doubles"].reward) == (True, 1.0)
     half = by_prompt["half"]

@@ -21,11 +21,11 @@ import threading
 
 import pytest
 
-from areal_core.controller import ControllerSettings, Servers, prompt_of
-from areal_core.controller.assemble import make_controller
+from areal_core.controller import ControllerSettings, prompt_of
 from areal_core.reward.config import RewardConfig
 from areal_core.rollout.backend import Sampling
 from areal_core.types import Prompt
+from tests.scripted_controller import graded_batches
 
 RIGHT = "```python\ndef f(x):\n    return x * 2\n```"
 HUGE = "```python\ndef f(x):\n    return 10**400\n```"
@@ -49,26 +49,6 @@ class _Scripted:
 
 @pytest.mark.slow
 def test_one_huge_answer_is_one_wrong_verdict_and_the_run_goes_on(tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from areal_core.controller.buffer import ReplayBuffer
-    from areal_core.reward.service import RewardService
-    from areal_core.rollout.backends.embedded.launcher import start_server
-    from areal_core.rollout.weight_transport import DiskTransport
-
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=128,
-        eos_token_id=3,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
     prompts = [Prompt(id=f"p{k}", task="code", input_ids=[5, 6, 7 + k], reference="", tests=DOUBLES) for k in range(3)]
     settings = ControllerSettings(
         batch_size=4,
@@ -79,26 +59,8 @@ def test_one_huge_answer_is_one_wrong_verdict_and_the_run_goes_on(tmp_path):
         reward_wrong=-1.0,
         shuffle=False,
     )
-    buffer = ReplayBuffer()
-    with (
-        RewardService(RewardConfig(n_workers=1)) as rewards,
-        start_server(str(tmp_path / "m"), weight_version=0, max_running=16) as srv,
-    ):
-        controller = make_controller(
-            Servers([srv.url], model_path=str(tmp_path / "m")),
-            prompts,
-            _Scripted(),
-            rewards,
-            buffer,
-            settings,
-            DiskTransport(str(tmp_path / "w")),
-            version=0,
-        )
-        controller.start()
-        try:
-            batches = [buffer.take(4, version=0, eta=2, timeout=120) for _ in range(3)]  # groups after it too
-        finally:
-            controller.stop()
+    # groups after the huge answer's too
+    batches, rewards = graded_batches(tmp_path, prompts, _Scripted(), settings, RewardConfig(n_workers=1), 3, 16)
     trajs = [t for batch in batches for t in batch]
     wrong = [t for t in trajs if not t.correct]
     assert len(trajs) == 12 and len(wrong) == 1, [(t.traj_id, t.reward_info.get("reason")) for t in trajs]
