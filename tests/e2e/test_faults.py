@@ -36,6 +36,7 @@ from areal_core.rollout.backends.embedded.launcher import EmbeddedServers
 from areal_core.storage import CheckpointStore
 from areal_core.storage.fsutil import ensure_bucket
 from infra.s3 import MotoS3Server
+from tests.done_future import DoneFuture
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 S3_OUTAGE_S = 3.0
@@ -187,19 +188,6 @@ def test_grading_survives_worker_killed_mid_batch():
     assert after and not after & before
 
 
-class _FakeFuture:
-    def __init__(self, outcome):
-        self.outcome = outcome
-
-    def result(self):
-        if isinstance(self.outcome, BaseException):
-            raise self.outcome
-        return self.outcome
-
-    def add_done_callback(self, fn):
-        fn(self)
-
-
 def test_task_given_up_by_the_scheduler_is_resubmitted():
     """KilledWorker (the scheduler gave up on a task whose workers kept dying): submitted
     again, up to RESUBMITS times; then the answer is graded wrong with the error as its reason
@@ -216,7 +204,7 @@ def test_task_given_up_by_the_scheduler_is_resubmitted():
         svc = RewardService.__new__(RewardService)
         svc.cfg = RewardConfig()
         svc.n_resubmitted = svc.n_timed_out = svc.n_failed = 0
-        svc.client = type("C", (), {"submit": lambda self, *a, outcomes=outcomes, **k: _FakeFuture(outcomes.pop(0))})()
+        svc.client = type("C", (), {"submit": lambda self, *a, outcomes=outcomes, **k: DoneFuture(outcomes.pop(0))})()
         got = []
         svc.submit("chain", "x", "y", on_done=lambda r, e, got=got: got.append((r, e)))
         assert len(got) == 1

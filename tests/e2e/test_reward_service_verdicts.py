@@ -16,23 +16,11 @@ from areal_core.reward.dispatch import GradingInputError
 from areal_core.reward.result import RewardResult
 from areal_core.reward.sandbox import WeakSandboxError
 from areal_core.reward.service import RewardService
+from tests.done_future import DoneFuture
 
 RIGHT = "a1b2|2"
 BREAKS_ITS_TASK = "a1b2|9"  # the answer whose grading's result cannot leave the worker (below)
 ITEMS = [("chain", r, RIGHT, None) for r in (RIGHT, BREAKS_ITS_TASK, RIGHT)]
-
-
-class _Future:
-    def __init__(self, outcome):
-        self.outcome = outcome
-
-    def result(self):
-        if isinstance(self.outcome, BaseException):
-            raise self.outcome
-        return self.outcome
-
-    def add_done_callback(self, fn):
-        fn(self)
 
 
 def _service(outcome_of) -> RewardService:
@@ -41,7 +29,7 @@ def _service(outcome_of) -> RewardService:
     svc.cfg = RewardConfig()
     svc.n_resubmitted = svc.n_timed_out = svc.n_failed = svc.n_tasks = 0
     svc._pending, svc._in_flight, svc._max_in_flight, svc._coalesce_lock = [], 0, 1, threading.Lock()
-    svc.client = SimpleNamespace(submit=lambda fn, items, *a, **k: _Future(outcome_of(items)))
+    svc.client = SimpleNamespace(submit=lambda fn, items, *a, **k: DoneFuture(outcome_of(items)))
     return svc
 
 
