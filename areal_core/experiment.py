@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from areal_core.cluster.config import ClusterConfig, LocalClusterConfig, settle_rollout
+from areal_core.cluster.config import ClusterConfig, LocalClusterConfig, settle_rollout, settle_trainer
 from areal_core.configbase import Section
 from areal_core.controller.agents import MultiAgentConfig
 from areal_core.data.config import DataConfig
@@ -134,6 +134,7 @@ class ExperimentConfig(Section):
                 f"data.dataset: synthetic (got {self.data.dataset!r})"
             )
         settle_rollout(self.cluster, r)
+        settle_trainer(self.cluster, t)
         ma = self.multi_agent
         if r.deterministic is None:  # a synchronous run repeats unless asked not to (rollout/config.py)
             r.deterministic = t.eta == 0 and r.backend.kind == "embedded" and ma is None

@@ -19,3 +19,21 @@ def address_towards(host: str, port: int) -> str:
     with socket.socket(family, kind, proto) as s:
         s.connect(sockaddr)
         return s.getsockname()[0]
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that holds IPv4 ``address`` (None: none does, or
+    the system cannot say). Linux's SIOCGIFADDR on each interface."""
+    import fcntl
+    import struct
+
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None

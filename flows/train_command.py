@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -90,9 +91,11 @@ def run_train_command(args) -> int:
         overrides["cluster.kind"] = args.cluster
     cfg = config_from(args.config, overrides)
     b = cfg.trainer.backend
-    if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0
+    if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun (or srun) rank other than 0
         from areal_core.trainer.megatron.follower import follow
 
+        # Ctrl-C is rank 0's alone: it stops at a checkpoint (which needs this rank), then releases it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         follow(b.tensor_parallel_size)
         return 0
     if args.deployment:

@@ -26,9 +26,12 @@ class LocalClusterConfig(Section):
 class SlurmPoolConfig(Section):
     """What one Slurm job of a pool asks for (``sbatch`` options; None: the cluster's default)."""
 
-    # --nodes per job; the job's command runs once, on its first node (more are for a launcher of its own)
+    # --nodes per job; the job's command runs once, on its first node, except the trainer's with a
+    # megatron backend of several processes: one rank per task of the job, over all its nodes (srun)
     nodes: int = Field(1, gt=0)
-    tasks_per_node: int = Field(1, gt=0)  # --ntasks-per-node of the job's allocation (its command runs once)
+    # --ntasks-per-node; for a megatron trainer of several processes, its ranks per node (default:
+    # trainer.backend.processes / nodes)
+    tasks_per_node: int = Field(1, gt=0)
     cpus_per_task: int | None = Field(None, gt=0)  # --cpus-per-task; None: the partition's default
     gpus_per_node: int | None = Field(None, ge=0)  # --gpus-per-node; None or 0: no GPU asked for
     memory: str | None = None  # --mem per node, e.g. 16G; None: the partition's default
@@ -142,3 +145,20 @@ def settle_rollout(cluster, rollout) -> None:
         rollout.weight_transport = DistributedTransportConfig()
     if rollout.min_servers is None:
         rollout.min_servers = 1
+
+
+def settle_trainer(cluster, trainer) -> None:
+    """Check a megatron ``trainer`` (a TrainerConfig) of several processes against a Slurm ``cluster``:
+    its job runs one rank per task over ``cluster.trainer.nodes`` nodes, so nodes x tasks_per_node
+    must make ``trainer.backend.processes`` (tasks_per_node, left unset, is worked out)."""
+    b = trainer.backend
+    if cluster.kind != "slurm" or b.kind != "megatron" or b.processes == 1:
+        return
+    job = cluster.trainer
+    if "tasks_per_node" not in job.model_fields_set and b.processes % job.nodes == 0:
+        job.tasks_per_node = b.processes // job.nodes
+    if job.nodes * job.tasks_per_node != b.processes:
+        raise ValueError(
+            f"cluster.trainer: the megatron trainer's job runs one rank per task, so nodes x tasks_per_node "
+            f"({job.nodes} x {job.tasks_per_node}) must equal trainer.backend.processes ({b.processes})"
+        )

@@ -16,6 +16,7 @@ The run's :class:`RewardService` reaches the scheduler as it would an external o
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import shlex
 import shutil
@@ -128,6 +129,10 @@ def slurm_reward_service(
         finally:
             jq.close()  # cancels its jobs (scancel by id)
             slurm.cancel_and_wait(RunJobs(run_dir).ids(("reward",)))  # and they are gone when this returns
+            # its jobs' objects hold the workers' key files open (deleted when they are collected):
+            # collected here, before the folder goes, rather than at exit over a missing folder
+            del jq
+            gc.collect()
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

@@ -186,9 +186,10 @@ def cancel_and_wait(job_ids: Iterable[str], timeout_s: float = 90.0) -> list[str
     return ids
 
 
-def signal(job_id: str, name: str = "INT") -> None:
-    """Send signal ``name`` to the job's batch process (the command its script ``exec``s)."""
-    _run(["scancel", "--quiet", "--batch", f"--signal={name}", job_id])
+def signal(job_id: str, name: str = "INT", batch: bool = True) -> None:
+    """Send signal ``name`` to the job's batch process (the command its script ``exec``s), or with
+    ``batch=False`` to the tasks of its steps (what ``srun`` started) and not to the batch process."""
+    _run(["scancel", "--quiet", *(["--batch"] if batch else []), f"--signal={name}", job_id])
 
 
 def requeue(job_id: str) -> None:

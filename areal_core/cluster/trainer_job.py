@@ -31,8 +31,9 @@ import yaml
 from areal_core.cluster import slurm
 from areal_core.cluster.config import SlurmClusterConfig
 from areal_core.cluster.jobs import RunJobs, folder
+from areal_core.cluster.pools import SLURMCTLD_PORT
 from areal_core.cluster.rollout_pool import areal_flow_command
-from areal_core.cluster.scripts import batch_script, quote, sbatch_options
+from areal_core.cluster.scripts import batch_script, python, quote, sbatch_options
 from areal_core.cluster.slurm import JobInfo, PoolNotReady, log_tail
 
 STOPPED_STATUS = "130:0"  # the trainer stopped at a checkpoint (Ctrl-C, budget, too few servers)
@@ -55,18 +56,55 @@ def set_args(overrides: dict | None) -> list[str]:
     return out
 
 
-def trainer_script(cluster: SlurmClusterConfig, name: str, config_path: str, run_dir: str, sets, max_steps) -> str:
+def trainer_command(cluster: SlurmClusterConfig, config_path: str, run_dir: str, sets, max_steps) -> list[str]:
+    """What the trainer's job runs: ``areal-flow train`` of the same config and overrides, resumed."""
     words = [areal_flow_command(cluster), "train", str(Path(config_path).resolve()), "--run-dir", run_dir]
     words += ["--resume", "--no-prefect", "--no-progress"]
     for pair in [*sets, "cluster.kind=slurm"]:
         words += ["--set", pair]
     if max_steps:
         words += ["--max-steps", str(max_steps)]
+    return words
+
+
+def ranks_over_srun(cluster: SlurmClusterConfig, controller: str) -> tuple[list[str], str]:
+    """The setup lines and the launcher of a trainer of several processes (megatron's): ``srun`` runs
+    one rank per task of the job over its nodes, each with the environment torchrun would give it;
+    the rendezvous is the job's first node (rank 0's), at its address on the route to the Slurm
+    ``controller``, on a port free there."""
+    py = quote([python(cluster), "-I", "-c"])
+    find_address = (
+        f"from areal_core.net import address_towards as a; print(a({json.dumps(controller)}, {SLURMCTLD_PORT}))"
+    )
+    find_port = 'from areal_core.net import free_port as f; print(f("0.0.0.0"))'
+    setup = [
+        f"MASTER_ADDR=$({py} {quote([find_address])})",
+        f"MASTER_PORT=$({py} {quote([find_port])})",
+        "export MASTER_ADDR MASTER_PORT",
+    ]
+    rank_env = (
+        "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS "
+        f'LOCAL_WORLD_SIZE={cluster.trainer.tasks_per_node}; exec "$@"'
+    )
+    # not --kill-on-bad-exit: rank 0 stopping at a checkpoint (status 130) must not kill the others
+    # while they close; a rank that dies ends the others through their broken gloo connections
+    return setup, f"srun --kill-on-bad-exit=0 bash -c {quote([rank_env])} rank"
+
+
+def trainer_script(
+    cluster: SlurmClusterConfig, name: str, command: list[str], run_dir: str, ranks: int = 1, controller: str = ""
+) -> str:
+    """The trainer's batch script: ``command`` once, or (``ranks`` > 1) once per rank through srun."""
     options = sbatch_options(
         cluster, cluster.trainer, job_name=f"af-{name}-trainer", log=f"{run_dir}/slurm/trainer-%j.log"
     )
     comment = f"areal-flow: the trainer of the run in {run_dir} (requeued: it resumes from its last checkpoint)"
-    return batch_script(options, list(cluster.setup), quote(words), comment)
+    setup, line = list(cluster.setup), quote(command)
+    if ranks > 1:
+        rendezvous, launcher = ranks_over_srun(cluster, controller)
+        setup, line = setup + rendezvous, f"{launcher} {line}"
+        comment += f"\n{ranks} megatron ranks, one per task (rank 0 drives the run, the others follow it)"
+    return batch_script(options, setup, line, comment)
 
 
 class _Follower:
@@ -150,7 +188,11 @@ def run_trainer_job(
     run_dir = str(Path(run_dir).resolve())
     where = folder(run_dir)
     path = where / "trainer.sbatch"
-    path.write_text(trainer_script(cluster, cfg.name, config_path, run_dir, sets, max_steps))
+    b = cfg.trainer.backend
+    ranks = b.processes if b.kind == "megatron" else 1
+    command = trainer_command(cluster, config_path, run_dir, sets, max_steps)
+    controller = slurm.controller_address() if ranks > 1 else ""
+    path.write_text(trainer_script(cluster, cfg.name, command, run_dir, ranks, controller))
     jobs = RunJobs(run_dir)
     job_id = slurm.submit(str(path), env=slurm.environment_for_jobs())
     log = f"{where}/trainer-{job_id}.log"
@@ -164,7 +206,7 @@ def run_trainer_job(
             except KeyboardInterrupt:
                 if not follower.started:
                     raise
-                slurm.signal(job_id, "INT")
+                slurm.signal(job_id, "INT", batch=ranks == 1)  # (the ranks themselves under srun)
                 echo(f"trainer: asked job {job_id} to stop at a checkpoint; Ctrl-C again cancels every job of the run")
                 return follower.until_done(cluster.start_timeout_s)
     finally:

@@ -45,20 +45,23 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def _config(cluster, name: str, steps: int, base: Path = HERE / "data/e2e.yaml") -> str:
+def _config(
+    cluster, name: str, steps: int, base: Path = HERE / "data/e2e.yaml", trainer: dict | None = None, trainer_job=None
+) -> str:
     """``base`` (the tests' small config, or the quickstart) with two rollout servers and each pool a
-    Slurm job on a node of its own: the trainer on n1, the servers on n2, the reward workers on n3."""
+    Slurm job on a node of its own: the trainer on n1 (or ``trainer_job``'s nodes), the servers on n2,
+    the reward workers on n3; ``trainer``: more of the trainer's settings."""
     cfg = {
         "extends": str(base),
         "name": name,
         "rollout": {"n_servers": 2},
-        "trainer": {"max_steps": steps},
+        "trainer": {"max_steps": steps, **(trainer or {})},
         "cluster": {
             "kind": "slurm",
             "partition": "cpu",
             "time_limit": "1:00:00",
             "start_timeout_s": 300,
-            "trainer": {"extra_sbatch": ["--nodelist=n1"]},
+            "trainer": trainer_job or {"extra_sbatch": ["--nodelist=n1"]},
             "rollout": {"extra_sbatch": ["--nodelist=n2"]},
             "reward": {"extra_sbatch": ["--nodelist=n3"]},
         },
@@ -133,6 +136,49 @@ def test_the_quickstart_trains_with_its_trainer_servers_and_workers_slurm_jobs(c
     submitted = json.loads((run / "slurm/jobs.json").read_text())[0]["submitted"]
     first_step = (run / "schedule/step-000001.parquet").stat().st_mtime
     print(f"\nSlurm: submission of the trainer's job to its first trained step: {first_step - submitted:.1f} s")
+
+
+def test_a_megatron_trainer_runs_its_ranks_as_tasks_on_two_nodes(cluster):
+    """``trainer.backend: megatron`` over 2 processes (tensor parallel 2) with ``cluster.trainer.nodes: 2``:
+    the trainer's job runs one rank per node through srun, the two ranks meet over gloo across the
+    nodes' networks. Ctrl-C on the login node stops the run at a checkpoint (rank 0 saves it with
+    rank 1's help, then releases it), ``--resume`` continues it, and the run holds its guarantees."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra; make setup)")
+    run = cluster.shared / "run-megatron"
+    steps = 30
+    backend = {"backend": {"kind": "megatron", "tensor_parallel_size": 2, "processes": 2}}
+    job = {"nodes": 2, "extra_sbatch": ["--nodelist=n1,n2"]}
+    config = _config(cluster, "slurm-megatron", steps, trainer=backend, trainer_job=job)
+    with open(cluster.root / "megatron-run.log", "w") as out:
+        proc = subprocess.Popen(_train(cluster, config, run), env=_env(cluster), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(run / "schedule/step-000003.parquet", proc, 900)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == 130, (cluster.root / "megatron-run.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = (cluster.root / "megatron-run.log").read_text()
+    assert "stopped; continue with" in first and "--resume" in first, first[-3000:]
+    assert cluster.queue() == []
+    trainer = _jobs(run)["trainer"][0]
+    assert _nodes(cluster, trainer) == {"n[1-2]"}
+    script = (run / "slurm/trainer.sbatch").read_text()
+    assert "#SBATCH --ntasks-per-node=1" in script and "exec srun" in script
+    log = (run / f"slurm/trainer-{trainer}.log").read_text()
+    n1, n2 = cluster.nodes["n1"].address, cluster.nodes["n2"].address
+    assert f"megatron rank 1 of 2 (tensor-parallel rank 1 of 2) on {n2}, following rank 0 at {n1}" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]  # rank 1 let rank 0 stop at its checkpoint (nor one at exit)
+
+    again = subprocess.run(
+        [*_train(cluster, config, run), "--resume"], env=_env(cluster), capture_output=True, text=True, timeout=2400
+    )
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "resuming from checkpoint v" in again.stdout
+    cfg = _loaded(config)
+    summary = _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
+    assert summary["trainer_backend"] == "megatron"
+    assert cluster.queue() == []
 
 
 def test_a_rollout_job_cancelled_and_requeued_leaves_and_rejoins_the_pool(cluster):

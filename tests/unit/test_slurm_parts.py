@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from areal_core.cluster.reward_pool import jobqueue_options
 from areal_core.cluster.rollout_pool import SlurmRolloutBackend
 from areal_core.cluster.scripts import sbatch_options
 from areal_core.cluster.slurm import JobInfo, parse_jobs
-from areal_core.cluster.trainer_job import TrainerJobEnded, outcome, set_args, trainer_script
+from areal_core.cluster.trainer_job import TrainerJobEnded, outcome, set_args, trainer_command, trainer_script
 from areal_core.experiment import ConfigError, load_config, parse_overrides
 from areal_core.reward.config import RewardConfig
 from areal_core.rollout.config import EngineConfig
@@ -119,12 +121,68 @@ def test_the_trainer_job_resumes_with_the_same_config_and_overrides(tmp_path):
         "reward.scheduler_address": None,
         "cluster.rollout": {"nodes": 1},
     }
-    script = trainer_script(c, "q", str(E2E), str(tmp_path), sets, 40)
+    script = trainer_script(c, "q", trainer_command(c, str(E2E), str(tmp_path), sets, 40), str(tmp_path))
+    assert "srun" not in script  # one process: the job's command, once
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
     command = script.splitlines()[-1]
     assert f"train {E2E} --run-dir {tmp_path} --resume --no-prefect --no-progress" in command
     assert "--set trainer.eta=4" in command and "--set cluster.kind=slurm" in command
     assert command.endswith("--max-steps 40")
+
+
+def test_a_megatron_trainer_of_several_ranks_runs_one_per_task_with_the_rendezvous_on_its_first_node(tmp_path):
+    c = SlurmClusterConfig(**SLURM, trainer={"nodes": 2, "tasks_per_node": 2})
+    command = trainer_command(c, str(E2E), str(tmp_path), [], 10)
+    script = trainer_script(c, "q", command, str(tmp_path), ranks=4, controller="10.1.2.3")
+    lines = script.splitlines()
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
+    addr = next(line for line in lines if line.startswith("MASTER_ADDR=$("))
+    assert '"10.1.2.3", 6817' in addr  # this node's address on the route to the controller
+    assert lines[-2] == "export MASTER_ADDR MASTER_PORT"  # (then the launcher)
+    last = shlex.split(lines[-1])
+    assert last[:4] == ["exec", "srun", "--kill-on-bad-exit=0", "bash"]
+    assert "RANK=$SLURM_PROCID" in last[5] and "WORLD_SIZE=$SLURM_NTASKS" in last[5] and "LOCAL_WORLD_SIZE=2" in last[5]
+    assert last[7:] == command  # each task execs the same areal-flow train, with its rank in the environment
+    # the rank environment as bash makes it, for a task Slurm numbered 3 (local 1) of 4
+    env = {**os.environ, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4"}
+    probe = [*last[3:7], "sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE"]
+    assert subprocess.run(probe, env=env, capture_output=True, text=True).stdout.split() == ["3", "1", "4", "2"]
+
+
+@pytest.mark.parametrize(
+    ("job", "processes", "expected"),
+    [
+        ({"nodes": 2}, 4, 2),
+        ({"nodes": 3, "tasks_per_node": 1}, 3, 1),
+        ({"nodes": 2}, 3, None),
+        ({"nodes": 2, "tasks_per_node": 1}, 4, None),
+    ],
+)
+def test_a_megatron_trainers_ranks_fill_its_jobs_nodes(job, processes, expected):
+    overrides = {
+        "trainer.backend": {"kind": "megatron", "processes": processes},
+        "cluster": {**SLURM, "trainer": job},
+    }
+    if expected is None:
+        with pytest.raises(ConfigError, match=r"nodes x tasks_per_node .* must equal trainer.backend.processes"):
+            load_config(E2E, overrides)
+    else:
+        assert load_config(E2E, overrides).cluster.trainer.tasks_per_node == expected
+
+
+def test_gloo_listens_on_the_interface_towards_the_master(monkeypatch):
+    from areal_core.net import address_towards, interface_of
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("192.0.2.77") is None
+    parallel = pytest.importorskip("areal_core.trainer.megatron.parallel")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert parallel.gloo_interface_towards_master() is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    here = address_towards("192.0.2.1", 9)  # (TEST-NET-1: only the route is asked for)
+    monkeypatch.setenv("MASTER_ADDR", here)
+    assert parallel.gloo_interface_towards_master() == interface_of(here) == os.environ["GLOO_SOCKET_IFNAME"]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice is kept
+    assert parallel.gloo_interface_towards_master() is None and os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
 SCONTROL = (

@@ -17,6 +17,10 @@ An exception on a follower propagates (its process exits non-zero; torchrun then
 
 from __future__ import annotations
 
+import os
+import sys
+
+from areal_core.net import address_towards
 from areal_core.trainer.megatron import parallel
 from areal_core.trainer.megatron.engine import MegatronEngine
 
@@ -29,6 +33,13 @@ def follow(tp_size: int) -> int:
     layout = parallel.init_parallel(tp_size)
     if layout.rank == 0:
         raise RuntimeError("follow() runs on ranks other than 0; rank 0 builds the MegatronTrainer")
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    print(
+        f"megatron rank {layout.rank} of {layout.world} (tensor-parallel rank {layout.tp_rank} of {layout.tp}) "
+        f"on {address_towards(master, 9)}, following rank 0 at {master}",
+        file=sys.stderr,
+        flush=True,
+    )
     name, args = parallel.recv_command()
     if name == "stop":  # rank 0 rejected the model or config before building (it raises the error)
         return 0
@@ -60,6 +71,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from areal_core.net import address_towards, interface_of
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -43,6 +45,8 @@ def init_parallel(tp: int, backend: str = "gloo") -> Layout:
         )
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            if backend == "gloo":
+                gloo_interface_towards_master()
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -68,6 +72,20 @@ def init_parallel(tp: int, backend: str = "gloo") -> Layout:
         ps.get_tensor_model_parallel_group(),
         ps.get_data_parallel_group(),
     )
+
+
+def gloo_interface_towards_master() -> str | None:
+    """Have gloo listen where the other ranks reach this one: with the rendezvous (``MASTER_ADDR``) on
+    the network and ``GLOO_SOCKET_IFNAME`` unset, set it to the interface on the route to the master.
+    (gloo's own choice is the address this host's name resolves to, which on a cluster node can be
+    one the other nodes cannot reach, e.g. a loopback alias.) The interface, or None where unchanged."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if "GLOO_SOCKET_IFNAME" in os.environ or master in ("127.0.0.1", "localhost", "::1"):
+        return None
+    name = interface_of(address_towards(master, int(os.environ.get("MASTER_PORT", "29500"))))
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    return name
 
 
 def use_device(device: str | torch.device) -> tuple[torch.device, str]:
