@@ -196,11 +196,24 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back, once, at import)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# the mode a plain open() gives a new file, which an atomic write keeps (mkstemp's is 0600: a run
+# folder on a shared cluster would be unreadable to the rest of the team)
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def _local_replace_from(dest: str, write: Callable[[Any], None]) -> None:
     folder = os.path.dirname(dest) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(dest) + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -324,6 +324,11 @@ def test_atomic_helpers(tmp_path):
     write_bytes_atomic(str(tmp_path / "b.bin"), b"\x00\x01")
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
     assert sorted(os.listdir(p.parent)) == ["state.json"]  # no temp files left
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")  # the mode open() gives a new file here (the umask's): an atomic write's too
+    assert {(tmp_path / n).stat().st_mode & 0o777 for n in ("t.txt", "b.bin", "sub/state.json")} == {
+        plain.stat().st_mode & 0o777
+    }
     (tmp_path / "bad.json").write_text("{oops")
     with pytest.raises(ValueError, match=r"bad.json: not valid JSON"):
         read_json(str(tmp_path / "bad.json"))
