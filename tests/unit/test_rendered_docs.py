@@ -6,12 +6,32 @@ import json
 import shutil
 
 from bench.common import REPO_ROOT
-from bench.render import BLOCK, DOCS, rendered, stale_blocks
+from bench.render import BLOCK, DOCS, RENDERERS, render_block, rendered, source_line, stale_blocks
 
 
 def test_every_rendered_block_in_the_docs_is_what_its_record_gives():
     assert stale_blocks() == [], "run `python -m bench.render`"
-    assert sum(len(BLOCK.findall((REPO_ROOT / f).read_text())) for f in DOCS) >= 3
+    assert sum(len(BLOCK.findall((REPO_ROOT / f).read_text())) for f in DOCS) >= 18
+
+
+def test_every_renderer_renders_its_record_and_every_block_has_one():
+    for name in RENDERERS:
+        body = render_block(f"bench/results/{name}")
+        assert body.startswith("| ") and "\nRecord: `python -m bench " in body, name
+    records = {m.group("record") for f in DOCS for m in BLOCK.finditer((REPO_ROOT / f).read_text())}
+    assert {r.rsplit("/", 1)[1] for r in records} <= set(RENDERERS)
+
+
+def test_a_record_without_a_cpu_kind_still_says_whether_its_cpu_has_bf16_units():
+    line = source_line({"command": "c", "machine": {"cpu": "AMD EPYC", "avx512_bf16": False, "torch": "2.13.0+cpu"}})
+    assert "AMD EPYC (no avx512_bf16; torch 2.13.0+cpu)" in line and "commit not recorded in the file" in line
+    assert "CPU not recorded" in source_line({"command": "c"})
+
+
+def test_a_table_from_rows_of_two_machines_has_a_cpu_column():
+    # repeatability.json's seeds rows are quickstart_seeds.json's runs, whose machine it does not hold
+    body = render_block("bench/results/repeatability.json")
+    assert body.splitlines()[0].endswith("| CPU |") and "not in this record" in body
 
 
 def test_a_changed_record_makes_its_block_stale_until_rendered_again(tmp_path):
