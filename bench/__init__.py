@@ -9,7 +9,8 @@ create it on first use, or run ``make bench-trl`` ahead of time.
 LEARNING holds the learning measurements over seeds (each a series of full training
 runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain or check others (where
 the cores go; the simulator against measured runs; the TRL peer on SmolLM2, an hour, and what
-TRL's own settings cost; the engine-vs-trainer logprob gap of bf16 servers); `all` leaves both out.
+TRL's own settings cost; the engine-vs-trainer logprob gap of bf16 servers; how long `make demo`
+takes, first and later); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 ``python -m bench.render`` renders the docs' tables marked as coming from a record (bench/render.py).
@@ -47,4 +48,5 @@ DIAGNOSTICS = (
     "determinism",
     "determinism_cost",
     "engine_mismatch",
+    "demo",
 )

@@ -190,7 +190,7 @@ def command(name: str, quick: bool) -> str:
 
 def code_commit() -> str:
     """The checkout's commit (short), with ``+changes`` where its code differs from it (files outside
-    bench/results/ and docs/); "unknown" outside a git checkout."""
+    bench/results/, docs/ and README.md); "unknown" outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
         status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -198,7 +198,9 @@ def code_commit() -> str:
         return "unknown"
     if head.returncode != 0:
         return "unknown"
-    changed = [ln[3:] for ln in status.stdout.splitlines() if not ln[3:].startswith(("bench/results/", "docs/"))]
+    changed = [
+        ln[3:] for ln in status.stdout.splitlines() if not ln[3:].startswith(("bench/results/", "docs/", "README.md"))
+    ]
     return head.stdout.strip() + ("+changes" if changed else "")
 
 
