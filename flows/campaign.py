@@ -12,7 +12,7 @@ from areal_core.report.compare import eval_dir_for_run
 from areal_core.report.decision import write_decision_report
 from areal_core.run.campaign import CampaignPlan, run_campaign, run_dir_of
 from areal_core.run.decide import Budget
-from areal_core.run.sweep import default_out_dir, freeze_config, sweep_points
+from areal_core.run.sweep import default_out_dir, freeze_config, named_points, sweep_points
 from areal_core.storage import CheckpointStore, read_json
 from flows.evaluate import evaluate
 from flows.prepare_data import prepare_data
@@ -29,6 +29,7 @@ def campaign(
     eta: list[int] | None = None,
     objective: list[str] | None = None,
     grid: dict[str, list] | None = None,
+    settings: dict[str, dict] | None = None,
     max_steps: int | None = None,
     overrides: dict | None = None,
     data_source: str | None = None,
@@ -49,7 +50,7 @@ def campaign(
     margin: float = 0.02,
     outcome: str = "accuracy_after",
 ) -> dict:
-    """provision -> prepare data -> every setting of the grid on paired seeds -> decide -> evaluate
+    """provision -> prepare data -> every setting (of the grid, or named) on paired seeds -> decide -> evaluate
     each final checkpoint -> report. Runs go to ``out_dir/<setting>-s<seed>``; a campaign started
     again over the same folder reuses the finished runs of the same config and code.
 
@@ -60,6 +61,9 @@ def campaign(
         eta: Staleness bounds to sweep, e.g. [0, 4]: a sweep instead of one run.
         objective: Objectives to sweep, e.g. ["decoupled", "naive"]: a sweep instead of one run.
         grid: Other config keys to sweep, dotted, as JSON, e.g. {"trainer.optim.lr": [1e-4, 3e-5]}.
+        settings: Named settings instead of a grid (an ablation's rows), as JSON, e.g.
+            {"float32": {"model.dtype": "float32"}, "bf16-servers": {"model.dtype": "float32",
+            "rollout.dtype": "bfloat16"}}: each label its config keys. Not with eta, objective or grid.
         max_steps: RL steps of every run. None: the config's trainer.max_steps.
         overrides: Config keys to change, dotted, as JSON, e.g. {"trainer.eta": 0, "seed": 1}.
         data_source: A dataset name (areal_core.data.sources, e.g. math_train) to train on.
@@ -106,7 +110,9 @@ def campaign(
         overrides["data.eval_dataset"] = m["files"][eval_source]
     load_config(config_path, overrides)  # the config still validates with the prepared files
 
-    points = sweep_points(eta, objective, grid, allow_empty=True)
+    if settings and (eta or objective or grid):
+        raise ValueError("settings names every setting of the campaign: give it without eta, objective or grid")
+    points = named_points(settings) if settings else sweep_points(eta, objective, grid, allow_empty=True)
     points = [(label or cfg.name, ov) for label, ov in points]
     frozen = freeze_config(config_path, os.path.join(out_dir, "config.yaml"), overrides)
     steps = {"trainer.max_steps": max_steps} if max_steps else {}

@@ -65,6 +65,28 @@ def grid_from(pairs: list[str]) -> dict[str, list]:
     return out
 
 
+def settings_from(pairs: list[str]) -> dict[str, dict]:
+    """``--setting LABEL={KEY: VALUE, ...}`` pairs as ``{label: {key: value}}`` (the mapping read as YAML)."""
+    import yaml
+
+    out: dict[str, dict] = {}
+    for p in pairs:
+        label, sep, text = p.partition("=")
+        try:
+            value = yaml.safe_load(text) if sep else None
+        except yaml.YAMLError:
+            value = None
+        if not label or not isinstance(value, dict) or not value:
+            raise UsageError(
+                f"--setting expects LABEL={{KEY: VALUE, ...}} (e.g. bf16-servers='{{model.dtype: float32, "
+                f"rollout.dtype: bfloat16}}'), got {p!r}"
+            )
+        if label in out:
+            raise UsageError(f"--setting {label} given twice")
+        out[label] = value
+    return out
+
+
 def add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set",

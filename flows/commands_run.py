@@ -14,6 +14,7 @@ from flows.cli_input import (
     grid_from,
     overrides_from,
     positive_int,
+    settings_from,
 )
 
 
@@ -53,6 +54,14 @@ def cmd_sweep(args) -> int:
 def cmd_campaign(args) -> int:
     overrides = overrides_from(args.set)
     config_from(args.config, overrides)
+    settings = settings_from(args.setting)
+    if settings and (args.eta or args.objective or args.grid):
+        raise UsageError("--setting names every setting of the campaign: give it without --eta, --objective or --grid")
+    for label, ov in settings.items():  # each setting's config, checked before anything runs
+        try:
+            config_from(args.config, {**overrides, **ov})
+        except UsageError as e:
+            raise UsageError(f"--setting {label}: {e}") from None
     from areal_core.run.campaign import CampaignFolderError
     from flows.campaign import campaign
 
@@ -73,6 +82,7 @@ def run_campaign_command(campaign, args, overrides: dict) -> dict:
         eta=csv_values(args.eta, int) or None,
         objective=csv_values(args.objective) or None,
         grid=grid_from(args.grid) or None,
+        settings=settings_from(args.setting) or None,
         max_steps=args.max_steps,
         overrides=overrides,
         data_source=args.data_source,
@@ -202,6 +212,14 @@ def _campaign_parser(sub) -> None:
     c.add_argument("--eta", default="", help="comma-separated eta values: run a sweep")
     c.add_argument("--objective", default="", help="comma-separated objectives: run a sweep")
     _add_grid(c)
+    c.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="LABEL={KEY: VALUE, ...}",
+        help="a named setting instead of a grid (repeatable; an ablation's rows), e.g. "
+        "bf16-servers='{model.dtype: float32, rollout.dtype: bfloat16}'",
+    )
     c.add_argument("--max-steps", type=positive_int, help="override trainer.max_steps")
     add_set(c)
     c.add_argument("--data-source", help="dataset name to train on (default: the config's data)")

@@ -13,6 +13,30 @@ def _slug(v) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", str(v)).strip("_")
 
 
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def named_points(settings: dict[str, dict]) -> list[tuple[str, dict]]:
+    """``[(label, overrides)]`` for settings given by name (an ablation's rows, which no grid of
+    independent keys makes), in the order given. A label names the runs' folders, so it is letters,
+    digits, ``.``, ``_`` and ``-``; each setting is a non-empty mapping of dotted config keys."""
+    if not settings:
+        raise ValueError("settings: expected at least one named setting, e.g. {'float32': {'model.dtype': 'float32'}}")
+    points = []
+    for label, ov in settings.items():
+        if not isinstance(label, str) or not _LABEL.match(label):
+            raise ValueError(
+                f"setting label {label!r}: expected letters, digits, '.', '_' and '-' (it names the runs' folders)"
+            )
+        if not isinstance(ov, dict) or not ov or not all(isinstance(k, str) for k in ov):
+            raise ValueError(
+                f"setting {label!r}: expected a mapping of dotted config keys to values, e.g. "
+                f"{{'model.dtype': 'float32'}}, got {ov!r}"
+            )
+        points.append((label, dict(ov)))
+    return points
+
+
 def sweep_points(
     eta: list[int] | None = None,
     objective: list[str] | None = None,

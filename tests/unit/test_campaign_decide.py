@@ -108,3 +108,45 @@ def test_a_plan_is_checked():
         CampaignPlan([("eta0", {})], "eta9")
     with pytest.raises(ValueError, match="outcome must be one of"):
         CampaignPlan([("eta0", {})], "eta0", outcome="loss")
+
+
+def test_named_settings_keep_their_order_and_labels_and_bad_ones_are_refused():
+    from areal_core.run.sweep import named_points
+
+    settings = {
+        "float32": {"model.dtype": "float32"},
+        "bf16-servers": {"model.dtype": "float32", "rollout.dtype": "bfloat16"},
+    }
+    assert named_points(settings) == [
+        ("float32", {"model.dtype": "float32"}),
+        ("bf16-servers", {"model.dtype": "float32", "rollout.dtype": "bfloat16"}),
+    ]
+    with pytest.raises(ValueError, match=r"setting label 'a b'.*names the runs' folders"):
+        named_points({"a b": {"seed": 1}})
+    with pytest.raises(ValueError, match=r"setting 'x': expected a mapping of dotted config keys"):
+        named_points({"x": {}})
+    with pytest.raises(ValueError, match=r"at least one named setting"):
+        named_points({})
+
+
+def test_setting_flags_are_read_as_yaml_mappings_and_misuse_names_the_flag():
+    from flows.cli_input import UsageError, settings_from
+
+    got = settings_from(["f32={model.dtype: float32}", "mix={model.dtype: float32, rollout.dtype: bfloat16}"])
+    assert got == {"f32": {"model.dtype": "float32"}, "mix": {"model.dtype": "float32", "rollout.dtype": "bfloat16"}}
+    for bad in ("f32", "f32=float32", "={a: 1}", "x={a: [1,}"):
+        with pytest.raises(UsageError, match=r"--setting expects LABEL=\{KEY: VALUE, \.\.\.\}"):
+            settings_from([bad])
+    with pytest.raises(UsageError, match=r"--setting f32 given twice"):
+        settings_from(["f32={a: 1}", "f32={a: 2}"])
+
+
+def test_the_campaign_command_checks_every_named_setting_before_it_runs(capsys):
+    from flows.cli import main
+
+    e2e = str(Path(__file__).resolve().parents[1] / "data/e2e.yaml")
+    assert main(["campaign", e2e, "--setting", "ok={trainer.eta: 0}", "--setting", "bad={trainer.eta: -1}"]) == 2
+    err = capsys.readouterr().err
+    assert "--setting bad:" in err and "trainer.eta" in err
+    assert main(["campaign", e2e, "--eta", "0,4", "--setting", "ok={trainer.eta: 0}"]) == 2
+    assert "without --eta, --objective or --grid" in capsys.readouterr().err
