@@ -53,22 +53,25 @@ async def _generate_all(urls, prompts, sampling, timeout_s, make_client):
 
 def evaluate_prompts(urls, prompts, decode, rewards, sampling: Sampling, *, timeout_s=600.0, make_client=None) -> dict:
     """Generate one answer per prompt with ``sampling``, grade them on the reward service; accuracy in
-    0..1. ``make_client``: the rollout backend's client (default: the embedded engine's)."""
+    0..1, and apart from it the share of answers that state one in a form the grader reads (``answered``:
+    format, right or wrong). ``make_client``: the rollout backend's client (default: the embedded engine's)."""
     responses = asyncio.run(_generate_all(urls, prompts, sampling, timeout_s, make_client))
     texts = [decode(r.output_ids) for r in responses]
     by_task: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
         by_task.setdefault(p.task, []).append(i)
     correct = [False] * len(prompts)
+    answered = [False] * len(prompts)  # an answer stated in a form the grader reads (right or wrong)
     for task, idx in by_task.items():
         results = rewards.grade_many(
             task, [texts[i] for i in idx], [prompts[i].reference for i in idx], [prompts[i].tests for i in idx]
         )
         for i, r in zip(idx, results):
-            correct[i] = bool(r.correct)
+            correct[i], answered[i] = bool(r.correct), r.parsed is not None
     lengths = [len(r.output_ids) for r in responses]
     return {
         "accuracy": sum(correct) / len(prompts),
+        "answered": sum(answered) / len(prompts),
         "n": len(prompts),
         "correct": correct,
         "lengths": lengths,

@@ -32,6 +32,11 @@ class RunSummary(TypedDict, total=False):
     code: dict  # the commit the run ran (run/folder.py code_version)
     accuracy_before: float  # held-out greedy accuracy (eval.n_problems problems) before RL
     accuracy_after: float
+    # the share of held-out answers that state an answer in a form the grader reads (its format: a
+    # boxed answer, "#### N", "the answer is N", a chain's "|N"), right or wrong: format apart from
+    # accuracy (code: every answer counts, its text being the program where it has no fenced block)
+    answered_before: float
+    answered_after: float
     n_eval_problems: int
     steps: int
     final_version: int
@@ -115,6 +120,10 @@ def build_summary(
         code=code_version(),
         accuracy_before=before["accuracy"],
         accuracy_after=after["accuracy"],
+        # (a run resumed from a state saved before it was measured has no answered share before RL)
+        **(
+            {"answered_before": before["answered"], "answered_after": after["answered"]} if "answered" in before else {}
+        ),
         n_eval_problems=before["n"],
         steps=steps,
         final_version=loop.version,
@@ -167,6 +176,19 @@ def _lengths(p: dict) -> str:
     return f"p50 {p['p50']:.0f}  p90 {p['p90']:.0f}  max {p['max']}"
 
 
+def _answered(s: RunSummary) -> str:
+    """Format apart from accuracy: the share of answers stated in a form the grader reads, and how
+    many of those were right."""
+
+    def right(acc: float, share: float) -> str:
+        return f"{acc / share:.3f}" if share else "-"
+
+    return (
+        f"before RL {s['answered_before']:.3f} -> after RL {s['answered_after']:.3f}; right among them "
+        f"{right(s['accuracy_before'], s['answered_before'])} -> {right(s['accuracy_after'], s['answered_after'])}"
+    )
+
+
 def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
     """The summary for people, as (measure, value) rows: printed by ``areal-flow train``, a table in the UI."""
     rows = [
@@ -176,6 +198,9 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
                 f"before RL {s['accuracy_before']:.3f} -> after RL {s['accuracy_after']:.3f} "
                 f"({s['accuracy_after'] - s['accuracy_before']:+.3f})"
             ),
+        ),
+        *(  # (summaries written before it was recorded have none)
+            [("held-out answers in a form graded", _answered(s))] if "answered_before" in s else []
         ),
         ("steps / eta / objective", f"{s['steps']} / {s['eta']} / {s['objective']}"),
         ("max staleness seen", str(s["max_staleness_observed"])),

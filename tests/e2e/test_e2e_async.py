@@ -61,3 +61,6 @@ def test_async_run_with_s3_checkpoints(tmp_path, monkeypatch, warm_cache):
         for key in ("accuracy_before", "accuracy_after", "effective_train_tokens_per_s", "wall_time_s"):
             assert key in summary
         assert 0 <= summary["accuracy_after"] <= 1 and summary["n_eval_problems"] == 24
+        # format apart from accuracy: a right answer is one stated in a form the grader reads
+        assert summary["accuracy_before"] <= summary["answered_before"] <= 1
+        assert summary["accuracy_after"] <= summary["answered_after"] <= 1

@@ -150,3 +150,31 @@ def test_the_campaign_command_checks_every_named_setting_before_it_runs(capsys):
     assert "--setting bad:" in err and "trainer.eta" in err
     assert main(["campaign", e2e, "--eta", "0,4", "--setting", "ok={trainer.eta: 0}"]) == 2
     assert "without --eta, --objective or --grid" in capsys.readouterr().err
+
+
+def test_the_summary_reports_format_apart_from_accuracy():
+    from areal_core.run.summary import summary_rows
+
+    base = {
+        "n_eval_problems": 400,
+        "accuracy_before": 0.2,
+        "accuracy_after": 0.45,
+        "steps": 40,
+        "eta": 4,
+        "objective": "decoupled",
+        "max_staleness_observed": 4,
+        "effective_train_tokens_per_s": 100.0,
+        "rl_time_s": 10.0,
+        "wall_time_s": 20.0,
+        "ledger_check": {"ok": True},
+    }
+    rows = dict(summary_rows({**base, "answered_before": 0.5, "answered_after": 0.9}))
+    assert (
+        rows["held-out answers in a form graded"]
+        == "before RL 0.500 -> after RL 0.900; right among them 0.400 -> 0.500"
+    )
+    assert "held-out answers in a form graded" not in dict(summary_rows(base))  # (older summaries)
+    none = dict(summary_rows({**base, "accuracy_before": 0.0, "answered_before": 0.0, "answered_after": 0.9}))
+    assert none["held-out answers in a form graded"].startswith(
+        "before RL 0.000 -> after RL 0.900; right among them - ->"
+    )
