@@ -38,6 +38,7 @@ LEARNING = (
     "preemption",
     "preemption_slurm",
     "replay_speed",
+    "dtype_control",
 )
 
 DIAGNOSTICS = (
