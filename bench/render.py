@@ -361,6 +361,23 @@ def engine(r: dict) -> str:
     return _table(head, rows)
 
 
+def core_split(r: dict) -> str:
+    """The core_split record: cores each process and thread used over a run of each mode, their total,
+    core-seconds per step and training throughput (the first mode is the baseline of the ratio)."""
+    runs = r["runs"]
+    modes = list(runs)
+    names = list(dict.fromkeys(k for x in runs.values() for k in x["cores"]))
+    rows = [[n] + [f"{runs[m]['cores'].get(n, 0.0):.2f}" for m in modes] for n in names]
+    rows = [row for row in rows if any(float(c) for c in row[1:])]
+    rows.append(["**total**"] + [f"**{sum(runs[m]['cores'].values()):.2f}**" for m in modes])
+    rows.append(["core-seconds per step"] + [f"{runs[m]['core_s_per_step']:.3f}" for m in modes])
+    base = runs[modes[0]]["effective_train_tokens_per_s"]
+    tps = [runs[m]["effective_train_tokens_per_s"] for m in modes]
+    rows.append(["train tokens/s"] + [f"{t:,.0f}" + (f" ({t / base:.2f}x)" if i else "") for i, t in enumerate(tps)])
+    rows.append(["RL time"] + [f"{runs[m]['rl_time_s']:.1f} s" for m in modes])
+    return _table(["cores"] + modes, rows)
+
+
 _SYSTEMS = ("TRL GRPOTrainer", "areal-flow sync", "areal-flow async")
 
 
@@ -455,6 +472,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "async_vs_sync.json": async_vs_sync,
     "dynamic_batching.json": dynamic_batching,
     "checkpoints.json": checkpoints,
+    "core_split.json": core_split,
     "weight_update.json": weight_update,
     "engine.json": engine,
     "trl_peer.json": trl_peer,

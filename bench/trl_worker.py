@@ -18,7 +18,7 @@ answers per optimizer step, each trained once, in micro_batches parts (TRL's los
 the whole generation batch, so the parts bound memory and leave the update as it is); beta 0 (no
 reference model), num_iterations 1, HF ``generate`` (use_vllm False), on the CPU with ``threads``
 torch threads, constant learning rate. TRL's defaults that cost time and are no part of GRPO are
-turned off (``SPEED``; docs/PERFORMANCE.md has the A/B figures).
+turned off (``SPEED``; ``python -m bench trl_peer_ab`` measures what each costs).
 
 OUT.json: per optimizer step, the wall clock at its end (``perf_counter``, so differences are
 step times), the process's CPU time then (``process_time``: other work on the machine disturbs

@@ -15,7 +15,7 @@ The answer is the number, graded by the math grader (``reward/math.py`` reads "T
 SmolLM2-135M-Instruct answers about a quarter of these right out of the box, greedy: the kinds
 differ (times tables are easiest), and much of what it gets wrong is the form, not the sum (it
 writes ``44 + 24 = 68`` and stops, or explains the order of operations until it runs out of
-tokens); docs/RL_TUNING.md has the measured start per kind.
+tokens); its measured held-out start is in bench/results/smollm2_seeds.json (docs/RESULTS.md).
 
 Held-out split: a fixed share of the calculations, chosen by a seeded hash of the calculation itself,
 is reserved for evaluation; train draws reject reserved calculations and held-out draws accept only
