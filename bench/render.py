@@ -28,7 +28,7 @@ from areal_core.numerics import kind_label
 from areal_core.storage.fsutil import write_text_atomic
 from bench.common import REPO_ROOT
 
-DOCS = ("docs/RESULTS.md", "docs/PERFORMANCE.md")
+DOCS = ("README.md", "docs/RESULTS.md", "docs/PERFORMANCE.md")
 BLOCK = re.compile(
     r"(<!-- rendered from (?P<record>bench/results/[\w/.-]+\.json) \(python -m bench\.render\) -->\n)"
     r"(?P<body>.*?)"
@@ -460,6 +460,50 @@ def trl_peer_smollm2_systems(r: dict) -> str:
     return systems + "\n\n" + _table(head, rows)
 
 
+def demo(r: dict) -> str:
+    """The demo record: ``make demo`` first (warm start trained) and later (cached), per kernel set."""
+    head = ["kernels", "run", "command", "run's own wall time", "RL time", "held-out before -> after", "tokens/s"]
+    rows = []
+    for x in r["rows"]:
+        k = x["kind"]
+        kernels = f"{x['kernels']}: {k['aten_capability']}" + (
+            f", oneDNN <= {k['onednn_max_isa']}" if k.get("onednn_max_isa", "default") != "default" else ""
+        )
+        rows.append(
+            [kernels, x["run"], _min_s(x["command_s"]), _min_s(x["run_wall_s"]), _min_s(x["rl_time_s"])]
+            + [f"{_num(x['before'])} -> {_num(x['after'])}", f"{x['tokens_per_s']:,.0f}"]
+        )
+    return _table(head, rows)
+
+
+def _interval(x: dict | None, sign: str = "") -> str:
+    """A campaign's interval as ``mean [lo, hi]`` (the mean alone from one seed); "-" for none."""
+    if x is None:
+        return "-"
+    if x["n"] < 2:
+        return f"{x['mean']:{sign}.3f} (1 seed)"
+    return f"{x['mean']:{sign}.3f} [{x['lo']:{sign}.3f}, {x['hi']:{sign}.3f}]"
+
+
+def dtype_control(r: dict) -> str:
+    """The dtype control campaign: each setting's held-out accuracy after RL over paired seeds, its
+    difference to float32 (95 % intervals), and per setting the gain, format and speed."""
+    d = r["decision"]
+    head = ["setting", "seeds", "held-out after RL [95 %]", f"difference to {d['baseline']} [95 %]", "verdict"]
+    head += ["gain", "answers in a form graded, after", "tokens/s"]
+    rows = []
+    for s in d["settings"]:
+        mine = [x for x in r["rows"] if x["setting"] == s["label"]]
+        gain = statistics.fmean(x["after"] - x["before"] for x in mine)
+        answered = [x["answered_after"] for x in mine if x.get("answered_after") is not None]
+        rows.append(
+            [f"`{s['label']}`", str(s["outcome"]["n"]), _interval(s["outcome"]), _interval(s["difference"], "+")]
+            + [s["verdict"], f"{gain:+.3f}", _num(statistics.fmean(answered)) if answered else "-"]
+            + [f"{statistics.fmean(x['tokens_per_s'] for x in mine):,.0f}"]
+        )
+    return _table(head, rows)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "preemption_slurm.json": preemption_slurm,
     "determinism_cost.json": determinism_costs,
@@ -473,6 +517,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "dynamic_batching.json": dynamic_batching,
     "checkpoints.json": checkpoints,
     "core_split.json": core_split,
+    "demo.json": demo,
     "weight_update.json": weight_update,
     "engine.json": engine,
     "trl_peer.json": trl_peer,
