@@ -11,6 +11,11 @@ record's renderer (``RENDERERS``, by the record's file name); ``python -m bench.
 rewrites nothing and exits 1 naming each block that differs from what its record gives (the unit test
 ``tests/unit/test_rendered_docs.py`` runs it). Each block ends with its record's source line:
 command, commit, CPU (model and the instruction sets that choose kernels), load and date.
+
+A record is a JSON file anywhere in the repository (``areal_core/sim/data/calibration_quickstart.json``
+as well as ``bench/results/NAME.json``), or a folder of them (a path ending in ``/``, one record a run:
+its renderer gets ``{"runs": {file name: record}}``). ``PATH#PART`` renders another table of the same
+record with the renderer registered as ``NAME#PART`` (a record whose tables the docs show apart).
 """
 
 from __future__ import annotations
@@ -28,9 +33,18 @@ from areal_core.numerics import kind_label
 from areal_core.storage.fsutil import write_text_atomic
 from bench.common import REPO_ROOT
 
-DOCS = ("README.md", "docs/RESULTS.md", "docs/PERFORMANCE.md")
+DOCS = (
+    "README.md",
+    "docs/RESULTS.md",
+    "docs/PERFORMANCE.md",
+    "docs/RL_TUNING.md",
+    "docs/EVALUATION.md",
+    "docs/PLANNING.md",
+)
+# a path inside the repository: folders of word characters and "-" (so never ".."), then a JSON file
+# (optionally "#part") or nothing (a folder of records, ending in "/")
 BLOCK = re.compile(
-    r"(<!-- rendered from (?P<record>bench/results/[\w/.-]+\.json) \(python -m bench\.render\) -->\n)"
+    r"(<!-- rendered from (?P<record>(?:[\w-]+/)+(?:[\w.-]+\.json(?:#[\w-]+)?)?) \(python -m bench\.render\) -->\n)"
     r"(?P<body>.*?)"
     r"(<!-- end rendered -->)",
     re.S,
@@ -81,22 +95,60 @@ def _cpu(m: dict) -> str:
     if "cpu" not in m:
         return "CPU not recorded"
     bf16 = {True: "avx512_bf16", False: "no avx512_bf16"}.get(m.get("avx512_bf16"), "bf16 flags not recorded")
-    return f"{m['cpu']} ({bf16}; torch {m.get('torch', '?')})"
+    return f"{m['cpu']} ({bf16}; torch {m['torch']})" if "torch" in m else f"{m['cpu']} ({bf16})"
+
+
+def _load(x: float | list[float] | None) -> str:
+    """A record's load average: one figure at the end, or [start, end]."""
+    if x is None:
+        return "load not recorded"
+    if isinstance(x, list):
+        return f"load {x[0]:.2f} at the start, {x[-1]:.2f} at the end"
+    return f"load {x:.2f} at the end"
 
 
 def source_line(record: dict) -> str:
     """Where a table's figures come from: command, commit, CPU, load and date of its record."""
     m = record.get("machine", {})
-    cpu = _cpu(m)
-    load = m.get("load_average_1m")
+    command = record["command"]
+    date = record.get("finished_at") or record.get("measured_at")
     parts = [
-        f"`{record['command']}`",
+        command if "`" in command else f"`{command}`",  # a command in words quotes its commands itself
         f"commit {record['commit']}" if "commit" in record else "commit not recorded in the file",
-        cpu,
-        f"load {load:.2f} at the end" if load is not None else "load not recorded",
-        record.get("finished_at", "date not recorded")[:10],
+        _cpu(m),
+        _load(m.get("load_average_1m")),
+        date[:10] if date else "date not recorded in the file",
     ]
     return "Record: " + "; ".join(parts) + "."
+
+
+# the command that writes a folder of run records (a run record does not name it)
+RUN_FOLDERS = {"objective_ablation_smollm2_runs": "python -m bench objective_ablation --model smollm2"}
+
+
+def _run_cpu(x: dict) -> str:
+    """A run record's CPU: its name and its bf16 units."""
+    return f"{x.get('cpu', 'CPU not recorded')} ({x.get('cpu_bf16_units') or 'no bf16 units'})"
+
+
+def _varies(runs: dict, key: Callable[[dict], str]) -> bool:
+    return len({key(x) for x in runs.values()}) > 1
+
+
+def runs_source_line(name: str, runs: dict) -> str:
+    """Where a table from a folder of run records comes from: the command that writes them, and their
+    CPU and commit (named here when every run shares them; else in the table's columns) and dates."""
+    one = next(iter(runs.values()))
+    dates = sorted({x.get("finished_at", "date not recorded")[:10] for x in runs.values()})
+    parts = [
+        f"`{RUN_FOLDERS[name]}`, one file a run (the table's last column)",
+        "the commit of each run in the table"
+        if _varies(runs, lambda x: str(x.get("benchmark_commit")))
+        else f"commit {one.get('benchmark_commit') or 'not recorded in the files'}",
+        "the CPU of each run in the table" if _varies(runs, _run_cpu) else _run_cpu(one),
+        " to ".join([dates[0], dates[-1]] if len(dates) > 1 else dates),
+    ]
+    return "Records: " + "; ".join(parts) + "."
 
 
 def preemption_slurm(r: dict) -> str:
@@ -504,6 +556,288 @@ def dtype_control(r: dict) -> str:
     return _table(head, rows)
 
 
+def rl_vs_sft(r: dict) -> str:
+    """The rl_vs_sft record: per seed, RL's final accuracy and time against the continued warm start's.
+    Its RL figures are those of the quickstart_seeds.json runs it names by date, whose machine this
+    record does not hold: hence the column saying so."""
+    head = ["seed", "before", "RL after (in s)", "SFT passed it after (s, steps)", "SFT at that point"]
+    head.append("RL's runs")
+    rl_runs = f"quickstart_seeds.json of {r.get('quickstart_seeds_from', 'a date not recorded')[:10]} (CPU not in this record)"
+    rows = []
+    for x in r["rows"]:
+        passed = x["sft_passed_rl_after_s"]
+        sft = f"{passed:.1f} s, {x['sft_extra_steps']} steps" if passed is not None else "not within RL's time"
+        rows.append(
+            [str(x["seed"]), _num(x["rl_before"]), f"{_num(x['rl_after'])} ({x['rl_time_s']:.0f})", sft]
+            + [_num(x["sft_final"]), rl_runs]
+        )
+    return _table(head, rows)
+
+
+def _sets(x: dict) -> dict[str, str]:
+    """A run's ``--set`` overrides as a mapping."""
+    return dict(s.split("=", 1) for s in x["sets"])
+
+
+def _ablation(r: dict, minibatches: Callable[[int], bool]) -> str:
+    """The objective_ablation record's settings whose PPO minibatches per step pass ``minibatches``:
+    held-out accuracy after RL per seed, mean ± std, mean gain and the largest staleness per seed;
+    synchronous first, then in the record's order."""
+    settings: dict[str, list[dict]] = {}
+    for x in r["rows"]:
+        if minibatches(int(_sets(x).get("trainer.ppo_minibatches", 1))):
+            settings.setdefault(x["setting"], []).append(x)
+    seeds = " / ".join(str(k) for k in r["seeds"])
+    counts = {int(_sets(x).get("trainer.ppo_minibatches", 1)) for runs in settings.values() for x in runs}
+    label = "setting" if counts == {1} else f"setting ({'/'.join(map(str, sorted(counts)))} minibatches)"
+    head = [label, f"after RL, seeds {seeds}", "mean ± std", "mean gain", f"max staleness, seeds {seeds}"]
+    rows = []
+    for runs in sorted(settings.values(), key=lambda runs: int(_sets(runs[0])["trainer.eta"]) != 0):
+        sets, by = _sets(runs[0]), {x["seed"]: x for x in runs}
+        eta = int(sets["trainer.eta"])
+        name = "sync (eta 0)" if eta == 0 else f"eta {eta}, {sets.get('trainer.objective', 'decoupled')}"
+        if "trainer.behav_weight_cap" in sets:
+            name += f", behaviour weights capped at {sets['trainer.behav_weight_cap']}"
+        mean, std = _mean_std([x["after"] for x in runs])
+        rows.append(
+            [name, " / ".join(_num(by[k]["after"]) for k in r["seeds"]), f"{_num(mean)} ± {_num(std)}"]
+            + [f"{statistics.fmean(x['gain'] for x in runs):+.3f}"]
+            + [" / ".join(str(by[k]["max_staleness"]) for k in r["seeds"])]
+        )
+    return _table(head, rows)
+
+
+def objective_ablation(r: dict) -> str:
+    """The objective_ablation record's settings with one PPO minibatch per step."""
+    return _ablation(r, lambda n: n == 1)
+
+
+def objective_ablation_four_minibatches(r: dict) -> str:
+    """The objective_ablation record's settings with four PPO minibatches per step."""
+    return _ablation(r, lambda n: n == 4)
+
+
+def _sci(x: float) -> str:
+    """``2.6e-7``: two significant digits, the exponent without leading zeros."""
+    mantissa, exp = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exp)}"
+
+
+def engine_mismatch(r: dict) -> str:
+    """The engine_mismatch record: the engine-vs-trainer logprob gap per model and servers' dtype, its
+    spread over steps (population sd of the per-step means), its largest token, tokens and update bytes;
+    bold: the largest mean and the largest max."""
+    head = ["model", "servers", "gap mean (nats)", "spread over steps (sd)", "gap max", "tokens", "bytes per update"]
+    top_mean = max(x["gap_mean"] for x in r["rows"])
+    top_max = max(x["gap_max"] for x in r["rows"])
+    rows = []
+    for x in r["rows"]:
+        mean, most = _sci(x["gap_mean"]), _sci(x["gap_max"]) if x["gap_max"] < 0.01 else f"{x['gap_max']:.2f}"
+        rows.append(
+            [_MODELS.get(x["model"], x["model"]), x["servers_dtype"]]
+            + [f"**{mean}**" if x["gap_mean"] == top_mean else mean, _sci(statistics.pstdev(x["gap_mean_per_step"]))]
+            + [f"**{most}**" if x["gap_max"] == top_max else most, f"{x['gap_tokens']:,}"]
+            + [f"{x['weight_update_bytes']:,}"]
+        )
+    return _table(head, rows)
+
+
+_CORRECTIONS = {"icepop": "IcePop", "tis": "TIS", "cap": "cap", "mis": "MIS", "geo_mask": "geo_mask", "m2po": "M2PO"}
+
+
+def _correction(off_policy: dict) -> str:
+    """A run's ``trainer.off_policy`` in words: ``IcePop [0.5, 5]``, ``TIS (cap 2)``."""
+    kind = off_policy.get("kind", "none")
+    name = _CORRECTIONS.get(kind, kind)
+    if off_policy.get("lo") is not None and off_policy.get("hi") is not None:
+        return f"{name} [{off_policy['lo']:g}, {off_policy['hi']:g}]"
+    for key in ("cap", "tau"):
+        if off_policy.get(key) is not None:
+            return f"{name} ({key} {off_policy[key]:g})"
+    return name
+
+
+def objective_ablation_smollm2_runs(r: dict) -> str:
+    """The SmolLM2 objective ablation's run records (one file a run): accuracy, what the correction did
+    and the record's file; a column for the commit and for the CPU where the runs differ in them."""
+    runs = r["runs"]
+    head = ["setting", "seed", "before -> after", "gain", "max staleness", "largest weight let through"]
+    head += ["tokens dropped or lowered", "ESS"]
+    commits, cpus = _varies(runs, lambda x: str(x.get("benchmark_commit"))), _varies(runs, _run_cpu)
+    head += (["commit"] if commits else []) + (["CPU"] if cpus else []) + ["record"]
+    rows = []
+    for file, x in runs.items():
+        trainer, rollout = x["config"]["trainer"], x["config"]["rollout"]
+        setting = f"eta {trainer['eta']}, {trainer['objective']}" if trainer["eta"] else "sync (eta 0)"
+        off = trainer.get("off_policy") or {"kind": "none"}
+        if off.get("kind", "none") != "none":
+            setting += f" + {_correction(off)}"
+        if rollout.get("dtype", "model") not in ("model", x["config"]["model"]["dtype"]):
+            setting += f", {rollout['dtype']} servers"
+        masked, truncated = x.get("offpolicy_masked_fraction"), x.get("offpolicy_truncated_fraction")
+        if masked is None and truncated is None:
+            dropped = "-"
+        elif masked:
+            dropped = f"masked {masked:.1%}".replace("%", " %")
+        elif truncated:
+            dropped = f"truncated {truncated:.1%}".replace("%", " %")
+        else:
+            dropped = "0"
+        weight, ess = x.get("offpolicy_weight_max"), x.get("offpolicy_ess")
+        rows.append(
+            [setting, str(x["seed"]), f"{_num(x['before'])} -> {_num(x['after'])}", f"{x['gain']:+.3f}"]
+            + [str(x["max_staleness"]), _sig3(weight) if weight is not None else "-", dropped]
+            + [_num(ess) if ess is not None else "-"]
+            + ([str(x.get("benchmark_commit") or "not recorded")] if commits else [])
+            + ([_run_cpu(x)] if cpus else [])
+            + [f"`{file}`"]
+        )
+    return _table(head, rows)
+
+
+_REWARD_TASKS = {"code (stdin, 3 tests)": "code, stdin, 3 tests", "assert (checker)": "assert, checker"}
+
+
+def rewards(r: dict) -> str:
+    """The rewards record: grades per second (medians of the repetitions) before and after, per task and
+    number of workers, with the ratio."""
+    tasks: dict[str, list[dict]] = {}
+    for x in r["rows"]:
+        tasks.setdefault(x["task"], []).append(x)
+    head = ["task", "workers", "before", "after", "after over before"]
+    rows = []
+    for task, xs in tasks.items():
+
+        def cells(key: str, fmt: Callable[[float], str], xs=xs) -> str:
+            return " / ".join(fmt(x[key]) if x.get(key) is not None else "-" for x in xs)
+
+        rows.append(
+            [f"{_REWARD_TASKS.get(task, task)} ({xs[0]['responses']})", " / ".join(x["workers"] for x in xs)]
+            + [cells("before", _sig3), cells("after", _sig3), cells("ratio", lambda v: f"{v:.2f}")]
+        )
+    return _table(head, rows)
+
+
+def _secs(x: float) -> str:
+    """A time to three significant digits in s, ms or µs."""
+    if x >= 1:
+        return f"{_sig3(x)} s"
+    return f"{_sig3(x * 1e3)} ms" if x >= 1e-4 else f"{_sig3(x * 1e6)} µs"
+
+
+def _fit_error(e: dict) -> str:
+    return f"{e['median_rel_error']:.1%} / {e['max_rel_error']:.0%} ({e['n']} points)"
+
+
+def calibration(r: dict) -> str:
+    """The simulator's calibration (areal_core/sim/data/calibration_quickstart.json): each fitted
+    coefficient of the cost model and its error on the points it was fitted to. For decode, which plane
+    of the roofline gives the larger term at the measured points."""
+    f, e, m = r["fitted"], r["fit_errors"], r["measurements"]
+    memory = _secs(f["decode_weight_read_s"])
+    if f["decode_kv_read_s_per_token"]:
+        memory += f" + {_secs(f['decode_kv_read_s_per_token'])} per context token"
+    compute = f"{_secs(f['decode_flop_s_per_seq'])} per sequence"
+    compute += f" + {_secs(f['decode_flop_s_per_ctx_token'])} per context token"
+    points = m["decode"]
+    bound = [
+        f["decode_flop_s_per_seq"] * p["batch"] + f["decode_flop_s_per_ctx_token"] * p["context_tokens"]
+        > f["decode_weight_read_s"] + f["decode_kv_read_s_per_token"] * p["context_tokens"]
+        for p in points
+    ]
+    if all(bound):
+        decode = f"{_secs(f['decode_overhead_s'])} + {compute} (compute-bound at every point)"
+    else:
+        decode = f"{_secs(f['decode_overhead_s'])} + max({memory}, {compute}): compute-bound (the second "
+        decode += f"term the larger) at {sum(bound)} of the {len(points)} points"
+        batches = sorted({p["batch"] for p in points})
+        upward = [b for b in batches if all(c for p, c in zip(points, bound, strict=True) if p["batch"] >= b)]
+        if upward:
+            decode += f", every one from batch {upward[0]} up"
+    prefill = f"{_secs(f['prefill_overhead_s'])} + {_secs(f['prefill_s_per_token'])} per token"
+    if f["prefill_s_per_token_sq"]:
+        prefill += f" + {_secs(f['prefill_s_per_token_sq'])} per token²"
+    train = f"{_secs(f['train_step_overhead_s'])} + {_secs(f['train_device_s_per_token'])} per computed token"
+    if f["train_device_s_per_token_sq"]:
+        train += f" + {_secs(f['train_device_s_per_token_sq'])} per computed token²"
+    eff = f["train_scaling_eff"]
+    updates = m["weight_update_s"]
+    n_updates = len(updates) if isinstance(updates, list) else 1
+    rows = [
+        ["decode step", decode, _fit_error(e["decode"])],
+        ["prefill", prefill, _fit_error(e["prefill"])],
+        ["training step, 1 thread", train + " (a group's prompt counted once)", _fit_error(e["train"])],
+        ["training, 2 threads", f"scaling efficiency {eff:.2f} per doubling (2 threads: {2 * eff:.2f}x one)"]
+        + ["(same fit)"],
+        ["weight update", f"{_secs(f['weight_update_s'])} (tensor apply between two steps)", f"mean of {n_updates}"],
+    ]
+    return _table(["coefficient", "fitted", "median / max error on its points"], rows)
+
+
+def calibration_in_situ(r: dict) -> str:
+    """The calibration's section ``in_situ``: per calibration run, the training step in the run against
+    the same batch's component cost, and (synchronous runs) the generation against its simulation."""
+    head = ["calibration run", "answers a step", "training step in run / alone", "generation in run / simulated"]
+    rows = []
+    for x in r["in_situ"]["runs"]:
+        train = f"{x['train_s_in_run']:.3f} s / {x['train_s_alone']:.3f} s ({x['train_slowdown']:.2f})"
+        gen = "-"
+        if x.get("generation_s_in_run") is not None:
+            gen = f"{x['generation_s_in_run']:.3f} s / {x['generation_s_simulated']:.3f} s"
+            gen += f" ({x['generation_slowdown']:.2f})"
+        rows.append([x["mode"], str(x["batch"]), train, gen])
+    note = "Section `in_situ` of the file, which `areal-flow calibrate-in-situ measure` adds; it holds no "
+    note += "command, commit, machine or date of its own (the line below is the file's)."
+    return _table(head, rows) + "\n\n" + note
+
+
+def _validation_setting(x: dict) -> str:
+    """A sim_validation row's setting without its mode: ``quickstart``, ``TRL-peer P8 x G4, T 64``."""
+    base = x["run"].removesuffix("-sync").removesuffix("-async")
+    if base == "trl-peer":
+        m = re.search(r"P(\d+)xG(\d+)_T(\d+)", x["run_dir"])  # the setting is in its run folders' names
+        return f"TRL-peer P{m[1]} x G{m[2]}, T {m[3]}" if m else "TRL-peer"
+    return base
+
+
+def _pct(x: float, digits: int = 0) -> str:
+    return f"{x * 100:+.{digits}f}%"
+
+
+def sim_validation(r: dict) -> str:
+    """The sim_validation record: each setting's measured throughput (mean ± sd of its runs) against the
+    simulator's prediction from the components alone and with the in-situ overheads; then async / sync."""
+    n = {len(x["measured_runs"]) for x in r["rows"]}
+    runs = f"{n.pop()} runs" if len(n) == 1 else "runs"
+    head = ["setting", "mode", "batch", "answer mean", f"measured, tok/s ({runs})", "components alone", "error"]
+    head += ["with in-situ overheads", "error (range)"]
+    rows = []
+    for x in r["rows"]:
+        lo, hi = x["in_situ_rel_error_range"]
+        rows.append(
+            [
+                f"{_validation_setting(x)}, {x['steps']} steps",
+                "sync" if x["eta"] == 0 else f"{x['mode']}, eta {x['eta']}",
+            ]
+            + [x["batch"], f"{x['answer_len_mean']:.1f}", f"{x['measured']:,.0f} ± {x['measured_std']:,.0f}"]
+            + [f"{x['simulated']:,.0f}", _pct(x["rel_error"]), f"{x['in_situ_simulated']:,.0f}"]
+            + [f"**{_pct(x['in_situ_rel_error'], 1)}** ({_pct(lo)[:-1]}..{_pct(hi)})"]
+        )
+    pairs: dict[str, dict[str, dict]] = {}
+    for x in r["rows"]:
+        pairs.setdefault(_validation_setting(x), {})["sync" if x["eta"] == 0 else "async"] = x
+    ratios = []
+    for setting, p in pairs.items():
+        if {"sync", "async"} <= set(p):
+            measured = p["async"]["measured"] / p["sync"]["measured"]
+            predicted = p["async"]["in_situ_simulated"] / p["sync"]["in_situ_simulated"]
+            ratios.append([setting, f"{measured:.2f}", f"{predicted:.2f}", _pct(predicted / measured - 1)])
+    both = _table(head, rows)
+    if ratios:
+        both += "\n\n" + _table(["async / sync (means)", "measured", "with in-situ overheads", "error"], ratios)
+    return both
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "preemption_slurm.json": preemption_slurm,
     "determinism_cost.json": determinism_costs,
@@ -525,15 +859,41 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,
     "trl_peer_smollm2.2026-11-28-before-lending.json": trl_peer_smollm2_systems,
+    "rl_vs_sft.json": rl_vs_sft,
+    "objective_ablation.json": objective_ablation,
+    "objective_ablation.json#four-minibatches": objective_ablation_four_minibatches,
+    "engine_mismatch.json": engine_mismatch,
+    "objective_ablation_smollm2_runs": objective_ablation_smollm2_runs,
+    "rewards.json": rewards,
+    "calibration_quickstart.json": calibration,
+    "calibration_quickstart.json#in_situ": calibration_in_situ,
+    "sim_validation.json": sim_validation,
 }
 
 
+def renderer_name(record_path: str) -> str:
+    """The ``RENDERERS`` key of a block's record: its file's (or folder's) name, with ``#part`` if any."""
+    path, _, part = record_path.partition("#")
+    name = Path(path).name
+    return f"{name}#{part}" if part else name
+
+
 def render_block(record_path: str, root: Path = REPO_ROOT) -> str:
-    """The block's body for the record at ``record_path`` (relative to ``root``, the repository)."""
-    name = Path(record_path).name
+    """The block's body for the record at ``record_path`` (relative to ``root``, the repository): a
+    file, ``file#part``, or a folder of run records (ending in ``/``)."""
+    name = renderer_name(record_path)
     if name not in RENDERERS:
         raise KeyError(f"{record_path}: no renderer for this record in bench/render.py (RENDERERS)")
-    record = json.loads((root / record_path).read_text())
+    path = record_path.partition("#")[0]
+    full = (root / path).resolve()
+    if not full.is_relative_to(root.resolve()):
+        raise ValueError(f"{record_path}: not a path inside the repository")
+    if path.endswith("/"):
+        runs = {f.name: json.loads(f.read_text()) for f in sorted(full.glob("*.json"))}
+        if not runs:
+            raise FileNotFoundError(f"{record_path}: no records in this folder")
+        return f"{RENDERERS[name]({'runs': runs})}\n\n{runs_source_line(full.name, runs)}\n"
+    record = json.loads(full.read_text())
     return f"{RENDERERS[name](record)}\n\n{source_line(record)}\n"
 
 

@@ -6,20 +6,55 @@ import json
 import shutil
 
 from bench.common import REPO_ROOT
-from bench.render import BLOCK, DOCS, RENDERERS, render_block, rendered, source_line, stale_blocks
+from bench.render import BLOCK, DOCS, RENDERERS, render_block, rendered, renderer_name, source_line, stale_blocks
+
+
+def _records() -> set[str]:
+    return {m.group("record") for f in DOCS for m in BLOCK.finditer((REPO_ROOT / f).read_text())}
 
 
 def test_every_rendered_block_in_the_docs_is_what_its_record_gives():
     assert stale_blocks() == [], "run `python -m bench.render`"
-    assert sum(len(BLOCK.findall((REPO_ROOT / f).read_text())) for f in DOCS) >= 18
+    assert sum(len(BLOCK.findall((REPO_ROOT / f).read_text())) for f in DOCS) >= 30
 
 
-def test_every_renderer_renders_its_record_and_every_block_has_one():
-    for name in RENDERERS:
-        body = render_block(f"bench/results/{name}")
-        assert body.startswith("| ") and "\nRecord: `python -m bench " in body, name
-    records = {m.group("record") for f in DOCS for m in BLOCK.finditer((REPO_ROOT / f).read_text())}
-    assert {r.rsplit("/", 1)[1] for r in records} <= set(RENDERERS)
+def test_every_block_has_a_renderer_and_every_renderer_a_block():
+    records = _records()
+    assert {renderer_name(r) for r in records} == set(RENDERERS)
+    for record in records:
+        body = render_block(record)
+        assert body.startswith("| ") and ("\nRecord: " in body or "\nRecords: " in body), record
+
+
+def test_a_record_outside_bench_results_a_part_of_a_record_and_a_folder_of_records():
+    # a file anywhere in the repository, one of its tables (#part), a folder of run records
+    records = _records()
+    assert "areal_core/sim/data/calibration_quickstart.json#in_situ" in records
+    assert "bench/results/objective_ablation_smollm2_runs/" in records
+    assert (
+        renderer_name("areal_core/sim/data/calibration_quickstart.json#in_situ")
+        == "calibration_quickstart.json#in_situ"
+    )
+    assert renderer_name("bench/results/objective_ablation_smollm2_runs/") == "objective_ablation_smollm2_runs"
+    assert (
+        BLOCK.search("<!-- rendered from ../secret.json (python -m bench.render) -->\nx\n<!-- end rendered -->") is None
+    )
+    calibration = render_block("areal_core/sim/data/calibration_quickstart.json")
+    assert "Record: `python -m areal_core.sim.measure`" in calibration and "load 0.53 at the start" in calibration
+
+
+def test_a_table_from_runs_of_several_commits_has_a_commit_column():
+    runs = render_block("bench/results/objective_ablation_smollm2_runs/")
+    head = runs.splitlines()[0]
+    assert "| commit |" in head and "| 74efdb8 |" in runs and "| 6393b03 |" in runs
+    assert "Records: `python -m bench objective_ablation --model smollm2`" in runs
+
+
+def test_a_command_in_words_is_not_put_in_a_code_span():
+    line = source_line({"command": "runs of `python -m bench x`, then y", "machine": {"cpu": "AMD EPYC"}})
+    assert line.startswith("Record: runs of `python -m bench x`, then y; ") and line.endswith(
+        "date not recorded in the file."
+    )
 
 
 def test_a_record_without_a_cpu_kind_still_says_whether_its_cpu_has_bf16_units():
