@@ -72,7 +72,14 @@ def _eval_parser(sub) -> None:
         "--run-dir",
         help="the training run the checkpoint belongs to, for --bench heldout (found by itself for RUN/checkpoints/vN)",
     )
-    e.add_argument("--scheduler", help="Dask scheduler address for grading (default: a local cluster)")
+    e.add_argument(
+        "--scheduler",
+        help="Dask scheduler to grade on: tls://host:8786 (with the --tls-* files) or tcp://host:8786 "
+        "(default: a local cluster)",
+    )
+    e.add_argument("--tls-ca-file", help="a tls:// --scheduler: the CA certificate (PEM) its cluster's are signed by")
+    e.add_argument("--tls-cert", help="a tls:// --scheduler: this client's certificate (PEM), signed by that CA")
+    e.add_argument("--tls-key", help="a tls:// --scheduler: its private key (PEM; default: in --tls-cert)")
     e.add_argument(
         "--reference",
         action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -28,14 +29,36 @@ def _print_eval_summary(summary: dict, out_dir: str) -> None:
         )
 
 
+# the grading settings (a run's reward section) and the flags of `areal-flow eval` that give them
+_GRADING_FLAGS = {
+    "scheduler_address": ("scheduler", "--scheduler"),
+    "tls_ca_file": ("tls_ca_file", "--tls-ca-file"),
+    "tls_client_cert": ("tls_cert", "--tls-cert"),
+    "tls_client_key": ("tls_key", "--tls-key"),
+}
+
+
+def _grading(args):
+    """Where the answers are graded: --scheduler (with its --tls-* files), else a local Dask cluster."""
+    from areal_core.eval.harness import grading_config
+
+    given = {key: getattr(args, attr) for key, (attr, _) in _GRADING_FLAGS.items() if getattr(args, attr) is not None}
+    try:
+        return grading_config(given or None)
+    except ValueError as e:
+        text = str(e)
+        for key, (_, flag) in _GRADING_FLAGS.items():  # (the settings' names, with or without "reward.")
+            text = re.sub(rf"\b(reward\.)?{key}\b", flag, text)
+        raise UsageError(text) from None
+
+
 def _eval_reference(args) -> int:
     from areal_core.eval.harness import reference_check
 
     if args.model:
         raise UsageError("--reference checks the data's own solutions; give no model")
     reports = [
-        reference_check(b, limit=args.limit, scheduler_address=args.scheduler, progress=not args.no_progress)
-        for b in args.bench
+        reference_check(b, limit=args.limit, grading=_grading(args), progress=not args.no_progress) for b in args.bench
     ]
     for r in reports:
         for f in r["failures"][:20]:
@@ -96,7 +119,7 @@ def cmd_eval(args) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
-        scheduler_address=args.scheduler,
+        grading=_grading(args),
         progress=not args.no_progress,
         run_dir=run_dir,
     )

@@ -44,7 +44,7 @@ def evaluate(
     temperature: float | None = None,
     top_p: float | None = None,
     max_new_tokens: int | None = None,
-    scheduler_address: str | None = None,
+    reward: dict | None = None,
     s3_credentials_block: str | None = None,
     run_dir: str | None = None,
 ) -> dict:
@@ -64,12 +64,15 @@ def evaluate(
         temperature: Sampling temperature. None: each benchmark's own (heldout: the run's).
         top_p: Nucleus sampling mass. None: each benchmark's own.
         max_new_tokens: Longest answer. None: each benchmark's own.
-        scheduler_address: Grade on this Dask cluster (tcp://host:8786). None: a local cluster.
+        reward: Where the answers are graded, as a run's reward section: e.g.
+            {"scheduler_address": "tls://dask-host:8786", "tls_ca_file": "/etc/areal/ca.pem",
+            "tls_client_cert": "/etc/areal/client.pem", "tls_client_key": "/etc/areal/client.key"}.
+            None: a local Dask cluster.
         s3_credentials_block: A Prefect Secret block holding AWS_* variables for s3:// checkpoints.
             None: the worker's environment.
         run_dir: The training run the checkpoint belongs to (found by itself for RUN/checkpoints/vN).
     """
-    from areal_core.eval.harness import HELDOUT, run_folder_of
+    from areal_core.eval.harness import HELDOUT, grading_config, run_folder_of
     from areal_core.report.ui import evaluation_markdown, run_evaluations
 
     if s3_credentials_block:
@@ -86,7 +89,7 @@ def evaluate(
         temperature=temperature,
         top_p=top_p,
         max_new_tokens=max_new_tokens,
-        scheduler_address=scheduler_address,
+        grading=grading_config(reward),
         run_dir=run_dir,
     )
     name = evaluation_name(checkpoint_url, run_dir)

@@ -311,7 +311,7 @@ def evaluate_checkpoint(
     temperature: float | None = None,
     top_p: float | None = None,
     max_new_tokens: int | None = None,
-    scheduler_address: str | None = None,
+    grading: RewardConfig | None = None,
     progress: bool = True,
     run_dir: str | None = None,
 ) -> dict:
@@ -321,7 +321,9 @@ def evaluate_checkpoint(
     model folder, or ``smollm2-135m``. ``run_dir``: the training run the checkpoint belongs to
     (found by itself for a local ``RUN/checkpoints/vN``), whose held-out split and sampling the
     bench ``heldout`` uses. Sampling settings left None take each bench's own: the run's for
-    ``heldout``, temperature 0.6 and top-p 0.95 for the others. Returns the summary dict.
+    ``heldout``, temperature 0.6 and top-p 0.95 for the others. ``grading``: where the answers are
+    graded (its ``scheduler_address`` and ``tls_*`` files, as a run's ``reward`` section); None: a
+    local Dask cluster. Returns the summary dict.
     """
     from areal_core.reward.service import RewardService
     from areal_core.rollout.backends.embedded.launcher import start_server
@@ -362,7 +364,7 @@ def evaluate_checkpoint(
     }
     with entered_together(
         made_on_enter(start_server, folder, log_path=str(out / "rollout_server.log"), max_running=512),
-        made_on_enter(RewardService, RewardConfig(scheduler_address=scheduler_address)),
+        made_on_enter(RewardService, grading or RewardConfig()),
     ) as (server, rewards):
         rewards.warm_up({bench.task for bench in chosen})
         for bench in chosen:
@@ -402,15 +404,32 @@ def evaluate_checkpoint(
     return summary
 
 
+def grading_config(reward: dict | None) -> RewardConfig | None:
+    """Where an evaluation grades, from a run's ``reward`` settings (a dict: ``scheduler_address``, the
+    ``tls_*`` files, ...); None: a local Dask cluster. A ValueError names a key that is wrong and why."""
+    if reward is None:
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return RewardConfig(**reward)
+    except ValidationError as e:
+        problems = "; ".join(
+            (f"reward.{'.'.join(map(str, x['loc']))}: " if x["loc"] else "") + x["msg"].removeprefix("Value error, ")
+            for x in e.errors()
+        )
+        raise ValueError(f"the grading settings: {problems}") from None
+
+
 def reference_check(
     bench_name: str,
     *,
     limit: int | None = None,
-    scheduler_address: str | None = None,
-    n_workers: int = 2,
+    grading: RewardConfig | None = None,
     progress: bool = True,
 ) -> dict:
-    """Grade every problem's own reference solution: a self-check of the data and the grader."""
+    """Grade every problem's own reference solution: a self-check of the data and the grader
+    (``grading``: where, as :func:`evaluate_checkpoint`)."""
     from areal_core.reward.service import RewardService
 
     bench = get_benchmark(bench_name)
@@ -424,8 +443,7 @@ def reference_check(
     if not items:
         raise ValueError(f"{bench_name}: the data has no reference solutions to check")
     t0 = time.perf_counter()
-    cfg = RewardConfig(scheduler_address=scheduler_address, n_workers=n_workers)
-    with RewardService(cfg) as rewards:
+    with RewardService(grading or RewardConfig(n_workers=2)) as rewards:  # (2 local workers: the checks are many)
         grades = _Grades(len(items))
         for i, (task, resp, ref, tests) in enumerate(items):
             grades.submit(rewards, i, task, resp, ref, tests)

@@ -198,6 +198,35 @@ def test_an_external_tls_scheduler_is_reached_with_the_configured_certificates(s
         RewardConfig(scheduler_address="tcp://10.0.0.1:8786", tls_ca_file="ca.pem")
 
 
+def test_an_evaluation_grades_on_an_external_tls_scheduler_given_its_files(services, capsys):
+    """``areal-flow eval --scheduler tls://... --tls-ca-file ... --tls-cert ... --tls-key ...`` (the evaluate
+    deployment's ``reward``): the answers are graded on that cluster; without the files, one clear line."""
+    from flows.cli import main
+
+    rewards = services["rewards"]
+    s = rewards.client_settings()
+
+    def transitions(dask_scheduler) -> int:  # the scheduler's count of task state changes so far
+        return dask_scheduler.transition_counter
+
+    before = rewards.client.run_on_scheduler(transitions)
+    flags = [
+        "--scheduler",
+        s["scheduler_address"],
+        "--tls-ca-file",
+        s["tls_ca_file"],
+        "--tls-cert",
+        s["tls_client_cert"],
+    ]
+    flags += ["--tls-key", s["tls_client_key"]] if s.get("tls_client_key") else []
+    assert main(["eval", "--bench", "gsm8k", "--reference", "--limit", "4", "--no-progress", *flags]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["accuracy"] == 1.0 and report["n"] == 4
+    assert rewards.client.run_on_scheduler(transitions) > before  # graded there
+    assert main(["eval", "--bench", "gsm8k", "--reference", "--scheduler", s["scheduler_address"]]) == 2
+    assert "give --tls-ca-file and --tls-cert" in capsys.readouterr().err
+
+
 def test_the_server_and_the_endpoint_answer_401_without_the_key(services):
     server, endpoint = services["server"], services["endpoint"]
     for path in (
