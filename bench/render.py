@@ -542,7 +542,7 @@ def dtype_control(r: dict) -> str:
     difference to float32 (95 % intervals), and per setting the gain, format and speed."""
     d = r["decision"]
     head = ["setting", "seeds", "held-out after RL [95 %]", f"difference to {d['baseline']} [95 %]", "verdict"]
-    head += ["gain", "answers in a form graded, after", "tokens/s"]
+    head += ["gain", "answers in a form graded, after"]  # (no speed: the machine may have been shared)
     rows = []
     for s in d["settings"]:
         mine = [x for x in r["rows"] if x["setting"] == s["label"]]
@@ -551,7 +551,6 @@ def dtype_control(r: dict) -> str:
         rows.append(
             [f"`{s['label']}`", str(s["outcome"]["n"]), _interval(s["outcome"]), _interval(s["difference"], "+")]
             + [s["verdict"], f"{gain:+.3f}", _num(statistics.fmean(answered)) if answered else "-"]
-            + [f"{statistics.fmean(x['tokens_per_s'] for x in mine):,.0f}"]
         )
     return _table(head, rows)
 
