@@ -72,6 +72,7 @@ class ServerInfo:
     paused: bool
     busy_s: float | None = None  # seconds spent generating since start (None: the server does not say)
     reprefilled_tokens: int | None = None  # positions prefilled again after weight updates, since start
+    kv_budget_tokens: int | None = None  # KV positions one request may reserve at most (None: no limit said)
 
 
 class RolloutClient(Protocol):

@@ -175,6 +175,9 @@ class ModelInfo(_Body):
     last_update_stall_s: float | None = None
     busy_s: float = 0.0  # seconds the engine spent generating and applying weights, since start
     reprefilled_tokens: int = 0  # positions prefilled again after weight updates (reprefill mode), since start
+    # the KV positions its budget holds (rollout.kv_budget; bytes converted at its model's size per
+    # position): no request may reserve more; None: no budget
+    kv_budget_tokens: int | None = None
     # version -> SHA-256 of the weights it went live with (models/digest.py); servers started with
     # engine config weight_hashes only, else empty
     weight_hashes: dict[int, str] = {}

@@ -8,8 +8,9 @@ apply:
   server refuses a request whose prompt + max_new_tokens exceeds it;
 * ``trainer.max_tokens_per_microbatch`` under dynamic micro-batching: a trajectory is never split,
   so a longer one would fail a training step mid-run;
-* ``rollout.kv_budget.tokens``: a request reserving more KV positions than the whole budget is
-  refused.
+* the servers' KV budget (``rollout.kv_budget``, in tokens or in bytes, which each server converts
+  at its model's size per position and reports): a request reserving more KV positions than the
+  whole budget is refused.
 
 The controller clamps every request's max_new_tokens to what the limit leaves of its trajectory,
 so a multi-turn answer (retry, tool, openai_agent) stops growing there, and an episode adds
@@ -24,10 +25,13 @@ import dataclasses
 from areal_core.experiment import ConfigError, ExperimentConfig
 
 
-def trajectory_token_limit(cfg: ExperimentConfig, model_context: int | None) -> int | None:
+def trajectory_token_limit(
+    cfg: ExperimentConfig, model_context: int | None, servers_kv_tokens: int | None = None
+) -> int | None:
     """The most tokens one trajectory may hold (``model_context``: the model's positions, None if
-    unknown); None: no limit applies."""
-    limits = [model_context]
+    unknown; ``servers_kv_tokens``: the smallest KV budget the servers report, :func:`servers_kv_budget`);
+    None: no limit applies."""
+    limits = [model_context, servers_kv_tokens]
     backend = cfg.rollout.backend
     if backend.kind == "vllm":
         limits.append(backend.max_model_len)
@@ -38,6 +42,22 @@ def trajectory_token_limit(cfg: ExperimentConfig, model_context: int | None) -> 
         limits.append(kv.tokens)
     known = [n for n in limits if n]
     return min(known) if known else None
+
+
+def servers_kv_budget(urls: list[str], make_client) -> int | None:
+    """The smallest KV budget (in positions) the servers at ``urls`` report; None where none says."""
+    import asyncio
+
+    async def ask() -> list[int | None]:
+        clients = [make_client(u) for u in urls]
+        try:
+            return [(await c.info()).kv_budget_tokens for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    said = [n for n in asyncio.run(ask()) if n is not None]
+    return min(said) if said else None
 
 
 def first_turn_tokens(cfg: ExperimentConfig) -> int:

@@ -41,7 +41,12 @@ from areal_core.numerics import cpu_kind, require_repeatable
 from areal_core.rollout.auth import new_key
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.rollout.weight_transport import ADAPTER_BACKENDS, make_transport
-from areal_core.run.budget import check_agent_budget, check_trajectory_budget, trajectory_token_limit
+from areal_core.run.budget import (
+    check_agent_budget,
+    check_trajectory_budget,
+    servers_kv_budget,
+    trajectory_token_limit,
+)
 from areal_core.run.checkpoints import RunCheckpoints, restore_weights
 from areal_core.run.costs import CostLedger
 from areal_core.run.costs import write_parquet as write_costs
@@ -255,7 +260,7 @@ def _start_pools(run: RunSetup, policy: Policy, training: Training):
         yield Pools(rewards, list(urls), frozen_urls, backend, frozen_backend, engine, start, server_copy)
 
 
-def _controller_settings(cfg: ExperimentConfig, model) -> ControllerSettings:
+def _controller_settings(cfg: ExperimentConfig, model, servers_kv_tokens: int | None) -> ControllerSettings:
     r, t, curriculum = cfg.rollout, cfg.trainer, cfg.data.curriculum
     return ControllerSettings(
         batch_size=t.batch_size,
@@ -269,7 +274,9 @@ def _controller_settings(cfg: ExperimentConfig, model) -> ControllerSettings:
         curriculum=curriculum.model_dump(exclude={"by"}) if curriculum else None,
         kv_budget_tokens=r.client_kv_budget_tokens(),
         # requests are clamped to what this leaves of their trajectory (multi-turn answers too)
-        max_trajectory_tokens=trajectory_token_limit(cfg, getattr(model.config, "max_position_embeddings", None)),
+        max_trajectory_tokens=trajectory_token_limit(
+            cfg, getattr(model.config, "max_position_embeddings", None), servers_kv_tokens
+        ),
         deterministic=r.deterministic,
         min_servers=r.min_servers,
     )
@@ -315,7 +322,7 @@ def _rollout(run: RunSetup, policy: Policy, training: Training, pools: Pools):
         policy.decode,
         pools.rewards,
         ReplayBuffer(ordered=cfg.rollout.deterministic),
-        _controller_settings(cfg, model),
+        _controller_settings(cfg, model, servers_kv_budget(pools.urls, pools.backend.client)),
         transport,
         version=training.version,
         episode=make_episode(cfg.episode),

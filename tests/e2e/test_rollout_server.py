@@ -159,6 +159,41 @@ def test_embedded_servers_sample_with_their_own_seeds(models, tmp_path):
         assert fut.result().output_ids == got[k]
 
 
+def test_servers_report_their_kv_budget_in_positions_and_the_run_takes_the_smallest(models, tmp_path):
+    from areal_core.rollout.backends.embedded.engine import kv_bytes_per_token
+    from areal_core.rollout.config import EngineConfig, KVBudget
+    from areal_core.run.budget import servers_kv_budget
+
+    path = models["v0"][0]
+    per_token = kv_bytes_per_token(RolloutEngine.from_pretrained(path, start=False).kv)
+    budgets = (70, 50)
+    started = [
+        start_server(
+            path,
+            engine=EngineConfig(kv_budget=KVBudget(bytes=n * per_token + 3)),
+            startup_timeout_s=60,
+            log_path=str(tmp_path / f"s{n}.log"),
+        )
+        for n in budgets
+    ]
+    try:
+        urls = [s.url for s in started]
+
+        async def reported():
+            clients = [EmbeddedClient(u, timeout_s=60) for u in urls]
+            try:
+                return [(await c.info()).kv_budget_tokens for c in clients]
+            finally:
+                for c in clients:
+                    await c.aclose()
+
+        assert run(reported()) == list(budgets)
+        assert servers_kv_budget(urls, lambda u: EmbeddedClient(u, timeout_s=60)) == 50
+    finally:
+        for s in started:
+            s.stop()
+
+
 def test_32_concurrent_requests(server):
     async def go(c: EmbeddedClient):
         before = (await c.model_info()).generated_tokens

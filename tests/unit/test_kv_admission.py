@@ -98,6 +98,8 @@ def test_never_over_budget_under_a_random_burst(seed):
 def test_the_budget_can_be_given_in_bytes():
     engine = RolloutEngine(tiny_qwen2(3), start=False, kv_budget=KVBudget(bytes=100 * BYTES_PER_TOKEN + 7))
     assert engine.kv_bytes_per_token == BYTES_PER_TOKEN and engine.kv_budget_tokens == 100
+    assert engine.info().kv_budget_tokens == 100  # what the server reports, in positions
+    assert RolloutEngine(tiny_qwen2(3), start=False).info().kv_budget_tokens is None
     with pytest.raises(ValueError, match=f"holds no KV position of this model .{BYTES_PER_TOKEN} bytes per token"):
         RolloutEngine(tiny_qwen2(3), start=False, kv_budget=KVBudget(bytes=BYTES_PER_TOKEN - 1))
 
@@ -388,3 +390,18 @@ def test_kv_budget_reaches_the_server_through_the_engine_config():
     args = parse_args(["--model-path", "m", "--port", "1", "--engine-config", eng.model_dump_json()])
     assert args.engine_config.kv_budget == KVBudget(bytes=4096)
     assert json.loads(EngineConfig().model_dump_json())["kv_budget"] is None
+
+
+def test_a_trajectory_is_bounded_by_the_smallest_kv_budget_the_servers_report():
+    """A budget in bytes is known in positions only to the servers (their model's size per position):
+    the trajectory limit takes what they report, beside the config's own limits."""
+    from pathlib import Path
+
+    from areal_core.experiment import load_config
+    from areal_core.run.budget import trajectory_token_limit
+
+    e2e = Path(__file__).resolve().parents[1] / "data/e2e.yaml"
+    in_bytes = load_config(e2e, {"rollout.kv_budget": {"bytes": 4096}})
+    assert trajectory_token_limit(in_bytes, 400) == 400  # (the config alone cannot say it in positions)
+    assert trajectory_token_limit(in_bytes, 400, servers_kv_tokens=300) == 300
+    assert trajectory_token_limit(load_config(e2e, {"rollout.kv_budget": {"tokens": 200}}), 400, 300) == 200

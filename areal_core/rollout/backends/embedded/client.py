@@ -151,6 +151,7 @@ class EmbeddedClient(HTTPClient):
             paused=m.paused,
             busy_s=m.busy_s,
             reprefilled_tokens=m.reprefilled_tokens,
+            kv_budget_tokens=m.kv_budget_tokens,
         )
 
     async def requests(self) -> RequestsSnapshot:

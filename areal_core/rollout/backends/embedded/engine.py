@@ -220,6 +220,7 @@ class RolloutEngine(BatchSteps):
             last_update_stall_s=self.last_update_stall_s,
             busy_s=self.busy_s,
             reprefilled_tokens=self.reprefilled_tokens,
+            kv_budget_tokens=self.kv_budget_tokens,
             weight_hashes=dict(self.weight_hashes or {}),
         )
 
