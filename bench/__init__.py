@@ -39,6 +39,7 @@ LEARNING = (
     "preemption_slurm",
     "replay_speed",
     "dtype_control",
+    "eta_until_clear",
 )
 
 DIAGNOSTICS = (

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from areal_core.numerics import kind_label
 from areal_core.storage.fsutil import write_text_atomic
+from bench.campaigns import interval
 from bench.common import REPO_ROOT
 
 DOCS = (
@@ -528,20 +529,12 @@ def demo(r: dict) -> str:
     return _table(head, rows)
 
 
-def _interval(x: dict | None, sign: str = "") -> str:
-    """A campaign's interval as ``mean [lo, hi]`` (the mean alone from one seed); "-" for none."""
-    if x is None:
-        return "-"
-    if x["n"] < 2:
-        return f"{x['mean']:{sign}.3f} (1 seed)"
-    return f"{x['mean']:{sign}.3f} [{x['lo']:{sign}.3f}, {x['hi']:{sign}.3f}]"
-
-
-def dtype_control(r: dict) -> str:
-    """The dtype control campaign: each setting's held-out accuracy after RL over paired seeds, its
-    difference to float32 (95 % intervals), and per setting the gain, format and speed."""
+def campaign_decision(r: dict) -> str:
+    """A campaign's record (bench/campaigns.py): each setting's outcome over paired seeds, its difference
+    to the baseline (95 % intervals) and verdict, its mean gain and share of answers in a form graded;
+    then why the campaign stopped."""
     d = r["decision"]
-    head = ["setting", "seeds", "held-out after RL [95 %]", f"difference to {d['baseline']} [95 %]", "verdict"]
+    head = ["setting", "seeds", f"{d['outcome_label']} [95 %]", f"difference to {d['baseline']} [95 %]", "verdict"]
     head += ["gain", "answers in a form graded, after"]  # (no speed: the machine may have been shared)
     rows = []
     for s in d["settings"]:
@@ -549,10 +542,10 @@ def dtype_control(r: dict) -> str:
         gain = statistics.fmean(x["after"] - x["before"] for x in mine)
         answered = [x["answered_after"] for x in mine if x.get("answered_after") is not None]
         rows.append(
-            [f"`{s['label']}`", str(s["outcome"]["n"]), _interval(s["outcome"]), _interval(s["difference"], "+")]
+            [f"`{s['label']}`", str(s["outcome"]["n"]), interval(s["outcome"]), interval(s["difference"], "+")]
             + [s["verdict"], f"{gain:+.3f}", _num(statistics.fmean(answered)) if answered else "-"]
         )
-    return _table(head, rows)
+    return f"{_table(head, rows)}\n\nStopped because: {d['stopped_because']}."
 
 
 def rl_vs_sft(r: dict) -> str:
