@@ -128,11 +128,6 @@ class ExperimentConfig(Section):
                 "trainer.optim.continue_warm_start continues the full model's AdamW moments; with "
                 "trainer.lora only the adapters train (remove one of the two)"
             )
-        if self.model.warm_start.length_alpha is not None and self.data.dataset != "synthetic":
-            raise ValueError(
-                "model.warm_start.length_alpha weights demonstrations by chain length, so it needs "
-                f"data.dataset: synthetic (got {self.data.dataset!r})"
-            )
         settle_rollout(self.cluster, r)
         settle_trainer(self.cluster, t)
         ma = self.multi_agent

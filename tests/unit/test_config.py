@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from areal_core.data.records import read_records
 from areal_core.experiment import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,11 +110,28 @@ def test_continue_warm_start_needs_a_warm_started_tiny_model(tmp_path):
         load_config(_write(tmp_path, text % 0))
 
 
-def test_warm_start_length_alpha_needs_the_synthetic_task(tmp_path):
+def test_warm_start_length_alpha_needs_chain_lengths(tmp_path):
+    """length_alpha weights the chain task's demonstrations by their length (meta.k): the synthetic task,
+    or its records written out (what a campaign trains on); records without a chain length are refused
+    by name when the warm start reads them."""
+    from areal_core.data.prepare import prepare
+    from areal_core.data.records import Record
+    from areal_core.models.loading import warm_start_inputs
+
     text = "model:\n  warm_start: {length_alpha: 3.0}\n"
-    assert load_config(_write(tmp_path, text)).model.warm_start.length_alpha == 3.0
-    with pytest.raises(ConfigError, match="length_alpha weights demonstrations by chain length"):
-        load_config(_write(tmp_path, text), {"data.dataset": str(tmp_path / "exp.yaml")})
+    cfg = load_config(_write(tmp_path, text))
+    assert cfg.model.warm_start.length_alpha == 3.0
+    files = prepare("synthetic", str(tmp_path / "data"), synthetic=cfg.data.synthetic.model_dump())["files"]
+    quickstart = load_config(
+        ROOT / "configs/quickstart.yaml", {"data.dataset": files["train"]}
+    )  # as a campaign runs it
+    pairs, weights, _ = warm_start_inputs(quickstart.model, read_records(files["train"]))
+    assert len(weights) == len(pairs) and len(set(weights)) > 1  # weighted by chain length
+    no_k = [Record(id="r1", prompt="1+1=", solution="2", task="math", answer="2")]
+    with pytest.raises(
+        ValueError, match=r"length_alpha needs chain-task records with a chain length \(meta.k\); record 'r1'"
+    ):
+        warm_start_inputs(cfg.model, no_k)
     with pytest.raises(ConfigError, match="length_alpha"):
         load_config(_write(tmp_path, "model:\n  warm_start: {length_alpha: -1}\n"))
 
