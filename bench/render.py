@@ -844,6 +844,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "checkpoints.json": checkpoints,
     "core_split.json": core_split,
     "demo.json": demo,
+    "eta_until_clear.json": campaign_decision,
     "weight_update.json": weight_update,
     "engine.json": engine,
     "trl_peer.json": trl_peer,

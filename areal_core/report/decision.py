@@ -54,7 +54,7 @@ def forest_plot(decision: dict, path: Path) -> None:
     rows = [s for s in decision["settings"] if s["difference"] is not None]
     fig, ax = plt.subplots(figsize=(6.4, 0.6 * len(rows) + 1.4))
     m = decision["margin"]
-    ax.axvspan(-m, m, color="0.9", label=f"+-{m:g} (the same)")
+    ax.axvspan(-m, m, color="0.9")
     ax.axvline(0, color="0.4", lw=1)
     for y, s in enumerate(reversed(rows)):
         d = s["difference"]
@@ -63,7 +63,8 @@ def forest_plot(decision: dict, path: Path) -> None:
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{s['label']} ({s['verdict']})" for s in reversed(rows)])
     ax.set_xlabel(f"difference to {decision['baseline']}: {decision['outcome_label']}")
-    ax.legend(loc="lower right", fontsize=8)
+    # the key above the axes (a legend inside would cover an interval that reaches its corner)
+    ax.set_title(f"shaded: within +-{m:g}, the same; bars: 95 % intervals", fontsize=8, loc="right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
