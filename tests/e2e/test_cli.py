@@ -186,7 +186,7 @@ def test_a_bad_records_line_is_reported_before_the_run_starts(tmp_path, capsys):
 
 
 def test_a_missing_dataset_file_is_the_first_error_named(tmp_path, capsys):
-    cfg = tmp_path / "c.yaml"  # length_alpha would also object to a non-synthetic dataset: the path comes first
+    cfg = tmp_path / "c.yaml"  # a missing file is named before anything else is read
     cfg.write_text("model:\n  warm_start: {length_alpha: 3.0}\ndata:\n  dataset: missing.jsonl\n")
     assert main(["train", str(cfg), "--no-prefect"]) == 2
     err = capsys.readouterr().err
