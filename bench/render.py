@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_core.numerics import kind_label
+from areal_core.run.decide import Interval
 from areal_core.storage.fsutil import write_text_atomic
 from bench.campaigns import interval
 from bench.common import REPO_ROOT
@@ -529,6 +530,28 @@ def demo(r: dict) -> str:
     return _table(head, rows)
 
 
+def quickstart_gains(r: dict) -> str:
+    """A campaign record's runs seed by seed: held-out accuracy before and after RL, the gain, and
+    apart from accuracy the share of answers in a form graded; then the mean and its 95 % interval."""
+    head = [
+        "seed",
+        "held-out before",
+        "after RL",
+        "gain",
+        "answers in a form graded: before -> after",
+        "run's wall time",
+    ]
+    rows = []
+    for x in sorted(r["rows"], key=lambda x: x["seed"]):
+        rows.append(
+            [str(x["seed"]), _num(x["before"]), _num(x["after"]), f"{x['after'] - x['before']:+.3f}"]
+            + [f"{_num(x['answered_before'])} -> {_num(x['answered_after'])}", _min_s(x["run_wall_s"])]
+        )
+    gains = Interval.of([x["after"] - x["before"] for x in r["rows"]])
+    rows.append(["**mean [95 %]**", "", "", f"**{gains.mean:+.3f}** [{gains.lo:+.3f}, {gains.hi:+.3f}]", "", ""])
+    return _table(head, rows)
+
+
 def campaign_decision(r: dict) -> str:
     """A campaign's record (bench/campaigns.py): each setting's outcome over paired seeds, its difference
     to the baseline (95 % intervals) and verdict, its mean gain and share of answers in a form graded;
@@ -845,6 +868,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "core_split.json": core_split,
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
+    "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
     "trl_peer.json": trl_peer,
