@@ -75,6 +75,21 @@ class ServerInfo:
     kv_budget_tokens: int | None = None  # KV positions one request may reserve at most (None: no limit said)
 
 
+def server_infos(urls: Sequence[str], make_client) -> list[ServerInfo]:
+    """What each server at ``urls`` reports (``make_client``: the backend's client), asked at once."""
+    import asyncio
+
+    async def ask() -> list[ServerInfo]:
+        clients = [make_client(u) for u in urls]
+        try:
+            return list(await asyncio.gather(*(c.info() for c in clients)))
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    return asyncio.run(ask())
+
+
 class RolloutClient(Protocol):
     """One server. Errors: :class:`areal_core.rollout.client.RolloutServerError` (``server_down``
     tells a lost server, whose requests the caller resubmits, from a refused request)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from areal_core.experiment import ConfigError, ExperimentConfig
+from areal_core.rollout.backend import server_infos
 
 
 def trajectory_token_limit(
@@ -46,17 +47,7 @@ def trajectory_token_limit(
 
 def servers_kv_budget(urls: list[str], make_client) -> int | None:
     """The smallest KV budget (in positions) the servers at ``urls`` report; None where none says."""
-    import asyncio
-
-    async def ask() -> list[int | None]:
-        clients = [make_client(u) for u in urls]
-        try:
-            return [(await c.info()).kv_budget_tokens for c in clients]
-        finally:
-            for c in clients:
-                await c.aclose()
-
-    said = [n for n in asyncio.run(ask()) if n is not None]
+    said = [i.kv_budget_tokens for i in server_infos(urls, make_client) if i.kv_budget_tokens is not None]
     return min(said) if said else None
 
 

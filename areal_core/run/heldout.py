@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 
 from areal_core.controller.agents import agent_prompter
 from areal_core.eval.heldout import evaluate_prompts, heldout_sampling
+from areal_core.rollout.backend import server_infos
 from areal_core.run.parts import Policy, Pools, RunSetup
 
 log = logging.getLogger(__name__)
@@ -70,12 +70,4 @@ def heldout_after(run: RunSetup, policy: Policy, pools: Pools, controller, befor
 def _weight_versions(urls: list[str], make_client) -> list[int]:
     """The weight version each server reports."""
 
-    async def ask():
-        clients = [make_client(u) for u in urls]
-        try:
-            return [(await c.info()).weight_version for c in clients]
-        finally:
-            for c in clients:
-                await c.aclose()
-
-    return asyncio.run(ask())
+    return [i.weight_version for i in server_infos(urls, make_client)]
