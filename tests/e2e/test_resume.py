@@ -213,26 +213,13 @@ def _controller(tmp_path, srv, prompts, buffer, settings, version: int):
 def test_partial_answer_is_continued_not_restarted(tmp_path):
     """A restored partial answer is continued from its saved tokens (their logprobs and versions
     kept); a restored finished-but-ungraded answer is graded as it is."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
     from areal_core.controller import ControllerSettings
     from areal_core.controller.buffer import ReplayBuffer
     from areal_core.rollout.backends.embedded.launcher import start_server
     from areal_core.types import Prompt
+    from tests.scripted_controller import tiny_qwen2_folder
 
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=128,
-        eos_token_id=3,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    tiny_qwen2_folder(tmp_path / "m")
     prefix, lps, vers = [10, 11, 12, 13, 14], [-1.0, -2.0, -3.0, -4.0, -5.0], [3, 3, 4, 4, 4]
     base = {
         "group_id": "e0-pA",
