@@ -1,6 +1,8 @@
 """The rollout server's HTTP protocol: the subset of SGLang's server API we use.
 
-Request and response bodies are validated on both sides with these models.
+Request and response bodies are validated on both sides with these models. A server refuses a
+request field it does not know (a misspelt setting fails loudly); a client ignores a reply field it
+does not know, so a client keeps working with a newer server that reports more.
 Endpoints (all JSON):
 
   POST /generate                  GenerateRequest -> GenerateResponse, or
@@ -43,7 +45,15 @@ MAX_SEED = 1 << 63
 
 
 class _Body(BaseModel):
+    """A request body: unknown fields refused."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Reply(BaseModel):
+    """A reply body: unknown fields (a newer server's) ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class SamplingParams(_Body):
@@ -85,12 +95,12 @@ class GenerateBatchRequest(_Body):
         return sp if isinstance(sp, list) else [sp] * len(self.input_ids)
 
 
-class FinishReason(_Body):
+class FinishReason(_Reply):
     type: Literal["stop", "length", "abort"]
     matched: int | None = None  # the stop token that ended it
 
 
-class MetaInfo(_Body):
+class MetaInfo(_Reply):
     id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -100,7 +110,7 @@ class MetaInfo(_Body):
     weight_version: int  # version when the request finished
 
 
-class GenerateResponse(_Body):
+class GenerateResponse(_Reply):
     output_ids: list[int]
     meta_info: MetaInfo
 
@@ -154,12 +164,12 @@ class AbortRequest(_Body):
     abort_all: bool = False
 
 
-class StatusResponse(_Body):
+class StatusResponse(_Reply):
     success: bool
     message: str = ""
 
 
-class ModelInfo(_Body):
+class ModelInfo(_Reply):
     model_path: str
     weight_version: int
     is_generation: bool = True
@@ -186,7 +196,7 @@ class ModelInfo(_Body):
     numerics: dict | None = None
 
 
-class PartialOutput(_Body):
+class PartialOutput(_Reply):
     """What an unfinished request has generated so far (running or waiting)."""
 
     rid: str
@@ -195,6 +205,6 @@ class PartialOutput(_Body):
     output_token_versions: list[int]
 
 
-class RequestsSnapshot(_Body):
+class RequestsSnapshot(_Reply):
     weight_version: int
     requests: list[PartialOutput]
