@@ -40,6 +40,8 @@ LEARNING = (
     "replay_speed",
     "dtype_control",
     "eta_until_clear",
+    "learning_wallclock",
+    "objective_campaign",
 )
 
 DIAGNOSTICS = (

@@ -51,6 +51,10 @@ class Workload:
     steps: int
     max_tokens_per_microbatch: int | None = None  # areal-flow's trainer; None: its default
     trl_micro_batches: int = 1  # TRL trains a step's P*G answers in this many parts (gradient accumulation)
+    seed: int = SEED  # both sides' seed (data order, sampling, initialisation where there is one)
+    # the model saved every N steps for a later evaluation (areal-flow: its checkpoints; TRL: the
+    # worker's snapshots); None: the systems' defaults (areal-flow checkpoints every 10, TRL saves none)
+    snapshot_every: int | None = None
 
     def with_steps(self, steps: int) -> Workload:
         return dataclasses.replace(self, steps=steps)
@@ -155,11 +159,12 @@ def compute_dtype() -> tuple[str, str]:
     return str(dtype).removeprefix("torch."), why
 
 
-def smollm2_workload(root: Path, steps: int) -> tuple[Workload, dict]:
+def smollm2_workload(root: Path, steps: int, n_eval: int = N_EVAL) -> tuple[Workload, dict]:
     """SmolLM2 as an HF folder (written once: areal-flow's export of the packaged GGUF, cached) and
     the first N_PROMPTS train records of configs/smollm2_quickstart.yaml's arithmetic task under
     ``root``; the workload takes that config's answers per prompt, batch, new tokens, temperature,
-    learning rate and micro-batch budget."""
+    learning rate and micro-batch budget; the held-out file holds the task's first ``n_eval`` held-out
+    problems."""
     from areal_core.data.records import write_records
     from areal_core.data.tasks import synthetic_task
     from areal_core.eval.harness import model_folder
@@ -168,7 +173,7 @@ def smollm2_workload(root: Path, steps: int) -> tuple[Workload, dict]:
     cfg = load_config(SMOLLM2_CONFIG)
     if cfg.data.synthetic is None or cfg.data.synthetic.kind != "arith":
         raise ValueError(f"{SMOLLM2_CONFIG}: data.synthetic is not the arith task")
-    task = synthetic_task(cfg.data.synthetic.model_copy(update={"n_train": N_PROMPTS, "n_eval": N_EVAL}))
+    task = synthetic_task(cfg.data.synthetic.model_copy(update={"n_train": N_PROMPTS, "n_eval": n_eval}))
     records, held_out = root / "smollm2_arith_train.jsonl", root / "smollm2_arith_eval.jsonl"
     write_records(task.train_records(), str(records))
     write_records(task.eval_records(), str(held_out))
@@ -237,7 +242,7 @@ def areal_config(mode: str, w: Workload, reward: dict | None):
         trainer["max_tokens_per_microbatch"] = w.max_tokens_per_microbatch
     data = {
         "name": f"trl-peer-{w.name}-{mode}",
-        "seed": SEED,
+        "seed": w.seed,
         "model": {"name": w.model, "dtype": w.dtype},  # an HF folder: loaded as is, no warm start
         "data": {"dataset": w.records, "eval_dataset": w.eval_records, "shuffle": True},
         "rollout": {
@@ -252,6 +257,8 @@ def areal_config(mode: str, w: Workload, reward: dict | None):
         "reward": {"n_workers": 1, **(reward or {})},
         "eval": {"n_problems": N_EVAL, "max_new_tokens": 8},  # outside the measured time; kept small
     }
+    if w.snapshot_every is not None:
+        data["storage"] = {"checkpoint_every": w.snapshot_every}
     return parse_config(data, source="bench/trl_peer_inputs.py:areal_config")
 
 
@@ -272,12 +279,15 @@ def trl_spec(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict |
         "weight_decay": WEIGHT_DECAY,
         "adam_beta2": ADAM_BETA2,
         "adam_epsilon": ADAM_EPS,
-        "seed": SEED,
+        "seed": w.seed,
         "reward_correct": REWARD_CORRECT,
         "reward_wrong": REWARD_WRONG,
         "work_dir": str(work_dir / "trainer"),
         "micro_batches": w.trl_micro_batches,
     }
+    if w.snapshot_every is not None:
+        spec["save_every"] = w.snapshot_every
+        spec["save_dir"] = str(work_dir / "snapshots")
     if trl_args:
         spec["trl_args"] = dict(trl_args)
     return spec

@@ -126,6 +126,35 @@ def trl_throughput(out: dict) -> dict:
     return result
 
 
+def trl_snapshots(out: dict) -> list[dict]:
+    """The worker's saved folders (``save_every``), each with its training seconds: the wall clock from
+    the start of ``train()`` to the end of its step, less the saves before it."""
+    saves = sorted(out.get("snapshots", []), key=lambda x: x["step"])
+    ends = {r["step"]: r["end_s"] for r in out["steps"]}
+    return [
+        {
+            "step": x["step"],
+            "model": x["dir"],
+            "train_s": ends[x["step"]] - out["train_start_s"] - sum(y["save_s"] for y in saves[:i]),
+        }
+        for i, x in enumerate(saves)
+    ]
+
+
+def areal_snapshots(run_dir: Path, metrics) -> list[dict]:
+    """The run's checkpoints after training steps (``RUN/checkpoints/vN``, version N after step N; v0,
+    the model it started from, is not one), each with its training seconds: the run's elapsed time at
+    the end of step N less the checkpoint writes up to it."""
+    m = metrics.sort_values("step")
+    train_s = m["elapsed_s"] - m["checkpoint_time_s"].fillna(0.0).cumsum()
+    at = dict(zip(m["step"].astype(int), train_s.astype(float)))
+    folders = sorted(
+        (p for p in (run_dir / "checkpoints").glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) in at),
+        key=lambda p: int(p.name[1:]),
+    )
+    return [{"step": int(p.name[1:]), "model": str(p), "train_s": at[int(p.name[1:])]} for p in folders]
+
+
 def run_trl(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict | None = None) -> dict:
     """One TRL run of ``w`` in the TRL venv (``trl_args``: GRPOConfig overrides)."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +182,7 @@ def run_trl(w: Workload, work_dir: Path, threads: int = CORES, trl_args: dict | 
         "tokenizer": out["tokenizer"],
         "grpo_args": out["grpo_args"],
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "snapshots": trl_snapshots(out),
         "log": str(log_path),
     }
 
@@ -176,6 +206,7 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
         "reward_mean": float(m["reward"].mean()),
         "max_staleness_observed": summary["max_staleness_observed"],
         "rl_time_s": summary["rl_time_s"],
+        "snapshots": areal_snapshots(run_dir, m) if w.snapshot_every else [],
         "run_dir": str(run_dir),
     }
 

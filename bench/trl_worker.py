@@ -10,7 +10,9 @@ prompt is one user message, rendered by the tokenizer's chat template as areal-f
 ``dtype`` (float32, or bfloat16: bf16 autocast over float32 weights), ``lr``, ``weight_decay``,
 ``adam_beta2``, ``adam_epsilon``, ``reward_correct``, ``reward_wrong``, ``seed``, ``work_dir``, and
 optionally ``trl_args``: GRPOConfig fields that override this worker's (A/B runs of TRL's own
-settings: ``bench/trl_peer_ab.py``).
+settings: ``bench/trl_peer_ab.py``), and ``save_every`` with ``save_dir``: the model and tokenizer
+saved as an HF folder ``save_dir/step-N`` after every ``save_every``-th step, for an evaluation
+afterwards (``bench/learning_wallclock.py``).
 
 Fully on-policy GRPO: num_generations G; per_device_train_batch_size P*G / micro_batches and
 gradient_accumulation_steps micro_batches, so steps_per_generation too: one generation of P*G
@@ -26,7 +28,9 @@ it far less than the wall clock), the completion tokens it generated and trained
 the reward function from the completion ids TRL hands it; they count the EOS token, as
 areal-flow's do) and the torch threads; TRL's own ``train_runtime`` and
 ``train_samples_per_second`` and the wall time of the whole ``train()`` call (second clocks);
-the GRPOConfig arguments, the tokenizer class, the versions and the time to build the trainer.
+the GRPOConfig arguments, the tokenizer class, the versions and the time to build the trainer;
+with ``save_every``, ``snapshots``: each saved folder, its step and the seconds the save took (after
+that step's clock reading, so a step's time includes the saves before it and none of its own).
 This file imports nothing from areal-flow: it runs in another venv.
 """
 
@@ -218,12 +222,16 @@ def run(spec: dict) -> dict:
     threads: list[int] = []
     tokens: list[int] = []
     rewards: list[float] = []
+    snapshots: list[dict] = []
+    save_every = int(spec.get("save_every") or 0)
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             ends.append(time.perf_counter())
             cpu.append(time.process_time())
             threads.append(torch.get_num_threads())
+            if save_every and state.global_step % save_every == 0:
+                snapshots.append(save_snapshot(model, tokenizer, spec["save_dir"], state.global_step))
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:
@@ -266,7 +274,17 @@ def run(spec: dict) -> dict:
         "activation_checkpointing_on": bool(getattr(model, "is_activation_checkpointing", False)),
         "tokenizer": type(tokenizer).__name__,
         "steps": steps,
+        "snapshots": snapshots,
     }
+
+
+def save_snapshot(model, tokenizer, save_dir: str, step: int) -> dict:
+    """The model and its tokenizer as an HF folder ``save_dir/step-STEP``; the seconds it took."""
+    t0 = time.perf_counter()
+    folder = os.path.join(save_dir, f"step-{step}")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return {"step": step, "dir": folder, "save_s": time.perf_counter() - t0}
 
 
 def main(argv: list[str]) -> int:

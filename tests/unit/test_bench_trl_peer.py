@@ -18,6 +18,7 @@ from bench import trl_peer_inputs as inputs
 from bench import trl_peer_report, trl_peer_systems
 from bench.trl_worker import exact_integer_reward, final_answer, grpo_args, read_prompts
 from bench.trl_worker import load_tokenizer as worker_load_tokenizer
+from tests.bench_workloads import workload
 
 PROMPT = re.compile(r"^Compute (\d(?:[+*-]\d){2,3}) =$")
 
@@ -117,22 +118,7 @@ def test_trl_throughput_skips_the_warmup_steps_and_puts_the_clocks_side_by_side(
         trl_peer_systems.trl_throughput(_out([11.0, 12.0], [1, 1]))
 
 
-def _workload(**kw) -> inputs.Workload:
-    base = dict(
-        name="tiny",
-        model="/m",
-        records="/r.jsonl",
-        eval_records="/e.jsonl",
-        prompts_per_step=8,
-        answers_per_prompt=4,
-        max_new_tokens=64,
-        temperature=1.0,
-        lr=1e-4,
-        dtype="float32",
-        chat=False,
-        steps=30,
-    )
-    return inputs.Workload(**{**base, **kw})
+_workload = workload
 
 
 def test_areal_config_sync_and_async():
