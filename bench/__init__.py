@@ -53,4 +53,5 @@ DIAGNOSTICS = (
     "determinism_cost",
     "engine_mismatch",
     "demo",
+    "decode_parts",
 )

@@ -1,0 +1,173 @@
+"""Where the embedded engine's decode step goes: ``python -m bench decode_parts [--quick]``.
+
+SmolLM2-135M-Instruct at batch 64 (16-token prompts, NEW new tokens each (32), temperature 1, one torch
+thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16 units, in bfloat16.
+The engine is driven step by step; its parts are timed by wrapping them in place (a
+``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
+
+* ``norms``: the RMSNorms before attention and MLP of every layer, and the final one;
+* ``projections``: the fused QKV projection, RoPE, the KV write and the embedding (the rest of the
+  layer loop once the other parts are taken out);
+* ``attention``: scores, softmax and the weighted sum over the cache;
+* ``output projection``; ``MLP`` (gate-up, activation, down; its norm under norms);
+* ``LM head``: the vocabulary projection to float32 logits (the final norm under norms);
+* ``sampling``: the draw and the behaviour logprob over the vocabulary;
+* ``bookkeeping``: the rest of the step: each sequence's token, logprob and version recorded,
+  finished ones retired, queued commands and updates looked at (Python).
+
+Each part's milliseconds a decode step and its share, medians over REPS batches (the first, a
+warm-up, left out). ``--quick``: 16 new tokens, two batches: a smoke check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from bench.common import format_table
+from bench.engine import PROMPT, prompts
+
+BATCH, NEW, REPS = 64, 32, 5
+PARTS = ("projections", "attention", "output projection", "MLP", "norms", "LM head", "sampling", "bookkeeping")
+
+
+class PartClock:
+    """Seconds spent in wrapped calls, by name, counted while ``on``."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = defaultdict(float)
+        self.on = False
+        self.steps = 0
+
+    def wrap(self, obj, attr: str, name: str) -> None:
+        """Time every call of ``obj.attr`` as ``name`` (an instance attribute shadows the method)."""
+        inner = getattr(obj, attr)
+
+        def timed(*args, **kw):
+            if not self.on:
+                return inner(*args, **kw)
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kw)
+            finally:
+                self.s[name] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+
+def instrument(engine, clock: PartClock) -> None:
+    """Wrap the engine's parts (see the module docstring); ``clock`` counts on decode steps only."""
+    kv = engine.kv
+    for f in kv.fused:
+        clock.wrap(f, "norm1", "norm1")
+        clock.wrap(f, "norm2", "norm2")
+    clock.wrap(kv, "_final_norm", "final norm")
+    for name in ("_attention", "_merged_attention", "_attention_by_head_chunks"):
+        clock.wrap(kv, name, "attention")
+    clock.wrap(kv, "_out_proj", "output projection")
+    clock.wrap(kv, "_mlp", "MLP with its norm")
+    clock.wrap(kv, "_logits", "LM head with the final norm")
+    clock.wrap(kv, "decode", "forward")
+    clock.wrap(engine, "_record", "record")
+    clock.wrap(engine, "_decode_step", "decode step")
+    inner_decode_step, inner_step = engine._decode_step, engine.step
+
+    def decode_step():
+        clock.on = True
+        clock.steps += 1
+        inner_decode_step()
+
+    def step():
+        t0 = time.perf_counter()
+        try:
+            return inner_step()
+        finally:
+            if clock.on:  # (a decode step turned it on)
+                clock.s["step"] += time.perf_counter() - t0
+            clock.on = False
+
+    engine._decode_step, engine.step = decode_step, step
+
+
+def parts_of(s: dict[str, float]) -> dict[str, float]:
+    """The module docstring's parts from the wrapped calls' totals ``s`` (nested ones taken apart)."""
+    out = {
+        "norms": s["norm1"] + s["norm2"] + s["final norm"],
+        "attention": s["attention"],
+        "output projection": s["output projection"],
+        "MLP": s["MLP with its norm"] - s["norm2"],
+        "LM head": s["LM head with the final norm"] - s["final norm"],
+    }
+    inside = s["norm1"] + s["attention"] + s["output projection"] + s["MLP with its norm"]
+    out["projections"] = s["forward"] - inside - s["LM head with the final norm"]
+    out["sampling"] = s["decode step"] - s["forward"] - s["record"]
+    out["bookkeeping"] = s["step"] - s["decode step"] + s["record"]
+    return out
+
+
+def run_batch(model, batch: list[list[int]], new: int) -> dict[str, float]:
+    """One batch through a fresh engine: each part's seconds per decode step, and ``total``."""
+    from areal_core.rollout.backends.embedded.engine import RolloutEngine
+
+    eng = RolloutEngine(
+        model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1, seed=1
+    )
+    clock = PartClock()
+    try:
+        instrument(eng, clock)
+        sp = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": new, "ignore_eos": True}
+        futs = eng.submit_many([(p, sp, None) for p in batch])
+        while eng.step():
+            pass
+        for f in futs:
+            f.result()
+    finally:
+        eng.shutdown()
+    per_step = {k: v / clock.steps for k, v in parts_of(clock.s).items()}
+    return {**per_step, "total": clock.s["step"] / clock.steps}
+
+
+def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> dict:
+    """Medians over ``reps`` batches (after one warm-up) of each part's milliseconds per decode step."""
+    from bench import models
+
+    model = models.load(name, dtype)
+    batch = prompts(BATCH, min(model.config.vocab_size, 1000), BATCH)
+    run_batch(model, batch, 4)  # warm-up: first-call costs off the clock
+    runs = [run_batch(model, batch, new) for _ in range(reps)]
+    ms = {k: 1000 * statistics.median(r[k] for r in runs) for k in (*PARTS, "total")}
+    return {
+        "model": name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch": BATCH,
+        "new_tokens": new,
+        "ms_per_step": ms,
+        "share": {k: ms[k] / ms["total"] for k in PARTS},
+        "runs_ms_total": [1000 * r["total"] for r in runs],
+    }
+
+
+def print_rows(rows: list[dict]) -> None:
+    heads = ["part"] + [f"{r['dtype']} ms" for r in rows] + [f"{r['dtype']} share" for r in rows]
+    table = [
+        [p] + [f"{r['ms_per_step'][p]:.2f}" for r in rows] + [f"{100 * r['share'][p]:.1f} %" for r in rows]
+        for p in PARTS
+    ]
+    table.append(["decode step"] + [f"{r['ms_per_step']['total']:.2f}" for r in rows] + ["100 %" for _ in rows])
+    print(format_table(heads, table, title=f"SmolLM2-135M-Instruct decode step at batch {BATCH}, one thread"))
+
+
+def run(quick: bool) -> dict:
+    from areal_core.device import cpu_bf16_units
+
+    torch.set_num_threads(1)
+    new, reps = (16, 2) if quick else (NEW, REPS)
+    dtypes = [torch.float32] + ([torch.bfloat16] if cpu_bf16_units() else [])
+    rows = [measure("smollm2-135m", d, new, reps) for d in dtypes]
+    print_rows(rows)
+    if quick:
+        print("note: --quick is a smoke check (16 tokens, two batches): not a result")
+    return {"rows": rows, "summary": {f"decode_step_ms_smollm2_{r['dtype']}": r["ms_per_step"]["total"] for r in rows}}
