@@ -54,4 +54,5 @@ DIAGNOSTICS = (
     "engine_mismatch",
     "demo",
     "decode_parts",
+    "test_suite",
 )
