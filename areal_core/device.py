@@ -38,10 +38,12 @@ def cpu_bf16_units() -> str | None:
 
 
 def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """``(dtype, why)`` for ``model.dtype``. ``auto``: bfloat16 on a GPU that supports it and on a CPU
-    with bfloat16 matrix units (AMX or AVX-512 BF16), where bf16 matrix work is several times faster
-    than float32; float32 elsewhere (on an AVX2-only CPU bf16 is emulated and slower). The trainer keeps
-    float32 master weights and optimizer state either way (trainer/trainer.py)."""
+    """``(dtype, why)`` the trainer computes in for ``model.dtype``. ``auto``: bfloat16 on a GPU that
+    supports it; float32 on a CPU. A CPU's bfloat16 units (AMX or AVX-512 BF16) serve the rollout
+    servers instead (``resolve_servers_dtype``): on such a CPU a bfloat16 trainer (float32 masters)
+    learned less than a float32 one, and a float32 trainer beside bfloat16 servers as much
+    (``python -m bench dtype_control``, docs/RESULTS.md). The trainer keeps float32 master weights and
+    optimizer state either way (trainer/trainer.py)."""
     if name in ("float32", "bfloat16"):
         return getattr(torch, name), "set in the config (model.dtype)"
     if name != "auto":
@@ -50,6 +52,22 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, f"auto: {torch.cuda.get_device_name(device)} supports bfloat16"
         return torch.float32, f"auto: {torch.cuda.get_device_name(device)} lacks bfloat16"
+    units = cpu_bf16_units()
+    if units:
+        return (
+            torch.float32,
+            f"auto: float32 for the trainer on a CPU (its bfloat16 units, {units}, serve the rollout servers)",
+        )
+    return torch.float32, "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"
+
+
+def resolve_servers_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """``(dtype, why)`` the rollout servers compute in under ``model.dtype`` (``rollout.dtype:
+    model``). ``auto``: bfloat16 where the device has bfloat16 matrix work (a GPU that supports it; a
+    CPU with AMX or AVX-512 BF16, where it is several times faster than float32), else float32 (on an
+    AVX2-only CPU bfloat16 is emulated and slower)."""
+    if name != "auto" or device.type == "cuda":
+        return resolve_dtype(name, device)
     units = cpu_bf16_units()
     if units:
         return torch.bfloat16, f"auto: this CPU has bfloat16 matrix units ({units})"

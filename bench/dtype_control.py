@@ -6,9 +6,10 @@ configs/smollm2_quickstart.yaml) in three settings side by side, as a campaign o
 * ``bfloat16``: both in bfloat16, the trainer with float32 master weights;
 * ``f32-trainer-bf16-servers``: the trainer in float32, the servers in bfloat16.
 
-``model.dtype: auto`` picks bfloat16 where the CPU has bf16 matrix units; this measures, on one machine
-and one commit, whether that is the better choice there. The ``bfloat16`` setting is the quickstart
-as it runs by default on such a CPU: its rows are the quickstart's gains on the honest held-out split.
+It measures, on one machine and one commit, which precision a CPU's bf16 matrix units should serve:
+``model.dtype: auto`` follows its outcome on such a CPU (a float32 trainer, bfloat16 servers:
+``areal_core.device``). Its ``bfloat16`` rows are also the quickstart's gains on the honest held-out
+split as it ran by default before that rule.
 
 --quick: one seed of 4 steps per setting: a smoke check.
 """

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from areal_core.device import resolve_dtype
+from areal_core.device import resolve_servers_dtype
 from bench.common import Timer, format_table, median, progress, ratio, work_dir
 
 BATCHES = (1, 8, 64)
@@ -189,9 +189,12 @@ def run(quick: bool) -> dict:
         runs = {r["engine"]: r["runs"] for r in rows if (r["model"], r["batch"]) == (model, bs)}
         return [e / h for e, h in zip(runs.get(f"engine {dtype}", []), runs.get(f"HF generate {dtype}", []))]
 
-    # what `model.dtype: auto` picks here, for the engine and HF alike (areal_core.device.resolve_dtype)
+    # what `model.dtype: auto` gives the rollout servers here, for the engine and HF alike
+    # (areal_core.device.resolve_servers_dtype)
     picked = (
-        "bf16" if bf16_reason is None and resolve_dtype("auto", torch.device("cpu"))[0] == torch.bfloat16 else "fp32"
+        "bf16"
+        if bf16_reason is None and resolve_servers_dtype("auto", torch.device("cpu"))[0] == torch.bfloat16
+        else "fp32"
     )
 
     table = []

@@ -3,7 +3,8 @@
 Does the throughput lead over TRL's GRPOTrainer (``bench/trl_peer_smollm2.py``) buy accuracy sooner?
 The three systems of that comparison (TRL; areal-flow synchronous, eta 0; areal-flow asynchronous,
 eta 4) train its workload (the SmolLM2 quickstart's arithmetic task, sampling, batch and learning
-rate, held constant; the dtype ``model.dtype: auto`` picks here) for STEPS steps on paired seeds,
+rate, held constant; the CPU's matrix dtype on both sides, trainers included: bfloat16 where
+it has bf16 units) for STEPS steps on paired seeds,
 one after another, each on the whole machine. Each saves its model every EVERY steps (areal-flow:
 its own checkpoints; TRL: an HF folder) and notes its training time there: the wall clock from the
 start of training to the end of that step, the saves excluded on both sides.

@@ -571,6 +571,41 @@ def campaign_decision(r: dict) -> str:
     return f"{_table(head, rows)}\n\nStopped because: {d['stopped_because']}."
 
 
+def dtype_control(r: dict) -> str:
+    """The dtype control's campaign record (``campaign_decision``), then each setting's run wall times:
+    what the precision costs beside what it learns."""
+    head = ["setting", "dtype (trainer / servers)", "run's wall time, mean (min-max)"]
+    rows = []
+    for s in r["decision"]["settings"]:
+        mine = [x for x in r["rows"] if x["setting"] == s["label"]]
+        walls = [x["run_wall_s"] for x in mine]
+        dtypes = sorted({f"{x['dtype']} / {x['rollout_dtype']}" for x in mine})
+        rows.append(
+            [
+                f"`{s['label']}`",
+                ", ".join(dtypes),
+                f"{_min_s(statistics.fmean(walls))} ({_min_s(min(walls))}-{_min_s(max(walls))})",
+            ]
+        )
+    return f"{campaign_decision(r)}\n\n{_table(head, rows)}"
+
+
+def test_suite(r: dict) -> str:
+    """The test_suite record: ``make test`` per kernel set, its wall time, pytest's counts and its
+    slowest test."""
+    head = ["kernels", "`make test`", "pytest's clock", "passed", "failed", "skipped", "slowest test"]
+    rows = []
+    for x in r["rows"]:
+        c, k = x["counts"], x["kind"]
+        slow = x["slowest"][0] if x["slowest"] else None
+        rows.append(
+            [f"{x['kernels']}: {k['aten_capability']}", _min_s(x["command_s"]), _min_s(x["pytest_s"])]
+            + [str(c.get("passed", 0)), str(c.get("failed", 0)), str(c.get("skipped", 0))]
+            + [f"`{slow['test']}` ({slow['s']:.0f} s)" if slow else "-"]
+        )
+    return _table(head, rows)
+
+
 def rl_vs_sft(r: dict) -> str:
     """The rl_vs_sft record: per seed, RL's final accuracy and time against the continued warm start's.
     Its RL figures are those of the quickstart_seeds.json runs it names by date, whose machine this
@@ -868,6 +903,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "core_split.json": core_split,
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
+    "dtype_control.json": dtype_control,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,

@@ -9,7 +9,7 @@ Two workloads:
 * ``smollm2`` (``bench/trl_peer_smollm2.py``): SmolLM2-135M-Instruct on the arithmetic task of
   ``configs/smollm2_quickstart.yaml`` (questions in plain English, the config's sampling, batch and
   learning rate), each prompt one user message through the tokenizer's chat template, in the
-  dtype ``model.dtype: auto`` picks on this machine.
+  CPU's matrix dtype (``compute_dtype``) on both sides.
 """
 
 from __future__ import annotations
@@ -150,12 +150,14 @@ def tiny_workload(inputs: dict, P: int, G: int, T: int, steps: int) -> Workload:
 
 
 def compute_dtype() -> tuple[str, str]:
-    """(dtype, why): what areal-flow's ``model.dtype: auto`` picks on this machine's CPU."""
+    """(dtype, why): this machine's CPU's matrix dtype, what ``model.dtype: auto`` gives areal-flow's
+    rollout servers there (bfloat16 where the CPU has bf16 units, else float32); both sides of the peer
+    comparison, trainers included, compute in it."""
     import torch
 
-    from areal_core.device import resolve_dtype
+    from areal_core.device import resolve_servers_dtype
 
-    dtype, why = resolve_dtype("auto", torch.device("cpu"))
+    dtype, why = resolve_servers_dtype("auto", torch.device("cpu"))
     return str(dtype).removeprefix("torch."), why
 
 

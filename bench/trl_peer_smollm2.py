@@ -9,8 +9,9 @@ task: "What is 47 plus 38?" and word problems, each with "Write the calculation,
 is' and the number."), each prompt one user message through the tokenizer's chat template (TRL:
 conversational prompts; areal-flow: ``encode_prompt``; the token ids agree, see
 tests/unit/test_bench_trl_peer.py). From the config: 8 answers per prompt, 8 prompts per step (64
-answers), 40 new tokens, temperature 0.6, lr 1e-5; the dtype is what ``model.dtype: auto`` picks
-here (float32 on an AVX2-only CPU, bfloat16 with AMX or AVX-512 BF16; TRL then bf16=True);
+answers), 40 new tokens, temperature 0.6, lr 1e-5; the dtype is the CPU's matrix dtype, what
+``model.dtype: auto`` gives the rollout servers (float32 on an AVX2-only CPU, bfloat16 with AMX or
+AVX-512 BF16), for both sides and both trainers (TRL then bf16=True);
 reward +5 / -5 for the exact integer ("The answer is N") on both sides; 2 cores. TRL trains each
 step's 64 answers in 4 micro-batches of 16 (``trl_peer_inputs.SMOLLM2_TRL_MICRO_BATCHES``),
 areal-flow in the config's 2,048-token micro-batches.

@@ -50,9 +50,11 @@ class ModelConfig(Section):
     name: str = "tiny"
     tiny: TinyArch = TinyArch()
     warm_start: WarmStart = WarmStart()
-    # what the engine and the trainer compute in (the trainer's master weights and optimizer state stay
-    # float32): auto = bfloat16 on a GPU or a CPU with bf16 matrix units (AMX, AVX-512 BF16), else float32
-    # (the choice is logged at start); the tiny model always runs in float32
+    # what the trainer and the rollout servers compute in (the trainer's master weights and optimizer
+    # state stay float32): auto = bfloat16 on a GPU; on a CPU the trainer in float32 and the servers in
+    # bfloat16 where the CPU has bf16 matrix units (AMX, AVX-512 BF16), else float32 (a bfloat16 trainer
+    # learned less there: docs/RESULTS.md); the choice is logged at start; the tiny model always runs
+    # in float32
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # where the embedded engine and the torch trainer compute: auto = CUDA when torch sees a GPU
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from areal_core.data.records import Record
-from areal_core.device import resolve_device, resolve_dtype
+from areal_core.device import resolve_device, resolve_dtype, resolve_servers_dtype
 from areal_core.models.config import ModelConfig
 from areal_core.models.tokenizer import load_tokenizer
 from areal_core.storage.localize import localize
@@ -21,11 +21,20 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def model_dtype(model_cfg: ModelConfig) -> tuple[torch.dtype, str]:
-    """``(dtype, why)`` the policy computes in: the tiny model always in float32, others by
-    ``model.dtype`` (``auto``: bfloat16 where the device has bf16 matrix units; ``device.resolve_dtype``)."""
+    """``(dtype, why)`` the trainer's policy computes in: the tiny model always in float32, others by
+    ``model.dtype`` (``auto``: bfloat16 on a GPU, float32 on a CPU; ``device.resolve_dtype``)."""
     if model_cfg.name == "tiny":
         return torch.float32, "the tiny model runs in float32"
     return resolve_dtype(model_cfg.dtype, resolve_device(model_cfg.device))
+
+
+def servers_model_dtype(model_cfg: ModelConfig) -> tuple[torch.dtype, str]:
+    """``(dtype, why)`` the rollout servers compute in under ``rollout.dtype: model``: the tiny model
+    always in float32, others by ``model.dtype`` (``auto``: bfloat16 where the device has bfloat16
+    matrix units; ``device.resolve_servers_dtype``)."""
+    if model_cfg.name == "tiny":
+        return torch.float32, "the tiny model runs in float32"
+    return resolve_servers_dtype(model_cfg.dtype, resolve_device(model_cfg.device))
 
 
 def load_hf_folder(url_or_path: str, dtype: torch.dtype | str = torch.float32, cache_dir: str | None = None):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_core.experiment import ExperimentConfig
-from areal_core.models.loading import model_dtype
+from areal_core.models.loading import servers_model_dtype
 from areal_core.rollout.auth import new_key, write_private_file
 from areal_core.rollout.backends import make_backend
 from areal_core.rollout.weight_layout import dtype_name
@@ -65,7 +65,7 @@ def serve_rollout(
             "folder (RUN/checkpoints/vN) or an HF model folder"
         )
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    dtype = dtype_name(model_dtype(cfg.model)[0])
+    dtype = dtype_name(servers_model_dtype(cfg.model)[0])
     engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype, device=cfg.model.device)
     backend = make_backend(cfg.rollout, engine=engine, log_dir=log_dir, api_key=api_key or new_key())
     restarts = 0

@@ -180,9 +180,10 @@ class RolloutConfig(Section):
     n_samples: int = Field(8, gt=0)  # answers per prompt
     sampling: SamplingConfig = SamplingConfig()
     torch_threads: int = Field(1, gt=0)  # torch (OpenMP) threads of each embedded server
-    # what the servers compute in: `model` = what the trainer computes in (model.dtype); float32 or
-    # bfloat16 apart from it, e.g. a bf16 engine beside a float32 trainer, the numerics mismatch large
-    # deployments live with (in-memory pushes are cast to it, a disk folder as the servers load it;
+    # what the servers compute in: `model` = what model.dtype gives them (the trainer's dtype where
+    # model.dtype names one; auto: bfloat16 on a GPU or a CPU with bf16 units, beside a float32 trainer
+    # on such a CPU); float32 or bfloat16 apart from it, e.g. a bf16 engine beside a float32 trainer, the
+    # numerics mismatch large deployments live with (in-memory pushes are cast to it, a disk folder as the servers load it;
     # the step metrics logprob_gap_* measure the gap)
     dtype: Literal["model", "float32", "bfloat16"] = "model"
     # how long one request may take from sending to its whole answer, waiting in the server's queue
@@ -288,13 +289,15 @@ class RolloutConfig(Section):
             return None
         return self.kv_budget.tokens
 
-    def servers_dtype(self, trainer_dtype: str) -> str:
-        """What the servers compute in beside a trainer computing in ``trainer_dtype``."""
-        return trainer_dtype if self.dtype == "model" else self.dtype
+    def servers_dtype(self, model_dtype: str) -> str:
+        """What the servers compute in: ``model_dtype`` (what ``model.dtype`` gives them,
+        ``models.loading.servers_model_dtype``) unless this section's ``dtype`` names another."""
+        return model_dtype if self.dtype == "model" else self.dtype
 
     def engine_config(self, *, seed: int, dtype: str, device: str = "auto") -> EngineConfig:
-        """The engine's settings (``seed``: the run's; each server derives its own; ``dtype``: the
-        trainer's, which the servers compute in unless this section's ``dtype`` names another)."""
+        """The engine's settings (``seed``: the run's; each server derives its own; ``dtype``: what
+        ``model.dtype`` gives the servers, which they compute in unless this section's ``dtype`` names
+        another)."""
         return EngineConfig(
             max_running=self.max_running,
             weight_update=self.weight_update,

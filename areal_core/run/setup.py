@@ -36,7 +36,7 @@ from areal_core.device import resolve_device
 from areal_core.episodes import make_episode
 from areal_core.experiment import ExperimentConfig, upgraded_config
 from areal_core.models import build_char_tokenizer, load_base_model, load_optimizer_moments
-from areal_core.models.loading import model_dtype
+from areal_core.models.loading import model_dtype, servers_model_dtype
 from areal_core.numerics import cpu_kind, require_repeatable
 from areal_core.rollout.auth import new_key
 from areal_core.rollout.weight_layout import dtype_name
@@ -244,7 +244,9 @@ def _start_pools(run: RunSetup, policy: Policy, training: Training):
     """The reward workers and the rollout servers (and a multi-agent run's frozen server), started
     together; the servers compute as the trainer's model does and load what it publishes."""
     cfg, store = run.cfg, training.store
-    engine = cfg.rollout.engine_config(seed=cfg.seed, dtype=dtype_name(policy.model.dtype), device=cfg.model.device)
+    engine = cfg.rollout.engine_config(
+        seed=cfg.seed, dtype=dtype_name(servers_model_dtype(cfg.model)[0]), device=cfg.model.device
+    )
     api_key = new_key()  # the run's secret: the servers it starts require it (in their environment, not argv)
     backend = rollout_backend(cfg, engine=engine, run_dir=run.dir, api_key=api_key)  # (cluster.kind's)
     frozen_launch, frozen_backend = _frozen_launch(
