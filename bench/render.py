@@ -904,6 +904,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
+    "test_suite.json": test_suite,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
