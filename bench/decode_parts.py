@@ -16,7 +16,8 @@ The engine is driven step by step; its parts are timed by wrapping them in place
   finished ones retired, queued commands and updates looked at (Python).
 
 Each part's milliseconds a decode step and its share, medians over REPS batches (the first, a
-warm-up, left out). ``--quick``: 16 new tokens, two batches: a smoke check.
+warm-up, left out); and the one-thread matmul rate of each dtype (``bench.engine.matmul_flops``),
+which says how fast this CPU's matrix units are. ``--quick``: 16 new tokens, two batches: a smoke check.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import defaultdict
 import torch
 
 from bench.common import format_table
-from bench.engine import PROMPT, prompts
+from bench.engine import PROMPT, matmul_flops, prompts
 
 BATCH, NEW, REPS = 64, 32, 5
 PARTS = ("projections", "attention", "output projection", "MLP", "norms", "LM head", "sampling", "bookkeeping")
@@ -166,7 +167,9 @@ def run(quick: bool) -> dict:
     torch.set_num_threads(1)
     new, reps = (16, 2) if quick else (NEW, REPS)
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_bf16_units() else [])
-    rows = [measure("smollm2-135m", d, new, reps) for d in dtypes]
+    rows = [
+        {**measure("smollm2-135m", d, new, reps), "matmul_gflops_one_thread": matmul_flops(d) / 1e9} for d in dtypes
+    ]
     print_rows(rows)
     if quick:
         print("note: --quick is a smoke check (16 tokens, two batches): not a result")

@@ -590,6 +590,24 @@ def dtype_control(r: dict) -> str:
     return f"{campaign_decision(r)}\n\n{_table(head, rows)}"
 
 
+def decode_parts(r: dict) -> str:
+    """The decode_parts record: each part's milliseconds a decode step and its share, per dtype."""
+    rows_ = r["rows"]
+    head = ["part"] + [f"{x['dtype']}: ms a step" for x in rows_] + [f"{x['dtype']}: share" for x in rows_]
+    parts = list(rows_[0]["share"])
+    rows = [
+        [p] + [f"{x['ms_per_step'][p]:.2f}" for x in rows_] + [f"{100 * x['share'][p]:.1f} %" for x in rows_]
+        for p in parts
+    ]
+    rows.append(
+        ["**decode step**"] + [f"**{x['ms_per_step']['total']:.1f}**" for x in rows_] + ["100 %" for _ in rows_]
+    )
+    rates = ", ".join(
+        f"{x['dtype']} {x['matmul_gflops_one_thread']:.0f}" for x in rows_ if "matmul_gflops_one_thread" in x
+    )
+    return _table(head, rows) + (f"\n\nOne-thread matmul rate (GFLOP/s): {rates}." if rates else "")
+
+
 def test_suite(r: dict) -> str:
     """The test_suite record: ``make test`` per kernel set, its wall time, pytest's counts and its
     slowest test."""
@@ -905,6 +923,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
     "test_suite.json": test_suite,
+    "decode_parts.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
