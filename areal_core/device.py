@@ -37,6 +37,9 @@ def cpu_bf16_units() -> str | None:
     return "+".join(found) or None
 
 
+_NO_BF16_UNITS = "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"
+
+
 def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
     """``(dtype, why)`` the trainer computes in for ``model.dtype``. ``auto``: bfloat16 on a GPU that
     supports it; float32 on a CPU. A CPU's bfloat16 units (AMX or AVX-512 BF16) serve the rollout
@@ -58,7 +61,7 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
             torch.float32,
             f"auto: float32 for the trainer on a CPU (its bfloat16 units, {units}, serve the rollout servers)",
         )
-    return torch.float32, "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"
+    return torch.float32, _NO_BF16_UNITS
 
 
 def resolve_servers_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
@@ -71,4 +74,4 @@ def resolve_servers_dtype(name: str, device: torch.device) -> tuple[torch.dtype,
     units = cpu_bf16_units()
     if units:
         return torch.bfloat16, f"auto: this CPU has bfloat16 matrix units ({units})"
-    return torch.float32, "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"
+    return torch.float32, _NO_BF16_UNITS

@@ -402,6 +402,7 @@ def _summarize(run, policy, training, pools, controller, loop, done, before, aft
         before=before,
         after=after,
         model=policy.model,
+        rollout_dtype=pools.engine.dtype,
         trainer_threads=run.trainer_threads,
         resumed_from=training.saved.version if training.saved is not None else None,
         model_info=policy.info,

@@ -11,7 +11,6 @@ from typing import TypedDict
 import torch
 
 from areal_core.experiment import ExperimentConfig
-from areal_core.models.loading import servers_model_dtype
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.run.costs import describe as cost_line
 from areal_core.run.costs import summary as cost_summary
@@ -94,6 +93,7 @@ def build_summary(
     before: dict,
     after: dict,
     model,
+    rollout_dtype: str,
     trainer_threads: int,
     resumed_from: int | None,
     model_info: dict,
@@ -132,7 +132,7 @@ def build_summary(
         objective=cfg.trainer.objective,
         trainer_backend=cfg.trainer.backend.kind,
         dtype=dtype_name(model.dtype),
-        rollout_dtype=cfg.rollout.servers_dtype(dtype_name(servers_model_dtype(cfg.model)[0])),
+        rollout_dtype=rollout_dtype,
         weight_update=cfg.rollout.weight_update,
         trainer_torch_threads=trainer_threads,
         weight_transport=cfg.rollout.transport().kind,
