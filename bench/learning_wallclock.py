@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO_ROOT, format_table, machine_info, work_dir, write_json_atomic
+from bench.common import REPO_ROOT, code_commit, format_table, machine_info, work_dir, write_json_atomic
 from bench.trl_peer_inputs import Workload, areal_config, smollm2_workload
-from bench.trl_peer_systems import MODES, SYSTEMS, TRL, ensure_venv, run_system
+from bench.trl_peer_systems import MODES, SYSTEMS, TRL, ensure_venv, run_system, system_dir
 
 STEPS, EVERY, SEEDS, N_HELDOUT = 40, 10, (0, 1, 2), 400
 QUICK_STEPS, QUICK_EVERY, QUICK_SEEDS, QUICK_HELDOUT = 4, 2, (0,), 16
@@ -48,6 +48,7 @@ LABEL = {mode: label for label, mode in MODES}
 ASYNC, SYNC = LABEL["async"], LABEL["sync"]
 DIFFERENCES = ((ASYNC, TRL), (ASYNC, SYNC))
 SLUG = {TRL: "trl", ASYNC: "async", SYNC: "sync"}
+PATHS = ("model", "records", "eval_records")  # the workload's files: where they lie is no part of what a run did
 
 
 # --- one system's curve ---------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def heldout_spec(w: Workload, folder: Path, n: int) -> Path:
 
 
 def evaluate(model: str, spec: Path, out: Path, grading) -> dict:
-    """``model``'s held-out accuracy and the share of its answers in a form the grader reads."""
+    """``model``'s held-out accuracy (pass@1) and the evaluation's wall time."""
     from areal_core.eval.harness import HELDOUT, evaluate_checkpoint
 
     summary = evaluate_checkpoint(
@@ -89,7 +90,7 @@ def evaluate(model: str, spec: Path, out: Path, grading) -> dict:
 def train_and_evaluate(label: str, w: Workload, root: Path, spec: Path, base: dict, reward: dict, grading) -> dict:
     """``label``'s run of ``w``, its saved models evaluated (and removed): the run's record."""
     run_root = root / f"s{w.seed}"
-    shutil.rmtree(run_root / ("trl" if label == TRL else dict(MODES)[label]), ignore_errors=True)  # an unfinished try
+    shutil.rmtree(system_dir(label, run_root), ignore_errors=True)  # an unfinished try
     result = run_system(label, w, run_root, reward)
     points = [{"step": 0, "train_s": 0.0, **base}]
     for snap in result.pop("snapshots"):
@@ -121,7 +122,7 @@ def record_path(label: str, seed: int) -> Path:
 
 def comparable(w: Workload) -> dict:
     """What a record must share with this run to stand for it: the workload but its file paths."""
-    return {k: v for k, v in dataclasses.asdict(w).items() if k not in ("model", "records", "eval_records")}
+    return {k: v for k, v in dataclasses.asdict(w).items() if k not in PATHS}
 
 
 def recorded(label: str, w: Workload) -> dict | None:
@@ -140,8 +141,6 @@ def recorded(label: str, w: Workload) -> dict | None:
 
 
 def keep(rec: dict) -> None:
-    from bench.common import code_commit
-
     RECORDS.mkdir(parents=True, exist_ok=True)
     out = {
         **rec,
@@ -151,7 +150,7 @@ def keep(rec: dict) -> None:
     }
     out["workload"] = {
         **out["workload"],
-        **{k: Path(v).name for k, v in out["workload"].items() if k in ("model", "records", "eval_records")},
+        **{k: Path(v).name for k, v in out["workload"].items() if k in PATHS},
     }
     write_json_atomic(record_path(rec["system"], rec["seed"]), out)
 

@@ -211,12 +211,16 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
     }
 
 
+def system_dir(label: str, work_dir: Path) -> Path:
+    """Where ``run_system`` runs ``label`` (one of SYSTEMS) under ``work_dir``."""
+    return work_dir / ("trl" if label == TRL else dict(MODES)[label])
+
+
 def run_system(label: str, w: Workload, work_dir: Path, reward: dict | None) -> dict:
     """``label`` (one of SYSTEMS) on ``w`` in ``work_dir``, with the 1-minute load average before and after."""
     load_before = os.getloadavg()[0]
     if label == TRL:
-        result = run_trl(w, work_dir / "trl")
+        result = run_trl(w, system_dir(label, work_dir))
     else:
-        mode = dict(MODES)[label]
-        result = run_areal(mode, w, work_dir / mode, reward)
+        result = run_areal(dict(MODES)[label], w, system_dir(label, work_dir), reward)
     return {**result, "load_avg_1m": [load_before, os.getloadavg()[0]]}
