@@ -133,14 +133,7 @@ def campaign(
     )
     run_dirs = [str(run_dir_of(out_dir, s["label"], int(k))) for s in decision["settings"] for k in s["by_seed"]]
 
-    evaluations = {}
-    for run_dir in run_dirs:
-        summary = read_json(os.path.join(run_dir, "summary.json"))
-        version = summary["final_version"]
-        ckpt = CheckpointStore(summary["checkpoints"]).version_url(version)
-        evaluations[run_dir] = evaluate(
-            ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=eval_limit, run_dir=run_dir
-        )
+    evaluations = _evaluate_final_checkpoints(run_dirs, benches, eval_limit)
     report_path = report(run_dirs, out_dir, title=f"campaign {cfg.name}")
     return {
         "out_dir": out_dir,
@@ -149,3 +142,16 @@ def campaign(
         "report": report_path,
         "decision": decision,
     }
+
+
+def _evaluate_final_checkpoints(run_dirs: list[str], benches: list[str] | None, limit: int | None) -> dict:
+    """Each run's last checkpoint evaluated (the evaluate flow, into the run's ``evals/vN``), by run folder."""
+    evaluations = {}
+    for run_dir in run_dirs:
+        summary = read_json(os.path.join(run_dir, "summary.json"))
+        version = summary["final_version"]
+        ckpt = CheckpointStore(summary["checkpoints"]).version_url(version)
+        evaluations[run_dir] = evaluate(
+            ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=limit, run_dir=run_dir
+        )
+    return evaluations
