@@ -177,13 +177,19 @@ TOOL_CROSS = {
         "                    os.kill(int(p), 9)\n                except OSError:\n                    pass\n"
         "    os._exit(0)\ntime.sleep(0.3)\n"
     ),
+    # scans as it reads (never holds the files): /tmp on a busy host can hold more than the sandbox's memory;
+    # regular files only (a FIFO would block its open), up to 16 MB each (the secret's file is a few bytes)
     "read_the_call_before": (
-        "import os\nfound = []\nfor top in ('/tmp', '.', '/dev/shm'):\n    for root, _, files in os.walk(top):\n"
-        "        for n in files:\n            try:\n                found.append(open(os.path.join(root, n), errors='replace').read())\n"
-        "            except OSError:\n                pass\nfor p in os.listdir('/proc'):\n    for what in ('cmdline', 'environ'):\n"
-        "        try:\n            found.append(open(f'/proc/{p}/{what}', errors='replace').read())\n        except OSError:\n"
-        "            pass\n"
-        f"print('leaked' if any({TOOL_SECRET[:5]!r} + {TOOL_SECRET[5:]!r} in f for f in found) else 'nothing')\n"
+        "import os, stat\n"
+        f"secret = ({TOOL_SECRET[:5]!r} + {TOOL_SECRET[5:]!r}).encode()\n"
+        "def holds(path):\n    try:\n        st = os.stat(path)\n"
+        "        if not stat.S_ISREG(st.st_mode) or st.st_size > 16 * 2**20:\n            return False\n"
+        "        with open(path, 'rb') as f:\n            return secret in f.read()\n"
+        "    except OSError:\n        return False\n"
+        "def places():\n    for top in ('/tmp', '.', '/dev/shm'):\n"
+        "        for root, _, files in os.walk(top):\n            yield from (os.path.join(root, n) for n in files)\n"
+        "    for p in os.listdir('/proc'):\n        yield from (f'/proc/{p}/cmdline', f'/proc/{p}/environ')\n"
+        "print('leaked' if any(holds(p) for p in places()) else 'nothing')\n"
     ),
 }
 # the call before them: leaves its secret in its /tmp and its command
