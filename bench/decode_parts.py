@@ -1,7 +1,10 @@
 """Where the embedded engine's decode step goes: ``python -m bench decode_parts [--quick]``.
 
 SmolLM2-135M-Instruct at batch 64 (16-token prompts, NEW new tokens each (32), temperature 1, one torch
-thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16 units, in bfloat16.
+thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16 units, in bfloat16
+twice: as the engine runs it (its products' weights packed once for oneDNN, ``embedded/onednn.py``)
+and with plain ``F.linear`` products as before that packing (``KVForward.packed`` turned off), the
+two interleaved batch by batch, so the table shows each part before and after.
 The engine is driven step by step; its parts are timed by wrapping them in place (a
 ``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
 
@@ -28,6 +31,7 @@ from collections import defaultdict
 
 import torch
 
+from areal_core.rollout.backends.embedded import onednn
 from bench.common import format_table
 from bench.engine import PROMPT, matmul_flops, prompts
 
@@ -109,13 +113,17 @@ def parts_of(s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_batch(model, batch: list[list[int]], new: int) -> dict[str, float]:
-    """One batch through a fresh engine: each part's seconds per decode step, and ``total``."""
+def run_batch(model, batch: list[list[int]], new: int, packed: bool = True) -> dict[str, float]:
+    """One batch through a fresh engine: each part's seconds per decode step, and ``total``.
+    ``packed=False``: plain ``F.linear`` products where the engine would pack its weights."""
     from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
     eng = RolloutEngine(
         model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1, seed=1
     )
+    if not packed and eng.kv.packed:
+        eng.kv.packed = False
+        eng.kv.weights_changed()
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -131,28 +139,45 @@ def run_batch(model, batch: list[list[int]], new: int) -> dict[str, float]:
     return {**per_step, "total": clock.s["step"] / clock.steps}
 
 
-def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> dict:
-    """Medians over ``reps`` batches (after one warm-up) of each part's milliseconds per decode step."""
+def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
+    """Medians over ``reps`` batches (after one warm-up) of each part's milliseconds per decode step: a
+    row for the engine as it runs, and where it packs its weights one for plain products too (the two
+    interleaved)."""
     from bench import models
 
     model = models.load(name, dtype)
     batch = prompts(BATCH, min(model.config.vocab_size, 1000), BATCH)
-    run_batch(model, batch, 4)  # warm-up: first-call costs off the clock
-    runs = [run_batch(model, batch, new) for _ in range(reps)]
-    ms = {k: 1000 * statistics.median(r[k] for r in runs) for k in (*PARTS, "total")}
-    return {
-        "model": name,
-        "dtype": str(dtype).removeprefix("torch."),
-        "batch": BATCH,
-        "new_tokens": new,
-        "ms_per_step": ms,
-        "share": {k: ms[k] / ms["total"] for k in PARTS},
-        "runs_ms_total": [1000 * r["total"] for r in runs],
-    }
+    ways = (True, False) if onednn.packable(dtype, torch.device("cpu")) else (True,)
+    for p in ways:
+        run_batch(model, batch, 4, packed=p)  # warm-up: first-call costs off the clock
+    runs: dict[bool, list] = {p: [] for p in ways}
+    for _ in range(reps):
+        for p in ways:
+            runs[p].append(run_batch(model, batch, new, packed=p))
+    rows = []
+    for p in ways:
+        ms = {k: 1000 * statistics.median(r[k] for r in runs[p]) for k in (*PARTS, "total")}
+        dt = str(dtype).removeprefix("torch.")
+        products = "packed" if p and len(ways) == 2 else "F.linear"
+        rows.append(
+            {
+                "model": name,
+                "dtype": dt,
+                "products": products,  # how the engine ran them: packed for oneDNN, or plain F.linear
+                "as_it_runs": p,  # the engine as a run uses it (else: with packing turned off)
+                "label": f"{dt}, {products}",
+                "batch": BATCH,
+                "new_tokens": new,
+                "ms_per_step": ms,
+                "share": {k: ms[k] / ms["total"] for k in PARTS},
+                "runs_ms_total": [1000 * r["total"] for r in runs[p]],
+            }
+        )
+    return rows
 
 
 def print_rows(rows: list[dict]) -> None:
-    heads = ["part"] + [f"{r['dtype']} ms" for r in rows] + [f"{r['dtype']} share" for r in rows]
+    heads = ["part"] + [f"{r['label']} ms" for r in rows] + [f"{r['label']} share" for r in rows]
     table = [
         [p] + [f"{r['ms_per_step'][p]:.2f}" for r in rows] + [f"{100 * r['share'][p]:.1f} %" for r in rows]
         for p in PARTS
@@ -163,14 +188,23 @@ def print_rows(rows: list[dict]) -> None:
 
 def run(quick: bool) -> dict:
     from areal_core.device import cpu_bf16_units
+    from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
 
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the server runs the engine (and bench engine measures it)
     new, reps = (16, 2) if quick else (NEW, REPS)
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_bf16_units() else [])
-    rows = [
-        {**measure("smollm2-135m", d, new, reps), "matmul_gflops_one_thread": matmul_flops(d) / 1e9} for d in dtypes
-    ]
+    rows = []
+    for d in dtypes:
+        rate = matmul_flops(d) / 1e9
+        rows += [{**row, "matmul_gflops_one_thread": rate} for row in measure("smollm2-135m", d, new, reps)]
     print_rows(rows)
     if quick:
         print("note: --quick is a smoke check (16 tokens, two batches): not a result")
-    return {"rows": rows, "summary": {f"decode_step_ms_smollm2_{r['dtype']}": r["ms_per_step"]["total"] for r in rows}}
+    summary = {
+        f"decode_step_ms_smollm2_{r['dtype']}" + ("" if r["as_it_runs"] else "_plain_products"): r["ms_per_step"][
+            "total"
+        ]
+        for r in rows
+    }
+    return {"rows": rows, "summary": summary}

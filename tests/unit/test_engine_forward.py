@@ -8,7 +8,14 @@ import copy
 import pytest
 import torch
 
-from areal_core.rollout.backends.embedded.kv_forward import KVForward, UnsupportedModelError, apply_weights
+from areal_core.rollout.backends.embedded import onednn
+from areal_core.rollout.backends.embedded.kv_forward import (
+    FusedLayer,
+    KVForward,
+    PackedLayer,
+    UnsupportedModelError,
+    apply_weights,
+)
 from areal_core.rollout.backends.embedded.sampling import BatchSampler, RowSampling, stream_key
 from tests.unit.test_engine import tiny_model
 
@@ -85,6 +92,48 @@ def test_weights_changed_rebuilds_the_fused_weights_and_keeps_the_cache():
     mixed = kv.decode(tokens, lengths, int(lengths.max()) + 1)  # new weights over the old cache
     assert (mixed - want_new).abs().max() > 1e-2
     assert (mixed - hf_next_logits(old, [p + c for p, c in zip(PROMPTS, one)])).abs().max() > 1e-2
+
+
+BF16_PACKED = onednn.packable(torch.bfloat16, torch.device("cpu"))
+
+
+@pytest.mark.skipif(
+    not BF16_PACKED, reason="this CPU's torch has no oneDNN bfloat16 products (no AVX-512 or bf16 units)"
+)
+@pytest.mark.parametrize("arch,extra", [("qwen2", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
+def test_bf16_products_packed_for_onednn_are_as_close_to_float32_as_the_plain_ones(arch, extra):
+    """Packed weights with the residual add and SiLU-times-up in the epilogues: against the same model's
+    float32 forward, no further off than the plain bfloat16 forward (which rounds more often)."""
+    model = tiny_model(arch, seed=11, **extra)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.3)
+    want = hf_next_logits(model, [p + c for p, c in zip(PROMPTS, CONT)])
+    model = model.to(torch.bfloat16)
+    packed, plain = KVForward(model, max_slots=4, init_slots=1, init_capacity=4), KVForward(model, max_slots=4)
+    plain.packed = False
+    plain.weights_changed()
+    assert packed.packed and isinstance(packed.fused[0], PackedLayer) and isinstance(plain.fused[0], FusedLayer)
+    err_packed = (run_kv(packed, PROMPTS, CONT) - want).abs().max()
+    err_plain = (run_kv(plain, PROMPTS, CONT) - want).abs().max()
+    assert err_plain > 0  # bfloat16 arithmetic, not float32's
+    assert err_packed <= 1.5 * err_plain, (err_packed, err_plain)
+
+
+@pytest.mark.skipif(
+    not BF16_PACKED, reason="this CPU's torch has no oneDNN bfloat16 products (no AVX-512 or bf16 units)"
+)
+def test_weights_changed_packs_the_new_weights():
+    old, new = tiny_model("qwen2", seed=12).to(torch.bfloat16), tiny_model("qwen2", seed=13).to(torch.bfloat16)
+    model = copy.deepcopy(old)
+    kv = KVForward(model, max_slots=4)
+    one = [c[:1] for c in CONT]
+    want = run_kv(KVForward(new, max_slots=4), PROMPTS, one)  # the new weights packed from the start
+    apply_weights(model, {n: p.detach().clone() for n, p in new.named_parameters()})
+    assert (run_kv(kv, PROMPTS, one) - want).abs().max() > 1e-2  # still the old packed weights
+    kv.weights_changed()
+    assert torch.equal(run_kv(kv, PROMPTS, one), want)
 
 
 def test_rope_types_that_rescale_with_length_are_refused():

@@ -7,7 +7,10 @@ over *fused* copies of some of them, built by :meth:`KVForward.weights_changed`:
   rows ordered per kv head ``j`` as ``[q heads of group j, k_j, v_j]``: the rotary embedding
   then applies to one strided view, and ``[k_j, v_j]`` is one contiguous row to cache;
 * per layer, one ``[2 * intermediate, hidden]`` projection for gate and up;
-* in float32, each layer's two RMSNorm weights folded into the projection that follows.
+* in float32, each layer's two RMSNorm weights folded into the projection that follows;
+* in bfloat16 on a CPU (``onednn.packable``): every projection's weight packed once for oneDNN
+  (:class:`PackedLayer`, and the LM head), the residual adds and the MLP's SiLU-times-up done in
+  the products' epilogues (``onednn``), except in batch-invariant mode.
 
 Whoever changes the model's weights (in place or by replacing parameters) must call
 :meth:`KVForward.weights_changed` before the next forward. The KV cache does not depend
@@ -55,6 +58,7 @@ from areal_core.models.weights import (  # noqa: F401 - re-exported: the engine'
     load_model,
     read_weights,
 )
+from areal_core.rollout.backends.embedded import onednn
 
 _NEG_INF = float("-inf")
 INVARIANT_MIN_ROWS = 16  # batch-invariant mode: projections see at least this many rows
@@ -81,6 +85,25 @@ class FusedLayer:
     gate_up: torch.Tensor
     gate_up_bias: torch.Tensor | None
     down_t: torch.Tensor  # down_proj.weight.t()
+    down_bias: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class PackedLayer:
+    """One decoder layer's weights packed for oneDNN (``onednn.pack``), bfloat16 on a CPU; the qkv
+    projection fused as in :class:`FusedLayer`, gate and up apart (SiLU goes in the gate's epilogue)."""
+
+    norm1: object
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    norm2: object
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
     down_bias: torch.Tensor | None
 
 
@@ -133,8 +156,9 @@ class KVForward:
         self.attn_chunk_bytes = attn_chunk_bytes
         self.split_min_positions = 8192  # decode attention is split only above this many padded positions
         self.batch_invariant = batch_invariant
+        self.packed = onednn.packable(self.dtype, self.device) and not batch_invariant
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
-        self.fused: list[FusedLayer] = []
+        self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
         self.release()
 
@@ -146,7 +170,8 @@ class KVForward:
         Call after any change to the model's weights (``apply_weights``, ``load_state_dict``,
         parameters replaced). Cheap next to a weight load; the KV cache is kept.
         """
-        self.fused = [self._fuse(layer) for layer in self.layers]
+        self.fused = [self._pack(layer) if self.packed else self._fuse(layer) for layer in self.layers]
+        self._lm_head = onednn.pack(self.lm_head.weight) if self.packed else None
         norm = self.norm
         if _foldable(norm, self.dtype):
             w, eps = norm.weight, norm.variance_epsilon
@@ -191,6 +216,30 @@ class KVForward:
             mlp.down_proj.bias,
         )
 
+    def _pack(self, layer: torch.nn.Module) -> PackedLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        f = self._fuse(layer)  # (its norms: bfloat16 weights are never folded)
+        return PackedLayer(
+            f.norm1,
+            onednn.pack(f.qkv),
+            f.qkv_bias,
+            onednn.pack(attn.o_proj.weight),
+            attn.o_proj.bias,
+            f.norm2,
+            onednn.pack(mlp.gate_proj.weight),
+            mlp.gate_proj.bias,
+            onednn.pack(mlp.up_proj.weight),
+            mlp.up_proj.bias,
+            onednn.pack(mlp.down_proj.weight),
+            mlp.down_proj.bias,
+        )
+
+    def _qkv(self, f: FusedLayer | PackedLayer, h: torch.Tensor) -> torch.Tensor:
+        """The fused q, k, v projection of ``norm1(h)`` (2-D)."""
+        if self.packed:
+            return onednn.linear(f.norm1(h), f.qkv, f.qkv_bias)
+        return self._linear(f.norm1(h), f.qkv, f.qkv_bias)
+
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """``F.linear`` over the rows of 2-D ``x``; batch-invariant: over at least INVARIANT_MIN_ROWS rows."""
         n = x.shape[0]
@@ -205,19 +254,27 @@ class KVForward:
         else:
             h.add_(self._linear(x, w_t.t()))
 
-    def _mlp(self, f: FusedLayer, h: torch.Tensor) -> None:
-        """``h += mlp(norm2(h))`` in place; ``h`` is 2-D."""
+    def _mlp(self, f: FusedLayer | PackedLayer, h: torch.Tensor) -> torch.Tensor:
+        """``h + mlp(norm2(h))`` (2-D): in place into ``h``, or a new tensor where packed."""
+        if self.packed:
+            x = f.norm2(h)
+            gated = onednn.linear_mul(x, onednn.linear_silu(x, f.gate, f.gate_bias), f.up, f.up_bias)
+            return onednn.linear_add(gated, h, f.down, f.down_bias)
         gu = self._linear(f.norm2(h), f.gate_up, f.gate_up_bias)
         half = gu.shape[-1] // 2
         self._add_matmul(h, self.act(gu[:, :half]).mul_(gu[:, half:]), f.down_t)
         if f.down_bias is not None:
             h.add_(f.down_bias)
+        return h
 
-    def _out_proj(self, f: FusedLayer, h: torch.Tensor, o: torch.Tensor) -> None:
-        """``h += o_proj(o)`` in place; both 2-D."""
+    def _out_proj(self, f: FusedLayer | PackedLayer, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """``h + o_proj(o)`` (both 2-D): in place into ``h``, or a new tensor where packed."""
+        if self.packed:
+            return onednn.linear_add(o, h, f.o, f.o_bias)
         self._add_matmul(h, o, f.o_t)
         if f.o_bias is not None:
             h.add_(f.o_bias)
+        return h
 
     # cache management ------------------------------------------------------
     def release(self) -> None:
@@ -278,6 +335,8 @@ class KVForward:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         x = self._final_norm(h)
+        if self.packed:
+            return onednn.linear(x, self._lm_head, self.lm_head.bias).float()
         if self.batch_invariant:
             return self._linear(x, self.lm_head.weight, self.lm_head.bias).float()
         return self.lm_head(x).float()
@@ -307,7 +366,7 @@ class KVForward:
             L = Ls
         mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
         for f, cache in zip(self.fused, self.kv):
-            y = self._linear(f.norm1(h), f.qkv, f.qkv_bias).view(n, kv, g + 2, hd)
+            y = self._qkv(f, h).view(n, kv, g + 2, hd)
             apply_rope(y[:, :, : g + 1], cos, sin, inplace=True)  # the queries and the key
             cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
             rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
@@ -318,8 +377,7 @@ class KVForward:
                 o = self._attention(mask, q, rows)
             else:
                 o = self._merged_attention(self._scores(mask, q, rows), rows, q, cache, long_rows, Ls, max_len)
-            self._out_proj(f, h, o.view(n, -1))
-            self._mlp(f, h)
+            h = self._mlp(f, self._out_proj(f, h, o.view(n, -1)))
         return self._logits(h)
 
     def _scores(self, mask, q, rows) -> torch.Tensor:
@@ -405,7 +463,7 @@ class KVForward:
         # queries per chunk so that the scores stay under attn_chunk_bytes
         chunk = max(1, self.attn_chunk_bytes // max(1, m * self.n_heads * L * 4))
         for f, cache in zip(self.fused, self.kv):
-            y = self._linear(f.norm1(h), f.qkv, f.qkv_bias).view(m, L, kv, g + 2, hd)
+            y = self._qkv(f, h).view(m, L, kv, g + 2, hd)
             apply_rope(y[..., : g + 1, :], cos, sin, inplace=True)
             cache.view(self.slots, kv, self.capacity, 2, hd)[row_t, :, :L] = y[..., g:, :].transpose(1, 2)
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
@@ -423,8 +481,7 @@ class KVForward:
                     )
             else:
                 o = self._prefill_attention(q, kt, v, hidden, chunk)
-            self._out_proj(f, h, o.permute(0, 3, 1, 2, 4).reshape(m * L, -1))
-            self._mlp(f, h)
+            h = self._mlp(f, self._out_proj(f, h, o.permute(0, 3, 1, 2, 4).reshape(m * L, -1)))
         last = h.view(m, L, -1)[torch.arange(m, device=self.device), lens_t - 1]  # [m, hidden]
         return self._logits(last)
 
