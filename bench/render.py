@@ -591,9 +591,10 @@ def dtype_control(r: dict) -> str:
 
 
 def decode_parts(r: dict) -> str:
-    """The decode_parts record: each part's milliseconds a decode step and its share, per dtype."""
+    """The decode_parts record: each part's milliseconds a decode step and its share, per dtype and way of
+    running the products (packed for oneDNN, or plain ``F.linear``)."""
     rows_ = r["rows"]
-    head = ["part"] + [f"{x['dtype']}: ms a step" for x in rows_] + [f"{x['dtype']}: share" for x in rows_]
+    head = ["part"] + [f"{x['label']}: ms a step" for x in rows_] + [f"{x['label']}: share" for x in rows_]
     parts = list(rows_[0]["share"])
     rows = [
         [p] + [f"{x['ms_per_step'][p]:.2f}" for x in rows_] + [f"{100 * x['share'][p]:.1f} %" for x in rows_]
@@ -603,7 +604,7 @@ def decode_parts(r: dict) -> str:
         ["**decode step**"] + [f"**{x['ms_per_step']['total']:.1f}**" for x in rows_] + ["100 %" for _ in rows_]
     )
     rates = ", ".join(
-        f"{x['dtype']} {x['matmul_gflops_one_thread']:.0f}" for x in rows_ if "matmul_gflops_one_thread" in x
+        f"{dt} {rate:.0f}" for dt, rate in {x["dtype"]: x["matmul_gflops_one_thread"] for x in rows_}.items()
     )
     return _table(head, rows) + (f"\n\nOne-thread matmul rate (GFLOP/s): {rates}." if rates else "")
 
