@@ -179,8 +179,8 @@ class KVForward:
         else:
             self._final_norm = norm
 
-    def _fuse(self, layer: torch.nn.Module) -> FusedLayer:
-        attn, mlp = layer.self_attn, layer.mlp
+    def _qkv_weights(self, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused q/k/v projection's weight and bias (rows per kv head, see the module docstring)."""
         kv, g, hd = self.n_kv, self.groups, self.head_dim
         lin = (attn.q_proj, attn.k_proj, attn.v_proj)
         per_group = [t.view(kv, -1, *t.shape[1:]) for t in (x.weight for x in lin)]  # [kv, g*hd | hd, hidden]
@@ -188,6 +188,11 @@ class KVForward:
         qkv_bias = None
         if any(x.bias is not None for x in lin):
             qkv_bias = torch.cat([_bias(x).view(kv, -1) for x in lin], dim=1).reshape(-1)
+        return qkv, qkv_bias
+
+    def _fuse(self, layer: torch.nn.Module) -> FusedLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = self._qkv_weights(attn)
         gate_up = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight))
         gate_up_bias = None
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
@@ -217,15 +222,16 @@ class KVForward:
         )
 
     def _pack(self, layer: torch.nn.Module) -> PackedLayer:
+        """(bfloat16 norm weights are never folded: the norms stay the model's modules)"""
         attn, mlp = layer.self_attn, layer.mlp
-        f = self._fuse(layer)  # (its norms: bfloat16 weights are never folded)
+        qkv, qkv_bias = self._qkv_weights(attn)
         return PackedLayer(
-            f.norm1,
-            onednn.pack(f.qkv),
-            f.qkv_bias,
+            layer.input_layernorm,
+            onednn.pack(qkv),
+            qkv_bias,
             onednn.pack(attn.o_proj.weight),
             attn.o_proj.bias,
-            f.norm2,
+            layer.post_attention_layernorm,
             onednn.pack(mlp.gate_proj.weight),
             mlp.gate_proj.bias,
             onednn.pack(mlp.up_proj.weight),
