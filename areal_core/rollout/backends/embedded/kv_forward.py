@@ -222,7 +222,8 @@ class KVForward:
         )
 
     def _pack(self, layer: torch.nn.Module) -> PackedLayer:
-        """(bfloat16 norm weights are never folded: the norms stay the model's modules)"""
+        """``layer`` as a :class:`PackedLayer`; its norms stay the model's modules (bfloat16 norm weights
+        are never folded)."""
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = self._qkv_weights(attn)
         return PackedLayer(

@@ -26,6 +26,7 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
         and torch.backends.mkldnn.is_available()
         and hasattr(_ops, "_reorder_linear_weight")
         and hasattr(_ops, "_linear_pointwise")
+        and hasattr(_ops, "_is_mkldnn_bf16_supported")
         and bool(_ops._is_mkldnn_bf16_supported())
     )
 
