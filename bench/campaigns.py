@@ -3,7 +3,8 @@ its folder under runs/bench/, then its decision and every run's figures as the r
 
 A campaign trains every setting on paired seeds (seed k: the same data order, warm start and sampling
 keys in every setting) and takes each setting's paired difference to the baseline with a 95 %
-interval; run again over the same folder it reuses the runs of the same config and code. The record
+interval; run again over the same folder it reuses the runs of the same config and code and continues
+the run it was stopped in from that run's latest checkpoint. The record
 holds the decision (``decision.json``) and, per run, its accuracy before and after RL, the share of
 answers in a form graded, and its wall time and tokens/s (which say nothing across settings where the
 machine was shared).
@@ -34,7 +35,8 @@ def _run_row(label: str, seed: str, run_dir: Path) -> dict:
         "after": s["accuracy_after"],
         "answered_before": s.get("answered_before"),
         "answered_after": s.get("answered_after"),
-        "run_wall_s": s["wall_time_s"],
+        "run_wall_s": s["wall_time_s"],  # (of the last sitting only where the run was continued)
+        "resumed_from_step": s.get("resumed_from_step"),
         "tokens_per_s": s["effective_train_tokens_per_s"],
         "max_staleness": s["max_staleness_observed"],
         "code": s["code"],

@@ -17,8 +17,8 @@ from the baseline in the servers' precision only. 3 seeds of every setting first
 every setting while a difference is unclear (its 95 % interval neither excludes 0 nor lies within
 +-0.02), up to 5 seeds. A float32 run takes about 25-30 minutes on 2 cores with AVX-512 BF16, so the
 first 21 runs take about 10 hours; the campaign resumes (rerun the command over the same folder: the
-finished runs of the same config and commit are reused), so it can be run in several sittings from
-one fixed commit.
+finished runs of the same config and commit are reused, and the run it was stopped in continues from
+its latest checkpoint), so it can be run in several sittings from one fixed commit.
 
 --quick: one seed of 3 steps per setting, no seeds added: a smoke check.
 """

@@ -120,9 +120,9 @@ def campaign(
         points, baseline or points[0][0], seeds, until_clear, Budget(max_seeds, max_runs, max_minutes), margin, outcome
     )
 
-    def train_one(label: str, seed: int, ov: dict, run_dir) -> None:
+    def train_one(label: str, seed: int, ov: dict, run_dir, resume: bool) -> None:
         train.with_options(flow_run_name=f"train-{label}-s{seed}")(
-            frozen, str(run_dir), None, {**ov, **steps}, evaluate_every, cache_dir=cache_dir
+            frozen, str(run_dir), None, {**ov, **steps}, evaluate_every, cache_dir=cache_dir, resume=resume
         )
 
     decision = run_campaign(

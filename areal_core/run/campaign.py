@@ -3,8 +3,9 @@
 spent (``run/decide.py``), then the decision written as a file and drawn.
 
 Each run lives in ``OUT/<setting>-s<seed>``. A campaign started again over the same folder reuses every
-finished run whose config and code (``folder.code_version``) are those it would run now, so a stopped
-campaign continues where it stopped and a finished one reports again without training.
+finished run whose config and code (``folder.code_version``) are those it would run now, and continues a
+run it stopped in from that run's latest checkpoint, so a stopped campaign goes on where it stopped and a
+finished one reports again without training.
 """
 
 from __future__ import annotations
@@ -58,24 +59,53 @@ class CampaignFolderError(ValueError):
     """A run's folder holds a run the campaign cannot reuse (another config or code)."""
 
 
+def _refuse(run_dir: Path, why: str) -> CampaignFolderError:
+    return CampaignFolderError(
+        f"{run_dir} holds a run the campaign cannot reuse: {why}; remove it or use another --out"
+    )
+
+
 def reusable(run_dir: Path, config: dict, code: dict) -> bool:
     """Whether ``run_dir`` holds a finished run (summary.json) of ``config`` (as config.json holds it)
-    at the code ``code``; False where it holds nothing yet. A folder that holds another run is a
-    :class:`CampaignFolderError` saying what differs (a campaign never trains over a run)."""
+    at the code ``code``; False where it holds nothing yet or a run that did not finish
+    (:func:`stopped_at`). A folder that holds another run is a :class:`CampaignFolderError` saying
+    what differs (a campaign never trains over a run)."""
     if not (run_dir / "config.json").is_file():
         return False
-    written = json.loads((run_dir / "config.json").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else None
-    if written == config and summary is not None and summary.get("code") == code:
-        return True
-    why = (
-        "its config differs from the campaign's"
-        if written != config
-        else "it did not finish (resume it with areal-flow train --resume, or remove it)"
-        if summary is None
-        else f"it ran other code ({summary.get('code')}, the campaign runs {code})"
-    )
-    raise CampaignFolderError(f"{run_dir} holds a run the campaign cannot reuse: {why}; remove it or use another --out")
+    if json.loads((run_dir / "config.json").read_text()) != config:
+        raise _refuse(run_dir, "its config differs from the campaign's")
+    if not (run_dir / "summary.json").is_file():
+        return False
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("code") != code:
+        raise _refuse(run_dir, f"it ran other code ({summary.get('code')}, the campaign runs {code})")
+    return True
+
+
+def stopped_at(run_dir: Path, config: dict, code: dict) -> int | None:
+    """The checkpoint version a run of ``config`` that stopped in ``run_dir`` continues from; None where
+    the folder holds no checkpoint (the run starts afresh). A stopped run whose checkpoint was written by
+    other code, or does not say by which, is a :class:`CampaignFolderError`: resuming it would give the
+    run steps of two codes."""
+    if not (run_dir / "config.json").is_file():
+        return None
+    from areal_core.storage import CheckpointStore  # (torch: imported only where a run stopped)
+    from areal_core.storage.run_state import ResumeError, check_resumable
+
+    storage = config.get("storage") or {}
+    store = CheckpointStore(storage.get("url") or str(run_dir / "checkpoints"))
+    try:
+        found = check_resumable(store, config)
+    except ResumeError as e:
+        raise _refuse(run_dir, f"it stopped and cannot be continued ({e})") from None
+    if found is None:
+        return None
+    version, state = found
+    if state.get("code") != code:
+        other = state.get("code")
+        by = f"written by other code ({other}, the campaign runs {code})" if other else "which does not name its code"
+        raise _refuse(run_dir, f"it stopped at v{version}, {by}")
+    return version
 
 
 def outcome_of(run_dir: Path, outcome: str) -> float:
@@ -87,12 +117,13 @@ def run_campaign(
     plan: CampaignPlan,
     out_dir: str | Path,
     config_of: Callable[[dict], dict],
-    train: Callable[[str, int, dict, Path], None],
+    train: Callable[[str, int, dict, Path, bool], None],
     say: Callable[[str], None] = print,
 ) -> dict:
     """Train ``plan``'s settings seed by seed into ``out_dir`` and decide. ``config_of(overrides)``: the
     config (as a run's config.json holds it) a run with those overrides gets; ``train(label, seed,
-    overrides, run_dir)`` trains one run. Returns the decision (also ``out_dir/decision.json``)."""
+    overrides, run_dir, resume)`` trains one run (``resume``: continue it from its latest checkpoint).
+    Returns the decision (also ``out_dir/decision.json``)."""
     t0, code = time.monotonic(), code_version()
     outcomes: dict[str, dict[int, float]] = {label: {} for label, _ in plan.points}
     trained = reused = 0
@@ -101,12 +132,15 @@ def run_campaign(
         for seed in range(done, seeds):
             for label, overrides in plan.points:
                 ov = {**overrides, "seed": seed}
-                run_dir = run_dir_of(out_dir, label, seed)
-                if reusable(run_dir, config_of(ov), code):
+                run_dir, config = run_dir_of(out_dir, label, seed), config_of(ov)
+                if reusable(run_dir, config, code):
                     reused += 1
                     say(f"{label} seed {seed}: reused ({run_dir})")
                 else:
-                    train(label, seed, ov, run_dir)
+                    at = stopped_at(run_dir, config, code)
+                    if at is not None:
+                        say(f"{label} seed {seed}: continued from its checkpoint v{at} ({run_dir})")
+                    train(label, seed, ov, run_dir, at is not None)
                     trained += 1
                 outcomes[label][seed] = outcome_of(run_dir, plan.outcome)
         done = seeds

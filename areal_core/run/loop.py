@@ -114,6 +114,7 @@ class Loop:
     runlog: RunLog
     checkpoints: RunCheckpoints
     config: dict  # the run's config, as config.json holds it (checkpoints carry it)
+    code: dict  # the code the run runs (checkpoints carry it)
     before: dict  # held-out accuracy before RL (checkpoints carry it)
     batch_size: int
     eta: int
@@ -324,6 +325,7 @@ def resume_files(loop: Loop, step: int) -> dict[str, bytes]:
         loop.trainer.state_dict(),
         loop.runlog.to_parquet_bytes(),
         loop.before,
+        loop.code,
     )
     if loop.schedule is not None:
         files[CHECKPOINT_FILE] = loop.schedule.checkpoint_bytes()

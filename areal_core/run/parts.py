@@ -26,6 +26,7 @@ class RunSetup:
     steps: int
     trainer_threads: int
     config: dict  # the config as written to config.json
+    code: dict  # the code the run runs (run/folder.py code_version): its checkpoints and summary name it
     progress: bool
     t_start: float
 

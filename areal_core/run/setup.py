@@ -50,7 +50,7 @@ from areal_core.run.budget import (
 from areal_core.run.checkpoints import RunCheckpoints, restore_weights
 from areal_core.run.costs import CostLedger
 from areal_core.run.costs import write_parquet as write_costs
-from areal_core.run.folder import check_run_folder
+from areal_core.run.folder import check_run_folder, code_version
 from areal_core.run.heldout import heldout_after, heldout_before
 from areal_core.run.loop import Loop, WeightPublisher, train_steps
 from areal_core.run.metrics import RunLog
@@ -174,7 +174,7 @@ def _open_run(cfg: ExperimentConfig, run_dir: Path, max_steps: int | None, progr
     config = cfg.model_dump(mode="json")
     write_json_atomic(str(run_dir / "config.json"), config)
     steps = max_steps or cfg.trainer.max_steps
-    return RunSetup(cfg, run_dir, steps, trainer_threads, config, progress, t_start)
+    return RunSetup(cfg, run_dir, steps, trainer_threads, config, code_version(), progress, t_start)
 
 
 def _load_policy(run: RunSetup, cache_dir: str | None) -> Policy:
@@ -224,17 +224,7 @@ def _start_training(run: RunSetup, policy: Policy, stack, resume: bool, on_check
     trainer = make_trainer(run.cfg, policy.model, run.steps, run.dir, stack)
     runlog = RunLog(run.dir)
     version, before, saved = _start_or_resume(
-        run.cfg,
-        run.config,
-        policy.model,
-        policy.tokenizer,
-        trainer,
-        store,
-        runlog,
-        policy.info,
-        resume,
-        run.steps,
-        on_checkpoint,
+        run, policy.model, policy.tokenizer, trainer, store, runlog, policy.info, resume, on_checkpoint
     )
     return Training(trainer, store, runlog, version, before, saved)
 
@@ -376,6 +366,7 @@ def _loop(run: RunSetup, policy, training, pools, controller, publisher, before,
             training.store, cfg.storage, policy.tokenizer, training.version, written, cfg.trainer.max_steps
         ),
         config=run.config,
+        code=run.code,
         before=before,
         batch_size=cfg.trainer.batch_size,
         eta=cfg.trainer.eta,
@@ -406,6 +397,7 @@ def _summarize(run, policy, training, pools, controller, loop, done, before, aft
         trainer_threads=run.trainer_threads,
         resumed_from=training.saved.version if training.saved is not None else None,
         model_info=policy.info,
+        code=run.code,
         controller=controller,
         rewards=pools.rewards,
         store=training.store,
@@ -420,8 +412,7 @@ def _summarize(run, policy, training, pools, controller, loop, done, before, aft
 
 
 def _start_or_resume(
-    cfg: ExperimentConfig,
-    config: dict,
+    run: RunSetup,
     model,
     tokenizer,
     trainer,
@@ -429,15 +420,14 @@ def _start_or_resume(
     runlog: RunLog,
     model_info: dict,
     resume: bool,
-    steps: int,
     on_checkpoint,
 ):
     """(version, accuracy before RL or None, the saved state or None): a fresh run publishes v0 (the
     base model, also for LoRA); a resumed one loads the latest checkpoint's weights, trainer state,
     metrics and ledger."""
-    saved = run_state.load_latest(store, config, upgrade=upgraded_config) if resume else None
+    saved = run_state.load_latest(store, run.config, upgrade=upgraded_config) if resume else None
     if saved is None:
-        if cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
+        if run.cfg.trainer.optim.continue_warm_start:  # the config check guarantees a warm start
             trainer.adopt_moments(load_optimizer_moments(model_info["warm_start"]["optimizer_moments"]))
         publish_state = {"n_submitted": 0, "n_groups": 0, "version": 0, "groups": []}
         with as_base(model):
@@ -446,7 +436,9 @@ def _start_or_resume(
                 model,
                 tokenizer,
                 meta={"step": 0},
-                extra=run_state.encode(0, config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None),
+                extra=run_state.encode(
+                    0, run.config, publish_state, trainer.state_dict(), runlog.to_parquet_bytes(), None, run.code
+                ),
             )
         if on_checkpoint:
             on_checkpoint(0, store.version_url(0))
@@ -454,6 +446,13 @@ def _start_or_resume(
     restore_weights(store, model, saved.version)  # (LoRA: the base from v0, the adapters from the version)
     trainer.load_state_dict(saved.trainer)
     runlog.restore(saved.metrics, saved.ledger)
-    if saved.version >= steps:
-        log.warning("the run already has %d steps (asked for %d); nothing to train", saved.version, steps)
+    if saved.state.get("code") != run.code:  # (None: written before checkpoints named their code)
+        log.warning(
+            "resuming from v%d, written by other code (%s; this is %s): the run's steps are not all of one code",
+            saved.version,
+            saved.state.get("code"),
+            run.code,
+        )
+    if saved.version >= run.steps:
+        log.warning("the run already has %d steps (asked for %d); nothing to train", saved.version, run.steps)
     return saved.version, saved.state["before"], saved

@@ -14,7 +14,6 @@ from areal_core.experiment import ExperimentConfig
 from areal_core.rollout.weight_layout import dtype_name
 from areal_core.run.costs import describe as cost_line
 from areal_core.run.costs import summary as cost_summary
-from areal_core.run.folder import code_version
 from areal_core.run.loop import LoopResult
 from areal_core.run.metrics import RunLog, check_ledger
 
@@ -97,13 +96,15 @@ def build_summary(
     trainer_threads: int,
     resumed_from: int | None,
     model_info: dict,
+    code: dict,
     controller,
     rewards,
     store,
     checkpoints,
     t_start: float,
 ) -> RunSummary:
-    """The summary of a finished run (``loop``: what the training loop did in this process)."""
+    """The summary of a finished run (``loop``: what the training loop did in this process; ``code``:
+    what it ran, ``run/folder.py`` code_version)."""
     warm_step = first_step - 1 + cfg.trainer.warmup_steps_for_throughput
     if loop.warm is not None and steps > warm_step:  # this process's steps after its own warm-up, so a
         eff = (loop.tokens - loop.warm[1]) / (loop.end - loop.warm[0])  # resumed run is not credited with
@@ -118,7 +119,7 @@ def build_summary(
     ws = model_info.get("warm_start")
     return RunSummary(
         name=cfg.name,
-        code=code_version(),
+        code=code,
         accuracy_before=before["accuracy"],
         accuracy_after=after["accuracy"],
         # (a run resumed from a state saved before it was measured has no answered share before RL)

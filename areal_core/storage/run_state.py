@@ -5,7 +5,8 @@ Every version ``v<N>/`` of a run's CheckpointStore holds, besides the model:
     resume/state.json       step, version, prompt-stream position, everything
                             admitted and not trained (buffered, being graded, and
                             partially generated answers with their tokens, logprobs
-                            and per-token versions), held-out accuracy before RL
+                            and per-token versions), held-out accuracy before RL,
+                            the code that wrote it (``run.folder.code_version``)
     resume/trainer.pt       optimizer and lr-scheduler state (torch.save)
     resume/metrics.parquet  the metrics rows of steps 1..N
     resume/ledger.parquet   the ledger rows of steps 1..N
@@ -85,11 +86,25 @@ class RunState:
 
 
 def encode(
-    step: int, config: dict, controller: dict, trainer: dict, runlog_files: dict[str, bytes], before: dict | None
+    step: int,
+    config: dict,
+    controller: dict,
+    trainer: dict,
+    runlog_files: dict[str, bytes],
+    before: dict | None,
+    code: dict,
 ) -> dict[str, bytes | memoryview]:
-    """The files of a run state, for ``CheckpointStore.publish(..., extra=...)``. The optimizer state
-    is handed on as a view of its buffer, not copied: for SmolLM2-135M it is 1.1 GB."""
-    state = {"format": FORMAT, "step": step, "config": config, "controller": controller, "before": before}
+    """The files of a run state, for ``CheckpointStore.publish(..., extra=...)``; ``code``: the code
+    that wrote it, as the run's summary names it. The optimizer state is handed on as a view of its
+    buffer, not copied: for SmolLM2-135M it is 1.1 GB."""
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "config": config,
+        "controller": controller,
+        "before": before,
+        "code": code,
+    }
     buf = io.BytesIO()
     torch.save(trainer, buf)
     return {

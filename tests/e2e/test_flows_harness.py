@@ -129,13 +129,13 @@ def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
     seeds, more seeds while a difference is unclear (at most 3); the decision's intervals in the file
     and in the UI artifact; the same command again trains nothing."""
     import areal_core.run.campaign as campaign_module
-    import areal_core.run.summary as summary_module
+    import areal_core.run.setup as setup_module
     from areal_core.run.folder import code_version
     from flows.cli import main
 
     code = code_version()  # the code as the test starts: a commit made while it runs is not the test's
     monkeypatch.setattr(campaign_module, "code_version", lambda: code)
-    monkeypatch.setattr(summary_module, "code_version", lambda: code)
+    monkeypatch.setattr(setup_module, "code_version", lambda: code)
 
     out = tmp_path / "decide"
     args = ["campaign", CONFIG, "--eta", "0,1", "--objective", "decoupled,naive", "--max-steps", "2"]

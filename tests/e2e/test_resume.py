@@ -171,6 +171,40 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache)
     assert summary_file["ledger_check"]["ok"] and summary_file["resumed_from_step"] == 2
 
 
+@pytest.mark.slow
+def test_a_campaign_continues_the_run_it_was_stopped_in(tmp_path, warm_cache):
+    """A campaign stopped in a run's step 3, started again: that run continues from its checkpoint of
+    step 2, which names the code that wrote it, and the campaign trains nothing else."""
+    from areal_core.run.campaign import CampaignPlan, run_campaign
+    from areal_core.run.folder import code_version
+
+    config = HERE / "data/e2e.yaml"
+    base = {"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4, "storage.checkpoint_every": 2}
+
+    def config_of(ov: dict) -> dict:
+        return load_config(config, {**base, **ov}).model_dump(mode="json")
+
+    def train(label, seed, ov, run_dir, resume, on_step=None):
+        cfg = load_config(config, {**base, **ov})
+        run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, resume=resume, on_step=on_step)
+
+    def crash(row):
+        if row["step"] == 3:
+            raise SimulatedCrash("stopped in step 3")
+
+    plan = CampaignPlan([("eta0", {})], "eta0", seeds=1)
+    with pytest.raises(SimulatedCrash):
+        run_campaign(plan, tmp_path, config_of, lambda *a: train(*a, on_step=crash), say=lambda s: None)
+    store = CheckpointStore(str(tmp_path / "eta0-s0/checkpoints"))
+    assert store.latest() == 2 and json.loads(store.read_file(2, run_state.STATE))["code"] == code_version()
+    said: list[str] = []
+    decision = run_campaign(plan, tmp_path, config_of, train, say=said.append)
+    summary = json.loads((tmp_path / "eta0-s0/summary.json").read_text())
+    assert summary["resumed_from_step"] == 2 and summary["steps"] == 4 and summary["ledger_check"]["ok"]
+    assert said == [f"eta0 seed 0: continued from its checkpoint v2 ({tmp_path / 'eta0-s0'})"]
+    assert decision["runs_trained"] == 1 and decision["runs_reused"] == 0
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     saved = load_config(HERE / "data/e2e.yaml").model_dump(mode="json")
     changed = load_config(

@@ -27,6 +27,7 @@ from areal_core.storage import (
 from areal_core.storage import checkpoints as ckpt_mod
 
 REPO = Path(__file__).resolve().parents[2]
+CODE = {"commit": "c0ffee", "changes": None, "version": "0"}  # the code a run state names
 
 
 def make_tokenizer():
@@ -390,7 +391,7 @@ def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, m
             model,
             tokenizer,
             extra=run_state.encode(
-                step, cfg, ctrl, {"optimizer": {"x": torch.ones(2)}}, runlog.to_parquet_bytes(), None
+                step, cfg, ctrl, {"optimizer": {"x": torch.ones(2)}}, runlog.to_parquet_bytes(), None, CODE
             ),
         )
 
@@ -414,11 +415,12 @@ def test_run_state_appears_with_its_version_or_not_at_all(tmp_path, tokenizer, m
                 {},
                 runlog.to_parquet_bytes(),
                 None,
+                CODE,
             ),
         )
     assert (tmp_path / "ckpt/v2/resume/state.json").exists()  # written, but not part of any version
     saved = run_state.load_latest(store, cfg)
-    assert saved.version == 1 and saved.state["controller"]["n_groups"] == 1
+    assert saved.version == 1 and saved.state["controller"]["n_groups"] == 1 and saved.state["code"] == CODE
     assert torch.equal(saved.trainer["optimizer"]["x"], torch.ones(2))
     with pytest.raises(run_state.ResumeError, match=r"trainer.batch_size"):
         run_state.load_latest(store, {"trainer": {"batch_size": 8}})

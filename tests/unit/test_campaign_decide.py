@@ -26,10 +26,13 @@ class FakeTrainer:
 
     def __init__(self, noise: float = 0.004):
         self.trained: list[tuple[str, int]] = []
+        self.resumed: list[tuple[str, int]] = []
         self.noise = noise
 
-    def __call__(self, label: str, seed: int, ov: dict, run_dir: Path) -> None:
+    def __call__(self, label: str, seed: int, ov: dict, run_dir: Path, resume: bool) -> None:
         self.trained.append((label, seed))
+        if resume:
+            self.resumed.append((label, seed))
         run_dir.mkdir(parents=True, exist_ok=True)
         level = 0.3 + 0.1 * ((seed * 7) % 5)  # the seeds differ much more than the settings
         jitter = self.noise * (1 if (seed + len(label)) % 2 else -1)
@@ -84,6 +87,47 @@ def test_a_campaign_resumes_without_training_a_finished_run_again(tmp_path):
     shutil.rmtree(run_dir_of(tmp_path, "naive", 1))
     run_campaign(_plan(seeds=3), tmp_path, _config_of, changed, say=lambda s: None)
     assert changed.trained == [("naive", 1)]
+
+
+def _stopped_run(run_dir: Path, config: dict, version: int | None, code: dict | None) -> None:
+    """What a run stopped after checkpoint ``version`` leaves: config.json and that checkpoint's run state
+    naming ``code`` (None: a state that names none); no checkpoint where ``version`` is None."""
+    from areal_core.storage import CheckpointStore
+    from areal_core.storage.run_state import FORMAT, STATE
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    if version is None:
+        return
+    state = {"format": FORMAT, "step": version, "config": config, "controller": {}, "before": None}
+    folder = run_dir.parent / f"{run_dir.name}-state"
+    (folder / STATE).parent.mkdir(parents=True)
+    (folder / STATE).write_text(json.dumps(state if code is None else {**state, "code": code}))
+    CheckpointStore(str(run_dir / "checkpoints")).publish_folder(version, str(folder))
+
+
+def test_a_stopped_run_is_continued_from_its_checkpoint_only_at_the_same_code(tmp_path):
+    code = code_version()
+    said = []
+    _stopped_run(run_dir_of(tmp_path, "eta4", 0), _config_of({"x": "eta4", "seed": 0}), 3, code)
+    _stopped_run(run_dir_of(tmp_path, "naive", 0), _config_of({"x": "naive", "seed": 0}), None, None)
+    trainer = FakeTrainer()
+    d = run_campaign(_plan(seeds=1), tmp_path, _config_of, trainer, say=said.append)
+    # the run with a checkpoint continues from it; the one stopped before any starts afresh
+    assert trainer.resumed == [("eta4", 0)] and sorted(trainer.trained) == [("eta0", 0), ("eta4", 0), ("naive", 0)]
+    assert any("eta4 seed 0: continued from its checkpoint v3" in line for line in said)
+    assert d["runs_trained"] == 3
+    # a run stopped by other code, or whose checkpoint does not name its code, is never continued
+    for label, other, why in (
+        ("eta4", {**code, "commit": "another"}, r"written by other code \(\{'commit': 'another'"),
+        ("naive", None, "which does not name its code"),
+    ):
+        _stopped_run(run_dir_of(tmp_path, label, 1), _config_of({"x": label, "seed": 1}), 5, other)
+        refused = FakeTrainer()
+        with pytest.raises(CampaignFolderError, match=rf"{label}-s1 holds a run .*stopped at v5, {why}"):
+            run_campaign(_plan(seeds=2), tmp_path, _config_of, refused, say=lambda s: None)
+        assert (label, 1) not in refused.trained and refused.resumed == []
+        shutil.rmtree(run_dir_of(tmp_path, label, 1))
 
 
 def test_the_budget_stops_a_campaign_and_says_what_is_still_unclear(tmp_path):
