@@ -90,10 +90,10 @@ def stopped_at(run_dir: Path, config: dict, code: dict) -> int | None:
     if not (run_dir / "config.json").is_file():
         return None
     from areal_core.storage import CheckpointStore  # (torch: imported only where a run stopped)
+    from areal_core.storage.config import StorageConfig
     from areal_core.storage.run_state import ResumeError, check_resumable
 
-    storage = config.get("storage") or {}
-    store = CheckpointStore(storage.get("url") or str(run_dir / "checkpoints"))
+    store = CheckpointStore.from_config(StorageConfig(**config.get("storage", {})), str(run_dir))
     try:
         found = check_resumable(store, config)
     except ResumeError as e:
