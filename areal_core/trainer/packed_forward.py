@@ -7,6 +7,13 @@ per sequence (``packed_attention``). Works with the Llama-family decoders of
 Hugging Face transformers (``models/decoder.py``), reusing the model's own
 modules and parameters, so gradients flow into it.
 
+Precision: the products (projections, attention, MLP, LM head) run in the model's dtype; the
+residual stream between them, and so every norm's input, stays float32, as bfloat16 autocast over
+float32 weights keeps it (and Megatron's ``fp32_residual_connection``). Rounding the stream to
+bfloat16 after every layer drops the low bits of each layer's update, in the forward and in the
+gradient that flows back along it; with a float32 stream a bfloat16 model's logprobs and gradients
+lie closer to the exact arithmetic of its own weights (tests/unit/test_packed_forward.py).
+
 Answers to the same prompt share it: a group's prompt enters the stream once,
 followed by each answer's tokens. Projections and MLPs then run on the prompt
 once instead of once per answer (GRPO-style groups of 8 answers to a 30-token
@@ -97,12 +104,13 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
     gather = None if lay.gather is None else torch.tensor(lay.gather, device=dev)
     scatter = None if lay.scatter is None else torch.tensor(lay.scatter, device=dev)
 
-    h = inner.embed_tokens(ids)[None]  # [1, T, H]
-    rope = rope_table(inner.rotary_emb, pos, h.dtype)
+    low = inner.embed_tokens.weight.dtype  # the products' dtype; the residual stream is float32
+    h = inner.embed_tokens(ids)[None].float()  # [1, T, H]
+    rope = rope_table(inner.rotary_emb, pos, low)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, d]; sin signed (decoder.apply_rope)
     for layer in inner.layers:
         attn = layer.self_attn
-        x = layer.input_layernorm(h)[0]
+        x = layer.input_layernorm(h)[0].to(low)
         d = attn.head_dim
         q = attn.q_proj(x).view(T, -1, d)
         k = attn.k_proj(x).view(T, -1, d)
@@ -114,8 +122,8 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
         if scatter is not None:
             o = o.index_select(0, scatter)
         h = h + attn.o_proj(o.reshape(T, -1))[None]
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    h = inner.norm(h)[0]
+        h = h + layer.mlp(layer.post_attention_layernorm(h).to(low))
+    h = inner.norm(h)[0].to(low)
 
     pred = torch.tensor(lay.pred, device=dev)
     targets = torch.tensor(lay.targets, device=dev)

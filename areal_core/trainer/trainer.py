@@ -6,8 +6,9 @@ micro-batches -> stats. The objective is chosen by config: decoupled PPO
 naive PPO (clip around the behaviour policy).
 
 Master weights: AdamW always steps on float32 parameters. A model loaded in a lower
-precision (``model.dtype: bfloat16``) is the working copy: forward and backward run on
-it in that precision (as the rollout servers compute), its gradients are summed into
+precision (``model.dtype: bfloat16``) is the working copy: forward and backward run their
+products in that precision (the residual stream between them in float32, as autocast keeps
+it: ``packed_forward``), its gradients are summed into
 float32 masters, and after each optimizer step the masters are rounded back into it.
 So updates smaller than half a bfloat16 step accumulate in the masters instead of being
 lost, and what is published (checkpoints, weight pushes) stays in the model's dtype.
