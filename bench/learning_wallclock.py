@@ -4,8 +4,9 @@ Does the throughput lead over TRL's GRPOTrainer (``bench/trl_peer_smollm2.py``) 
 The three systems of that comparison (TRL; areal-flow synchronous, eta 0; areal-flow asynchronous,
 eta 4) train its workload (the SmolLM2 quickstart's arithmetic task, sampling, batch and learning
 rate, held constant; the CPU's matrix dtype on both sides, trainers included: bfloat16 where
-it has bf16 units) for STEPS steps on paired seeds,
-one after another, each on the whole machine. Each saves its model every EVERY steps (areal-flow:
+it has bf16 units), and a fourth, areal-flow asynchronous as it runs by default (``model.dtype:
+auto``: on a CPU with bf16 units a float32 trainer beside bfloat16 servers, docs/RESULTS.md's dtype
+control), for STEPS steps on paired seeds, one after another, each on the whole machine. Each saves its model every EVERY steps (areal-flow:
 its own checkpoints; TRL: an HF folder) and notes its training time there: the wall clock from the
 start of training to the end of that step, the saves excluded on both sides.
 
@@ -38,7 +39,8 @@ from pathlib import Path
 
 from bench.common import REPO_ROOT, code_commit, format_table, machine_info, work_dir, write_json_atomic
 from bench.trl_peer_inputs import Workload, areal_config, smollm2_workload
-from bench.trl_peer_systems import MODES, SYSTEMS, TRL, ensure_venv, run_system, system_dir
+from bench.trl_peer_systems import MODES, TRL, ensure_venv, run_system, system_dir
+from bench.trl_peer_systems import SYSTEMS as PEERS
 
 STEPS, EVERY, SEEDS, N_HELDOUT = 40, 10, (0, 1, 2), 400
 QUICK_STEPS, QUICK_EVERY, QUICK_SEEDS, QUICK_HELDOUT = 4, 2, (0,), 16
@@ -46,8 +48,10 @@ RECORDS = REPO_ROOT / "bench" / "results" / "learning_wallclock_runs"
 PLOT = REPO_ROOT / "docs" / "img" / "learning_wallclock.png"
 LABEL = {mode: label for label, mode in MODES}
 ASYNC, SYNC = LABEL["async"], LABEL["sync"]
-DIFFERENCES = ((ASYNC, TRL), (ASYNC, SYNC))
-SLUG = {TRL: "trl", ASYNC: "async", SYNC: "sync"}
+DEFAULT = "areal-flow async, model.dtype auto"  # the asynchronous run in areal-flow's own precision rule
+SYSTEMS = (*PEERS, DEFAULT)
+DIFFERENCES = ((ASYNC, TRL), (ASYNC, SYNC), (DEFAULT, TRL))
+SLUG = {TRL: "trl", ASYNC: "async", SYNC: "sync", DEFAULT: "async-auto"}
 PATHS = ("model", "records", "eval_records")  # the workload's files: where they lie is no part of what a run did
 
 
@@ -87,11 +91,20 @@ def evaluate(model: str, spec: Path, out: Path, grading) -> dict:
     return {"accuracy": summary["benchmarks"][HELDOUT]["pass@1"], "eval_s": summary["wall_s"]}
 
 
+def system_workload(label: str, w: Workload) -> Workload:
+    """What ``label`` trains: ``w``, in areal-flow's own precision rule for DEFAULT."""
+    return dataclasses.replace(w, areal_dtype="auto") if label == DEFAULT else w
+
+
 def train_and_evaluate(label: str, w: Workload, root: Path, spec: Path, base: dict, reward: dict, grading) -> dict:
-    """``label``'s run of ``w``, its saved models evaluated (and removed): the run's record."""
+    """``label``'s run of ``w`` (``system_workload``'s), its saved models evaluated (and removed): the
+    run's record."""
     run_root = root / f"s{w.seed}"
-    shutil.rmtree(system_dir(label, run_root), ignore_errors=True)  # an unfinished try
-    result = run_system(label, w, run_root, reward)
+    peer = label
+    if label == DEFAULT:  # the asynchronous peer on its own workload, in a folder of its own
+        run_root, peer = run_root / "auto", ASYNC
+    shutil.rmtree(system_dir(peer, run_root), ignore_errors=True)  # an unfinished try
+    result = run_system(peer, w, run_root, reward)
     points = [{"step": 0, "train_s": 0.0, **base}]
     for snap in result.pop("snapshots"):
         print(f"  evaluating step {snap['step']} ({snap['train_s'] / 60:.1f} min) ...", flush=True)
@@ -110,6 +123,7 @@ def train_and_evaluate(label: str, w: Workload, root: Path, spec: Path, base: di
         "train_s": points[-1]["train_s"],
         "effective_train_tokens_per_s": result["effective_train_tokens_per_s"],
         "load_avg_1m": result["load_avg_1m"],
+        **({"dtypes": result["dtypes"]} if "dtypes" in result else {}),  # areal-flow's, as resolved
     }
 
 
@@ -159,7 +173,8 @@ def keep(rec: dict) -> None:
 
 
 def minutes_grid(runs: list[dict]) -> list[float]:
-    """Whole-minute marks every 5 minutes up to the slowest system's mean end, and the fastest's end."""
+    """Whole-minute marks every 5 minutes up to the slowest system's mean end, and the fastest's end
+    (in place of a mark less than a minute from it)."""
     from statistics import fmean
 
     ends = [
@@ -167,8 +182,9 @@ def minutes_grid(runs: list[dict]) -> list[float]:
         for s in SYSTEMS
         if any(r["system"] == s for r in runs)
     ]
-    marks = [float(m) for m in range(5, int(max(ends)) + 1, 5)]
-    return sorted(set(marks + [round(min(ends), 1)]))
+    first_end = round(min(ends), 1)
+    marks = [float(m) for m in range(5, int(max(ends)) + 1, 5) if abs(m - first_end) >= 1]
+    return sorted(marks + [first_end])
 
 
 def table(runs: list[dict]) -> dict:
@@ -290,13 +306,14 @@ def run(quick: bool) -> dict:
         for seed in seeds:
             w = dataclasses.replace(w0, seed=seed)
             for label in SYSTEMS:
-                rec = None if quick else recorded(label, w)
+                sw = system_workload(label, w)
+                rec = None if quick else recorded(label, sw)
                 if rec is None:
                     if base is None:
                         print(f"evaluating the base model on {n_heldout} held-out problems ...", flush=True)
                         base = evaluate(w0.model, spec, root / "evals" / "base", grading)
                     print(f"seed {seed}: {label}, {steps} steps ...", flush=True)
-                    rec = train_and_evaluate(label, w, root, spec, base, reward, grading)
+                    rec = train_and_evaluate(label, sw, root, spec, base, reward, grading)
                     if not quick:
                         keep(rec)
                 else:

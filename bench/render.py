@@ -125,12 +125,22 @@ def source_line(record: dict) -> str:
 
 
 # the command that writes a folder of run records (a run record does not name it)
-RUN_FOLDERS = {"objective_ablation_smollm2_runs": "python -m bench objective_ablation --model smollm2"}
+RUN_FOLDERS = {
+    "objective_ablation_smollm2_runs": "python -m bench objective_ablation --model smollm2",
+    "learning_wallclock_runs": "python -m bench learning_wallclock",
+}
 
 
 def _run_cpu(x: dict) -> str:
-    """A run record's CPU: its name and its bf16 units."""
+    """A run record's CPU: its kind from its machine where it holds one, else its name and bf16 units."""
+    if "machine" in x:
+        return _cpu(x["machine"])
     return f"{x.get('cpu', 'CPU not recorded')} ({x.get('cpu_bf16_units') or 'no bf16 units'})"
+
+
+def _run_commit(x: dict) -> str | None:
+    """A run record's commit (the objective ablation's records call it ``benchmark_commit``)."""
+    return x.get("benchmark_commit") or x.get("commit")
 
 
 def _varies(runs: dict, key: Callable[[dict], str]) -> bool:
@@ -143,10 +153,10 @@ def runs_source_line(name: str, runs: dict) -> str:
     one = next(iter(runs.values()))
     dates = sorted({x.get("finished_at", "date not recorded")[:10] for x in runs.values()})
     parts = [
-        f"`{RUN_FOLDERS[name]}`, one file a run (the table's last column)",
+        f"`{RUN_FOLDERS[name]}`, one file a run",
         "the commit of each run in the table"
-        if _varies(runs, lambda x: str(x.get("benchmark_commit")))
-        else f"commit {one.get('benchmark_commit') or 'not recorded in the files'}",
+        if _varies(runs, lambda x: str(_run_commit(x)))
+        else f"commit {_run_commit(one) or 'not recorded in the files'}",
         "the CPU of each run in the table" if _varies(runs, _run_cpu) else _run_cpu(one),
         " to ".join([dates[0], dates[-1]] if len(dates) > 1 else dates),
     ]
@@ -726,13 +736,49 @@ def _correction(off_policy: dict) -> str:
     return name
 
 
+def _minutes(c: dict) -> str:
+    """An interval cell of minutes: ``24.3 [22.0, 26.6]`` (the mean alone from one seed)."""
+    return f"{c['mean']:.1f}" + (f" [{c['lo']:.1f}, {c['hi']:.1f}]" if c["n"] > 1 else "")
+
+
+def learning_wallclock_runs(r: dict) -> str:
+    """learning_wallclock's run records (one file a system and seed): a row per minute mark, held-out
+    accuracy of each system then and the paired differences (``bench.learning_wallclock.table``); then
+    each system's minutes for its steps and its training throughput."""
+    from bench.learning_wallclock import table
+
+    runs = list(r["runs"].values())
+    t = table(runs)
+    systems, diffs = t["systems"], t["differences"]
+    n = {s: x["final"]["n"] for s, x in systems.items()} | {d: next(iter(x.values()))["n"] for d, x in diffs.items()}
+    head = ["minutes of training"] + [f"{s} ({n[s]} seeds)" for s in systems] + [f"*{d}*" for d in diffs]
+    rows = [
+        [f"{m:g}"]
+        + [interval(x["at"][str(m)]) for x in systems.values()]
+        + [interval(x[str(m)], "+") for x in diffs.values()]
+        for m in t["marks_min"]
+    ]
+    rows.append(["after all steps"] + [interval(x["final"]) for x in systems.values()] + ["" for _ in diffs])
+    speed_head = ["system", "steps", "minutes for them, mean [95 %]", "effective train tokens/s, mean (min-max)"]
+    speed = []
+    for s, x in systems.items():
+        mine = [run for run in runs if run["system"] == s]
+        tps = [run["effective_train_tokens_per_s"] for run in mine]
+        steps = sorted({run["workload"]["steps"] for run in mine})
+        speed.append(
+            [s, ", ".join(map(str, steps)), _minutes(x["minutes"])]
+            + [f"{statistics.fmean(tps):.1f} ({min(tps):.1f}-{max(tps):.1f})"]
+        )
+    return f"{_table(head, rows)}\n\n{_table(speed_head, speed)}"
+
+
 def objective_ablation_smollm2_runs(r: dict) -> str:
     """The SmolLM2 objective ablation's run records (one file a run): accuracy, what the correction did
     and the record's file; a column for the commit and for the CPU where the runs differ in them."""
     runs = r["runs"]
     head = ["setting", "seed", "before -> after", "gain", "max staleness", "largest weight let through"]
     head += ["tokens dropped or lowered", "ESS"]
-    commits, cpus = _varies(runs, lambda x: str(x.get("benchmark_commit"))), _varies(runs, _run_cpu)
+    commits, cpus = _varies(runs, lambda x: str(_run_commit(x))), _varies(runs, _run_cpu)
     head += (["commit"] if commits else []) + (["CPU"] if cpus else []) + ["record"]
     rows = []
     for file, x in runs.items():
@@ -757,7 +803,7 @@ def objective_ablation_smollm2_runs(r: dict) -> str:
             [setting, str(x["seed"]), f"{_num(x['before'])} -> {_num(x['after'])}", f"{x['gain']:+.3f}"]
             + [str(x["max_staleness"]), _sig3(weight) if weight is not None else "-", dropped]
             + [_num(ess) if ess is not None else "-"]
-            + ([str(x.get("benchmark_commit") or "not recorded")] if commits else [])
+            + ([str(_run_commit(x) or "not recorded")] if commits else [])
             + ([_run_cpu(x)] if cpus else [])
             + [f"`{file}`"]
         )
@@ -938,6 +984,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "objective_ablation.json#four-minibatches": objective_ablation_four_minibatches,
     "engine_mismatch.json": engine_mismatch,
     "objective_ablation_smollm2_runs": objective_ablation_smollm2_runs,
+    "learning_wallclock_runs": learning_wallclock_runs,
     "rewards.json": rewards,
     "calibration_quickstart.json": calibration,
     "calibration_quickstart.json#in_situ": calibration_in_situ,

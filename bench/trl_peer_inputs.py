@@ -55,6 +55,8 @@ class Workload:
     # the model saved every N steps for a later evaluation (areal-flow: its checkpoints; TRL: the
     # worker's snapshots); None: the systems' defaults (areal-flow checkpoints every 10, TRL saves none)
     snapshot_every: int | None = None
+    # areal-flow's model.dtype where it is not ``dtype`` (e.g. "auto": its own rule for this CPU); None: ``dtype``
+    areal_dtype: str | None = None
 
     def with_steps(self, steps: int) -> Workload:
         return dataclasses.replace(self, steps=steps)
@@ -245,7 +247,7 @@ def areal_config(mode: str, w: Workload, reward: dict | None):
     data = {
         "name": f"trl-peer-{w.name}-{mode}",
         "seed": w.seed,
-        "model": {"name": w.model, "dtype": w.dtype},  # an HF folder: loaded as is, no warm start
+        "model": {"name": w.model, "dtype": w.areal_dtype or w.dtype},  # an HF folder: loaded as is, no warm start
         "data": {"dataset": w.records, "eval_dataset": w.eval_records, "shuffle": True},
         "rollout": {
             "backend": "embedded",

@@ -205,6 +205,7 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
         "tokens_trained": summary["tokens_trained"],
         "reward_mean": float(m["reward"].mean()),
         "max_staleness_observed": summary["max_staleness_observed"],
+        "dtypes": {"trainer": summary["dtype"], "servers": summary["rollout_dtype"]},
         "rl_time_s": summary["rl_time_s"],
         "snapshots": areal_snapshots(run_dir, m) if w.snapshot_every else [],
         "run_dir": str(run_dir),

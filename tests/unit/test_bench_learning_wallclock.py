@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -81,13 +82,14 @@ def test_the_table_pairs_seeds_and_gives_student_t_intervals():
         _run(lw.SYNC, 0, [(0, 0.2), (400, 0.3), (800, 0.4)]),
     ]
     t = lw.table(runs)
-    # marks every 5 min up to the slowest mean end (31 min) and the fastest's mean end (10.5 min)
-    assert t["marks_min"] == [5.0, 10.0, 10.5, 15.0, 20.0, 25.0, 30.0]
-    at10 = t["systems"][lw.ASYNC]["at"]["10.0"]  # seed 0 at 600 s: 0.45; seed 1 at 600 s: its 330 s model, 0.35
+    # marks every 5 min up to the slowest mean end (31 min), and the fastest's mean end (10.5 min) in
+    # place of the mark less than a minute from it (10)
+    assert t["marks_min"] == [5.0, 10.5, 15.0, 20.0, 25.0, 30.0]
+    at10 = t["systems"][lw.ASYNC]["at"]["10.5"]  # seed 0 at 630 s: its 600 s model, 0.45; seed 1: its 330 s one, 0.35
     assert at10["mean"] == pytest.approx(0.40) and at10["n"] == 2
     half = 12.706204736 * statistics.stdev([0.45, 0.35]) / math.sqrt(2)  # t(0.975, 1) by table
     assert (at10["lo"], at10["hi"]) == pytest.approx((0.40 - half, 0.40 + half), rel=1e-6)
-    d = t["differences"][f"{lw.ASYNC} - {lw.TRL}"]["10.0"]  # TRL had nothing saved by 10 min: 0.2 both seeds
+    d = t["differences"][f"{lw.ASYNC} - {lw.TRL}"]["10.5"]  # TRL had nothing saved by 10.5 min: 0.2 both seeds
     assert d["mean"] == pytest.approx(0.20) and d["n"] == 2
     d = t["differences"][f"{lw.ASYNC} - {lw.SYNC}"]["15.0"]  # one seed in common: no interval
     assert d["n"] == 1 and d["mean"] == pytest.approx(0.05) and math.isinf(d["hi"])
@@ -134,3 +136,24 @@ def test_a_record_stands_for_a_run_of_the_same_workload_only(tmp_path, monkeypat
     assert lw.recorded(lw.ASYNC, _workload(seed=1, snapshot_every=5)) is None
     assert "snapshot_every: 10, now 5" in capsys.readouterr().out
     assert lw.recorded(lw.TRL, w) is None
+
+
+def test_the_default_precision_run_is_the_async_run_in_areal_flows_own_rule():
+    w = _workload(seed=2, snapshot_every=10)
+    auto = lw.system_workload(lw.DEFAULT, w)
+    assert inputs.areal_config("async", auto, None).model.dtype == "auto"
+    assert inputs.areal_config("async", w, None).model.dtype == "bfloat16"  # the peers: the workload's dtype
+    assert all(lw.system_workload(s, w) == w for s in trl_peer_systems.SYSTEMS)
+    assert inputs.trl_spec(auto, Path("/tmp"))["dtype"] == "bfloat16"  # TRL's side never reads areal_dtype
+
+
+def test_an_async_record_does_not_stand_for_the_default_precision_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lw, "RECORDS", tmp_path)
+    w = _workload(seed=0, snapshot_every=10)
+    older = {k: v for k, v in lw.comparable(w).items() if k != "areal_dtype"}  # written before the field existed
+    rec = {"system": lw.ASYNC, "seed": 0, "workload": older, "points": []}
+    (tmp_path / "async-s0.json").write_text(json.dumps(rec))
+    assert lw.recorded(lw.ASYNC, w) == rec
+    (tmp_path / "async-auto-s0.json").write_text(json.dumps({**rec, "system": lw.DEFAULT}))
+    assert lw.recorded(lw.DEFAULT, lw.system_workload(lw.DEFAULT, w)) is None
+    assert "areal_dtype: None, now 'auto'" in capsys.readouterr().out
