@@ -760,6 +760,8 @@ def learning_wallclock_runs(r: dict) -> str:
     ]
     rows.append(["after all steps"] + [interval(x["final"]) for x in systems.values()] + ["" for _ in diffs])
     speed_head = ["system", "steps", "minutes for them, mean [95 %]", "effective train tokens/s, mean (min-max)"]
+    commits = _varies(r["runs"], lambda x: str(_run_commit(x)))  # the source line then points here
+    speed_head += ["commit"] if commits else []
     speed = []
     for s, x in systems.items():
         mine = [run for run in runs if run["system"] == s]
@@ -768,6 +770,7 @@ def learning_wallclock_runs(r: dict) -> str:
         speed.append(
             [s, ", ".join(map(str, steps)), _minutes(x["minutes"])]
             + [f"{statistics.fmean(tps):.1f} ({min(tps):.1f}-{max(tps):.1f})"]
+            + ([", ".join(sorted({str(_run_commit(run)) for run in mine}))] if commits else [])
         )
     return f"{_table(head, rows)}\n\n{_table(speed_head, speed)}"
 

@@ -157,3 +157,18 @@ def test_an_async_record_does_not_stand_for_the_default_precision_run(tmp_path, 
     (tmp_path / "async-auto-s0.json").write_text(json.dumps({**rec, "system": lw.DEFAULT}))
     assert lw.recorded(lw.DEFAULT, lw.system_workload(lw.DEFAULT, w)) is None
     assert "areal_dtype: None, now 'auto'" in capsys.readouterr().out
+
+
+def test_the_rendered_table_names_each_systems_commit_where_the_records_differ_in_it():
+    from bench.render import learning_wallclock_runs
+
+    def rec(system, seed, commit):
+        r = _run(system, seed, [(0, 0.2), (300, 0.3)])
+        return {**r, "commit": commit, "workload": {"steps": 10}, "effective_train_tokens_per_s": 50.0}
+
+    same = {"a.json": rec(lw.ASYNC, 0, "abc1234"), "t.json": rec(lw.TRL, 0, "abc1234")}
+    assert "commit" not in learning_wallclock_runs({"runs": same})
+    other = {**same, "d.json": rec(lw.DEFAULT, 0, "def5678")}
+    text = learning_wallclock_runs({"runs": other})
+    row = next(line for line in text.splitlines() if line.startswith(f"| {lw.DEFAULT} |"))
+    assert row.endswith("| def5678 |") and "| commit |" in text
