@@ -6,9 +6,10 @@ eta 4) train its workload (the SmolLM2 quickstart's arithmetic task, sampling, b
 rate, held constant; the CPU's matrix dtype on both sides, trainers included: bfloat16 where
 it has bf16 units), and a fourth, areal-flow asynchronous as it runs by default (``model.dtype:
 auto``: on a CPU with bf16 units a float32 trainer beside bfloat16 servers, docs/RESULTS.md's dtype
-control), for STEPS steps on paired seeds, one after another, each on the whole machine. Each saves its model every EVERY steps (areal-flow:
-its own checkpoints; TRL: an HF folder) and notes its training time there: the wall clock from the
-start of training to the end of that step, the saves excluded on both sides.
+control), for STEPS steps on paired seeds, one after another, each on the whole machine. Each saves
+its model every EVERY steps (areal-flow: its own checkpoints; TRL: an HF folder) and notes its
+training time there: the wall clock from the start of training to the end of that step, the saves
+excluded on both sides.
 
 Afterwards, outside any clock, every saved model (and the base model, once) answers the first
 N_HELDOUT of the quickstart's held-out problems greedily with the workload's 40 new tokens, graded
