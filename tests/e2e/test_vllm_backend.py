@@ -317,9 +317,11 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
     prompts = [[5, 6, 7, 8], [20, 21, 22]]
     greedy = Sampling(max_new_tokens=16, temperature=0.0, ignore_eos=True)
     # requests cut short run up to 8000 tokens (~15 s here), so a client starved of CPU by
-    # neighbours still catches them running; held ones 4000, drained ones 1800
+    # neighbours still catches them running; held ones 4000 (8000 on a retry: it finished before the
+    # pause reached it), drained ones 1800
     long = Sampling(max_new_tokens=8000, temperature=1.0, ignore_eos=True, seed=1)
-    held_s, drained_s = (Sampling(max_new_tokens=n, temperature=1.0, ignore_eos=True, seed=2) for n in (4000, 1800))
+    held_s = [Sampling(max_new_tokens=n, temperature=1.0, ignore_eos=True, seed=2) for n in (4000, 8000, 8000)]
+    drained_s = Sampling(max_new_tokens=1800, temperature=1.0, ignore_eos=True, seed=2)
     try:
         info = await c.info()
         assert (info.weight_version, info.paused) == (0, False)
@@ -363,8 +365,8 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         assert more.versions == [1] * 4
 
         # keep_kv -> pause(keep): the request is held, then finishes, its tokens labelled 1 then 2
-        for attempt in range(3):
-            held = asyncio.create_task(keep.generate(prompts[1], held_s, f"held-{attempt}"))
+        for attempt, size in enumerate(held_s):
+            held = asyncio.create_task(keep.generate(prompts[1], size, f"held-{attempt}"))
             await _until_running(keep, held)
             await keep.pause()
             await asyncio.sleep(0.3)
@@ -375,7 +377,7 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         await keep.update_weights_from_disk(m0, 2)
         await keep.resume()
         g = await held
-        assert g.finish_reason == "length" and len(g.output_ids) == 4000
+        assert g.finish_reason == "length" and len(g.output_ids) == size.max_new_tokens
         assert g.versions == sorted(g.versions) and g.versions[-1] == 2 and set(g.versions) <= {1, 2}
         report["keep_kv_tokens_before_update"] = g.versions.count(1)
 
