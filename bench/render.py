@@ -143,7 +143,7 @@ def _run_commit(x: dict) -> str | None:
     return x.get("benchmark_commit") or x.get("commit")
 
 
-def _varies(runs: dict, key: Callable[[dict], str]) -> bool:
+def _varies(runs: dict, key: Callable[[dict], str | None]) -> bool:
     return len({key(x) for x in runs.values()}) > 1
 
 
@@ -155,7 +155,7 @@ def runs_source_line(name: str, runs: dict) -> str:
     parts = [
         f"`{RUN_FOLDERS[name]}`, one file a run",
         "the commit of each run in the table"
-        if _varies(runs, lambda x: str(_run_commit(x)))
+        if _varies(runs, _run_commit)
         else f"commit {_run_commit(one) or 'not recorded in the files'}",
         "the CPU of each run in the table" if _varies(runs, _run_cpu) else _run_cpu(one),
         " to ".join([dates[0], dates[-1]] if len(dates) > 1 else dates),
@@ -760,7 +760,7 @@ def learning_wallclock_runs(r: dict) -> str:
     ]
     rows.append(["after all steps"] + [interval(x["final"]) for x in systems.values()] + ["" for _ in diffs])
     speed_head = ["system", "steps", "minutes for them, mean [95 %]", "effective train tokens/s, mean (min-max)"]
-    commits = _varies(r["runs"], lambda x: str(_run_commit(x)))  # the source line then points here
+    commits = _varies(r["runs"], _run_commit)  # the source line then points here
     speed_head += ["commit"] if commits else []
     speed = []
     for s, x in systems.items():
@@ -770,7 +770,7 @@ def learning_wallclock_runs(r: dict) -> str:
         speed.append(
             [s, ", ".join(map(str, steps)), _minutes(x["minutes"])]
             + [f"{statistics.fmean(tps):.1f} ({min(tps):.1f}-{max(tps):.1f})"]
-            + ([", ".join(sorted({str(_run_commit(run)) for run in mine}))] if commits else [])
+            + ([", ".join(sorted({_run_commit(run) or "not recorded" for run in mine}))] if commits else [])
         )
     return f"{_table(head, rows)}\n\n{_table(speed_head, speed)}"
 
@@ -781,7 +781,7 @@ def objective_ablation_smollm2_runs(r: dict) -> str:
     runs = r["runs"]
     head = ["setting", "seed", "before -> after", "gain", "max staleness", "largest weight let through"]
     head += ["tokens dropped or lowered", "ESS"]
-    commits, cpus = _varies(runs, lambda x: str(_run_commit(x))), _varies(runs, _run_cpu)
+    commits, cpus = _varies(runs, _run_commit), _varies(runs, _run_cpu)
     head += (["commit"] if commits else []) + (["CPU"] if cpus else []) + ["record"]
     rows = []
     for file, x in runs.items():
