@@ -496,9 +496,13 @@ def trl_peer_smollm2_systems(r: dict) -> str:
     """A trl_peer_smollm2 record per system (tokens/s per repetition, step, tokens trained) and per ratio."""
     x = r["result"]
     reps = x["repetitions"]
+    parts = all("mean_train_s" in rep["runs"]["areal-flow sync"] for rep in reps)  # (older records: not kept)
     head = ["system"] + [f"rep {i + 1}" for i in range(len(reps))] + ["mean ± sd", "step (mean)"]
+    head += ["of it training", "waiting for answers"] if parts else []
     head.append(f"completion tokens trained ({x['workload']['steps']} steps)")
-    names = {"TRL GRPOTrainer": "TRL `GRPOTrainer`", "areal-flow sync": "areal-flow sync (eta 0)"}
+    threads = x["workload"].get("sync_server_threads") or 1
+    names = {"TRL GRPOTrainer": "TRL `GRPOTrainer`"}
+    names["areal-flow sync"] = f"areal-flow sync (eta 0; its server on {threads} thread{'s' if threads > 1 else ''})"
     names["areal-flow async"] = "areal-flow async (eta 4)"
     rows = []
     for s in _SYSTEMS:
@@ -506,8 +510,14 @@ def trl_peer_smollm2_systems(r: dict) -> str:
         runs = [rep["runs"][s] for rep in reps]
         step = statistics.mean(run["mean_step_s"] for run in runs)
         trained = ", ".join(dict.fromkeys(f"{run['tokens_trained']:,}" for run in runs))
+        split = [
+            f"{statistics.mean(run[k] for run in runs):.1f} s" if k in runs[0] else ""
+            for k in ("mean_train_s", "mean_rollout_wait_s")
+        ]
         rows.append(
-            [names[s], *(f"{v:.2f}" for v in e["values"]), f"{e['mean']:.2f} ± {e['sd']:.2f}", f"{step:.0f} s", trained]
+            [names[s], *(f"{v:.2f}" for v in e["values"]), f"{e['mean']:.2f} ± {e['sd']:.2f}", f"{step:.0f} s"]
+            + (split if parts else [])
+            + [trained]
         )
     systems = _table(head, rows)
     head = ["ratio"] + [f"rep {i + 1}" for i in range(len(reps))] + ["mean ± sd", "target"]

@@ -57,6 +57,9 @@ class Workload:
     snapshot_every: int | None = None
     # areal-flow's model.dtype where it is not ``dtype`` (e.g. "auto": its own rule for this CPU); None: ``dtype``
     areal_dtype: str | None = None
+    # areal-flow synchronous: its rollout server's torch threads (its trainer waits while it generates,
+    # so the server may take every core); None: rollout.torch_threads' default, one
+    sync_server_threads: int | None = None
 
     def with_steps(self, steps: int) -> Workload:
         return dataclasses.replace(self, steps=steps)
@@ -253,7 +256,7 @@ def areal_config(mode: str, w: Workload, reward: dict | None):
             "backend": "embedded",
             "n_servers": 1,
             "n_samples": G,
-            "torch_threads": 1,
+            "torch_threads": (w.sync_server_threads or 1) if mode == "sync" else 1,
             "weight_update": "reprefill" if mode == "async" else "drain",
             "sampling": {"temperature": w.temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": w.max_new_tokens},
         },

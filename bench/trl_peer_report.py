@@ -75,9 +75,16 @@ def run_repetitions(w: Workload, n: int, root: Path, reward: dict | None) -> dic
     return summarize(w, reps)
 
 
+def _mean_of(runs: list[dict], key: str) -> float | None:
+    """The mean of ``key`` over ``runs`` (None where a run has none: TRL, or a record made before it was kept)."""
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.fmean(xs) if len(xs) == len(runs) else None
+
+
 def print_report(title: str, res: dict, quick: bool) -> None:
     reps = res["repetitions"]
-    heads = ["system"] + [f"rep {i + 1}" for i in range(len(reps))] + ["mean ± sd", "min", "max", "step s", "reward"]
+    heads = ["system"] + [f"rep {i + 1}" for i in range(len(reps))]
+    heads += ["mean ± sd", "min", "max", "step s", "of it training", "waiting for answers", "reward"]
     rows = []
     for label in SYSTEMS:
         s = res["effective_train_tokens_per_s"][label]
@@ -91,6 +98,7 @@ def print_report(title: str, res: dict, quick: bool) -> None:
                 s["min"],
                 s["max"],
                 statistics.fmean(r["mean_step_s"] for r in runs),
+                *(_mean_of(runs, k) for k in ("mean_train_s", "mean_rollout_wait_s")),
                 statistics.fmean(rewards) if rewards else None,
             ]
         )

@@ -14,7 +14,10 @@ answers), 40 new tokens, temperature 0.6, lr 1e-5; the dtype is the CPU's matrix
 AVX-512 BF16), for both sides and both trainers (TRL then bf16=True);
 reward +5 / -5 for the exact integer ("The answer is N") on both sides; 2 cores. TRL trains each
 step's 64 answers in 4 micro-batches of 16 (``trl_peer_inputs.SMOLLM2_TRL_MICRO_BATCHES``),
-areal-flow in the config's 2,048-token micro-batches.
+areal-flow in the config's 2,048-token micro-batches. areal-flow synchronous generates on both
+cores (its server's ``rollout.torch_threads`` 2: its trainer waits meanwhile, as TRL's generation
+takes both cores), asynchronous on one beside its trainer; each areal-flow run's record says how
+much of a step went to training and how much to waiting for answers.
 
 Full: STEPS_FULL steps (WARMUP excluded), REPS_FULL repetitions interleaved (TRL, sync, async,
 TRL, sync, async): about 20-30 min a repetition on 2 idle cores in float32, so about an hour.
@@ -23,6 +26,7 @@ TRL, sync, async): about 20-30 min a repetition on 2 idle cores in float32, so a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from bench.common import work_dir
@@ -45,6 +49,7 @@ def run(quick: bool) -> dict:
     ensure_venv(str(root / "trl-install.log"))
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
     w, about = smollm2_workload(root, steps)
+    w = dataclasses.replace(w, sync_server_threads=CORES)
     print(f"SmolLM2 {w.tag()}: dtype {w.dtype} ({about['dtype_why']})", flush=True)
     with RewardService(RewardConfig(n_workers=1)) as shared:  # one Dask cluster serves every areal-flow run
         res = run_repetitions(w, reps, root, shared.client_settings())

@@ -202,6 +202,7 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
         "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
         "per_step_tokens_per_s": per_step_rates(m["tokens_trained"].tolist(), m["step_time_s"].tolist()),
         "mean_step_s": float(m["step_time_s"].iloc[WARMUP:].mean()),
+        **step_parts(m),
         "tokens_trained": summary["tokens_trained"],
         "reward_mean": float(m["reward"].mean()),
         "max_staleness_observed": summary["max_staleness_observed"],
@@ -209,6 +210,16 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
         "rl_time_s": summary["rl_time_s"],
         "snapshots": areal_snapshots(run_dir, m) if w.snapshot_every else [],
         "run_dir": str(run_dir),
+    }
+
+
+def step_parts(m) -> dict:
+    """Where an areal-flow step's time went after warm-up (means over the steps of ``metrics.parquet``'s
+    ``m``): training, and waiting for the rollout servers' answers (what asynchrony takes off a step)."""
+    after = m.iloc[WARMUP:]
+    return {
+        "mean_train_s": float(after["train_time_s"].mean()),
+        "mean_rollout_wait_s": float(after["cost_trainer_waiting_rollout_s"].mean()),
     }
 
 

@@ -138,6 +138,31 @@ def test_areal_config_sync_and_async():
         inputs.areal_config("fast", w, None)
 
 
+def test_a_synchronous_server_may_take_every_core_while_its_trainer_waits():
+    import dataclasses
+
+    from areal_core.run.setup import trainer_torch_threads
+
+    w = dataclasses.replace(_workload(), sync_server_threads=inputs.CORES)
+    sync, asyn = inputs.areal_config("sync", w, None), inputs.areal_config("async", w, None)
+    assert (sync.rollout.torch_threads, asyn.rollout.torch_threads) == (2, 1)
+    # the trainers' shares stay: sync trains on every core (its server idle), async on the core left
+    assert [trainer_torch_threads(c, inputs.CORES) for c in (sync, asyn)] == [2, 1]
+
+
+def test_step_parts_are_the_means_after_warm_up():
+    import pandas as pd
+
+    m = pd.DataFrame(
+        {
+            "train_time_s": [50.0, 50.0, 10.0, 12.0],
+            "cost_trainer_waiting_rollout_s": [9.0, 9.0, 4.0, 6.0],
+        }
+    )
+    assert inputs.WARMUP == 2
+    assert trl_peer_systems.step_parts(m) == {"mean_train_s": 11.0, "mean_rollout_wait_s": 5.0}
+
+
 @pytest.mark.parametrize(
     "w",
     [
