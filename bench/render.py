@@ -989,6 +989,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "engine.json": engine,
     "trl_peer.json": trl_peer,
     "trl_peer_smollm2.json": trl_peer_smollm2,
+    "trl_peer_smollm2.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-11-28-avx2-float32.json": trl_peer_smollm2,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,
     "trl_peer_smollm2.2026-11-28-before-lending.json": trl_peer_smollm2_systems,
