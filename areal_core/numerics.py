@@ -16,11 +16,17 @@ replay runs on whatever cores it has. Two things in torch's CPU arithmetic follo
   products can still follow the thread count (a weight gradient summed over a long micro-batch,
   flash attention's query gradient). :func:`thread_invariant` says where the guarantee holds; where
   it does not, the trainer keeps one thread count (no core lending) and a replay uses the original's.
-* **oneDNN's bfloat16 products on AVX-512 without bf16 units** split their sums between threads too
-  (a CPU with AVX-512 but no ``avx512_bf16``, or ``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_BF16``);
-  with the bf16 units (AVX-512 BF16, AMX) or without AVX-512 they do not.
+* **oneDNN's AVX-512 bfloat16 products** split a long product's sum between threads too, with the
+  CPU's bf16 units (AVX-512 BF16, AMX) or without them: a weight gradient summed over thousands of
+  tokens differs in a few elements between 1 and 2-4 threads, at SmolLM2's widths too. oneDNN's
+  AVX2 kernels (a CPU without AVX-512, or ``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE``) do not.
 * **Full reductions.** ``tensor.sum()`` over more than 32,768 elements adds one partial sum per
   thread. :func:`fixed_sum` adds in an order fixed by the tensor's size alone.
+* **Elementwise kernels whose vector body and scalar tail round differently.** An elementwise op
+  over more than 32,768 elements gives each thread a slice; the few elements after a slice's last
+  full vector go through the op's scalar code, which for SiLU and the sigmoid in float32 (rsqrt in
+  bfloat16) rounds otherwise than the vector code. Where the slices end follows the thread count,
+  so the bits at their ends do too. :func:`one_thread` runs such an op where no slice ends.
 
 What differs between CPU kinds (AVX2, AVX-512, AMX; another torch build) is the kernels
 themselves: the same inputs can round differently in the last bits there. docs/OPERATIONS.md says
@@ -29,6 +35,7 @@ which guarantee holds where; :func:`cpu_kind` names the kind a run or a replay r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -105,21 +112,19 @@ def require_repeatable() -> str | None:
 
 def thread_invariant(dtype) -> tuple[bool, str]:
     """Whether torch's CPU arithmetic in ``dtype`` (a trainer's forward and backward) gives the same
-    bits on any thread count in this process, and why. bfloat16 products run in oneDNN, whose results
-    do not follow the thread count where it uses the CPU's bf16 units or no AVX-512 at all (not so in
-    its AVX-512 kernels without them: :func:`onednn_emulates_bf16`); float32 products run in MKL, which promises that only in its
-    strict mode, and that mode covers Intel CPUs' AVX2 and AVX-512 paths alone: on other CPUs (AMD)
-    MKL may split a long product's sum between its threads. ``tests/numerics_probe.py`` checks the
-    claim on every kernel family a machine offers."""
+    bits on any thread count in this process, and why. bfloat16 products run in oneDNN, whose AVX-512
+    kernels split long sums between threads (:func:`onednn_avx512_bf16`); float32 products run in
+    MKL, which promises that only in its strict mode, and that mode covers Intel CPUs' AVX2 and
+    AVX-512 paths alone: on other CPUs (AMD) MKL may split a long product's sum between its threads.
+    The trainer runs its elementwise ops that round by thread (SiLU) on one thread
+    (:func:`one_thread`). ``tests/numerics_probe.py`` checks the claim on every kernel family a
+    machine offers."""
     import torch
 
     if dtype == torch.bfloat16:
-        if onednn_emulates_bf16():
-            return False, (
-                "bfloat16 products run in oneDNN's AVX-512 kernels without bf16 units (this CPU has none, "
-                "or ONEDNN_MAX_CPU_ISA caps them), whose sums follow the thread count"
-            )
-        return True, "bfloat16 products run in oneDNN, whose results do not follow the thread count"
+        if onednn_avx512_bf16():
+            return False, ("bfloat16 products run in oneDNN's AVX-512 kernels, whose long sums follow the thread count")
+        return True, "bfloat16 products run in oneDNN's AVX2 kernels, whose results do not follow the thread count"
     mode = mkl_mode()
     if mode is None:
         return False, f"this torch has no MKL; its {dtype} products may split their sums between threads"
@@ -152,18 +157,34 @@ _ONEDNN_LEVELS = (
 )
 
 
-def onednn_emulates_bf16(flags: set[str] | None = None, cap: str | None = None) -> bool:
-    """Whether oneDNN computes bfloat16 products with AVX-512 kernels but without the CPU's bf16 units
-    (a CPU with AVX-512 and no ``avx512_bf16``/``amx_bf16``, or ``ONEDNN_MAX_CPU_ISA`` set below
-    ``AVX512_CORE_BF16``): those kernels split a product's sum between threads, so its bits follow the
-    thread count (``tests/e2e/test_numerics_kernels.py`` found so on every such setting). On CPUs
-    without AVX-512 torch's and oneDNN's bfloat16 products do not."""
+def onednn_avx512_bf16(flags: set[str] | None = None, cap: str | None = None) -> bool:
+    """Whether oneDNN computes bfloat16 products with its AVX-512 kernels (a CPU with AVX-512, with or
+    without bf16 units, unless ``ONEDNN_MAX_CPU_ISA`` caps it below ``AVX512_CORE``): those kernels
+    split a long product's sum between threads, so its bits follow the thread count
+    (``tests/e2e/test_numerics_kernels.py`` found so with AMX, with AVX-512 BF16 alone and without
+    either). oneDNN's AVX2 kernels do not."""
     flags = set(_cpu_flags()) if flags is None else flags
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL") if cap is None else cap
     level = _ONEDNN_LEVELS.index(cap.upper()) if cap.upper() in _ONEDNN_LEVELS else len(_ONEDNN_LEVELS)
-    avx512 = "avx512f" in flags and level >= _ONEDNN_LEVELS.index("AVX512_CORE")
-    bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and level >= _ONEDNN_LEVELS.index("AVX512_CORE_BF16")
-    return avx512 and not bf16_units
+    return "avx512f" in flags and level >= _ONEDNN_LEVELS.index("AVX512_CORE")
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the enclosed torch CPU ops on one thread, then go back to the thread count before: an
+    elementwise op whose vector and scalar code round differently then gives bits fixed by its
+    tensor's size alone (the module docstring). For ops that are a small share of a step."""
+    import torch
+
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def fixed_sum(x):

@@ -247,6 +247,11 @@ def areal_config(mode: str, w: Workload, reward: dict | None):
     }
     if w.max_tokens_per_microbatch is not None:
         trainer["max_tokens_per_microbatch"] = w.max_tokens_per_microbatch
+    if mode == "async":
+        # a throughput benchmark: the trainer borrows the idle server's core on every CPU kind, also
+        # where its arithmetic then follows the thread count (float32 on AMD, bfloat16 on AVX-512),
+        # which by default keeps one thread count so that a run repeats bit for bit
+        trainer["lend_idle_cores"] = True
     data = {
         "name": f"trl-peer-{w.name}-{mode}",
         "seed": w.seed,

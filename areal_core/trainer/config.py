@@ -112,8 +112,8 @@ class TrainerConfig(Section):
     # with torch_threads unset, embedded servers on this machine and a split of the cores: the trainer
     # also computes on the servers' cores while no generate request is in flight (trainer/core_lending.py).
     # None (the default): on where the trainer's arithmetic does not depend on its thread count
-    # (areal_core/numerics.py thread_invariant: bfloat16, or float32 on an Intel CPU), so that runs
-    # still repeat; true: on everywhere (a float32 run on an AMD CPU may then not repeat bit for bit)
+    # (areal_core/numerics.py thread_invariant: float32 on an Intel CPU, bfloat16 on a CPU without
+    # AVX-512), so that runs still repeat; true: on everywhere (a run may then not repeat bit for bit)
     lend_idle_cores: bool | None = None
     # low-rank adapters {rank, alpha, targets}: only they train and travel; None = full fine-tuning
     lora: LoraConfig | None = None

@@ -13,6 +13,9 @@ float32 weights keeps it (and Megatron's ``fp32_residual_connection``). Rounding
 bfloat16 after every layer drops the low bits of each layer's update, in the forward and in the
 gradient that flows back along it; with a float32 stream a bfloat16 model's logprobs and gradients
 lie closer to the exact arithmetic of its own weights (tests/unit/test_packed_forward.py).
+The MLP's SiLU (forward and backward) and the RoPE table run on one thread: their kernels round the
+last elements of each thread's slice otherwise than the rest, which would make the step's bits
+follow the thread count (``numerics.one_thread``).
 
 Answers to the same prompt share it: a group's prompt enters the stream once,
 followed by each answer's tokens. Projections and MLPs then run on the prompt
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from areal_core.models.decoder import apply_rope, rope_table
+from areal_core.numerics import one_thread
 from areal_core.trainer.packed_attention import packed_causal_attention
 
 
@@ -45,6 +49,28 @@ class _Layout:
     scatter: list[int] | None  # for each stream token, the segment token whose attention output it takes
     pred: list[int]  # stream index of the hidden state that scores each response token, in input order
     targets: list[int]  # the response tokens, in input order
+
+
+class _SiLUOneThread(torch.autograd.Function):
+    """``F.silu`` and its gradient, each computed on one thread (``numerics.one_thread``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        with one_thread():
+            return torch.nn.functional.silu(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with one_thread():
+            return torch.ops.aten.silu_backward(grad, x)
+
+
+def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """The Llama family's gated MLP, ``down(silu(gate(x)) * up(x))``, through the model's own
+    projections."""
+    return mlp.down_proj(_SiLUOneThread.apply(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def _layout(seqs: list[list[int]], starts: list[int]) -> _Layout:
@@ -95,6 +121,10 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
     """
     if not seqs:
         raise ValueError("empty micro-batch")
+    if getattr(model.config, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(
+            f"the packed forward computes a SiLU-gated MLP; this model's is {model.config.hidden_act!r}"
+        )
     inner = model.model
     dev = inner.embed_tokens.weight.device
     lay = _layout(seqs, starts)
@@ -106,7 +136,8 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
 
     low = inner.embed_tokens.weight.dtype  # the products' dtype; the residual stream is float32
     h = inner.embed_tokens(ids)[None].float()  # [1, T, H]
-    rope = rope_table(inner.rotary_emb, pos, low)
+    with one_thread():
+        rope = rope_table(inner.rotary_emb, pos, low)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, d]; sin signed (decoder.apply_rope)
     for layer in inner.layers:
         attn = layer.self_attn
@@ -122,7 +153,7 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
         if scatter is not None:
             o = o.index_select(0, scatter)
         h = h + attn.o_proj(o.reshape(T, -1))[None]
-        h = h + layer.mlp(layer.post_attention_layernorm(h).to(low))
+        h = h + _mlp(layer.mlp, layer.post_attention_layernorm(h).to(low))
     h = inner.norm(h)[0].to(low)
 
     pred = torch.tensor(lay.pred, device=dev)

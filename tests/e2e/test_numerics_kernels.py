@@ -1,8 +1,8 @@
 """The trainer's and the engine's bits under every kernel family torch offers on this machine, on 1 to
 4 threads, idle and beside a busy-loop load (tests/numerics_probe.py runs in a subprocess per family).
 
-Where ``numerics.thread_invariant`` promises it (bfloat16 with the CPU's bf16 units or without
-AVX-512; float32 on an Intel CPU, MKL's strict mode), the thread count changes no bit; everywhere, a computation repeats bit for bit on its own
+Where ``numerics.thread_invariant`` promises it (bfloat16 without AVX-512; float32 on an Intel CPU,
+MKL's strict mode), the thread count changes no bit; everywhere, a computation repeats bit for bit on its own
 thread count, loaded or not. Each family emulates another CPU kind's kernels: ATen's vector width
 (``ATEN_CPU_CAPABILITY``), oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``) and MKL's
 (``MKL_ENABLE_INSTRUCTIONS``)."""
@@ -84,12 +84,11 @@ def test_the_thread_count_changes_no_bit_where_promised(env):
     out = probe(env)
     assert out["mkl_mode"] in (None, "AUTO,STRICT")
     assert not check_threads(out)
-    # bfloat16 is promised wherever oneDNN does not run AVX-512 kernels without bf16 units (computed
-    # here from the CPU's flags and the family's cap, apart from the code's own rule)
+    # bfloat16 is promised wherever oneDNN does not run AVX-512 kernels (computed here from the CPU's
+    # flags and the family's cap, apart from the code's own rule)
     flags, cap = _flags(), env.get("ONEDNN_MAX_CPU_ISA", "")
     avx512 = "avx512f" in flags and cap not in ("AVX2", "AVX", "SSE41")
-    units = bool(flags & {"avx512_bf16", "amx_bf16"}) and cap not in ("AVX2", "AVX512_CORE", "AVX512_CORE_VNNI")
-    assert out["thread_invariant"]["bfloat16"][0] == (not avx512 or units), out["thread_invariant"]["bfloat16"]
+    assert out["thread_invariant"]["bfloat16"][0] == (not avx512), out["thread_invariant"]["bfloat16"]
 
 
 def _busy() -> None:

@@ -17,7 +17,7 @@ from flows.cli import main
 
 HERE = Path(__file__).resolve().parents[1]
 # a tiny model warm-started far enough to get some answers right: its gradients are not zero
-LEARNS = {"model.warm_start.steps": 200, "model.warm_start.lr": 0.003, "data.synthetic.max_chain": 3}
+LEARNS = {"model.warm_start.steps": 300, "model.warm_start.lr": 0.003, "data.synthetic.max_chain": 3}
 
 
 def train(run_dir: Path, cache: str, **overrides) -> pd.DataFrame:

@@ -97,8 +97,8 @@ def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
     from areal_core.run.setup import trainer_torch_threads
 
-    def lent(sets: dict, cores: int, device=CPU, dtype=torch.bfloat16) -> int:
-        cfg = load_config(QUICKSTART, sets)
+    def lent(sets: dict, cores: int, device=CPU, dtype=torch.float32) -> int:
+        cfg = load_config(QUICKSTART, {"trainer.lend_idle_cores": True, **sets})
         return lent_threads(cfg, trainer_torch_threads(cfg, cores), cores, device, dtype)
 
     assert lent({}, 2) == 1  # asynchronous, one server of one thread: its core
@@ -108,6 +108,7 @@ def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_awa
     assert lent({"trainer.lend_idle_cores": False}, 2) == 0
     assert lent({}, 2, torch.device("cuda")) == 0  # a GPU trainer's threads are not its compute
     # by default only where the thread count changes no bit of the trainer's arithmetic; asked for, always
-    invariant = thread_invariant(torch.float32)[0]
-    assert lent({}, 2, dtype=torch.float32) == (1 if invariant else 0)
+    for dtype in (torch.float32, torch.bfloat16):
+        invariant = thread_invariant(dtype)[0]
+        assert lent({"trainer.lend_idle_cores": None}, 2, dtype=dtype) == (1 if invariant else 0)
     assert lent({"trainer.lend_idle_cores": True}, 2, dtype=torch.float32) == 1

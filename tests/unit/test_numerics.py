@@ -17,7 +17,8 @@ from areal_core.numerics import (
     fixed_sum,
     kind_label,
     mkl_mode,
-    onednn_emulates_bf16,
+    one_thread,
+    onednn_avx512_bf16,
     require_repeatable,
     same_kernels,
 )
@@ -154,17 +155,38 @@ def test_require_repeatable_in_this_process():
 
 
 @pytest.mark.parametrize(
-    "flags, cap, emulated",
+    "flags, cap, avx512",
     [
         ({"avx2"}, "ALL", False),  # an AVX2-only CPU: no AVX-512 kernels
         ({"avx2", "avx512f"}, "ALL", True),  # AVX-512 without bf16 units
-        ({"avx2", "avx512f", "avx512_bf16"}, "ALL", False),  # AVX-512 BF16 (EPYC)
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "ALL", False),  # AMX (Xeon)
-        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE", True),  # the units capped away
+        ({"avx2", "avx512f", "avx512_bf16"}, "ALL", True),  # AVX-512 BF16 (EPYC)
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "ALL", True),  # AMX (Xeon)
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE", True),
         ({"avx2", "avx512f", "avx512_bf16"}, "avx512_core_vnni", True),
         ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", False),  # capped below AVX-512
-        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE_AMX", False),
+        ({"avx2", "avx512f", "avx512_bf16"}, "avx2_vnni_2", False),
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX512_CORE_AMX", True),
     ],
 )
-def test_onednn_emulates_bf16_where_avx512_kernels_run_without_bf16_units(flags, cap, emulated):
-    assert onednn_emulates_bf16(flags, cap) is emulated
+def test_onednn_runs_avx512_bf16_kernels_where_the_cpu_and_the_cap_allow(flags, cap, avx512):
+    assert onednn_avx512_bf16(flags, cap) is avx512
+
+
+def test_one_thread_fixes_the_bits_of_an_elementwise_op_whatever_the_thread_count():
+    """SiLU over 2,173,377 elements: where the threads' slices end its scalar tail code rounds
+    otherwise than its vector code on some CPUs (an Intel Xeon with AMX: 1-3 elements on 3 and 4
+    threads), so under ``one_thread`` every thread count gives the one-thread bits, and the thread
+    count is back afterwards."""
+    x = torch.randn(2_173_377, generator=torch.Generator().manual_seed(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.nn.functional.silu(x)
+        for n in (2, 3, 4):
+            torch.set_num_threads(n)
+            with one_thread():
+                assert torch.get_num_threads() == 1
+                assert torch.equal(torch.nn.functional.silu(x), alone)
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
