@@ -1,10 +1,16 @@
 """Where the embedded engine's decode step goes: ``python -m bench decode_parts [--quick]``.
 
 SmolLM2-135M-Instruct at batch 64 (16-token prompts, NEW new tokens each (32), temperature 1, one torch
-thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16 units, in bfloat16
-twice: as the engine runs it (its products' weights packed once for oneDNN, ``embedded/onednn.py``)
-and with plain ``F.linear`` products as before that packing (``KVForward.packed`` turned off), the
-two interleaved batch by batch, so the table shows each part before and after.
+thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16 units, in bfloat16,
+each as the engine runs it and with one of its parts as it was before, the ways interleaved batch by
+batch so the table shows each part before and after:
+
+* ``as it runs``: decode attention in one fused flash-attention call, and in bfloat16 the products'
+  weights packed once for oneDNN (``embedded/onednn.py``);
+* ``three-call attention``: decode attention as a score product, a softmax and a value product
+  (``KVForward.fused_attention`` turned off);
+* ``F.linear products`` (bfloat16): plain ``F.linear`` products (``KVForward.packed`` turned off).
+
 The engine is driven step by step; its parts are timed by wrapping them in place (a
 ``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
 
@@ -70,7 +76,7 @@ def instrument(engine, clock: PartClock) -> None:
         clock.wrap(f, "norm1", "norm1")
         clock.wrap(f, "norm2", "norm2")
     clock.wrap(kv, "_final_norm", "final norm")
-    for name in ("_attention", "_merged_attention", "_attention_by_head_chunks"):
+    for name in ("_fused_attention", "_attention", "_merged_attention", "_attention_by_head_chunks"):
         clock.wrap(kv, name, "attention")
     clock.wrap(kv, "_out_proj", "output projection")
     clock.wrap(kv, "_mlp", "MLP with its norm")
@@ -113,17 +119,23 @@ def parts_of(s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_batch(model, batch: list[list[int]], new: int, packed: bool = True) -> dict[str, float]:
-    """One batch through a fresh engine: each part's seconds per decode step, and ``total``.
-    ``packed=False``: plain ``F.linear`` products where the engine would pack its weights."""
+WAYS = ("as it runs", "three-call attention", "F.linear products")
+
+
+def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") -> dict[str, float]:
+    """One batch through a fresh engine run one of the ``WAYS``: each part's seconds per decode step,
+    and ``total``."""
     from areal_core.rollout.backends.embedded.engine import RolloutEngine
 
+    if way not in WAYS:
+        raise ValueError(f"way must be one of {WAYS}, got {way!r}")
     eng = RolloutEngine(
         model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1, seed=1
     )
-    if not packed and eng.kv.packed:
+    if way == "F.linear products" and eng.kv.packed:
         eng.kv.packed = False
         eng.kv.weights_changed()
+    eng.kv.fused_attention = way != "three-call attention"
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -141,36 +153,35 @@ def run_batch(model, batch: list[list[int]], new: int, packed: bool = True) -> d
 
 def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
     """Medians over ``reps`` batches (after one warm-up) of each part's milliseconds per decode step: a
-    row for the engine as it runs, and where it packs its weights one for plain products too (the two
-    interleaved)."""
+    row for the engine as it runs and one for each part as it was (``WAYS``; the F.linear products
+    only where the engine packs its weights), the ways interleaved."""
     from bench import models
 
     model = models.load(name, dtype)
     batch = prompts(BATCH, min(model.config.vocab_size, 1000), BATCH)
-    ways = (True, False) if onednn.packable(dtype, torch.device("cpu")) else (True,)
-    for p in ways:
-        run_batch(model, batch, 4, packed=p)  # warm-up: first-call costs off the clock
-    runs: dict[bool, list] = {p: [] for p in ways}
+    ways = WAYS if onednn.packable(dtype, torch.device("cpu")) else WAYS[:2]
+    for w in ways:
+        run_batch(model, batch, 4, w)  # warm-up: first-call costs off the clock
+    runs: dict[str, list] = {w: [] for w in ways}
     for _ in range(reps):
-        for p in ways:
-            runs[p].append(run_batch(model, batch, new, packed=p))
+        for w in ways:
+            runs[w].append(run_batch(model, batch, new, w))
     rows = []
-    for p in ways:
-        ms = {k: 1000 * statistics.median(r[k] for r in runs[p]) for k in (*PARTS, "total")}
+    for w in ways:
+        ms = {k: 1000 * statistics.median(r[k] for r in runs[w]) for k in (*PARTS, "total")}
         dt = str(dtype).removeprefix("torch.")
-        products = "packed" if p and len(ways) == 2 else "F.linear"
         rows.append(
             {
                 "model": name,
                 "dtype": dt,
-                "products": products,  # how the engine ran them: packed for oneDNN, or plain F.linear
-                "as_it_runs": p,  # the engine as a run uses it (else: with packing turned off)
-                "label": f"{dt}, {products}",
+                "way": w,
+                "as_it_runs": w == "as it runs",
+                "label": f"{dt}, {w}",
                 "batch": BATCH,
                 "new_tokens": new,
                 "ms_per_step": ms,
                 "share": {k: ms[k] / ms["total"] for k in PARTS},
-                "runs_ms_total": [1000 * r["total"] for r in runs[p]],
+                "runs_ms_total": [1000 * r["total"] for r in runs[w]],
             }
         )
     return rows
@@ -202,9 +213,8 @@ def run(quick: bool) -> dict:
     if quick:
         print("note: --quick is a smoke check (16 tokens, two batches): not a result")
     summary = {
-        f"decode_step_ms_smollm2_{r['dtype']}" + ("" if r["as_it_runs"] else "_plain_products"): r["ms_per_step"][
-            "total"
-        ]
+        f"decode_step_ms_smollm2_{r['dtype']}"
+        + ("" if r["as_it_runs"] else "_" + r["way"].replace(" ", "_").replace(".", "")): r["ms_per_step"]["total"]
         for r in rows
     }
     return {"rows": rows, "summary": summary}

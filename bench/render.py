@@ -612,7 +612,7 @@ def dtype_control(r: dict) -> str:
 
 def decode_parts(r: dict) -> str:
     """The decode_parts record: each part's milliseconds a decode step and its share, per dtype and way of
-    running the products (packed for oneDNN, or plain ``F.linear``)."""
+    running the engine (as it runs, or with one part as it was before: its rows' labels say which)."""
     rows_ = r["rows"]
     head = ["part"] + [f"{x['label']}: ms a step" for x in rows_] + [f"{x['label']}: share" for x in rows_]
     parts = list(rows_[0]["share"])
@@ -984,6 +984,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "dtype_control.json": dtype_control,
     "test_suite.json": test_suite,
     "decode_parts.json": decode_parts,
+    "decode_parts.2026-11-29-epyc.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,

@@ -23,7 +23,12 @@ running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVF
 Grouped-query attention views the queries as ``[n * kv_heads, groups, head_dim]``, so K/V
 heads are never repeated in memory.
 
-Decode attention in two parts when lengths differ a lot: continuous batching nearly always
+Decode attention is one fused flash-attention call (``F.scaled_dot_product_attention``, torch's
+CPU flash kernel): the ``groups`` query heads that share a KV head enter as that head's query
+rows, unmasked between them, over the cached positions the mask leaves; it keeps the softmax and
+the weighted sum in float32 and reads K and V in place, about half the time of a score product, a
+softmax and a value product (``python -m bench decode_parts``). Decode attention in two parts when
+lengths differ a lot: continuous batching nearly always
 holds a few long sequences among many short ones, and one batched attention call reads every
 row up to the longest. When it saves at least half of that (:meth:`KVForward._split_at`),
 all rows attend to the first ``Ls`` positions (a view of the cache) and only the rows longer
@@ -157,6 +162,7 @@ class KVForward:
         self.split_min_positions = 8192  # decode attention is split only above this many padded positions
         self.batch_invariant = batch_invariant
         self.packed = onednn.packable(self.dtype, self.device) and not batch_invariant
+        self.fused_attention = True  # decode attention in one flash-attention call (else three; benchmarks)
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
@@ -380,6 +386,8 @@ class KVForward:
             q = y[:, :, :g].reshape(n * kv, g, hd)
             if self.batch_invariant and g > INVARIANT_MAX_QUERY_ROWS:
                 o = self._attention_by_head_chunks(mask, q, rows)
+            elif split is None and self.fused_attention:
+                o = self._fused_attention(mask, q, rows)
             elif split is None:
                 o = self._attention(mask, q, rows)
             else:
@@ -398,6 +406,13 @@ class KVForward:
         """Softmax attention of ``q [n*kv, g, hd]`` over ``rows [n*kv, L, 2*hd]`` (K then V), ``mask [n*kv, 1, L]``."""
         probs = torch.softmax(self._scores(mask, q, rows), dim=-1, dtype=torch.float32).to(self.dtype)
         return torch.bmm(probs, rows[..., self.head_dim :])
+
+    def _fused_attention(self, mask, q, rows) -> torch.Tensor:
+        """:meth:`_attention` as one fused flash-attention call: ``q``'s ``g`` query heads as the g query
+        rows of one head per ``[n*kv]`` row (the module docstring)."""
+        hd = self.head_dim
+        k, v = rows[..., :hd].unsqueeze(1), rows[..., hd:].unsqueeze(1)
+        return F.scaled_dot_product_attention(q.unsqueeze(1), k, v, attn_mask=mask.unsqueeze(1), scale=self.scale)[:, 0]
 
     def _attention_by_head_chunks(self, mask, q, rows) -> torch.Tensor:
         """:meth:`_attention` for at most INVARIANT_MAX_QUERY_ROWS query heads per call (batch-invariant mode)."""
