@@ -983,6 +983,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
     "test_suite.json": test_suite,
+    "test_suite.2026-11-29-epyc.json": test_suite,
     "decode_parts.json": decode_parts,
     "decode_parts.2026-11-29-epyc.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
