@@ -989,6 +989,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
+    "engine.2026-11-30-amx.json": engine,
     "trl_peer.json": trl_peer,
     "trl_peer_smollm2.json": trl_peer_smollm2,
     "trl_peer_smollm2.json#systems": trl_peer_smollm2_systems,
