@@ -155,6 +155,8 @@ class RewardCluster:
                 "protocol": "tls",
                 "dashboard": False,
                 "dashboard_address": None,
+                # where the scheduler says its address (distributed's default is a file in /tmp it never removes)
+                "scheduler_file": os.path.join(self._folder, "scheduler.json"),
                 **scheduler_kwargs,
             }
             worker_kwargs = {

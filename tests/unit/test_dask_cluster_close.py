@@ -52,3 +52,24 @@ def test_without_the_fix_the_scan_raises(monkeypatch):
 
     with pytest.raises(psutil.NoSuchProcess):
         asyncio.run(close_plain())
+
+
+def test_a_closed_cluster_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    """Its certificates and the scheduler's address file live in one private folder, removed on close
+    (distributed's subprocess scheduler would otherwise leave a file in /tmp per cluster)."""
+    import tempfile
+
+    from distributed import Client
+
+    from areal_core.reward.dask_cluster import RewardCluster
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cluster = RewardCluster(1, 1, scheduler_kwargs={}, worker_kwargs={})
+    try:
+        (folder,) = tmp_path.iterdir()
+        assert folder.name.startswith("areal-dask-tls-") and (folder / "scheduler.json").is_file()
+        with Client(cluster.address, security=cluster.security, timeout=60) as client:
+            assert client.submit(sum, [1, 2]).result(timeout=60) == 3
+    finally:
+        cluster.close()
+    assert list(tmp_path.iterdir()) == []
