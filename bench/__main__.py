@@ -11,7 +11,7 @@ import time
 import traceback
 
 from bench import BENCHMARKS, DIAGNOSTICS, LEARNING
-from bench.common import RESULTS_DIR, format_table, save, update_summary
+from bench.common import RESULTS_DIR, format_table, machine_info, record_kind, save, summarize
 
 HEADLINE = ("async_over_sync", "interruptible_gain", "dynamic_batching_gain", "engine_over_hf_generate")
 
@@ -29,7 +29,7 @@ def run_one(name: str, quick: bool, model: str | None = None) -> dict:
         name = f"{name}_{model}"
     wall = time.perf_counter() - t0
     path = save(name, quick, result, wall, results_dir(quick))
-    update_summary(name, quick, result, wall, results_dir(quick))
+    summarize(results_dir(quick))
     print(f"[{name}] {wall:.0f}s; wrote {path}", flush=True)
     return result
 
@@ -58,19 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             failed[name] = repr(e)
             print(f"[{name}] FAILED: {e!r}; going on with the next benchmark", file=sys.stderr, flush=True)
     if args.name == "all":
-        import json
-
-        with open(results_dir(args.quick) / "summary.json") as f:
-            summary = json.load(f)
-        summary["all_wall_s"] = time.perf_counter() - t0
-        summary["all_quick"] = args.quick
-        summary["failed"] = failed
-        from bench.common import write_json_atomic
-
-        write_json_atomic(results_dir(args.quick) / "summary.json", summary)
-        rows = [(k, summary.get(k)) for k in HEADLINE]
+        wall = time.perf_counter() - t0
+        save("all", args.quick, {"summary": {"all_wall_s": wall, "failed": failed}}, wall, results_dir(args.quick))
+        summary = summarize(results_dir(args.quick))
+        here = summary["by_cpu_kind"][record_kind(machine_info())]
+        rows = [(k, next((b["figures"][k] for b in here.values() if k in b["figures"]), None)) for k in HEADLINE]
         print("\n" + format_table(["ratio (higher is better)", "value"], rows, title="summary"))
-        print(f"all benchmarks: {summary['all_wall_s']:.0f}s; failed: {sorted(failed) or 'none'}")
+        print(f"all benchmarks: {wall:.0f}s; failed: {sorted(failed) or 'none'}")
     return 1 if failed else 0
 
 

@@ -2,7 +2,7 @@
 
 Every benchmark module exposes ``run(quick: bool) -> dict``. The dict it returns
 is written to ``bench/results/<name>.json`` (atomically) by :func:`save`, and its
-``"summary"`` entry (flat ratios and figures) is merged into
+``"summary"`` entry (flat ratios and figures) is gathered, per CPU kind, into
 ``bench/results/summary.json``.
 """
 
@@ -233,23 +233,38 @@ def _repo_relative(x):
     return x
 
 
-def update_summary(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> dict:
-    """Merge this benchmark's ``summary`` figures into ``summary.json``; returns the new summary."""
-    path = results_dir / "summary.json"
-    summary: dict = {}
-    if path.exists():
-        with open(path) as f:
-            summary = json.load(f)
-    summary.setdefault("benchmarks", {})
-    summary["benchmarks"][name] = {
-        "command": command(name, quick),
-        "quick": quick,
-        "wall_s": wall_s,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    summary.update(result.get("summary", {}))
-    summary["machine"] = machine_info()
-    write_json_atomic(path, summary)
+def record_kind(machine: dict) -> str:
+    """The CPU kind a record's ``machine`` names (``kind_label``); older records, which named the CPU
+    and its bf16 units only, by those."""
+    from areal_core.numerics import kind_label
+
+    if "kind" in machine:
+        return kind_label(machine["kind"])
+    bf16 = "avx512_bf16" if machine.get("avx512_bf16") else "no avx512_bf16"
+    return f"{machine.get('cpu') or '?'} ({bf16}; kernels not recorded)"
+
+
+def summarize(results_dir: Path = RESULTS_DIR) -> dict:
+    """``summary.json`` rebuilt from the records in ``results_dir``: per CPU kind (``record_kind``),
+    each benchmark's latest record there (its file, command, commit, date, wall time) and the headline
+    figures it gave (its ``summary``). A run on one kind never replaces another kind's figures."""
+    kinds: dict[str, dict] = {}
+    for path in sorted(results_dir.glob("*.json")):
+        if path.name == "summary.json":
+            continue
+        r = json.loads(path.read_text())
+        if not isinstance(r, dict) or "benchmark" not in r or "machine" not in r:
+            continue
+        entry = {
+            "record": path.name,
+            **{k: r.get(k) for k in ("command", "commit", "finished_at", "wall_s")},
+            "figures": r.get("summary", {}),
+        }
+        mine = kinds.setdefault(record_kind(r["machine"]), {})
+        if r["benchmark"] not in mine or (mine[r["benchmark"]]["finished_at"] or "") < (entry["finished_at"] or ""):
+            mine[r["benchmark"]] = entry
+    summary = {"by_cpu_kind": {k: dict(sorted(v.items())) for k, v in sorted(kinds.items())}}
+    write_json_atomic(results_dir / "summary.json", summary)
     return summary
 
 

@@ -1,4 +1,4 @@
-"""The benchmark plumbing (tables, atomic JSON, summary merging, batch builders); no timing checks."""
+"""The benchmark plumbing (tables, atomic JSON, the summary of the records, batch builders); no timing checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ import time
 import pytest
 
 from bench import BENCHMARKS, DIAGNOSTICS, LEARNING
-from bench.common import fmt, format_table, ratio, spread, update_summary, write_json_atomic
+from bench.common import (
+    fmt,
+    format_table,
+    machine_info,
+    ratio,
+    record_kind,
+    save,
+    spread,
+    summarize,
+    write_json_atomic,
+)
 
 
 def test_format_table_aligns_numbers_and_text():
@@ -56,14 +66,16 @@ def test_saved_results_name_paths_in_the_checkout_relative_to_it(tmp_path):
     assert result["rows"][0]["run_dir"] == str(run)  # the caller's copy keeps its absolute paths
 
 
-def test_update_summary_merges_benchmarks(tmp_path):
-    update_summary("engine", True, {"summary": {"engine_over_hf_generate": 1.3}}, 1.0, results_dir=tmp_path)
-    s = update_summary(
-        "dynamic_batching", False, {"summary": {"dynamic_batching_gain": 1.2}}, 2.0, results_dir=tmp_path
-    )
-    assert s["engine_over_hf_generate"] == 1.3 and s["dynamic_batching_gain"] == 1.2
-    assert set(s["benchmarks"]) == {"engine", "dynamic_batching"}
-    assert s["benchmarks"]["engine"]["command"] == "python -m bench engine --quick"
+def test_the_summary_gathers_the_records_saved_on_this_machine(tmp_path):
+    save("engine", True, {"summary": {"engine_over_hf_generate": 1.3}}, 1.0, results_dir=tmp_path)
+    save("dynamic_batching", False, {"summary": {"dynamic_batching_gain": 1.2}}, 2.0, results_dir=tmp_path)
+    s = summarize(tmp_path)
+    (here,) = s["by_cpu_kind"].values()
+    assert s["by_cpu_kind"] == {record_kind(machine_info()): here}
+    assert here["engine"]["figures"] == {"engine_over_hf_generate": 1.3}
+    assert here["dynamic_batching"]["figures"] == {"dynamic_batching_gain": 1.2}
+    assert here["engine"]["command"] == "python -m bench engine --quick"
+    assert here["engine"]["record"] == "engine.json"
 
 
 def test_every_benchmark_module_has_run():
