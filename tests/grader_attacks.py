@@ -178,13 +178,13 @@ TOOL_CROSS = {
         "    os._exit(0)\ntime.sleep(0.3)\n"
     ),
     # scans as it reads (never holds the files): /tmp on a busy host can hold more than the sandbox's memory;
-    # regular files only (a FIFO would block its open), of up to 4 KB (the secret's file is a few bytes): a
-    # host /tmp after a test suite holds tens of thousands of files, whose reading ran past the call's time
+    # regular files only (a FIFO would block its open), of up to 1 KB (the secret's file is a few bytes): a
+    # host /tmp after a test suite holds tens of thousands of files, which it still walks
     "read_the_call_before": (
         "import os, stat\n"
         f"secret = ({TOOL_SECRET[:5]!r} + {TOOL_SECRET[5:]!r}).encode()\n"
         "def holds(path):\n    try:\n        st = os.stat(path)\n"
-        "        if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:\n            return False\n"
+        "        if not stat.S_ISREG(st.st_mode) or st.st_size > 1024:\n            return False\n"
         "        with open(path, 'rb') as f:\n            return secret in f.read()\n"
         "    except OSError:\n        return False\n"
         "def places():\n    for top in ('/tmp', '.', '/dev/shm'):\n"

@@ -227,7 +227,9 @@ def test_the_reward_service_gives_each_answer_its_verdict(service, graded):
 
 @pytest.mark.slow
 def test_tool_calls_get_each_their_output(mode, caplog):
-    tool = PythonTool(timeout_s=3.0, max_output_chars=200, memory_mb=LIMITS.memory_mb, mode=mode)
+    # a call's time is generous: the last call walks the host's /tmp (rlimits), tens of thousands of files on
+    # a machine that ran the test suite; no call here runs to its timeout
+    tool = PythonTool(timeout_s=15.0, max_output_chars=200, memory_mb=LIMITS.memory_mb, mode=mode)
     calls = [CONTROL_CALL]
     for name in TOOL:
         calls += [ATTACKS[name][1], CONTROL_CALL]
