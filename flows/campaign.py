@@ -52,7 +52,8 @@ def campaign(
 ) -> dict:
     """provision -> prepare data -> every setting (of the grid, or named) on paired seeds -> decide -> evaluate
     each final checkpoint -> report. Runs go to ``out_dir/<setting>-s<seed>``; a campaign started
-    again over the same folder reuses the finished runs of the same config and code.
+    again over the same folder reuses the finished runs of the same config and code, and the
+    evaluations of their final checkpoints.
 
     Args:
         config_path: The YAML config to train (e.g. configs/quickstart.yaml).
@@ -145,13 +146,21 @@ def campaign(
 
 
 def _evaluate_final_checkpoints(run_dirs: list[str], benches: list[str] | None, limit: int | None) -> dict:
-    """Each run's last checkpoint evaluated (the evaluate flow, into the run's ``evals/vN``), by run folder."""
+    """Each run's last checkpoint evaluated (the evaluate flow, into the run's ``evals/vN``), by run folder;
+    one scored so before, on the same benches and settings, is not scored again."""
+    from areal_core.eval.harness import HELDOUT, earlier_evaluation
+
+    settings = {"samples": 1, "limit": limit, "temperature": None, "top_p": None, "max_new_tokens": None}
     evaluations = {}
     for run_dir in run_dirs:
         summary = read_json(os.path.join(run_dir, "summary.json"))
         version = summary["final_version"]
+        out_dir = eval_dir_for_run(run_dir, version)
+        earlier = earlier_evaluation(out_dir, benches or [HELDOUT], settings)
+        if earlier is not None:
+            print(f"{run_dir} v{version}: scored before ({out_dir}), not again")
+            evaluations[run_dir] = earlier
+            continue
         ckpt = CheckpointStore(summary["checkpoints"]).version_url(version)
-        evaluations[run_dir] = evaluate(
-            ckpt, benches, eval_dir_for_run(run_dir, version), version=version, limit=limit, run_dir=run_dir
-        )
+        evaluations[run_dir] = evaluate(ckpt, benches, out_dir, version=version, limit=limit, run_dir=run_dir)
     return evaluations

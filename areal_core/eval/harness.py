@@ -301,6 +301,19 @@ def _evaluate_bench(
     return pd.DataFrame(rows + skipped)
 
 
+def earlier_evaluation(out_dir: str, benches: list[str], settings: dict) -> dict | None:
+    """The summary ``evaluate_checkpoint`` left in ``out_dir`` where it scored every one of ``benches``
+    with these ``settings`` (its keyword options: samples, limit, temperature, top_p, max_new_tokens),
+    else None: a campaign started again does not score its final checkpoints a second time."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    done = summary.get("settings") == settings and set(benches) <= set(summary.get("benchmarks", {}))
+    return summary if done and "wall_s" in summary else None  # wall_s: written once every bench was scored
+
+
 def evaluate_checkpoint(
     model: str,
     benches: list[str],

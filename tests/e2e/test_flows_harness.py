@@ -154,11 +154,15 @@ def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
     assert "| eta1-naive |" in text and "[" in text and (out / "forest.png").stat().st_size > 5000
     arts = {a.key: a for a in asyncio.run(_artifacts())}
     assert "| eta1-naive |" in arts["decision-decide"].data
+    scored = {p: p.stat().st_mtime_ns for p in out.glob("*-s*/evals/v*/summary.json")}
+    assert len(scored) == 4 * decision["seeds"]  # every run's final checkpoint scored
     capsys.readouterr()
     assert main(args) == 0  # started again: every finished run reused
     again = json.loads((out / "decision.json").read_text())
     assert again["runs_trained"] == 0 and again["runs_reused"] == 4 * decision["seeds"]
     assert [s["by_seed"] for s in again["settings"]] == [s["by_seed"] for s in decision["settings"]]
+    assert {p: p.stat().st_mtime_ns for p in scored} == scored  # and not scored a second time
+    assert capsys.readouterr().out.count("scored before") == len(scored)
 
 
 @pytest.mark.slow
