@@ -982,6 +982,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
+    "dtype_control.2026-11-30-amx.json": dtype_control,
     "test_suite.json": test_suite,
     "test_suite.2026-11-29-epyc.json": test_suite,
     "decode_parts.json": decode_parts,
