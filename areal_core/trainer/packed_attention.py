@@ -11,7 +11,10 @@ strided view of the stream: no padding, no copies in, one concatenation out.
 On CPU the calls go straight to PyTorch's fused flash-attention kernels
 (forward and backward) inside one autograd node, which keeps the per-sequence
 overhead to one kernel call each way (an autograd graph of views per sequence
-costs about four times as much per sequence). Elsewhere each sequence goes
+costs about four times as much per sequence). A bfloat16 backward runs the
+float32 kernel on its inputs cast up and casts the gradients back: PyTorch's
+bfloat16 CPU backward took 3x as long as the float32 one on SmolLM2's heads
+(torch 2.13, AMX Xeon), and lies further from the exact gradient. Elsewhere each sequence goes
 through ``F.scaled_dot_product_attention`` with autograd. ``python -m bench
 dynamic_batching`` measures these against the padded view and a block-diagonal
 mask; flex_attention has no CPU backward and nested tensors no causal SDPA
@@ -65,6 +68,10 @@ class _FlashPerSequenceCPU(torch.autograd.Function):
         q, k, v, *rest = ctx.saved_tensors
         n = len(ctx.bounds)
         outs, lses = rest[:n], rest[n:]
+        dtype = q.dtype
+        if dtype != torch.float32:  # the backward kernel in bfloat16 takes 3x its float32 time (and is less exact)
+            q, k, v, grad_out = q.float(), k.float(), v.float(), grad_out.float()
+            outs = [o.float() for o in outs]
         q4, k4, v4, g4 = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(grad_out)
         dq, dk, dv = [], [], []
         for (a, b), o, lse in zip(ctx.bounds, outs, lses):
@@ -74,7 +81,7 @@ class _FlashPerSequenceCPU(torch.autograd.Function):
             dq.append(gq)
             dk.append(gk)
             dv.append(gv)
-        return _tokens_first(dq), _tokens_first(dk), _tokens_first(dv), None, None
+        return tuple(_tokens_first(g).to(dtype) for g in (dq, dk, dv)) + (None, None)
 
 
 def per_sequence_sdpa(q, k, v, lens: list[int], scale: float) -> torch.Tensor:

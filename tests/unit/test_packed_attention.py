@@ -66,3 +66,18 @@ def test_bad_input_is_named():
         packed_causal_attention(q, k, v, [7, 0], 1.0)
     with pytest.raises(ValueError, match="not a multiple"):
         packed_causal_attention(q, k[:, :1].expand(7, 3, 8), v[:, :1].expand(7, 3, 8), [3, 4], 1.0)
+
+
+@pytest.mark.parametrize("lens", [[5, 1, 17, 3], [40, 40, 2]])
+def test_bfloat16_gradients_come_back_in_bfloat16_near_the_exact_ones(lens):
+    """A bfloat16 stream's backward runs in float32 on its inputs cast up: its gradients are bfloat16,
+    within bfloat16's rounding of the float64 gradients of the same (bfloat16-rounded) inputs."""
+    q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in _inputs(lens, hq=6, hkv=2, d=16))
+    out = packed_causal_attention(q, k, v, lens, 0.25)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    ours = torch.autograd.grad(out, (q, k, v), g)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    theirs = torch.autograd.grad(_reference(*exact, lens, 0.25), exact, g.double())
+    for name, a, b in zip("qkv", ours, theirs):
+        assert a.dtype == torch.bfloat16, name
+        torch.testing.assert_close(a.double(), b, atol=2e-2, rtol=2e-2, msg=f"grad of {name}")
