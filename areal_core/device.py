@@ -45,8 +45,8 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
     supports it; float32 on a CPU. A CPU's bfloat16 units (AMX or AVX-512 BF16) serve the rollout
     servers instead (``resolve_servers_dtype``): on both kinds of such CPU measured (AVX-512 BF16,
     AMX) a bfloat16 trainer (float32 masters) learned less than a float32 one, and a float32 trainer
-    beside bfloat16 servers as much (``python -m bench dtype_control``, docs/RESULTS.md). The trainer keeps float32 master weights and
-    optimizer state either way (trainer/trainer.py)."""
+    beside bfloat16 servers as much (``python -m bench dtype_control``, docs/RESULTS.md). The trainer
+    keeps float32 master weights and optimizer state either way (trainer/trainer.py)."""
     if name in ("float32", "bfloat16"):
         return getattr(torch, name), "set in the config (model.dtype)"
     if name != "auto":

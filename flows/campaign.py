@@ -150,13 +150,12 @@ def _evaluate_final_checkpoints(run_dirs: list[str], benches: list[str] | None, 
     one scored so before, on the same benches and settings, is not scored again."""
     from areal_core.eval.harness import HELDOUT, earlier_evaluation
 
-    settings = {"samples": 1, "limit": limit, "temperature": None, "top_p": None, "max_new_tokens": None}
     evaluations = {}
     for run_dir in run_dirs:
         summary = read_json(os.path.join(run_dir, "summary.json"))
         version = summary["final_version"]
         out_dir = eval_dir_for_run(run_dir, version)
-        earlier = earlier_evaluation(out_dir, benches or [HELDOUT], settings)
+        earlier = earlier_evaluation(out_dir, benches or [HELDOUT], limit=limit)  # evaluate's other defaults
         if earlier is not None:
             print(f"{run_dir} v{version}: scored before ({out_dir}), not again")
             evaluations[run_dir] = earlier

@@ -301,15 +301,36 @@ def _evaluate_bench(
     return pd.DataFrame(rows + skipped)
 
 
-def earlier_evaluation(out_dir: str, benches: list[str], settings: dict) -> dict | None:
+def _settings(samples: int, limit: int | None, temperature, top_p, max_new_tokens) -> dict:
+    """An evaluation's options as its ``summary.json`` records them (and ``earlier_evaluation`` matches them)."""
+    return {
+        "samples": samples,
+        "limit": limit,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def earlier_evaluation(
+    out_dir: str,
+    benches: list[str],
+    *,
+    samples: int = 1,
+    limit: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+) -> dict | None:
     """The summary ``evaluate_checkpoint`` left in ``out_dir`` where it scored every one of ``benches``
-    with these ``settings`` (its keyword options: samples, limit, temperature, top_p, max_new_tokens),
-    else None: a campaign started again does not score its final checkpoints a second time."""
+    with these options (its own, with its defaults), else None: a campaign started again does not
+    score its final checkpoints a second time."""
     path = os.path.join(out_dir, "summary.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         summary = json.load(f)
+    settings = _settings(samples, limit, temperature, top_p, max_new_tokens)
     done = summary.get("settings") == settings and set(benches) <= set(summary.get("benchmarks", {}))
     return summary if done and "wall_s" in summary else None  # wall_s: written once every bench was scored
 
@@ -366,13 +387,7 @@ def evaluate_checkpoint(
     summary: dict = {
         "model": model,
         "run_dir": run_dir,
-        "settings": {
-            "samples": samples,
-            "limit": limit,
-            "temperature": temperature,
-            "top_p": top_p,
-            "max_new_tokens": max_new_tokens,
-        },
+        "settings": _settings(samples, limit, temperature, top_p, max_new_tokens),
         "benchmarks": {},
     }
     with entered_together(

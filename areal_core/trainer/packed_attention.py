@@ -14,10 +14,10 @@ overhead to one kernel call each way (an autograd graph of views per sequence
 costs about four times as much per sequence). A bfloat16 backward runs the
 float32 kernel on its inputs cast up and casts the gradients back: PyTorch's
 bfloat16 CPU backward took 3x as long as the float32 one on SmolLM2's heads
-(torch 2.13, AMX Xeon), and lies further from the exact gradient. Elsewhere each sequence goes
-through ``F.scaled_dot_product_attention`` with autograd. ``python -m bench
-dynamic_batching`` measures these against the padded view and a block-diagonal
-mask; flex_attention has no CPU backward and nested tensors no causal SDPA
+(torch 2.13, AMX Xeon), and lies further from the exact gradient. Elsewhere
+each sequence goes through ``F.scaled_dot_product_attention`` with autograd.
+``python -m bench dynamic_batching`` measures these against the padded view and
+a block-diagonal mask; flex_attention has no CPU backward and nested tensors no causal SDPA
 (torch 2.13).
 """
 
