@@ -3,7 +3,8 @@ each in a network namespace of its own, the run's folder on the folder they shar
 would, from the login node: ``areal-flow train CONFIG --cluster slurm``. The trainer is a job on n1,
 the rollout servers a job array on n2, the reward workers a dask-jobqueue job on n3.
 
-- the quickstart config trains 40 steps: the ledger exactly once, no token staler than eta,
+- the quickstart config trains 40 steps (its supervised warm start cut to 60 steps: it is the
+  trainer job's first 10 minutes otherwise, and the pools are what is tested): the ledger exactly once, no token staler than eta,
   every answer graded on n3, each job on its node, none left in ``squeue`` after; the time from
   submission to the first trained step is printed;
 - one rollout server's job is cancelled with ``scancel`` mid-run and then requeued: it leaves the
@@ -36,7 +37,13 @@ REPO = HERE.parent
 AREAL_FLOW = str(Path(sys.executable).parent / "areal-flow")
 STEPS = 40
 
-pytestmark = [pytest.mark.nightly, pytest.mark.skipif(bool(unavailable()), reason=f"Slurm: {unavailable()}")]
+# the runs' own deadlines (a requeued job waited for, a run followed to its end) are up to 30-40 min on
+# a slow, shared machine: pytest's general 10 min would cut them before they can say what went wrong
+pytestmark = [
+    pytest.mark.nightly,
+    pytest.mark.timeout(2700),
+    pytest.mark.skipif(bool(unavailable()), reason=f"Slurm: {unavailable()}"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +53,21 @@ def cluster(tmp_path_factory):
 
 
 def _config(
-    cluster, name: str, steps: int, base: Path = HERE / "data/e2e.yaml", trainer: dict | None = None, trainer_job=None
+    cluster,
+    name: str,
+    steps: int,
+    base: Path = HERE / "data/e2e.yaml",
+    trainer: dict | None = None,
+    trainer_job=None,
+    model: dict | None = None,
 ) -> str:
     """``base`` (the tests' small config, or the quickstart) with two rollout servers and each pool a
     Slurm job on a node of its own: the trainer on n1 (or ``trainer_job``'s nodes), the servers on n2,
-    the reward workers on n3; ``trainer``: more of the trainer's settings."""
+    the reward workers on n3; ``trainer``, ``model``: more of those settings."""
     cfg = {
         "extends": str(base),
         "name": name,
+        **({"model": model} if model else {}),
         "rollout": {"n_servers": 2},
         "trainer": {"max_steps": steps, **(trainer or {})},
         "cluster": {
@@ -117,7 +131,8 @@ def _check_ledger(run: Path, steps: int, batch: int, eta: int) -> dict:
 
 def test_the_quickstart_trains_with_its_trainer_servers_and_workers_slurm_jobs(cluster):
     run = cluster.shared / "run-e2e"
-    config = _config(cluster, "slurm-e2e", STEPS, REPO / "configs/quickstart.yaml")
+    short_warm_start = {"warm_start": {"steps": 60, "check_every": 20}}
+    config = _config(cluster, "slurm-e2e", STEPS, REPO / "configs/quickstart.yaml", model=short_warm_start)
     proc = subprocess.run(_train(cluster, config, run), env=_env(cluster), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "trainer: job" in proc.stdout and "RUNNING on n1" in proc.stdout  # followed from the login node
