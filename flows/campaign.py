@@ -49,6 +49,7 @@ def campaign(
     max_minutes: float | None = None,
     margin: float = 0.02,
     outcome: str = "accuracy_after",
+    keep_run_state: bool = False,
 ) -> dict:
     """provision -> prepare data -> every setting (of the grid, or named) on paired seeds -> decide -> evaluate
     each final checkpoint -> report. Runs go to ``out_dir/<setting>-s<seed>``; a campaign started
@@ -89,6 +90,8 @@ def campaign(
         max_minutes: With until_clear: no new seed after this many minutes. None: no limit.
         margin: Differences within +-margin count as the same.
         outcome: What decides: accuracy_after (held-out accuracy after RL) or accuracy_gain.
+        keep_run_state: Keep the optimizer state in the checkpoints of finished runs (to continue
+            or replay them). False: dropped once a run finishes; the weights stay.
     """
     from areal_core.experiment import load_config  # torch: imported when the flow runs, not when deployed
 
@@ -117,8 +120,9 @@ def campaign(
     points = [(label or cfg.name, ov) for label, ov in points]
     frozen = freeze_config(config_path, os.path.join(out_dir, "config.yaml"), overrides)
     steps = {"trainer.max_steps": max_steps} if max_steps else {}
+    budget = Budget(max_seeds, max_runs, max_minutes)
     plan = CampaignPlan(
-        points, baseline or points[0][0], seeds, until_clear, Budget(max_seeds, max_runs, max_minutes), margin, outcome
+        points, baseline or points[0][0], seeds, until_clear, budget, margin, outcome, keep_run_state=keep_run_state
     )
 
     def train_one(label: str, seed: int, ov: dict, run_dir, resume: bool) -> None:

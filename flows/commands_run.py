@@ -98,6 +98,7 @@ def run_campaign_command(campaign, args, overrides: dict) -> dict:
         max_minutes=args.max_minutes,
         margin=args.margin,
         outcome=args.outcome,
+        keep_run_state=args.keep_run_state,
     )
 
 
@@ -227,6 +228,12 @@ def _campaign_parser(sub) -> None:
     c.add_argument("--benches", default="synthetic", help="comma-separated benchmarks for the final checkpoints")
     c.add_argument("--eval-limit", type=int, help="at most this many problems per benchmark")
     c.add_argument("--s3-credentials-block", help="Prefect Secret block with AWS_* variables")
+    c.add_argument(
+        "--keep-run-state",
+        action="store_true",
+        help="keep the optimizer state in finished runs' checkpoints, to continue or replay them (default: "
+        "dropped once a run finishes, two thirds of a checkpoint's bytes; the weights stay)",
+    )
     d = c.add_argument_group("deciding (paired seeds: seed k runs in every setting)")
     d.add_argument("--seeds", type=positive_int, default=1, help="seeds every setting runs first (default 1)")
     d.add_argument("--baseline", help="the setting differences are taken to, e.g. eta0-decoupled (default: the first)")

@@ -244,7 +244,7 @@ def _trainer_at(original: _Original, model, step: int, out_dir: Path, stack: con
     except FileNotFoundError:
         raise ReplayError(
             f"--from-step {step}: checkpoint v{step} holds no trainer state ({run_state.TRAINER}); start from "
-            "a checkpoint the run wrote whole"
+            "a checkpoint the run wrote whole (a campaign drops it from the runs it finished, unless --keep-run-state)"
         ) from None
     trainer.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
     _take_optim_settings(trainer, original.cfg)

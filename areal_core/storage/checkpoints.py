@@ -11,7 +11,9 @@ free-form ``meta`` dict. Every object is written atomically (local: temp name +
 os.replace; S3: one PUT or a completed multipart upload), each write is retried
 with exponential backoff on transient errors, and the manifest is written only
 after every file is in place, so readers never see a partial version. ``prune``
-deletes the manifest FIRST, so a reader never sees a manifest without its files.
+deletes the manifest FIRST, so a reader never sees a manifest without its files; ``drop_files``
+likewise rewrites a manifest without some of its files before it deletes them (what a finished run
+no longer needs: its optimizer state).
 
 A delta version (``writer.py``; meta ``format: delta``, ``base_version: B``) holds
 ``model.delta`` instead of ``model.safetensors``; ``local_copy`` rebuilds the full
@@ -395,6 +397,34 @@ class CheckpointStore:
                 invalidate(self.fs, folder)
 
         self._retry(_clean, f"clean partial {self.version_url(version)}")
+
+    def drop_files(self, version: int, names: list[str]) -> int:
+        """Take ``names`` out of the complete ``version``: its manifest is rewritten without them
+        (atomically, its other entries and meta unchanged, the names added to ``meta["dropped"]``),
+        then the files are deleted. Names the version does not hold are skipped. Returns the bytes
+        freed (by the manifest's sizes)."""
+        manifest = self.read_manifest(version)
+        gone = [e for e in manifest["files"] if e["path"] in set(names)]
+        if not gone:
+            return 0
+        kept = [e for e in manifest["files"] if e not in gone]
+        meta = {
+            **manifest["meta"],
+            "dropped": sorted({*manifest["meta"].get("dropped", []), *(e["path"] for e in gone)}),
+        }
+        data = (json.dumps({**manifest, "files": kept, "meta": meta}, indent=2, sort_keys=True) + "\n").encode()
+        path = self._vpath(version, MANIFEST)
+        self._retry(lambda: pipe_atomic(self.fs, path, data), f"rewrite manifest of {self.version_url(version)}")
+        for entry in gone:
+            target = self._vpath(version, entry["path"])
+
+            def _rm(target=target) -> None:
+                invalidate(self.fs, target)
+                if self.fs.exists(target):
+                    self.fs.rm_file(target)
+
+            self._retry(_rm, f"delete {entry['path']} of {self.version_url(version)}")
+        return sum(e["size"] for e in gone)
 
     def prune(self, keep_last: int) -> list[int]:
         """Delete all but the ``keep_last`` newest complete versions (never the latest),

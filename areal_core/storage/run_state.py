@@ -13,7 +13,9 @@ Every version ``v<N>/`` of a run's CheckpointStore holds, besides the model:
 
 They are written into the version before its manifest, so they appear together
 with the weights of step N or not at all: a run killed at any moment resumes
-from its latest complete version, which is always a consistent state.
+from its latest complete version, which is always a consistent state. A finished
+run may drop its optimizer state (:func:`drop_trainer_state`, two thirds of a
+version's bytes): its weights stay, continuing or replaying it no longer can.
 """
 
 from __future__ import annotations
@@ -150,6 +152,11 @@ def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple
         state = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ResumeError(f"{store.version_url(version)}/{STATE}: not valid JSON ({err})") from err
+    if TRAINER in store.read_manifest(version)["meta"].get("dropped", []):
+        raise ResumeError(
+            f"{store.version_url(version)} no longer holds the optimizer state ({TRAINER}): it was dropped once the "
+            "run finished (a campaign keeps its runs' weights only, unless started with --keep-run-state)"
+        )
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("step") != version:
         raise ResumeError(
             f"{store.version_url(version)}/{STATE}: not a run state of step {version} "
@@ -168,6 +175,12 @@ def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple
             f"a resumed run may change only {', '.join(MUTABLE_KEYS)}"
         )
     return version, state
+
+
+def drop_trainer_state(store: CheckpointStore) -> int:
+    """Drop the optimizer state from every complete version of a finished run's ``store`` (its weights,
+    run state, metrics and ledger stay); the bytes freed."""
+    return sum(store.drop_files(v, [TRAINER]) for v in store.versions())
 
 
 def load_latest(store: CheckpointStore, config: dict, upgrade=None) -> RunState | None:

@@ -57,6 +57,14 @@ def test_campaign_end_to_end(prefect_harness, tmp_path, warm_cache):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["final_version"] == 2 and summary["ledger_check"]["ok"]
+    # the finished run's checkpoints keep their weights, not its optimizer state
+    held = json.loads((run_dir / "checkpoints/v2/manifest.json").read_text())
+    paths = [e["path"] for e in held["files"]]
+    assert (
+        "model.safetensors" in paths
+        and "resume/trainer.pt" not in paths
+        and held["meta"]["dropped"] == ["resume/trainer.pt"]
+    )
 
     # the final checkpoint was evaluated: per-problem parquet + summary
     ev = json.loads((run_dir / "evals/v2/summary.json").read_text())
