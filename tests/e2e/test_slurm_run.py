@@ -4,9 +4,9 @@ would, from the login node: ``areal-flow train CONFIG --cluster slurm``. The tra
 the rollout servers a job array on n2, the reward workers a dask-jobqueue job on n3.
 
 - the quickstart config trains 40 steps (its supervised warm start cut to 60 steps: it is the
-  trainer job's first 10 minutes otherwise, and the pools are what is tested): the ledger exactly once, no token staler than eta,
-  every answer graded on n3, each job on its node, none left in ``squeue`` after; the time from
-  submission to the first trained step is printed;
+  trainer job's first 10 minutes otherwise, and the pools are what is tested): the ledger exactly
+  once, no token staler than eta, every answer graded on n3, each job on its node, none left in
+  ``squeue`` after; the time from submission to the first trained step is printed;
 - one rollout server's job is cancelled with ``scancel`` mid-run and then requeued: it leaves the
   pool, comes back (a new URL) and joins again; nothing lost, nothing trained twice;
 - the trainer's job is requeued mid-run (what a preemption does): the requeued job resumes the run
