@@ -403,11 +403,11 @@ class CheckpointStore:
         (atomically, its other entries and meta unchanged, the names added to ``meta["dropped"]``),
         then the files are deleted. Names the version does not hold are skipped. Returns the bytes
         freed (by the manifest's sizes)."""
-        manifest = self.read_manifest(version)
-        gone = [e for e in manifest["files"] if e["path"] in set(names)]
+        manifest, drop = self.read_manifest(version), set(names)
+        gone = [e for e in manifest["files"] if e["path"] in drop]
         if not gone:
             return 0
-        kept = [e for e in manifest["files"] if e not in gone]
+        kept = [e for e in manifest["files"] if e["path"] not in drop]
         meta = {
             **manifest["meta"],
             "dropped": sorted({*manifest["meta"].get("dropped", []), *(e["path"] for e in gone)}),
@@ -416,15 +416,20 @@ class CheckpointStore:
         path = self._vpath(version, MANIFEST)
         self._retry(lambda: pipe_atomic(self.fs, path, data), f"rewrite manifest of {self.version_url(version)}")
         for entry in gone:
-            target = self._vpath(version, entry["path"])
-
-            def _rm(target=target) -> None:
-                invalidate(self.fs, target)
-                if self.fs.exists(target):
-                    self.fs.rm_file(target)
-
-            self._retry(_rm, f"delete {entry['path']} of {self.version_url(version)}")
+            self._delete_file(
+                self._vpath(version, entry["path"]), f"delete {entry['path']} of {self.version_url(version)}"
+            )
         return sum(e["size"] for e in gone)
+
+    def _delete_file(self, path: str, what: str) -> None:
+        """Delete one object if it is there (retried)."""
+
+        def _rm() -> None:
+            invalidate(self.fs, path)
+            if self.fs.exists(path):
+                self.fs.rm_file(path)
+
+        self._retry(_rm, what)
 
     def prune(self, keep_last: int) -> list[int]:
         """Delete all but the ``keep_last`` newest complete versions (never the latest),
@@ -440,12 +445,7 @@ class CheckpointStore:
         bases = {self.read_manifest(v)["meta"].get("base_version") for v in kept}
         doomed = [v for v in versions[:-keep_last] if v not in bases]
         for v in doomed:
-            manifest, folder = self._vpath(v, MANIFEST), self._vpath(v)
-
-            def _rm_manifest(manifest=manifest) -> None:
-                invalidate(self.fs, manifest)
-                if self.fs.exists(manifest):
-                    self.fs.rm_file(manifest)
+            folder = self._vpath(v)
 
             def _rm_folder(folder=folder) -> None:
                 invalidate(self.fs, folder)
@@ -453,7 +453,7 @@ class CheckpointStore:
                     self.fs.rm(folder, recursive=True)
                 invalidate(self.fs, folder)
 
-            self._retry(_rm_manifest, f"delete manifest of {self.version_url(v)}")
+            self._delete_file(self._vpath(v, MANIFEST), f"delete manifest of {self.version_url(v)}")
             self._retry(_rm_folder, f"delete {self.version_url(v)}")
             for full in glob.glob(os.path.join(glob.escape(self._full_dir()), f"{self._url_key(v)}-full-*")):
                 shutil.rmtree(full, ignore_errors=True)
