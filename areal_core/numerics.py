@@ -226,11 +226,39 @@ def cpu_vendor() -> str:
 # the instruction sets that pick different kernels (torch's vector width, bf16 and AMX units)
 KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
+# The environment that makes this machine compute with another CPU kind's kernels, each read once by
+# a process at its start: torch's vector kernels, oneDNN's (bf16 products) and MKL's (float32
+# products). Only kinds below this CPU can be emulated, and only their kernels: the cores, caches
+# and clocks stay this machine's, so timings under an emulation estimate that kind, not measure it.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+# each kind: the CPU flag it needs here, and its kernel variables
+EMULATIONS = {
+    # a CPU with AVX2 only (the AMD EPYC without AVX-512): no bf16 arithmetic worth using
+    "avx2": ("avx2", {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
+    # AVX-512 with bf16 dot products but no AMX tiles (the AMD EPYC with AVX-512 BF16)
+    "avx512-bf16": ("avx512_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+}
+
+
+def emulation_env(kind: str | None, environ: dict) -> dict:
+    """``environ`` with the kernel variables of the emulated ``kind`` in place of its own (None: with
+    none, this CPU's own kernels); raises where there is no such kind or this CPU lacks the
+    instructions its kernels need."""
+    if kind is None:
+        return {k: v for k, v in environ.items() if k not in KERNEL_ENV}
+    if kind not in EMULATIONS:
+        raise ValueError(f"no emulation named {kind!r}; known: {', '.join(EMULATIONS)}")
+    needs, kernels = EMULATIONS[kind]
+    if needs not in _cpu_flags():
+        raise ValueError(f"cannot emulate {kind!r} here: this CPU has no {needs} (emulation only lowers kernels)")
+    return {**emulation_env(None, environ), **kernels}
+
 
 def cpu_kind() -> dict:
     """The CPU kind and the kernels this process computes with: the CPU's model name and the
     instruction sets that choose kernels, torch's vector kernels in use (``ATEN_CPU_CAPABILITY``
-    may lower them), oneDNN's cap (``ONEDNN_MAX_CPU_ISA``), MKL's mode and torch's version."""
+    may lower them), oneDNN's and MKL's caps (``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``),
+    MKL's mode and torch's version."""
     import torch
 
     flags = set(_cpu_flags())
@@ -243,6 +271,7 @@ def cpu_kind() -> dict:
         "isa": [f for f in KIND_FLAGS if f in flags],
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        "mkl_max_isa": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "default"),
         "mkl_mode": mkl_mode(),
         "torch": torch.__version__,
     }
@@ -252,7 +281,8 @@ def kind_label(kind: dict) -> str:
     """One line naming a :func:`cpu_kind`: ``AMD EPYC (avx2 avx512f avx512_bf16; kernels AVX512)``."""
     isa = " ".join(kind.get("isa", [])) or "no AVX2"
     cap = kind.get("aten_capability", "?")
-    extra = "" if kind.get("onednn_max_isa", "default") == "default" else f", oneDNN <= {kind['onednn_max_isa']}"
+    caps = (("oneDNN", "onednn_max_isa"), ("MKL", "mkl_max_isa"))
+    extra = "".join(f", {lib} <= {kind[k]}" for lib, k in caps if kind.get(k, "default") != "default")
     name = kind.get("cpu") or kind.get("machine", "?")
     if kind.get("family_model", "/") != "/":
         name += f" family/model {kind['family_model']}"
@@ -262,5 +292,6 @@ def kind_label(kind: dict) -> str:
 def same_kernels(a: dict, b: dict) -> bool:
     """Whether two :func:`cpu_kind` records compute with the same kernels (so results repeat bit for
     bit between them): the same instruction sets, kernel choices and torch build."""
-    keys = ("vendor", "machine", "isa", "aten_capability", "onednn_max_isa", "torch")
-    return all(a.get(k) == b.get(k) for k in keys)
+    keys = ("vendor", "machine", "isa", "aten_capability", "torch")
+    caps = ("onednn_max_isa", "mkl_max_isa")  # "default" where a record predates the field
+    return all(a.get(k) == b.get(k) for k in keys) and all(a.get(k, "default") == b.get(k, "default") for k in caps)

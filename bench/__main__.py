@@ -1,15 +1,19 @@
-"""``python -m bench all|NAME [--quick]``: run benchmarks, print tables, write bench/results/*.json
-(--quick: bench/results/quick/*.json, so a quick run never overwrites full figures)."""
+"""``python -m bench all|NAME [--quick] [--emulate KIND]``: run benchmarks, print tables, write
+bench/results/*.json (--quick: bench/results/quick/*.json, so a quick run never overwrites full
+figures; --emulate: with another CPU kind's kernels, into NAME.emulated-KIND.json beside the record of
+this CPU's own)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
 import time
 import traceback
 
+from areal_core.numerics import EMULATIONS, emulation_env
 from bench import BENCHMARKS, DIAGNOSTICS, LEARNING
 from bench.common import RESULTS_DIR, format_table, machine_info, record_kind, save, summarize
 
@@ -20,15 +24,22 @@ def results_dir(quick: bool):
     return RESULTS_DIR / "quick" if quick else RESULTS_DIR
 
 
-def run_one(name: str, quick: bool, model: str | None = None) -> dict:
+# set in the process that --emulate starts again with the emulated kernels: the kind it emulates
+EMULATING = "AREAL_BENCH_EMULATING"
+
+
+def run_one(name: str, quick: bool, model: str | None = None, emulate: str | None = None) -> dict:
     mod = importlib.import_module(f"bench.{name}")
-    print(f"\n=== {name}{' (quick)' if quick else ''} ===", flush=True)
+    print(f"\n=== {name}{' (quick)' if quick else ''}{f' (emulating {emulate})' if emulate else ''} ===", flush=True)
     t0 = time.perf_counter()
     result = mod.run(quick) if model is None else mod.run(quick, model=model)
+    cmd, suffix = f"python -m bench {name}", ""
     if model is not None:
-        name = f"{name}_{model}"
+        cmd, name = f"{cmd} --model {model}", f"{name}_{model}"
+    if emulate is not None:  # the record's machine names the kernels, so summary.json files it under them
+        cmd, suffix = f"{cmd} --emulate {emulate}", f".emulated-{emulate}"
     wall = time.perf_counter() - t0
-    path = save(name, quick, result, wall, results_dir(quick))
+    path = save(name, quick, result, wall, results_dir(quick), cmd=cmd, suffix=suffix)
     summarize(results_dir(quick))
     print(f"[{name}] {wall:.0f}s; wrote {path}", flush=True)
     return result
@@ -41,16 +52,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--model", choices=("smollm2",), help="objective_ablation: on SmolLM2-135M instead of the tiny model"
     )
+    ap.add_argument(
+        "--emulate",
+        choices=tuple(EMULATIONS),
+        help="compute with the kernels of another CPU kind (areal_core.numerics.EMULATIONS): the benchmark "
+        "runs again in a process started with them, its record named NAME.emulated-KIND.json",
+    )
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    names = BENCHMARKS if args.name == "all" else (args.name,)
     if args.model is not None and args.name != "objective_ablation":
         ap.error("--model goes with objective_ablation only")
+    if args.emulate is not None and args.name == "all":
+        ap.error("--emulate goes with one benchmark at a time")
+    if args.emulate is not None and os.environ.get(EMULATING) != args.emulate:
+        # torch, oneDNN and MKL read their kernel caps once, at start: only a fresh process gets them
+        try:
+            env = {**emulation_env(args.emulate, os.environ), EMULATING: args.emulate}
+        except ValueError as e:
+            ap.error(str(e))
+        argv = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, "-m", "bench", *argv], env)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    names = BENCHMARKS if args.name == "all" else (args.name,)
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
     for name in names:
         try:
-            run_one(name, args.quick, args.model)
+            run_one(name, args.quick, args.model, args.emulate)
         except Exception as e:  # reported, recorded and reflected in the exit code
             if len(names) == 1:
                 raise

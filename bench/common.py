@@ -204,11 +204,21 @@ def code_commit() -> str:
     return head.stdout.strip() + ("+changes" if changed else "")
 
 
-def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path = RESULTS_DIR) -> Path:
-    """Write ``result`` (plus machine facts, the command and the commit) to ``results_dir/<name>.json``."""
+def save(
+    name: str,
+    quick: bool,
+    result: dict,
+    wall_s: float,
+    results_dir: Path = RESULTS_DIR,
+    cmd: str | None = None,
+    suffix: str = "",
+) -> Path:
+    """Write ``result`` (plus machine facts, the command and the commit) to
+    ``results_dir/<name><suffix>.json``; ``cmd``: the command that made it, where it is not
+    ``python -m bench <name>``."""
     payload = {
         "benchmark": name,
-        "command": command(name, quick),
+        "command": command(name, quick) if cmd is None else cmd + (" --quick" if quick else ""),
         "commit": code_commit(),
         "quick": quick,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -217,7 +227,7 @@ def save(name: str, quick: bool, result: dict, wall_s: float, results_dir: Path 
         **result,
     }
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{name}.json"
+    path = results_dir / f"{name}{suffix}.json"
     write_json_atomic(path, _repo_relative(payload))
     return path
 

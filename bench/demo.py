@@ -1,7 +1,8 @@
 """How long ``make demo`` takes a newcomer: the first run (its warm start trained) and a later one (the
 warm start from the cache), with the kernels of this CPU and, beside them, with AVX2 kernels only
-(``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``: the arithmetic of a CPU without AVX-512,
-emulated here; the same cores, so an estimate of such a machine, not a measurement of one).
+(``areal_core.numerics.EMULATIONS["avx2"]``: torch's, oneDNN's and MKL's kernels capped at AVX2, the
+arithmetic of a CPU without AVX-512, emulated here; the same cores, so an estimate of such a machine,
+not a measurement of one).
 
 Each pair is the product's own command, ``make demo DEMO_DIR=...`` with ``AREAL_FLOW_CACHE`` an empty
 folder of its own, then again into a new folder with the same cache; then ``make demo`` into the
@@ -23,13 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from areal_core.numerics import emulation_env
 from bench.common import REPO_ROOT, RUNS_DIR, format_table
 from bench.learning import say
 
-KERNELS = {
-    "this CPU's": {},
-    "AVX2 only (emulated)": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-}
+# each set of kernels: the emulated kind (areal_core.numerics.EMULATIONS), None for this CPU's own
+KERNELS = {"this CPU's": None, "AVX2 only (emulated)": "avx2"}
 
 
 def _kind(env: dict) -> dict:
@@ -70,12 +70,11 @@ def _row(kernels: str, which: str, run_dir: Path, command_s: float, kind: dict) 
     }
 
 
-def _pair(kernels: str, extra: dict, root: Path, quick: bool) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
-    env.update(extra)
+def _pair(kernels: str, emulated: str | None, root: Path, quick: bool) -> list[dict]:
+    env = emulation_env(emulated, os.environ)
     env["AREAL_FLOW_CACHE"] = tempfile.mkdtemp(prefix="cache-", dir=root)  # empty: the warm start is trained
     kind = _kind(env)
-    slug = "native" if not extra else "avx2"
+    slug = emulated or "native"
     rows = []
     for which in ("first", "later")[: 1 if quick else 2]:
         run_dir = root / f"{slug}-{which}"
@@ -99,8 +98,8 @@ def run(quick: bool) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     rows = []
-    for kernels, extra in list(KERNELS.items())[: 1 if quick else 2]:
-        rows += _pair(kernels, extra, root, quick)
+    for kernels, emulated in list(KERNELS.items())[: 1 if quick else 2]:
+        rows += _pair(kernels, emulated, root, quick)
     table = [
         [
             r["kernels"],

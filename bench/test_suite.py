@@ -3,8 +3,8 @@
 CI gives the suite 2 cores and asks it to finish within 10 minutes on the slowest CPU kind. This runs
 the product's own command, ``make test`` (``ruff check`` and ``ruff format --check``, then pytest with
 two xdist workers), on a ready ``.venv``, with the kernels of this CPU and then with AVX2 kernels
-only (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``, as ``bench demo`` emulates a CPU
-without AVX-512: the same cores, so an estimate of such a machine, not a measurement of one).
+only (``areal_core.numerics.EMULATIONS["avx2"]``, as ``bench demo`` emulates a CPU without AVX-512:
+the same cores, so an estimate of such a machine, not a measurement of one).
 
 Recorded per kernel set: the command's wall time, pytest's own clock, the counts pytest reports
 (passed, failed, skipped, errors), its exit status, the 10 slowest tests (``--durations``), and the
@@ -22,6 +22,7 @@ import re
 import subprocess
 import time
 
+from areal_core.numerics import emulation_env
 from bench.common import REPO_ROOT, RUNS_DIR, format_table
 from bench.demo import KERNELS, _kind
 
@@ -74,8 +75,8 @@ def run(quick: bool) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     kernels = {"this CPU's": KERNELS["this CPU's"]} if quick else KERNELS
     rows = []
-    for label, extra in kernels.items():
-        env = {**os.environ, **extra}
+    for label, emulated in kernels.items():
+        env = emulation_env(emulated, os.environ)
         kind = _kind(env)
         target = "test-unit" if quick else "test"
         print(f"make {target} with {label} kernels ({kind['aten_capability']}) ...", flush=True)

@@ -3,6 +3,7 @@ the CPU kind a run names, and the weight comparison a replay reports."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -12,8 +13,10 @@ import pytest
 import torch
 
 from areal_core.numerics import (
+    EMULATIONS,
     MKL_MODE,
     cpu_kind,
+    emulation_env,
     fixed_sum,
     kind_label,
     mkl_mode,
@@ -190,3 +193,50 @@ def test_one_thread_fixes_the_bits_of_an_elementwise_op_whatever_the_thread_coun
             assert torch.get_num_threads() == n
     finally:
         torch.set_num_threads(before)
+
+
+def test_emulation_env_puts_one_kinds_kernel_caps_in_place_of_the_callers():
+    environ = {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+    assert emulation_env(None, environ) == {"PATH": "/bin"}  # this CPU's own kernels
+    if "avx512_bf16" in cpu_kind()["isa"]:
+        assert emulation_env("avx512-bf16", environ) == {"PATH": "/bin", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    env = emulation_env("avx2", environ)
+    assert env == {"PATH": "/bin", **EMULATIONS["avx2"][1]} and environ["MKL_ENABLE_INSTRUCTIONS"] == "SSE4_2"
+    with pytest.raises(ValueError, match="no emulation named 'avx1'"):
+        emulation_env("avx1", environ)
+
+
+def test_an_emulation_needs_the_instructions_of_the_kind_it_emulates(monkeypatch):
+    import areal_core.numerics as numerics
+
+    monkeypatch.setattr(numerics, "_cpu_flags", lambda: ["sse4_2", "avx2"])
+    assert emulation_env("avx2", {})["ATEN_CPU_CAPABILITY"] == "avx2"
+    with pytest.raises(ValueError, match="cannot emulate 'avx512-bf16' here: this CPU has no avx512_bf16"):
+        emulation_env("avx512-bf16", {})
+
+
+@pytest.mark.skipif("avx512f" not in cpu_kind()["isa"], reason="nothing above AVX2 to lower here")
+def test_a_process_under_an_emulation_computes_with_and_names_the_lower_kernels():
+    code = "import json; from areal_core.numerics import cpu_kind; print(json.dumps(cpu_kind()))"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=emulation_env("avx2", os.environ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    kind, here = json.loads(r.stdout.strip().splitlines()[-1]), cpu_kind()
+    assert (kind["aten_capability"], kind["onednn_max_isa"], kind["mkl_max_isa"]) == ("AVX2", "AVX2", "AVX2")
+    assert kind["isa"] == here["isa"]  # the CPU's own flags: the record says what was lowered, not what it had
+    assert "kernels AVX2, oneDNN <= AVX2, MKL <= AVX2" in kind_label(kind)
+    assert not same_kernels(kind, here)
+    assert not same_kernels({**here, "mkl_max_isa": "AVX2"}, here)  # MKL's cap alone picks other kernels
+
+
+def test_a_record_from_before_the_mkl_cap_was_named_has_the_default_cap():
+    here = cpu_kind()
+    old = {k: v for k, v in here.items() if k != "mkl_max_isa"}
+    assert same_kernels(old, {**here, "mkl_max_isa": "default"})
+    assert not same_kernels(old, {**here, "mkl_max_isa": "AVX2"})
