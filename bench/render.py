@@ -993,6 +993,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "engine.2026-11-30-amx.json": engine,
     "trl_peer.json": trl_peer,
     "trl_peer.2026-11-30-amx.json": trl_peer,
+    "trl_peer.emulated-avx2.json": trl_peer,
     "trl_peer_smollm2.json": trl_peer_smollm2,
     "trl_peer_smollm2.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-11-28-avx2-float32.json": trl_peer_smollm2,
