@@ -3,7 +3,8 @@ run (``commands_run.py``), evaluate (``commands_evaluate.py``), plan (``commands
 operate (``commands_operate.py``).
 
 `train` runs as a Prefect flow (reported to the server at PREFECT_API_URL when set, see
-`areal-flow stack up`, else to Prefect's ephemeral server); `train --no-prefect` runs the same
+`areal-flow stack up`, else to a temporary server of the command's own, infra/command_server.py,
+which a Ctrl-C in the terminal does not stop before the run has said how it ended); `train --no-prefect` runs the same
 experiment in this process without importing Prefect (a node with no Prefect server, the
 resume test). `eval` needs no Prefect either. Building the parser imports neither Prefect nor
 torch. Config errors end in one `error: ...` line, rc 2.
@@ -18,8 +19,6 @@ import sys
 import textwrap
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect is imported
-# Prefect's 20 s for its ephemeral server to start is too short on a busy 2-core machine
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from flows.cli_input import UsageError
 from flows.commands_evaluate import add_evaluate_commands

@@ -36,8 +36,10 @@ def cmd_report(args) -> int:
         print(write_report(args.runs, out, title=args.title)["report"])
     else:
         from flows.report import report
+        from infra.command_server import prefect_api
 
-        print(report(run_dirs=args.runs, out_dir=out, title=args.title))
+        with prefect_api():
+            print(report(run_dirs=args.runs, out_dir=out, title=args.title))
     return 0
 
 

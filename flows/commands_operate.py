@@ -58,8 +58,12 @@ def cmd_serve(args) -> int:
             return 130
     else:
         from flows.serve import rollout_servers
+        from infra.command_server import prefect_api
 
-        out = rollout_servers(args.model, args.config, overrides=overrides or None, hold_s=hold, log_dir=args.log_dir)
+        with prefect_api():
+            out = rollout_servers(
+                args.model, args.config, overrides=overrides or None, hold_s=hold, log_dir=args.log_dir
+            )
     print(json.dumps(out))
     return 0
 

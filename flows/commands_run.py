@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from flows.cli_input import (
     UsageError,
@@ -36,24 +37,26 @@ def cmd_sweep(args) -> int:
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
     from flows.sweep import sweep
+    from infra.command_server import prefect_api
 
-    out = sweep(
-        config_path=args.config[0] if len(args.config) == 1 else args.config,
-        eta=eta,
-        objective=objective,
-        grid=grid or None,
-        max_steps=args.max_steps,
-        out_dir=args.out,
-        overrides=base,
-        evaluate_every=args.evaluate_every,
-    )
+    with prefect_api():
+        out = sweep(
+            config_path=args.config[0] if len(args.config) == 1 else args.config,
+            eta=eta,
+            objective=objective,
+            grid=grid or None,
+            max_steps=args.max_steps,
+            out_dir=args.out,
+            overrides=base,
+            evaluate_every=args.evaluate_every,
+        )
     print(out["report"])  # the last line: the report's path
     return 0
 
 
 def cmd_campaign(args) -> int:
     overrides = overrides_from(args.set)
-    config_from(args.config, overrides)
+    cfg = config_from(args.config, overrides)
     settings = settings_from(args.setting)
     if settings and (args.eta or args.objective or args.grid):
         raise UsageError("--setting names every setting of the campaign: give it without --eta, --objective or --grid")
@@ -62,13 +65,25 @@ def cmd_campaign(args) -> int:
             config_from(args.config, {**overrides, **ov})
         except UsageError as e:
             raise UsageError(f"--setting {label}: {e}") from None
+    from areal_core.interrupt import EXIT_STATUS
     from areal_core.run.campaign import CampaignFolderError
+    from areal_core.run.sweep import default_out_dir
     from flows.campaign import campaign
+    from infra.command_server import prefect_api
 
+    args.out = args.out or default_out_dir(cfg.name, "campaign")  # named here: a stopped campaign continues there
     try:
-        out = run_campaign_command(campaign, args, overrides)
+        with prefect_api():
+            out = run_campaign_command(campaign, args, overrides)
     except CampaignFolderError as e:
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(
+            f"stopped; the same command with --out {args.out} continues the campaign (its finished runs are "
+            "reused, the stopped run continues from its latest checkpoint)",
+            file=sys.stderr,
+        )
+        return EXIT_STATUS
     print(f"{out['out_dir']}/decision.md")
     print(out["report"])
     return 0
@@ -121,16 +136,18 @@ def cmd_replay(args) -> int:
             raise UsageError(str(e)) from None
     else:
         from flows.replay import replay_run
+        from infra.command_server import prefect_api
 
-        summary = replay_run(
-            args.run_dir,
-            args.out,
-            from_step=args.from_step,
-            to_step=args.to_step,
-            overrides=overrides or None,
-            threads=args.threads,
-            tolerant=args.tolerant,
-        )
+        with prefect_api():
+            summary = replay_run(
+                args.run_dir,
+                args.out,
+                from_step=args.from_step,
+                to_step=args.to_step,
+                overrides=overrides or None,
+                threads=args.threads,
+                tolerant=args.tolerant,
+            )
     r = summary["replay"]
     kind = "counterfactual replay" if r["counterfactual"] else "replay"
     print(

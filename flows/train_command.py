@@ -71,18 +71,20 @@ def _train(args, cfg, overrides: dict, run_dir: Path, stop) -> dict | None:
             stop=stop,
         )
     from flows.train import train
+    from infra.command_server import prefect_api
 
-    state = train(
-        config_path=args.config,
-        run_dir=str(run_dir),
-        max_steps=args.max_steps,
-        overrides=overrides,
-        evaluate_every=args.evaluate_every,
-        progress=not args.no_progress,
-        resume=args.resume,
-        return_state=True,
-    )
-    return None if state.is_cancelled() else state.result()
+    with prefect_api():
+        state = train(
+            config_path=args.config,
+            run_dir=str(run_dir),
+            max_steps=args.max_steps,
+            overrides=overrides,
+            evaluate_every=args.evaluate_every,
+            progress=not args.no_progress,
+            resume=args.resume,
+            return_state=True,
+        )
+        return None if state.is_cancelled() else state.result()
 
 
 def run_train_command(args) -> int:

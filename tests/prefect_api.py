@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 
-from prefect.events.worker import EventsWorker
-from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
+# in-process clients talk to a test's server through the product's own (it drains what they queued)
+from infra.command_server import reporting_to as prefect_api  # noqa: F401
 
 # every deployment prefect.yaml declares (tests/unit/test_deployments.py holds prefect.yaml to this list)
 DEPLOYMENTS = frozenset(
@@ -24,19 +22,6 @@ DEPLOYMENTS = frozenset(
         "rollout-servers",
     }
 )
-
-
-@contextlib.contextmanager
-def prefect_api(url: str):
-    """Talk to the Prefect API at ``url`` inside the block. On leaving it, the flow logs and events that
-    background workers still hold are sent while that server is up: left queued, they would be retried
-    against a stopped server when pytest exits, which then never ends ("Still processing items")."""
-    with temporary_settings({PREFECT_API_URL: url}):
-        try:
-            yield
-        finally:
-            APILogWorker.drain_all(timeout=30)
-            EventsWorker.drain_all(timeout=30)
 
 
 def wait_for(fn, timeout_s: float, what: str, interval: float = 2.0):

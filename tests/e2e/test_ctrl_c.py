@@ -23,14 +23,14 @@ CONFIG = "tests/data/e2e.yaml"
 STEPS, EVERY = 30, 4  # room after the checkpoint of step 4 for Ctrl-C to land mid-run
 
 
-def _start(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+def _start(run_dir: Path, out: Path, *extra: str, prefect: bool = False) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
         "flows.cli",
         "train",
         CONFIG,
-        "--no-prefect",
+        *([] if prefect else ["--no-prefect"]),
         "--run-dir",
         str(run_dir),
         "--max-steps",
@@ -39,9 +39,16 @@ def _start(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
         f"storage.checkpoint_every={EVERY}",
         *extra,
     ]
-    with open(out, "ab") as f:  # its own process group: the terminal's foreground group, for the test
+    return _in_own_group(cmd, out)
+
+
+def _in_own_group(cmd: list[str], out: Path) -> subprocess.Popen:
+    """``cmd`` as the terminal's foreground group, for the test; with no Prefect server named, as a
+    user's shell has none: the command reports to one of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    with open(out, "ab") as f:
         return subprocess.Popen(
-            cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
@@ -157,3 +164,77 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive(children), f"left running: {_alive(children)}"
+
+
+def _prefect_servers(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if "prefect server start" in " ".join(p.cmdline())]
+
+
+def _interrupted(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
+    """Ctrl-C to the command's group: its exit status and how long it took to exit."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout_s), time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_prefect_run_stops_at_a_checkpoint_while_the_commands_server_records_it(tmp_path):
+    """`areal-flow train` in its default mode reports to a Prefect server of the command's own. Ctrl-C
+    reaches the run but not that server, which leads a session of its own and stays up until the
+    run has reported that it stopped; then it goes too. (Prefect's own temporary server was in the
+    command's group: Ctrl-C stopped it first, the train task was retried against it, and the
+    command hung for minutes.)"""
+    run_dir, out = tmp_path / "run", tmp_path / "out.txt"
+    proc = _start(run_dir, out, "--no-progress", prefect=True)
+    try:
+        _wait_for(run_dir / "checkpoints" / f"v{EVERY}" / "manifest.json", proc, 300)
+        children = _descendants(proc.pid)
+        (server,) = _prefect_servers(children)
+        assert os.getpgid(server.pid) == server.pid != os.getpgid(proc.pid)
+    finally:
+        rc, took = _interrupted(proc, 60)
+    text = out.read_text()
+    assert rc == 130 and took < 30, (rc, took, text[-3000:])
+    stopped = [ln for ln in text.splitlines() if ln.startswith("stopped at step ")]
+    assert stopped and stopped[0].endswith("--resume"), text[-3000:]
+    assert "Cancelled('stopped at step" in text  # recorded: the server was up when the run said it stopped
+    assert "Retry" not in text and "ConnectError" not in text and "View at" not in text, text[-3000:]
+    time.sleep(1)
+    assert not _alive(children), f"left running: {_alive(children)}"
+
+
+@pytest.mark.slow
+@pytest.mark.nightly
+def test_ctrl_c_stops_a_campaign_and_the_same_command_continues_it(tmp_path):
+    out_dir, out = tmp_path / "campaign", tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "flows.cli", "campaign", CONFIG, "--out", str(out_dir), "--eta", "0,4"]
+    cmd += ["--max-steps", "12", "--set", f"storage.checkpoint_every={EVERY}"]
+    proc = _in_own_group(cmd, out)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(out_dir.glob(f"*/checkpoints/v{EVERY}/manifest.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.1)
+        children = _descendants(proc.pid)
+        assert len(_prefect_servers(children)) == 1
+    finally:
+        rc, took = _interrupted(proc, 60)
+    text = out.read_text()
+    assert rc == 130 and took < 30, (rc, took, text[-3000:])
+    assert f"stopped; the same command with --out {out_dir} continues the campaign" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    time.sleep(1)
+    assert not _alive(children), f"left running: {_alive(children)}"
+    (stopped,) = [p.parents[2].name for p in out_dir.glob(f"*/checkpoints/v{EVERY}/manifest.json")]
+
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "continued from its checkpoint" in again.stdout + again.stderr
+    decision = json.loads((out_dir / "decision.json").read_text())
+    assert {s["label"] for s in decision["settings"]} == {"eta0", "eta4"}
+    assert json.loads((out_dir / stopped / "summary.json").read_text())["resumed_from_step"] >= EVERY
