@@ -4,9 +4,9 @@ operate (``commands_operate.py``).
 
 `train` runs as a Prefect flow (reported to the server at PREFECT_API_URL when set, see
 `areal-flow stack up`, else to a temporary server of the command's own, infra/command_server.py,
-which a Ctrl-C in the terminal does not stop before the run has said how it ended); `train --no-prefect` runs the same
-experiment in this process without importing Prefect (a node with no Prefect server, the
-resume test). `eval` needs no Prefect either. Building the parser imports neither Prefect nor
+which a Ctrl-C in the terminal does not stop before the run has said how it ended); `train
+--no-prefect` runs the same experiment in this process without importing Prefect (a node with no
+Prefect server, the resume test). `eval` needs no Prefect either. Building the parser imports neither Prefect nor
 torch. Config errors end in one `error: ...` line, rc 2.
 """
 
