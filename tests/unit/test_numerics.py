@@ -215,24 +215,22 @@ def test_an_emulation_needs_the_instructions_of_the_kind_it_emulates(monkeypatch
         emulation_env("avx512-bf16", {})
 
 
+def _kind_under(env: dict) -> dict:
+    code = "import json; from areal_core.numerics import cpu_kind; print(json.dumps(cpu_kind()))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif("avx512f" not in cpu_kind()["isa"], reason="nothing above AVX2 to lower here")
 def test_a_process_under_an_emulation_computes_with_and_names_the_lower_kernels():
-    code = "import json; from areal_core.numerics import cpu_kind; print(json.dumps(cpu_kind()))"
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        env=emulation_env("avx2", os.environ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    kind, here = json.loads(r.stdout.strip().splitlines()[-1]), cpu_kind()
+    kind, native = _kind_under(emulation_env("avx2", os.environ)), _kind_under(emulation_env(None, os.environ))
     assert (kind["aten_capability"], kind["onednn_max_isa"], kind["mkl_max_isa"]) == ("AVX2", "AVX2", "AVX2")
-    assert kind["isa"] == here["isa"]  # the CPU's own flags: the record says what was lowered, not what it had
+    assert (native["onednn_max_isa"], native["mkl_max_isa"]) == ("default", "default")
+    assert kind["isa"] == native["isa"]  # the CPU's own flags: the record says what was lowered, not what it had
     assert "kernels AVX2, oneDNN <= AVX2, MKL <= AVX2" in kind_label(kind)
-    assert not same_kernels(kind, here)
-    assert not same_kernels({**here, "mkl_max_isa": "AVX2"}, here)  # MKL's cap alone picks other kernels
+    assert not same_kernels(kind, native)
+    assert not same_kernels({**native, "mkl_max_isa": "AVX2"}, native)  # MKL's cap alone picks other kernels
 
 
 def test_a_record_from_before_the_mkl_cap_was_named_has_the_default_cap():
