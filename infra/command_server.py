@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 
 from areal_core.net import free_port
-from infra.stack import Stack, StackError, _prefect_exe, _stop_group
+from infra.stack import StackError, prefect_exe, stop_group, wait_healthy
 
 START_TIMEOUT_S = 120.0  # a busy 2-core machine can take a minute to start it
 # Linux's prctl, looked up here: the server's process only calls it between fork and exec
@@ -67,7 +67,7 @@ def reporting_to(url: str, ui: bool = True) -> Iterator[None]:
 def _own_server() -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    cmd = [_prefect_exe(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [prefect_exe(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--no-ui", "--no-scheduler", "--no-late-runs"]
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(
@@ -82,14 +82,14 @@ def _own_server() -> Iterator[str]:
         )
         try:
             try:
-                Stack._wait_healthy(url, server, START_TIMEOUT_S)
+                wait_healthy(url, server, START_TIMEOUT_S)
             except StackError as e:
                 log.seek(0)
                 tail = log.read().decode(errors="replace")[-2000:]
                 raise StackError(f"the command's Prefect server did not start: {e}\n{tail}") from None
             yield url
         finally:
-            _stop_group(server.pid, signal.SIGINT, 30.0, log=logging.getLogger(__name__).warning, role="Prefect server")
+            stop_group(server.pid, signal.SIGINT, 30.0, log=logging.getLogger(__name__).warning, role="Prefect server")
             server.wait()
 
 

@@ -51,7 +51,8 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _prefect_exe() -> str:
+def prefect_exe() -> str:
+    """The ``prefect`` command of this Python's environment."""
     exe = Path(sys.executable).parent / "prefect"
     if not exe.exists():
         raise StackError(f"prefect not found next to {sys.executable}")
@@ -77,7 +78,7 @@ def _group(pgid: int) -> list[psutil.Process]:
     return out
 
 
-def _stop_group(pid: int, first: signal.Signals, grace_s: float, log=print, role: str = "") -> None:
+def stop_group(pid: int, first: signal.Signals, grace_s: float, log=print, role: str = "") -> None:
     """Signal the group led by ``pid`` (a session we started), wait, then SIGKILL what is left."""
     members = _group(pid)
     if not members:
@@ -107,6 +108,21 @@ def _stop_group(pid: int, first: signal.Signals, grace_s: float, log=print, role
     # late children (e.g. a flow run started while stopping) of the same group
     for p in _group(pid):
         p.kill()
+
+
+def wait_healthy(api_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until the Prefect server ``proc`` answers ``api_url``'s health check; StackError if it exits
+    first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"prefect server exited with {proc.returncode}")
+        try:
+            _http(f"{api_url}/health", timeout=2)
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.5)
+    raise StackError(f"prefect server not healthy after {timeout_s:.0f}s")
 
 
 class Stack:
@@ -159,7 +175,7 @@ class Stack:
         port = self.port or (DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port())
         env = self.env(port)
         (self.home / "prefect").mkdir(parents=True, exist_ok=True)
-        exe = _prefect_exe()
+        exe = prefect_exe()
         state = {
             "port": port,
             "api_url": env["PREFECT_API_URL"],
@@ -180,7 +196,7 @@ class Stack:
                 )
             state["server_pid"] = server.pid
             self._write_state(state)
-            self._wait_healthy(state["api_url"], server, timeout_s)
+            wait_healthy(state["api_url"], server, timeout_s)
             log(f"server up: {state['ui_url']}")
             if deploy:
                 self._cli(env, ["work-pool", "create", POOL, "--type", "process", "--overwrite"], log)
@@ -213,26 +229,13 @@ class Stack:
         write_text_atomic(str(self.state_path), json.dumps(state, indent=2))
 
     def _cli(self, env: dict, args: list[str], log) -> None:
-        r = subprocess.run([_prefect_exe(), *args], env=env, cwd=str(REPO), capture_output=True, text=True, timeout=300)
+        r = subprocess.run([prefect_exe(), *args], env=env, cwd=str(REPO), capture_output=True, text=True, timeout=300)
         with open(self.home / "deploy.log", "a") as f:
             f.write(f"$ prefect {' '.join(args)}\n{r.stdout}\n{r.stderr}\n")
         if r.returncode != 0:
             raise StackError(
                 f"`prefect {' '.join(args)}` failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
             )
-
-    @staticmethod
-    def _wait_healthy(api_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StackError(f"prefect server exited with {proc.returncode}")
-            try:
-                _http(f"{api_url}/health", timeout=2)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.5)
-        raise StackError(f"prefect server not healthy after {timeout_s:.0f}s")
 
     @staticmethod
     def _wait_worker(api_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -254,9 +257,9 @@ class Stack:
             return
         tree = self._tree(s)  # flow runs may have started processes in their own sessions
         if s.get("worker_pid"):
-            _stop_group(s["worker_pid"], signal.SIGINT, 30.0, log, "worker")
+            stop_group(s["worker_pid"], signal.SIGINT, 30.0, log, "worker")
         if s.get("server_pid"):
-            _stop_group(s["server_pid"], signal.SIGINT, 30.0, log, "server")
+            stop_group(s["server_pid"], signal.SIGINT, 30.0, log, "server")
         _, alive = psutil.wait_procs(tree, timeout=10)
         for p in alive:  # descendants that outlived their parents: stopped by their own PIDs
             log(f"  stopping leftover process {p.pid}")
