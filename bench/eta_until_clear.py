@@ -1,9 +1,9 @@
 """A campaign that decides, on the tiny quickstart (configs/quickstart.yaml, 300 steps): synchronous
 (eta 0) against asynchronous at eta 4 (decoupled PPO) and at eta 8 with the naive objective (no
 correction for staleness), the synchronous run draining the servers for each update as
-bench/learning.py's SYNC does; 3 paired seeds first, then a seed more of every setting while a difference
-to eta 0 is unclear (its 95 % interval neither excludes 0 nor lies within +-0.02), up to 8 seeds or
-45 minutes (bench/campaigns.py). Decided by held-out accuracy after RL.
+bench/learning.py's SYNC does; 3 paired seeds first, then a seed more of eta 0 and of each setting whose
+difference to it is unclear (its 95 % interval neither excludes 0 nor lies within +-0.02), up to 8
+seeds or 45 minutes (bench/campaigns.py). Decided by held-out accuracy after RL.
 
 --quick: 2 seeds of 20 steps, no seeds added: a smoke check.
 """

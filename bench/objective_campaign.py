@@ -14,8 +14,8 @@ accuracy after RL (bench/campaigns.py):
 
 Every setting's trainer computes in float32 (``model.dtype: float32``), so the last setting differs
 from the baseline in the servers' precision only. 3 seeds of every setting first, then a seed more of
-every setting while a difference is unclear (its 95 % interval neither excludes 0 nor lies within
-+-0.02), up to 5 seeds. A float32 run takes about 25-30 minutes on 2 cores with AVX-512 BF16, so the
+the baseline and of each setting whose difference is unclear (its 95 % interval neither excludes 0
+nor lies within +-0.02), up to 5 seeds. A float32 run takes about 25-30 minutes on 2 cores with AVX-512 BF16, so the
 first 21 runs take about 10 hours; the campaign resumes (rerun the command over the same folder: the
 finished runs of the same config and commit are reused, and the run it was stopped in continues from
 its latest checkpoint), so it can be run in several sittings from one fixed commit.

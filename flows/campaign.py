@@ -83,8 +83,9 @@ def campaign(
         cache_dir: Where warm starts are cached. None: ~/.cache/areal-flow.
         seeds: Seeds every setting runs (0 .. seeds-1, the same in every setting: paired).
         baseline: The setting differences are taken to (a label such as eta0-decoupled). None: the first.
-        until_clear: Add a seed of every setting while a difference to the baseline is unclear
-            (its 95 % interval neither excludes 0 nor lies within +-margin), up to the budget.
+        until_clear: While a difference to the baseline is unclear (its 95 % interval neither
+            excludes 0 nor lies within +-margin), add a seed of the baseline and of each unclear
+            setting, up to the budget.
         max_seeds: With until_clear: at most this many seeds per setting.
         max_runs: With until_clear: at most this many runs in all. None: no limit.
         max_minutes: With until_clear: no new seed after this many minutes. None: no limit.

@@ -257,8 +257,9 @@ def _campaign_parser(sub) -> None:
     d.add_argument(
         "--until-clear",
         action="store_true",
-        help="add a seed of every setting while a difference to the baseline is unclear (its 95 %% interval "
-        "neither excludes 0 nor lies within +-margin), up to --max-seeds / --max-runs / --max-minutes",
+        help="while a difference to the baseline is unclear (its 95 %% interval neither excludes 0 nor lies "
+        "within +-margin), add a seed of the baseline and of each unclear setting, up to --max-seeds / "
+        "--max-runs / --max-minutes",
     )
     d.add_argument("--max-seeds", type=positive_int, default=10, help="with --until-clear: seeds per setting at most")
     d.add_argument("--max-runs", type=positive_int, help="with --until-clear: runs in all at most")

@@ -27,7 +27,7 @@ def markdown(decision: dict, plots: dict[str, str]) -> str:
         f"# Campaign decision: {d['outcome_label']}",
         "",
         (
-            f"Baseline **{d['baseline']}**; {d['seeds']} seed(s) per setting, paired by seed; 95 % Student-t "
+            f"Baseline **{d['baseline']}**; {_seeds(d)}, paired by seed; 95 % Student-t "
             f"intervals; a difference is clear once its interval excludes 0 or lies within +-{d['margin']:g}."
         ),
         (
@@ -43,6 +43,15 @@ def markdown(decision: dict, plots: dict[str, str]) -> str:
         lines.append(f"| {s['label']} | {o['n']} | {_iv(o)} | {'-' if diff is None else _iv(diff)} | {s['verdict']} |")
     lines += [""] + [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _seeds(d: dict) -> str:
+    """How many seeds the settings ran: one number where all ran the same, else the range (the baseline
+    and the settings unclear longest ran the most)."""
+    ns = {s["outcome"]["n"] for s in d["settings"]}
+    if len(ns) == 1:
+        return f"{ns.pop()} seed(s) per setting"
+    return f"{min(ns)}-{max(ns)} seeds per setting (a seed more of the baseline and the unclear settings only)"
 
 
 def _iv(i: dict) -> str:

@@ -1,6 +1,7 @@
-"""A campaign that decides: every setting of a grid trained with the same seeds, a seed more at a time
-(``until_clear``) until each setting's paired difference to the baseline is clear or the budget is
-spent (``run/decide.py``), then the decision written as a file and drawn.
+"""A campaign that decides: every setting of a grid trained with the same seeds, then a seed more at a
+time (``until_clear``) of the baseline and of each setting whose paired difference to it is still
+unclear, until every difference is clear or the budget is spent (``run/decide.py``); then the decision
+written as a file and drawn. A setting once clear runs no further seed: another would only cost.
 
 Each run lives in ``OUT/<setting>-s<seed>``. A campaign started again over the same folder reuses every
 finished run whose config and code (``folder.code_version``) are those it would run now, and continues a
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_core.run.decide import Budget, Comparison, compare, next_seed
+from areal_core.run.decide import Budget, Comparison, compare, next_seed, unclear
 from areal_core.run.folder import code_version
 from areal_core.storage.fsutil import write_text_atomic
 
@@ -35,7 +36,7 @@ class CampaignPlan:
     points: list[tuple[str, dict]]
     baseline: str
     seeds: int = 3  # seeds every setting runs before any decision
-    until_clear: bool = False  # add seeds while a difference is unclear
+    until_clear: bool = False  # add seeds (of the baseline and the unclear settings) while a difference is unclear
     budget: Budget = field(default_factory=Budget)
     margin: float = 0.02  # differences narrower than this on each side count as the same
     outcome: str = "accuracy_after"
@@ -141,9 +142,12 @@ def run_campaign(
     outcomes: dict[str, dict[int, float]] = {label: {} for label, _ in plan.points}
     trained = reused = 0
     done, seeds, why = 0, plan.seeds, ""
+    running = [label for label, _ in plan.points]  # the settings the next seeds run: all of them first
     while True:
         for seed in range(done, seeds):
             for label, overrides in plan.points:
+                if label not in running:
+                    continue
                 ov = {**overrides, "seed": seed}
                 run_dir, config = run_dir_of(out_dir, label, seed), config_of(ov)
                 if reusable(run_dir, config, code):
@@ -168,7 +172,9 @@ def run_campaign(
         if why is not None:
             break
         seeds += 1
-        say(f"still unclear: {', '.join(c.label for c in comparisons if not c.clear)}; seed {seeds - 1} next")
+        left = unclear(comparisons)
+        running = [label for label, _ in plan.points if label == plan.baseline or label in left]
+        say(f"still unclear: {', '.join(left)}; seed {seeds - 1} next, of them and the baseline {plan.baseline}")
     decision = _decision(plan, comparisons, outcomes, why, trained, reused, code)
     write_text_atomic(str(Path(out_dir) / "decision.json"), json.dumps(decision, indent=2) + "\n")
     return decision

@@ -7,7 +7,7 @@ spread of the differences, not of the settings' own outcomes, decides. For each 
 of its outcome with a 95 % Student-t interval, and the mean paired difference to the baseline with
 its interval. A difference is **clear** once its interval excludes zero (the setting is better or
 worse) or is narrower than the campaign's ``margin`` on each side (the two are the same within it);
-``next_seed`` says whether another seed would still change a decision.
+``next_seed`` says whether another seed (of the baseline and the unclear settings) is still due.
 """
 
 from __future__ import annotations
@@ -153,9 +153,9 @@ class Budget:
 
 def next_seed(comparisons: list[Comparison], seeds: int, runs: int, minutes: float, budget: Budget) -> str | None:
     """Why the campaign stops adding seeds (every difference is clear, or the budget is spent), or None:
-    run another seed of every setting."""
+    run another seed of the baseline and of each setting still unclear."""
     left = unclear(comparisons)
     if not left:
         return "every difference to the baseline is clear"
-    spent = budget.spent(seeds, runs, minutes, len(comparisons))
+    spent = budget.spent(seeds, runs, minutes, len(left) + 1)
     return None if spent is None else f"budget spent ({spent}); still unclear: {', '.join(left)}"

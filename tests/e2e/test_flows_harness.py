@@ -134,10 +134,11 @@ def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
     prefect_harness, tmp_path, capsys, warm_cache, monkeypatch
 ):
     """areal-flow campaign --until-clear on the tiny config: eta 0 against eta 1 and eta 1 naive, paired
-    seeds, more seeds while a difference is unclear (at most 3); the decision's intervals in the file
-    and in the UI artifact; the same command again trains nothing."""
+    seeds, a seed more of the baseline and each setting still unclear (at most 3); the decision's
+    intervals in the file and in the UI artifact; the same command again trains nothing."""
     import areal_core.run.campaign as campaign_module
     import areal_core.run.setup as setup_module
+    from areal_core.run.decide import compare
     from areal_core.run.folder import code_version
     from flows.cli import main
 
@@ -152,22 +153,28 @@ def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
     assert main(args) == 0
     decision = json.loads((out / "decision.json").read_text())
     assert decision["baseline"] == "eta0-decoupled" and 2 <= decision["seeds"] <= 3
-    assert len(decision["settings"]) == 4 and decision["runs_trained"] == 4 * decision["seeds"]
+    runs = sum(len(s["by_seed"]) for s in decision["settings"])
+    assert len(decision["settings"]) == 4 and decision["runs_trained"] == runs
     if decision["seeds"] == 2:  # stopped early only where every difference was clear
         assert decision["stopped_because"] == "every difference to the baseline is clear"
+    assert len(decision["settings"][0]["by_seed"]) == decision["seeds"]  # the baseline ran every seed
+    # a third seed ran of the settings still unclear after two, and of no other
+    first = {s["label"]: {int(k): v for k, v in s["by_seed"].items() if int(k) < 2} for s in decision["settings"]}
+    clear_at_two = {c.label: c.clear for c in compare(first, "eta0-decoupled", 0.05)}
     for s in decision["settings"][1:]:
-        d = s["difference"]
-        assert d["n"] == decision["seeds"] and d["lo"] <= d["mean"] <= d["hi"]
+        d, n = s["difference"], len(s["by_seed"])
+        assert d["n"] == n and d["lo"] <= d["mean"] <= d["hi"]
+        assert n == (2 if clear_at_two[s["label"]] else decision["seeds"])
     text = (out / "decision.md").read_text()
     assert "| eta1-naive |" in text and "[" in text and (out / "forest.png").stat().st_size > 5000
     arts = {a.key: a for a in asyncio.run(_artifacts())}
     assert "| eta1-naive |" in arts["decision-decide"].data
     scored = {p: p.stat().st_mtime_ns for p in out.glob("*-s*/evals/v*/summary.json")}
-    assert len(scored) == 4 * decision["seeds"]  # every run's final checkpoint scored
+    assert len(scored) == runs  # every run's final checkpoint scored
     capsys.readouterr()
     assert main(args) == 0  # started again: every finished run reused
     again = json.loads((out / "decision.json").read_text())
-    assert again["runs_trained"] == 0 and again["runs_reused"] == 4 * decision["seeds"]
+    assert again["runs_trained"] == 0 and again["runs_reused"] == runs
     assert [s["by_seed"] for s in again["settings"]] == [s["by_seed"] for s in decision["settings"]]
     assert {p: p.stat().st_mtime_ns for p in scored} == scored  # and not scored a second time
 

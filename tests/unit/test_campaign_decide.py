@@ -48,16 +48,28 @@ def _plan(**kw) -> CampaignPlan:
     return CampaignPlan(points, "eta0", **kw)
 
 
-def test_a_campaign_adds_seeds_until_every_difference_is_clear(tmp_path):
-    trainer = FakeTrainer()
-    d = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, trainer, say=lambda s: None)
+def test_a_campaign_adds_seeds_of_the_unclear_settings_and_the_baseline_until_every_difference_is_clear(tmp_path):
+    # eta4's paired differences are 0.05 on every seed: clear ("better") after the first 2 seeds; naive's
+    # are +-0.008 by turns: unclear at 2 and 3 seeds, within +-0.02 at 4
+    trainer, said = FakeTrainer(), []
+    d = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, trainer, say=said.append)
     verdicts = {s["label"]: s["verdict"] for s in d["settings"]}
     assert verdicts == {"eta0": "baseline", "eta4": "better", "naive": "same within the margin"}
-    assert d["seeds"] >= 3 and d["stopped_because"] == "every difference to the baseline is clear"
-    assert len(trainer.trained) == 3 * d["seeds"] and d["runs_reused"] == 0
-    assert all((run_dir_of(tmp_path, label, s)).is_dir() for label in EFFECT for s in range(d["seeds"]))
+    assert d["seeds"] == 4 and d["stopped_because"] == "every difference to the baseline is clear"
+    first = [(label, s) for s in (0, 1) for label in EFFECT]
+    assert trainer.trained == first + [("eta0", 2), ("naive", 2), ("eta0", 3), ("naive", 3)]
+    assert d["runs_trained"] == 10 and d["runs_reused"] == 0
+    assert {s["label"]: s["outcome"]["n"] for s in d["settings"]} == {"eta0": 4, "eta4": 2, "naive": 4}
+    assert [s["difference"]["n"] for s in d["settings"][1:]] == [2, 4]  # over the seeds both ran
+    assert "still unclear: naive; seed 2 next, of them and the baseline eta0" in said
+    assert not run_dir_of(tmp_path, "eta4", 2).exists()
+    assert "2-4 seeds per setting" in write_decision_report(tmp_path)
     on_disk = json.loads((tmp_path / "decision.json").read_text())
     assert on_disk == d
+    # started again over the folder: the same seeds of the same settings, every run reused
+    again = FakeTrainer()
+    d2 = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, again, say=lambda s: None)
+    assert again.trained == [] and d2["runs_reused"] == 10 and d2["settings"] == d["settings"]
 
 
 def test_a_campaign_resumes_without_training_a_finished_run_again(tmp_path):
@@ -135,8 +147,12 @@ def test_the_budget_stops_a_campaign_and_says_what_is_still_unclear(tmp_path):
     d = run_campaign(
         _plan(seeds=2, until_clear=True, budget=Budget(max_runs=9)), tmp_path, _config_of, noisy, say=lambda s: None
     )
-    assert d["seeds"] == 3 and len(noisy.trained) == 9
-    assert d["stopped_because"].startswith("budget spent") and "still unclear:" in d["stopped_because"]
+    # eta4's differences are exactly its effect (clear at 2 seeds), naive's +-0.1 by turns: seed 2 costs
+    # 2 runs (8 in all), seed 3 would pass 9
+    assert d["seeds"] == 3 and len(noisy.trained) == 8 and ("eta4", 2) not in noisy.trained
+    assert (
+        d["stopped_because"] == "budget spent (8 runs; another seed's 2 would pass --max-runs 9); still unclear: naive"
+    )
 
 
 def test_the_decision_report_has_the_table_and_both_plots(tmp_path):
