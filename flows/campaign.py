@@ -103,16 +103,9 @@ def campaign(
         raise ValueError("data_source needs held-out problems: give eval_source (or data.eval_dataset in the config)")
     provision(config_path, os.path.join(out_dir, "provision"), overrides, s3_credentials_block)
 
-    data_url = os.path.abspath(os.path.join(out_dir, "data"))  # config paths resolve against the config's folder
-    if data_source:
-        m = prepare_data(data_source, os.path.join(data_url, "train"), path=data_path)
-        overrides["data.dataset"] = m["files"][data_source]
-    elif cfg.data.dataset == "synthetic":
-        m = prepare_data("synthetic", data_url, synthetic=cfg.data.synthetic.model_dump())
-        overrides["data.dataset"], overrides["data.eval_dataset"] = m["files"]["train"], m["files"]["eval"]
-    if eval_source:
-        m = prepare_data(eval_source, os.path.join(data_url, "eval"), path=eval_path)
-        overrides["data.eval_dataset"] = m["files"][eval_source]
+    overrides |= _prepare_campaign_data(
+        cfg, os.path.join(out_dir, "data"), data_source, data_path, eval_source, eval_path
+    )
     load_config(config_path, overrides)  # the config still validates with the prepared files
 
     if settings and (eta or objective or grid):
@@ -148,6 +141,26 @@ def campaign(
         "report": report_path,
         "decision": decision,
     }
+
+
+def _prepare_campaign_data(
+    cfg, out_dir: str, data_source: str | None, data_path: str | None, eval_source: str | None, eval_path: str | None
+) -> dict:
+    """The data every run of the campaign trains and is scored on, prepared once into ``out_dir`` (the
+    prepare-data flow): ``data_source`` / ``eval_source`` where given, else the config's synthetic
+    problems where it has them; the config keys that point the runs at the files."""
+    url = os.path.abspath(out_dir)  # config paths resolve against the config's folder
+    keys = {}
+    if data_source:
+        m = prepare_data(data_source, os.path.join(url, "train"), path=data_path)
+        keys["data.dataset"] = m["files"][data_source]
+    elif cfg.data.dataset == "synthetic":
+        m = prepare_data("synthetic", url, synthetic=cfg.data.synthetic.model_dump())
+        keys["data.dataset"], keys["data.eval_dataset"] = m["files"]["train"], m["files"]["eval"]
+    if eval_source:
+        m = prepare_data(eval_source, os.path.join(url, "eval"), path=eval_path)
+        keys["data.eval_dataset"] = m["files"][eval_source]
+    return keys
 
 
 def _evaluate_final_checkpoints(run_dirs: list[str], benches: list[str] | None, limit: int | None) -> dict:
