@@ -231,6 +231,7 @@ def test_client_requests():
             await keep.update_weights_from_disk("/w/v4", 4)
             await c.resume()
             info = await c.info()
+            assert await c.in_flight() == 5  # /load alone
             with pytest.raises(RolloutServerError) as e:
                 await c.generate([1], Sampling(max_new_tokens=1), "boom")
             assert e.value.server_down and "engine dead" in str(e.value)
@@ -299,11 +300,11 @@ def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) ->
 
 
 async def _until_running(c: VLLMClient, task: asyncio.Task, timeout_s: float = 30.0) -> None:
-    """Until the server has ``task``'s request (``/load``), plus 0.3 s for its engine to add it."""
+    """Until the server has ``task``'s request, plus 0.3 s for its engine to add it. One request a poll
+    (``/load``, not the four of ``info``): a server starved of CPU answers each late."""
     deadline = time.monotonic() + timeout_s
     while not task.done():
-        info = await c.info()
-        if info.running + info.waiting >= 1:
+        if await c.in_flight() >= 1:
             await asyncio.sleep(0.3)
             return
         assert time.monotonic() < deadline, "the request never reached the server"

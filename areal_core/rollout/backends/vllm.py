@@ -303,6 +303,10 @@ class VLLMClient(HTTPClient):
                 )
         await self._json("POST", "/update_weight_version", {"new_version": str(version)})
 
+    async def in_flight(self) -> int:
+        """The generate requests the server holds, running or waiting (``/load``): one request."""
+        return int((await self._json("GET", "/load") or {}).get("server_load", 0))
+
     async def info(self) -> ServerInfo:
         """``running + waiting``: the generate requests in flight at the server (``/load``); the
         split is the engine's gauge, which keeps its last step's value while the engine idles."""
@@ -315,7 +319,7 @@ class VLLMClient(HTTPClient):
                 200,
                 f"weight_info.weight_version {label!r} is not an integer label (POST /update_weight_version first)",
             ) from e
-        in_flight = int((await self._json("GET", "/load") or {}).get("server_load", 0))
+        in_flight = await self.in_flight()
         running = min(
             in_flight,
             _metric((await self._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:num_requests_running"),
