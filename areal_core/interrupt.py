@@ -10,6 +10,10 @@ session of their own, so the signal reaches the run alone, and the run stops the
 * The first Ctrl-C before training has begun interrupts the run (``KeyboardInterrupt``); what it
   started is stopped as the stack unwinds.
 * A second Ctrl-C exits at once with status 130 (the children see their parent gone and exit).
+* SIGTERM (``kill``, ``timeout``, a scheduler stopping the job), inside :func:`sigterm_interrupts`,
+  interrupts the run wherever it is: what it started is stopped as the stack unwinds, and the run
+  continues from its latest checkpoint, as after a Ctrl-C. Under a Prefect flow run Prefect's own
+  handler takes the signal first (the runs are recorded Crashed), then hands it on.
 
 The handler is process-wide: :func:`current` gives it to code that cannot be passed it (the
 Prefect task that runs the experiment in the same process).
@@ -17,6 +21,7 @@ Prefect task that runs the experiment in the same process).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -69,3 +74,22 @@ class CtrlC:
 def current() -> CtrlC | None:
     """The handler installed in this process, if any."""
     return _current
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """Inside the block, SIGTERM raises ``KeyboardInterrupt`` in the main thread (elsewhere: nothing
+    changes), so a command ends as after a Ctrl-C: its children stopped, one line on how to continue,
+    status 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -65,15 +65,15 @@ def cmd_campaign(args) -> int:
             config_from(args.config, {**overrides, **ov})
         except UsageError as e:
             raise UsageError(f"--setting {label}: {e}") from None
-    from areal_core.interrupt import EXIT_STATUS
+    from areal_core.interrupt import EXIT_STATUS, sigterm_interrupts
     from areal_core.run.campaign import CampaignFolderError
     from areal_core.run.sweep import default_out_dir
     from flows.campaign import campaign
     from infra.command_server import prefect_api
 
     args.out = args.out or default_out_dir(cfg.name, "campaign")  # named here: a stopped campaign continues there
-    try:
-        with prefect_api():
+    try:  # Ctrl-C, or SIGTERM, stops the run it is in; the same command continues
+        with sigterm_interrupts(), prefect_api():
             out = run_campaign_command(campaign, args, overrides)
     except CampaignFolderError as e:
         raise UsageError(str(e)) from None

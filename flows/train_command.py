@@ -105,7 +105,7 @@ def run_train_command(args) -> int:
     # Python's last garbage collection at exit walks every object torch and transformers made: seconds
     # on a busy machine, after the run has stopped everything. Frozen objects are left to the exit.
     atexit.register(gc.freeze)
-    from areal_core.interrupt import EXIT_STATUS, CtrlC
+    from areal_core.interrupt import EXIT_STATUS, CtrlC, sigterm_interrupts
     from areal_core.run.folder import default_run_dir, describe_run
     from areal_core.run.setup import RunStopped
 
@@ -116,8 +116,9 @@ def run_train_command(args) -> int:
     from areal_core.cluster.trainer_job import pools_cancelled_at_exit
 
     budget = short = None
-    # the first Ctrl-C stops at a checkpoint, a second exits at once; Slurm pools are cancelled however it ends
-    with CtrlC() as stop, pools_cancelled_at_exit(cfg, run_dir):
+    # the first Ctrl-C stops at a checkpoint, a second exits at once; SIGTERM interrupts the run (it continues
+    # from its latest checkpoint); Slurm pools are cancelled however it ends
+    with CtrlC() as stop, sigterm_interrupts(), pools_cancelled_at_exit(cfg, run_dir):
         try:
             summary = _train(args, cfg, overrides, run_dir, stop)
         except RunStopped as e:

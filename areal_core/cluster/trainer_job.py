@@ -237,23 +237,16 @@ def outcome(info: JobInfo | None, run_dir: str | Path, again: str) -> dict:
 
 @contextlib.contextmanager
 def pools_cancelled_at_exit(cfg, run_dir: str | Path):
-    """Around a run whose pools are Slurm jobs (``cluster: slurm``): SIGTERM (Slurm stopping or
-    requeueing the trainer's job, a Prefect cancellation) unwinds the run as an interrupt, and
-    however it ends the rollout and reward jobs it submitted that Slurm still lists are cancelled
-    (so are those a previous trainer of the run left, before it starts: one killed outright)."""
+    """Around a run whose pools are Slurm jobs (``cluster: slurm``): however it ends, the rollout and
+    reward jobs it submitted that Slurm still lists are cancelled (so are those a previous trainer of
+    the run left, before it starts: one killed outright). SIGTERM (Slurm stopping or requeueing the
+    trainer's job) ends it through here when it unwinds the run: the train command's
+    ``interrupt.sigterm_interrupts``."""
     if cfg.cluster.kind != "slurm":
         yield
         return
     RunJobs(run_dir).cancel(roles=("rollout", "reward"))
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, interrupt) if main else None
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         RunJobs(run_dir).cancel(roles=("rollout", "reward"))

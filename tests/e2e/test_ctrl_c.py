@@ -110,28 +110,15 @@ def test_ctrl_c_stops_at_a_checkpoint_and_resume_finishes_exactly_once(tmp_path)
     assert not _alive(children), f"left running: {_alive(children)}"
     assert not (run_dir / "summary.json").exists()
 
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "train",
-            CONFIG,
-            "--no-prefect",
-            "--no-progress",
-            "--run-dir",
-            str(run_dir),
-            "--max-steps",
-            str(STEPS),
-            "--set",
-            f"storage.checkpoint_every={EVERY}",
-            "--resume",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    _resume(run_dir, step)
+
+
+def _resume(run_dir: Path, step: int) -> None:
+    """``--resume`` continues the stopped run from checkpoint ``step`` and finishes it (the ledger of
+    what it trained checked)."""
+    cmd = [sys.executable, "-m", "flows.cli", "train", CONFIG, "--no-prefect", "--no-progress", "--run-dir"]
+    cmd += [str(run_dir), "--max-steps", str(STEPS), "--set", f"storage.checkpoint_every={EVERY}", "--resume"]
+    resumed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from checkpoint v{step}" in resumed.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -170,10 +157,14 @@ def _prefect_servers(procs: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in procs if "prefect server start" in " ".join(p.cmdline())]
 
 
-def _interrupted(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
-    """Ctrl-C to the command's group: its exit status and how long it took to exit."""
+def _interrupted(proc: subprocess.Popen, timeout_s: float, sig: int = signal.SIGINT) -> tuple[int, float]:
+    """Ctrl-C to the command's group (``sig``: SIGTERM to the command alone, as ``kill`` sends it):
+    its exit status and how long it took to exit."""
     t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     try:
         return proc.wait(timeout=timeout_s), time.monotonic() - t0
     finally:
@@ -206,6 +197,34 @@ def test_ctrl_c_in_a_prefect_run_stops_at_a_checkpoint_while_the_commands_server
     assert "Retry" not in text and "ConnectError" not in text and "View at" not in text, text[-3000:]
     time.sleep(1)
     assert not _alive(children), f"left running: {_alive(children)}"
+
+
+@pytest.mark.slow
+@pytest.mark.nightly
+@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "no-prefect"])
+def test_sigterm_interrupts_a_run_that_then_continues_from_its_latest_checkpoint(tmp_path, prefect):
+    """SIGTERM to the command alone (``kill``, ``timeout``): no checkpoint of the step it was on, but
+    the same exit as a Ctrl-C's (130, the one line on how to continue, nothing left running; in
+    Prefect mode after Prefect has recorded the runs Crashed), and ``--resume`` continues from the
+    latest checkpoint. (It exited -15 with no such line, in Prefect mode after its crash report.)"""
+    run_dir, out = tmp_path / "run", tmp_path / "out.txt"
+    proc = _start(run_dir, out, "--no-progress", prefect=prefect)
+    try:
+        _wait_for(run_dir / "checkpoints" / f"v{EVERY}" / "manifest.json", proc, 300)
+        children = _descendants(proc.pid)
+    finally:
+        rc, took = _interrupted(proc, 60, signal.SIGTERM)
+    text = out.read_text()
+    assert rc == 130 and took < 30, (rc, took, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    (stopped,) = [ln for ln in text.splitlines() if ln.startswith("stopped at step ")]
+    step = int(stopped.split()[3].rstrip(";"))
+    assert stopped.endswith("--resume") and step >= EVERY and (run_dir / "checkpoints" / f"v{step}").is_dir()
+    if prefect:
+        assert "Crashed('Execution was aborted by a termination signal.')" in text
+    time.sleep(1)
+    assert not _alive(children), f"left running: {_alive(children)}"
+    _resume(run_dir, step)
 
 
 @pytest.mark.slow
