@@ -39,9 +39,15 @@ def probe(mode: str) -> dict:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
 def test_the_steps_large_tensors_reuse_freed_pages():
-    default, kept = probe("default"), probe("keep")
-    assert kept["kept"] is True
-    # two batches of 32 steps: with glibc's own thresholds the heap's top is given back and faults in
-    # again (measured 320,000-390,000 faults); kept, the pages are reused (measured 3 to 3,100)
-    assert default["faults"] > 50_000, default
-    assert kept["faults"] < 10_000, kept
+    # kept, the pages are reused in every process (measured 3 to 3,100 faults over two batches of 32 steps)
+    for _ in range(2):
+        kept = probe("keep")
+        assert kept["kept"] is True and kept["faults"] < 10_000, kept
+    # the control: with glibc's own thresholds the heap's top is given back and faults in again in most
+    # processes (measured 190,000-390,000 faults), not in all: glibc moves its thresholds as the first
+    # large blocks are freed, and where those lie differs between processes (about one in four measured
+    # 6 to 21,000). So the control is the most of up to 5 processes.
+    defaults: list[int] = []
+    while len(defaults) < 5 and max(defaults, default=0) <= 50_000:
+        defaults.append(probe("default")["faults"])
+    assert max(defaults) > 50_000, defaults
