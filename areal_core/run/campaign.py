@@ -142,12 +142,10 @@ def run_campaign(
     outcomes: dict[str, dict[int, float]] = {label: {} for label, _ in plan.points}
     trained = reused = 0
     done, seeds, why = 0, plan.seeds, ""
-    running = [label for label, _ in plan.points]  # the settings the next seeds run: all of them first
+    running = plan.points  # the settings the next seeds run: all of them first
     while True:
         for seed in range(done, seeds):
-            for label, overrides in plan.points:
-                if label not in running:
-                    continue
+            for label, overrides in running:
                 ov = {**overrides, "seed": seed}
                 run_dir, config = run_dir_of(out_dir, label, seed), config_of(ov)
                 if reusable(run_dir, config, code):
@@ -173,7 +171,7 @@ def run_campaign(
             break
         seeds += 1
         left = unclear(comparisons)
-        running = [label for label, _ in plan.points if label == plan.baseline or label in left]
+        running = [(label, ov) for label, ov in plan.points if label == plan.baseline or label in left]
         say(f"still unclear: {', '.join(left)}; seed {seeds - 1} next, of them and the baseline {plan.baseline}")
     decision = _decision(plan, comparisons, outcomes, why, trained, reused, code)
     write_text_atomic(str(Path(out_dir) / "decision.json"), json.dumps(decision, indent=2) + "\n")
