@@ -23,16 +23,18 @@ CURVE_KEYS = ("reward", "accuracy")
 def markdown(decision: dict, plots: dict[str, str]) -> str:
     """The decision as a Markdown page (the campaign's UI artifact and ``decision.md``)."""
     d = decision
+    final = d.get("final", True)  # (decisions written before the flag are final ones)
     lines = [
-        f"# Campaign decision: {d['outcome_label']}",
+        f"# Campaign decision{'' if final else ' so far'}: {d['outcome_label']}",
         "",
         (
             f"Baseline **{d['baseline']}**; {_seeds(d)}, paired by seed; 95 % Student-t "
             f"intervals; a difference is clear once its interval excludes 0 or lies within +-{d['margin']:g}."
         ),
         (
-            f"Stopped: {d['stopped_because']}. Runs trained {d['runs_trained']}, reused {d['runs_reused']} "
-            f"(code {(d['code'].get('commit') or '?')[:10]}{'+changes' if d['code'].get('changes') else ''})."
+            f"{_state(d) if not final else 'Stopped: ' + d['stopped_because']}. Runs trained {d['runs_trained']}, "
+            f"reused {d['runs_reused']} (code {(d['code'].get('commit') or '?')[:10]}"
+            f"{'+changes' if d['code'].get('changes') else ''})."
         ),
         "",
         "| setting | seeds | outcome, mean [95 % CI] | difference to baseline [95 % CI] | verdict |",
@@ -52,6 +54,14 @@ def _seeds(d: dict) -> str:
     if len(ns) == 1:
         return f"{ns.pop()} seed(s) per setting"
     return f"{min(ns)}-{max(ns)} seeds per setting (a seed more of the baseline and the unclear settings only)"
+
+
+def _state(d: dict) -> str:
+    """Where a campaign still running stands: what is unclear and which seed comes next."""
+    left = [s["label"] for s in d["settings"] if s["verdict"] == "unclear"]
+    return (
+        f"Running: still unclear: {', '.join(left)}; seed {d['seeds']} next, of them and the baseline {d['baseline']}"
+    )
 
 
 def _iv(i: dict) -> str:

@@ -1,7 +1,8 @@
 """A campaign that decides: every setting of a grid trained with the same seeds, then a seed more at a
 time (``until_clear``) of the baseline and of each setting whose paired difference to it is still
-unclear, until every difference is clear or the budget is spent (``run/decide.py``); then the decision
-written as a file and drawn. A setting once clear runs no further seed: another would only cost.
+unclear, until every difference is clear or the budget is spent (``run/decide.py``). The decision is
+written as a file after every seed (the decision so far, then the final one) and drawn. A setting once
+clear runs no further seed: another would only cost.
 
 Each run lives in ``OUT/<setting>-s<seed>``. A campaign started again over the same folder reuses every
 finished run whose config and code (``folder.code_version``) are those it would run now, and continues a
@@ -133,15 +134,18 @@ def run_campaign(
     config_of: Callable[[dict], dict],
     train: Callable[[str, int, dict, Path, bool], None],
     say: Callable[[str], None] = print,
+    on_decision: Callable[[dict], None] = lambda decision: None,
 ) -> dict:
     """Train ``plan``'s settings seed by seed into ``out_dir`` and decide. ``config_of(overrides)``: the
     config (as a run's config.json holds it) a run with those overrides gets; ``train(label, seed,
     overrides, run_dir, resume)`` trains one run (``resume``: continue it from its latest checkpoint).
-    Returns the decision (also ``out_dir/decision.json``)."""
+    After every seed the decision so far is written to ``out_dir/decision.json`` (``final`` false
+    while seeds are still to come) and handed to ``on_decision`` (the flow's report): a campaign of
+    hours shows where it stands. Returns the final decision."""
     t0, code = time.monotonic(), code_version()
     outcomes: dict[str, dict[int, float]] = {label: {} for label, _ in plan.points}
     trained = reused = 0
-    done, seeds, why = 0, plan.seeds, ""
+    done, seeds = 0, plan.seeds
     running = plan.points  # the settings the next seeds run: all of them first
     while True:
         for seed in range(done, seeds):
@@ -163,19 +167,19 @@ def run_campaign(
                 outcomes[label][seed] = outcome_of(run_dir, plan.outcome)
         done = seeds
         comparisons = compare(outcomes, plan.baseline, plan.margin)
-        if not plan.until_clear:
+        if plan.until_clear:
+            why = next_seed(comparisons, seeds, trained + reused, (time.monotonic() - t0) / 60, plan.budget)
+        else:
             why = "a fixed number of seeds (--until-clear adds seeds while a difference is unclear)"
-            break
-        why = next_seed(comparisons, seeds, trained + reused, (time.monotonic() - t0) / 60, plan.budget)
+        decision = _decision(plan, comparisons, outcomes, why, trained, reused, code)
+        write_text_atomic(str(Path(out_dir) / "decision.json"), json.dumps(decision, indent=2) + "\n")
+        on_decision(decision)
         if why is not None:
-            break
+            return decision
         seeds += 1
         left = unclear(comparisons)
         running = [(label, ov) for label, ov in plan.points if label == plan.baseline or label in left]
         say(f"still unclear: {', '.join(left)}; seed {seeds - 1} next, of them and the baseline {plan.baseline}")
-    decision = _decision(plan, comparisons, outcomes, why, trained, reused, code)
-    write_text_atomic(str(Path(out_dir) / "decision.json"), json.dumps(decision, indent=2) + "\n")
-    return decision
 
 
 def _decision(plan, comparisons: list[Comparison], outcomes, why, trained, reused, code) -> dict:
@@ -188,6 +192,7 @@ def _decision(plan, comparisons: list[Comparison], outcomes, why, trained, reuse
         "baseline": plan.baseline,
         "margin": plan.margin,
         "seeds": max(len(v) for v in outcomes.values()),
+        "final": why is not None,  # false: the decision so far, more seeds to come
         "stopped_because": why,
         "runs_trained": trained,
         "runs_reused": reused,

@@ -167,8 +167,12 @@ def test_a_campaign_adds_seeds_until_clear_and_resumes_without_training_again(
         assert n == (2 if clear_at_two[s["label"]] else decision["seeds"])
     text = (out / "decision.md").read_text()
     assert "| eta1-naive |" in text and "[" in text and (out / "forest.png").stat().st_size > 5000
-    arts = {a.key: a for a in asyncio.run(_artifacts())}
-    assert "| eta1-naive |" in arts["decision-decide"].data
+    # the artifact after every seed: the decision so far while seeds were to come, then the final one
+    shown = sorted((a for a in asyncio.run(_artifacts()) if a.key == "decision-decide"), key=lambda a: a.created)
+    heads = [a.data.splitlines()[0] for a in shown]
+    so_far = "# Campaign decision so far: held-out accuracy after RL"
+    assert heads == [so_far] * (decision["seeds"] - 2) + ["# Campaign decision: held-out accuracy after RL"]
+    assert "| eta1-naive |" in shown[-1].data and shown[-1].data == text
     scored = {p: p.stat().st_mtime_ns for p in out.glob("*-s*/evals/v*/summary.json")}
     assert len(scored) == runs  # every run's final checkpoint scored
     capsys.readouterr()

@@ -51,8 +51,16 @@ def _plan(**kw) -> CampaignPlan:
 def test_a_campaign_adds_seeds_of_the_unclear_settings_and_the_baseline_until_every_difference_is_clear(tmp_path):
     # eta4's paired differences are 0.05 on every seed: clear ("better") after the first 2 seeds; naive's
     # are +-0.008 by turns: unclear at 2 and 3 seeds, within +-0.02 at 4
-    trainer, said = FakeTrainer(), []
-    d = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, trainer, say=said.append)
+    trainer, said, shown = FakeTrainer(), [], []
+
+    def show(decision):  # what the flow draws after every seed: the decision on disk is the one handed over
+        assert json.loads((tmp_path / "decision.json").read_text()) == decision
+        lines = write_decision_report(tmp_path).splitlines()
+        state = next(line for line in lines if line.startswith(("Running", "Stopped")))
+        shown.append((decision["final"], decision["seeds"], lines[0], state.split(". Runs")[0]))
+
+    plan = _plan(seeds=2, until_clear=True, margin=0.02)
+    d = run_campaign(plan, tmp_path, _config_of, trainer, say=said.append, on_decision=show)
     verdicts = {s["label"]: s["verdict"] for s in d["settings"]}
     assert verdicts == {"eta0": "baseline", "eta4": "better", "naive": "same within the margin"}
     assert d["seeds"] == 4 and d["stopped_because"] == "every difference to the baseline is clear"
@@ -62,13 +70,24 @@ def test_a_campaign_adds_seeds_of_the_unclear_settings_and_the_baseline_until_ev
     assert {s["label"]: s["outcome"]["n"] for s in d["settings"]} == {"eta0": 4, "eta4": 2, "naive": 4}
     assert [s["difference"]["n"] for s in d["settings"][1:]] == [2, 4]  # over the seeds both ran
     assert "still unclear: naive; seed 2 next, of them and the baseline eta0" in said
+    # the decision so far after 2 and 3 seeds, the final one after 4
+    so_far, final = (
+        "# Campaign decision so far: held-out accuracy after RL",
+        "# Campaign decision: held-out accuracy after RL",
+    )
+    assert shown == [
+        (False, 2, so_far, "Running: still unclear: naive; seed 2 next, of them and the baseline eta0"),
+        (False, 3, so_far, "Running: still unclear: naive; seed 3 next, of them and the baseline eta0"),
+        (True, 4, final, "Stopped: every difference to the baseline is clear"),
+    ]
     assert not run_dir_of(tmp_path, "eta4", 2).exists()
-    assert "2-4 seeds per setting" in write_decision_report(tmp_path)
+    report = write_decision_report(tmp_path)
+    assert "2-4 seeds per setting" in report and "Stopped: every difference to the baseline is clear." in report
     on_disk = json.loads((tmp_path / "decision.json").read_text())
     assert on_disk == d
     # started again over the folder: the same seeds of the same settings, every run reused
     again = FakeTrainer()
-    d2 = run_campaign(_plan(seeds=2, until_clear=True, margin=0.02), tmp_path, _config_of, again, say=lambda s: None)
+    d2 = run_campaign(plan, tmp_path, _config_of, again, say=lambda s: None)
     assert again.trained == [] and d2["runs_reused"] == 10 and d2["settings"] == d["settings"]
 
 
