@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from areal_core.run.campaign import run_dir_of
+from areal_core.run.campaign import run_dir_of, still_unclear
 from areal_core.run.decide import Interval
 from areal_core.storage.fsutil import write_text_atomic
 
@@ -32,7 +32,7 @@ def markdown(decision: dict, plots: dict[str, str]) -> str:
             f"intervals; a difference is clear once its interval excludes 0 or lies within +-{d['margin']:g}."
         ),
         (
-            f"{_state(d) if not final else 'Stopped: ' + d['stopped_because']}. Runs trained {d['runs_trained']}, "
+            f"{'Stopped: ' + d['stopped_because'] if final else 'Running: ' + still_unclear(d)}. Runs trained {d['runs_trained']}, "
             f"reused {d['runs_reused']} (code {(d['code'].get('commit') or '?')[:10]}"
             f"{'+changes' if d['code'].get('changes') else ''})."
         ),
@@ -54,14 +54,6 @@ def _seeds(d: dict) -> str:
     if len(ns) == 1:
         return f"{ns.pop()} seed(s) per setting"
     return f"{min(ns)}-{max(ns)} seeds per setting (a seed more of the baseline and the unclear settings only)"
-
-
-def _state(d: dict) -> str:
-    """Where a campaign still running stands: what is unclear and which seed comes next."""
-    left = [s["label"] for s in d["settings"] if s["verdict"] == "unclear"]
-    return (
-        f"Running: still unclear: {', '.join(left)}; seed {d['seeds']} next, of them and the baseline {d['baseline']}"
-    )
 
 
 def _iv(i: dict) -> str:

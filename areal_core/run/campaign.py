@@ -179,7 +179,13 @@ def run_campaign(
         seeds += 1
         left = unclear(comparisons)
         running = [(label, ov) for label, ov in plan.points if label == plan.baseline or label in left]
-        say(f"still unclear: {', '.join(left)}; seed {seeds - 1} next, of them and the baseline {plan.baseline}")
+        say(still_unclear(decision))
+
+
+def still_unclear(decision: dict) -> str:
+    """Where a campaign that is not done stands: the settings still unclear and the seed that runs next."""
+    left = [s["label"] for s in decision["settings"] if s["verdict"] == "unclear"]
+    return f"still unclear: {', '.join(left)}; seed {decision['seeds']} next, of them and the baseline {decision['baseline']}"
 
 
 def _decision(plan, comparisons: list[Comparison], outcomes, why, trained, reused, code) -> dict:
