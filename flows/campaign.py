@@ -124,20 +124,12 @@ def campaign(
             frozen, str(run_dir), None, {**ov, **steps}, evaluate_every, cache_dir=cache_dir, resume=resume
         )
 
-    def show(decision: dict) -> None:  # after every seed: the UI artifact's newest version is where it stands
-        create_markdown_artifact(
-            write_decision_report(out_dir),
-            key=artifact_key("decision", out_dir),
-            description="the campaign's decision" if decision["final"] else "the campaign's decision so far",
-        )
-        print(f"the decision{'' if decision['final'] else ' so far'}: {os.path.join(out_dir, 'decision.md')}")
-
     decision = run_campaign(
         plan,
         out_dir,
         lambda ov: load_config(frozen, {**ov, **steps}).model_dump(mode="json"),
         train_one,
-        on_decision=show,
+        on_decision=lambda decision: _show_decision(out_dir, decision),
     )
     run_dirs = [str(run_dir_of(out_dir, s["label"], int(k))) for s in decision["settings"] for k in s["by_seed"]]
 
@@ -150,6 +142,17 @@ def campaign(
         "report": report_path,
         "decision": decision,
     }
+
+
+def _show_decision(out_dir: str, decision: dict) -> None:
+    """After every seed: the decision's page and plots drawn again and a version of the UI artifact added
+    (its newest version is where the campaign stands)."""
+    create_markdown_artifact(
+        write_decision_report(out_dir),
+        key=artifact_key("decision", out_dir),
+        description="the campaign's decision" if decision["final"] else "the campaign's decision so far",
+    )
+    print(f"the decision{'' if decision['final'] else ' so far'}: {os.path.join(out_dir, 'decision.md')}")
 
 
 def _prepare_campaign_data(
