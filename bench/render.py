@@ -610,6 +610,48 @@ def dtype_control(r: dict) -> str:
     return f"{campaign_decision(r)}\n\n{_table(head, rows)}"
 
 
+def campaign_off_policy(r: dict, runs: Path) -> str:
+    """What each setting of a campaign record did to its off-policy tokens, over all steps of its seeds,
+    from each run's metrics.parquet in ``runs`` (the record's runs, one folder each, as
+    ``bench/results/<record>_runs/<setting>-s<seed>/``): the staleness it reached, its largest behaviour
+    weight pi_prox / pi_behav and the largest weight its loss applied, the share of tokens its correction
+    masked or lowered (weighted by tokens trained), the mean effective sample size, and the trainer's
+    logprob gap to the servers on the tokens sampled at the trainer's own version (nats a token).
+    Naive PPO has no behaviour weight: "-"."""
+    import pandas as pd  # (the other renderers read JSON only)
+
+    head = ["setting", "max staleness", "largest behaviour weight", "largest weight applied"]
+    head += ["tokens masked or lowered", "ESS, mean", "trainer-server gap (nats a token)"]
+    rows = []
+    for s in r["decision"]["settings"]:
+        mine = [x for x in r["rows"] if x["setting"] == s["label"]]
+        m = pd.concat([pd.read_parquet(REPO_ROOT / runs / Path(x["run_dir"]).name / "metrics.parquet") for x in mine])
+        weighted = m["tokens_trained"].sum()
+        masked = (m["offpolicy_masked_fraction"] * m["tokens_trained"]).sum() / weighted
+        lowered = (m["offpolicy_truncated_fraction"] * m["tokens_trained"]).sum() / weighted
+        parts = [
+            f"{what} {x:.1%}".replace("%", " %") for what, x in (("masked", masked), ("lowered", lowered)) if x > 0
+        ]
+        gap = m["logprob_gap_sum"].sum() / m["logprob_gap_tokens_sum"].sum() if "logprob_gap_sum" in m else None
+        naive = {x["objective"] for x in mine} == {"naive"}
+        weights = (
+            ["-", "-", "-", "-"]
+            if naive
+            else [
+                _sig3(m["behav_weight_max"].max()),
+                _sig3(m["offpolicy_weight_max"].max()),
+                " + ".join(parts) or "0",
+                _num(m["offpolicy_ess"].mean()),
+            ]
+        )
+        rows.append(
+            [f"`{s['label']}`", str(max(x["max_staleness"] for x in mine))]
+            + weights
+            + [f"{gap:.1e}" if gap is not None and not math.isnan(gap) else "-"]
+        )
+    return _table(head, rows)
+
+
 def decode_parts(r: dict) -> str:
     """The decode_parts record: each part's milliseconds a decode step and its share, per dtype and way of
     running the engine (as it runs, or with one part as it was before: its rows' labels say which)."""

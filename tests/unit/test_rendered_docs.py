@@ -103,3 +103,40 @@ def test_a_record_names_the_commit_it_was_measured_at(tmp_path):
     assert (
         record["commit"].split("+")[0] == head.stdout.strip() and record["command"] == "python -m bench example --quick"
     )
+
+
+def test_a_campaigns_off_policy_table_pools_its_seeds_steps_as_counted_by_hand(tmp_path):
+    import pandas as pd
+
+    from bench.render import campaign_off_policy
+
+    def run(name, tokens, masked, behav, applied, ess, gap, gap_tokens):
+        (tmp_path / name).mkdir()
+        pd.DataFrame(
+            {
+                "tokens_trained": tokens,
+                "offpolicy_masked_fraction": masked,
+                "offpolicy_truncated_fraction": [0.0] * len(tokens),
+                "behav_weight_max": behav,
+                "offpolicy_weight_max": applied,
+                "offpolicy_ess": ess,
+                "logprob_gap_sum": gap,
+                "logprob_gap_tokens_sum": gap_tokens,
+            }
+        ).to_parquet(tmp_path / name / "metrics.parquet")
+
+    run("icepop-s0", [100, 300], [0.1, 0.0], [3.0, 7.0], [3.0, 5.0], [0.9, 1.0], [0.02, 0.0], [10, 0])
+    run("icepop-s1", [100, 100], [0.2, 0.0], [2.0, 4.0], [2.0, 4.0], [0.8, 1.0], [0.01, 0.03], [10, 20])
+    run("naive-s0", [100], [0.0], [1.0], [1.0], [1.0], [0.0], [1])
+    rows = [
+        {"setting": "icepop", "run_dir": "x/icepop-s0", "objective": "decoupled", "max_staleness": 8},
+        {"setting": "icepop", "run_dir": "x/icepop-s1", "objective": "decoupled", "max_staleness": 6},
+        {"setting": "naive", "run_dir": "x/naive-s0", "objective": "naive", "max_staleness": 7},
+    ]
+    table = campaign_off_policy(
+        {"decision": {"settings": [{"label": "icepop"}, {"label": "naive"}]}, "rows": rows}, tmp_path
+    )
+    lines = table.splitlines()
+    # masked: (0.1*100 + 0.2*100) / 600 tokens = 5 %; ESS (0.9+1+0.8+1)/4; gap 0.06 nats over 40 tokens
+    assert lines[2] == "| `icepop` | 8 | 7.00 | 5.00 | masked 5.0 % | 0.925 | 1.5e-03 |"
+    assert lines[3] == "| `naive` | 7 | - | - | - | - | 0.0e+00 |"  # naive PPO has no behaviour weight
