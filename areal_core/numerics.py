@@ -164,9 +164,21 @@ def onednn_avx512_bf16(flags: set[str] | None = None, cap: str | None = None) ->
     (``tests/e2e/test_numerics_kernels.py`` found so with AMX, with AVX-512 BF16 alone and without
     either). oneDNN's AVX2 kernels do not."""
     flags = set(_cpu_flags()) if flags is None else flags
+    return "avx512f" in flags and _onednn_level(cap) >= _ONEDNN_LEVELS.index("AVX512_CORE")
+
+
+def onednn_amx(flags: set[str] | None = None, cap: str | None = None) -> bool:
+    """Whether oneDNN may compute bfloat16 products with AMX tiles here: the CPU has them
+    (``amx_bf16``) and ``ONEDNN_MAX_CPU_ISA`` does not cap oneDNN below them (as the emulation of an
+    AVX-512 BF16 CPU does)."""
+    flags = set(_cpu_flags()) if flags is None else flags
+    return "amx_bf16" in flags and _onednn_level(cap) >= _ONEDNN_LEVELS.index("AVX10_1_512_AMX")
+
+
+def _onednn_level(cap: str | None) -> int:
+    """The index in ``_ONEDNN_LEVELS`` of oneDNN's cap (None: the environment's; no cap: above them all)."""
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL") if cap is None else cap
-    level = _ONEDNN_LEVELS.index(cap.upper()) if cap.upper() in _ONEDNN_LEVELS else len(_ONEDNN_LEVELS)
-    return "avx512f" in flags and level >= _ONEDNN_LEVELS.index("AVX512_CORE")
+    return _ONEDNN_LEVELS.index(cap.upper()) if cap.upper() in _ONEDNN_LEVELS else len(_ONEDNN_LEVELS)
 
 
 @contextlib.contextmanager

@@ -5,10 +5,13 @@ thread, as ``bench engine`` runs it), in float32 and, where the CPU has bfloat16
 each as the engine runs it and with one of its parts as it was before, the ways interleaved batch by
 batch so the table shows each part before and after:
 
-* ``as it runs``: decode attention in one fused flash-attention call, and in bfloat16 the products'
-  weights packed once for oneDNN (``embedded/onednn.py``);
-* ``three-call attention``: decode attention as a score product, a softmax and a value product
-  (``KVForward.fused_attention`` turned off);
+* ``as it runs``: decode attention the way the engine takes it in that dtype on this CPU
+  (``fused_decode_attention``: one fused flash-attention call, except in bfloat16 where oneDNN has
+  no AMX tiles: three calls), and in bfloat16 the products' weights packed once for oneDNN
+  (``embedded/onednn.py``); its label says which attention;
+* ``three-call attention`` or ``fused attention``, whichever the engine does not take: decode
+  attention as a score product, a softmax and a value product, or as one flash-attention call
+  (``KVForward.fused_attention`` switched);
 * ``F.linear products`` (bfloat16): plain ``F.linear`` products (``KVForward.packed`` turned off).
 
 The engine is driven step by step; its parts are timed by wrapping them in place (a
@@ -38,6 +41,7 @@ from collections import defaultdict
 import torch
 
 from areal_core.rollout.backends.embedded import onednn
+from areal_core.rollout.backends.embedded.kv_forward import fused_decode_attention
 from bench.common import format_table
 from bench.engine import PROMPT, matmul_flops, prompts
 
@@ -119,7 +123,7 @@ def parts_of(s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-WAYS = ("as it runs", "three-call attention", "F.linear products")
+WAYS = ("as it runs", "fused attention", "three-call attention", "F.linear products")
 
 
 def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") -> dict[str, float]:
@@ -135,7 +139,8 @@ def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") 
     if way == "F.linear products" and eng.kv.packed:
         eng.kv.packed = False
         eng.kv.weights_changed()
-    eng.kv.fused_attention = way != "three-call attention"
+    if way.endswith(" attention"):
+        eng.kv.fused_attention = way == "fused attention"
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -159,7 +164,10 @@ def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
 
     model = models.load(name, dtype)
     batch = prompts(BATCH, min(model.config.vocab_size, 1000), BATCH)
-    ways = WAYS if onednn.packable(dtype, torch.device("cpu")) else WAYS[:2]
+    cpu = torch.device("cpu")
+    engine_attention = "fused attention" if fused_decode_attention(dtype, cpu) else "three-call attention"
+    other = "three-call attention" if engine_attention == "fused attention" else "fused attention"
+    ways = ["as it runs", other] + (["F.linear products"] if onednn.packable(dtype, cpu) else [])
     for w in ways:
         run_batch(model, batch, 4, w)  # warm-up: first-call costs off the clock
     runs: dict[str, list] = {w: [] for w in ways}
@@ -176,7 +184,8 @@ def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
                 "dtype": dt,
                 "way": w,
                 "as_it_runs": w == "as it runs",
-                "label": f"{dt}, {w}",
+                "attention": engine_attention if w != other else other,
+                "label": f"{dt}, {w}" + (f" ({engine_attention})" if w == "as it runs" else ""),
                 "batch": BATCH,
                 "new_tokens": new,
                 "ms_per_step": ms,

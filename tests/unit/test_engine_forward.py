@@ -66,6 +66,30 @@ def test_prefill_and_decode_match_hf(arch, extra):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_both_ways_of_decode_attention_match_hf(fused):
+    """Decode attention as one flash-attention call and as three (a score product, a softmax and a
+    value product): each matches plain HF forward passes in float32, grouped kv heads included."""
+    model = tiny_model("llama", seed=11, num_key_value_heads=4)
+    kv = KVForward(model, max_slots=4, init_slots=1, init_capacity=4)
+    kv.fused_attention = fused
+    got = run_kv(kv, PROMPTS, CONT)
+    want = hf_next_logits(model, [p + c for p, c in zip(PROMPTS, CONT)])
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+
+
+def test_decode_attention_is_fused_except_in_bf16_on_a_cpu_without_amx(monkeypatch):
+    import areal_core.rollout.backends.embedded.kv_forward as kvf
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for amx in (True, False):
+        monkeypatch.setattr(kvf, "onednn_amx", lambda amx=amx: amx)
+        assert kvf.fused_decode_attention(torch.float32, cpu)
+        assert kvf.fused_decode_attention(torch.bfloat16, gpu)
+        assert kvf.fused_decode_attention(torch.bfloat16, cpu) is amx
+    assert KVForward(tiny_model("qwen2", seed=11), max_slots=4).fused_attention  # float32 here: fused
+
+
 def test_weights_changed_rebuilds_the_fused_weights_and_keeps_the_cache():
     old, new = tiny_model("qwen2", seed=12), tiny_model("qwen2", seed=13)
     model = copy.deepcopy(old)

@@ -28,8 +28,12 @@ CPU flash kernel): the ``groups`` query heads that share a KV head enter as that
 rows, unmasked between them, over the cached positions the mask leaves; it keeps the softmax and
 the weighted sum in float32 and reads K and V in place. Over a cache the CPU holds it takes about
 half the time of a score product, a softmax and a value product; inside a step, where each layer's
-cache comes from memory, less is gained (``python -m bench decode_parts``: on an Intel Xeon with
-AMX, float32 attention 27.2 -> 20.1 ms a SmolLM2 step, bfloat16 about level).
+cache comes from memory, less is gained (``python -m bench decode_parts``, SmolLM2 at batch 64:
+float32 attention 27.2 -> 20.1 ms a step on an Intel Xeon with AMX, 22.9 -> 19.4 on an AMD EPYC
+with AVX-512 BF16). In bfloat16 the fused call pays only where oneDNN has AMX tiles for its block
+products (20.7 -> 20.0 ms on the Xeon); on a CPU without them it is the slower way (15.7 -> 25.9 ms
+on the EPYC), so there bfloat16 decode attention takes the three calls
+(:func:`fused_decode_attention`).
 
 Decode attention in two parts when lengths differ a lot: continuous batching nearly always
 holds a few long sequences among many short ones, and one batched attention call reads every
@@ -66,6 +70,7 @@ from areal_core.models.weights import (  # noqa: F401 - re-exported: the engine'
     load_model,
     read_weights,
 )
+from areal_core.numerics import onednn_amx
 from areal_core.rollout.backends.embedded import onednn
 
 _NEG_INF = float("-inf")
@@ -113,6 +118,13 @@ class PackedLayer:
     up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+
+
+def fused_decode_attention(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether decode attention runs as one fused flash-attention call (else a score product, a
+    softmax and a value product): everywhere but in bfloat16 on a CPU where oneDNN has no AMX tiles,
+    whose flash kernel is the slower way there (the module docstring)."""
+    return device.type != "cpu" or dtype != torch.bfloat16 or onednn_amx()
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor:
@@ -165,7 +177,8 @@ class KVForward:
         self.split_min_positions = 8192  # decode attention is split only above this many padded positions
         self.batch_invariant = batch_invariant
         self.packed = onednn.packable(self.dtype, self.device) and not batch_invariant
-        self.fused_attention = True  # decode attention in one flash-attention call (else three; benchmarks)
+        # decode attention in one flash-attention call, else three (benchmarks set it)
+        self.fused_attention = fused_decode_attention(self.dtype, self.device)
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
