@@ -21,6 +21,7 @@ record with the renderer registered as ``NAME#PART`` (a record whose tables the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -1025,14 +1026,20 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
     "dtype_control.2026-11-30-amx.json": dtype_control,
+    "objective_campaign.2026-11-30-amx.json": campaign_decision,
+    "objective_campaign.2026-11-30-amx.json#off-policy": functools.partial(
+        campaign_off_policy, runs=Path("bench/results/objective_campaign.2026-11-30-amx_runs")
+    ),
     "test_suite.json": test_suite,
     "test_suite.2026-11-29-epyc.json": test_suite,
     "decode_parts.json": decode_parts,
     "decode_parts.2026-11-29-epyc.json": decode_parts,
+    "decode_parts.2026-12-01-epyc.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
     "engine.2026-11-30-amx.json": engine,
+    "engine.2026-12-01-epyc.json": engine,
     "trl_peer.json": trl_peer,
     "trl_peer.2026-11-30-amx.json": trl_peer,
     "trl_peer.emulated-avx2.json": trl_peer,

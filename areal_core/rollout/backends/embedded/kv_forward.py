@@ -29,9 +29,9 @@ rows, unmasked between them, over the cached positions the mask leaves; it keeps
 the weighted sum in float32 and reads K and V in place. Over a cache the CPU holds it takes about
 half the time of a score product, a softmax and a value product; inside a step, where each layer's
 cache comes from memory, less is gained (``python -m bench decode_parts``, SmolLM2 at batch 64:
-float32 attention 27.2 -> 20.1 ms a step on an Intel Xeon with AMX, 22.9 -> 19.4 on an AMD EPYC
+float32 attention 27.2 -> 20.1 ms a step on an Intel Xeon with AMX, 23.3 -> 19.4 on an AMD EPYC
 with AVX-512 BF16). In bfloat16 the fused call pays only where oneDNN has AMX tiles for its block
-products (20.7 -> 20.0 ms on the Xeon); on a CPU without them it is the slower way (15.7 -> 25.9 ms
+products (20.7 -> 20.0 ms on the Xeon); on a CPU without them it is the slower way (16.3 -> 26.3 ms
 on the EPYC), so there bfloat16 decode attention takes the three calls
 (:func:`fused_decode_attention`).
 
