@@ -71,9 +71,10 @@ def forest_plot(decision: dict, path: Path) -> None:
         d = s["difference"]
         lo, hi = (d["lo"], d["hi"]) if math.isfinite(d["lo"]) else (d["mean"], d["mean"])
         ax.errorbar(d["mean"], y, xerr=[[d["mean"] - lo], [hi - d["mean"]]], fmt="o", capsize=4)
+    ax.locator_params(axis="x", nbins=5)  # (more ticks crowd a narrow axis)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{s['label']} ({s['verdict']})" for s in reversed(rows)])
-    ax.set_xlabel(f"difference to {decision['baseline']}: {decision['outcome_label']}")
+    ax.set_xlabel(f"difference to {decision['baseline']}:\n{decision['outcome_label']}")  # (two lines: it fits)
     # the key above the axes (a legend inside would cover an interval that reaches its corner)
     ax.set_title(f"shaded: within +-{m:g}, the same; bars: 95 % intervals", fontsize=8, loc="right")
     fig.tight_layout()
