@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from areal_core.numerics import onednn_bf16_units
+
 DeviceName = Literal["auto", "cpu", "cuda"]
 
 
@@ -26,15 +28,10 @@ def resolve_device(name: str) -> torch.device:
 
 @functools.cache
 def cpu_bf16_units() -> str | None:
-    """The CPU's bfloat16 matrix units as named in /proc/cpuinfo (``amx_bf16``, ``avx512_bf16``),
-    or None where it has neither (e.g. an AVX2-only CPU) or the flags cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return None
-    found = [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
-    return "+".join(found) or None
+    """The CPU's bfloat16 matrix units as named in /proc/cpuinfo (``amx_bf16``, ``avx512_bf16``) that
+    oneDNN may use (``numerics.onednn_bf16_units``: a kind's emulation caps the others away), or None
+    where there are none (e.g. an AVX2-only CPU) or the flags cannot be read."""
+    return "+".join(onednn_bf16_units()) or None
 
 
 _NO_BF16_UNITS = "auto: this CPU has no bfloat16 matrix units, neither AMX nor AVX-512 BF16"

@@ -175,6 +175,16 @@ def onednn_amx(flags: set[str] | None = None, cap: str | None = None) -> bool:
     return "amx_bf16" in flags and _onednn_level(cap) >= _ONEDNN_LEVELS.index("AVX10_1_512_AMX")
 
 
+def onednn_bf16_units(flags: set[str] | None = None, cap: str | None = None) -> list[str]:
+    """The CPU's bfloat16 matrix units that oneDNN may use here, as /proc/cpuinfo names them
+    (``amx_bf16``, ``avx512_bf16``): those the CPU has, less those ``ONEDNN_MAX_CPU_ISA`` caps away
+    (so the emulation of an AVX2-only CPU has none, as that CPU has none)."""
+    flags = set(_cpu_flags()) if flags is None else flags
+    level = _onednn_level(cap)
+    needs = {"amx_bf16": "AVX10_1_512_AMX", "avx512_bf16": "AVX512_CORE_BF16"}
+    return [u for u, isa in needs.items() if u in flags and level >= _ONEDNN_LEVELS.index(isa)]
+
+
 def _onednn_level(cap: str | None) -> int:
     """The index in ``_ONEDNN_LEVELS`` of oneDNN's cap (None: the environment's; no cap: above them all)."""
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL") if cap is None else cap

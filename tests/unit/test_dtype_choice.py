@@ -21,6 +21,8 @@ def cpuinfo(tmp_path, monkeypatch):
         path.write_text(f"processor\t: 0\nflags\t\t: fpu sse2 avx2 {flags}\n\nprocessor\t: 1\nflags\t\t: fpu\n")
         real_open = open
         monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(path if p == "/proc/cpuinfo" else p, *a, **k))
+        for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # oneDNN uncapped unless a test caps it
+            monkeypatch.delenv(cap, raising=False)
         device.cpu_bf16_units.cache_clear()
 
     yield with_flags
@@ -43,6 +45,21 @@ def test_auto_gives_the_cpus_bf16_units_to_the_servers(cpuinfo, flags, servers, 
     assert dtype == torch.float32 and (units or "no bfloat16 matrix units") in why
     dtype, why = device.resolve_servers_dtype("auto", cpu)
     assert dtype == servers and (units or "no bfloat16 matrix units") in why
+
+
+@pytest.mark.parametrize(
+    "cap,units,servers",
+    [
+        ("AVX2", None, torch.float32),  # the emulation of an AVX2-only CPU: no bf16 units, as there
+        ("AVX512_CORE_BF16", "avx512_bf16", torch.bfloat16),  # the emulation of the AVX-512 BF16 EPYC
+        ("AVX512_CORE_AMX", "amx_bf16+avx512_bf16", torch.bfloat16),
+    ],
+)
+def test_units_that_onednn_is_capped_below_do_not_count(cpuinfo, monkeypatch, cap, units, servers):
+    cpuinfo("avx512f avx512_bf16 amx_bf16 amx_tile")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert device.cpu_bf16_units() == units
+    assert device.resolve_servers_dtype("auto", torch.device("cpu"))[0] == servers
 
 
 def test_explicit_dtype_and_the_tiny_model(cpuinfo):

@@ -23,6 +23,7 @@ from areal_core.numerics import (
     one_thread,
     onednn_amx,
     onednn_avx512_bf16,
+    onednn_bf16_units,
     require_repeatable,
     same_kernels,
 )
@@ -189,6 +190,23 @@ def test_onednn_runs_avx512_bf16_kernels_where_the_cpu_and_the_cap_allow(flags, 
 )
 def test_onednn_uses_amx_where_the_cpu_has_tiles_and_the_cap_allows(flags, cap, amx):
     assert onednn_amx(flags, cap) is amx
+
+
+@pytest.mark.parametrize(
+    "flags, cap, units",
+    [
+        ({"avx2"}, "ALL", []),  # the AVX2-only EPYC
+        ({"avx2", "avx512f"}, "ALL", []),  # AVX-512 without bf16 units
+        ({"avx2", "avx512f", "avx512_bf16"}, "ALL", ["avx512_bf16"]),  # the EPYC with AVX-512 BF16
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "ALL", ["amx_bf16", "avx512_bf16"]),  # the AMX Xeon
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX512_CORE_BF16", ["avx512_bf16"]),  # its EPYC emulation
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX2", []),  # its AVX2 emulation
+        ({"avx2", "avx512f", "avx512_bf16"}, "avx2", []),
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE_VNNI", []),  # below the bf16 kernels
+    ],
+)
+def test_bf16_units_count_where_the_cpu_has_them_and_the_cap_allows(flags, cap, units):
+    assert onednn_bf16_units(flags, cap) == units
 
 
 def test_one_thread_fixes_the_bits_of_an_elementwise_op_whatever_the_thread_count():
