@@ -46,6 +46,7 @@ LEARNING = (
 
 DIAGNOSTICS = (
     "core_split",
+    "core_lending",
     "sim_validation",
     "trl_peer_smollm2",
     "trl_peer_ab",

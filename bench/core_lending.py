@@ -1,0 +1,124 @@
+"""What core lending gives an asynchronous run, and what the trainer's idle OpenMP threads take
+back: ``python -m bench core_lending [--quick]``.
+
+The tiny model's workload of ``bench trl_peer`` at P8 x G4, 64 new tokens (bench/trl_peer_inputs.py),
+areal-flow asynchronous (eta 4) as that benchmark runs it, three ways, each run in a fresh process:
+
+* ``lending off``: the trainer computes on the cores the rollout server leaves it
+  (``trainer.lend_idle_cores: false``);
+* ``lending on``: it also borrows the server's core while no generate request is in flight
+  (trainer/core_lending.py), as ``bench trl_peer`` runs it;
+* ``lending on, passive OpenMP waits``: the same in a process started with ``OMP_WAIT_POLICY=PASSIVE``,
+  which the OpenMP runtime reads once, at start. When the trainer goes back to its own threads, the
+  thread it stops using then sleeps at once; by default it first spins for a while, on the core the
+  server is about to use.
+
+The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps of which WARMUP
+are excluded. Per run: effective train tokens/s, seconds a step and of it training, and the share of
+the trainer's layer passes on lent cores; per repetition, each way's tokens/s over lending off's.
+--quick: one repetition of fewer steps, a smoke check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.common import REPO_ROOT, format_table, work_dir
+from bench.trl_peer_inputs import WARMUP
+
+P, G, T = 8, 4, 64
+STEPS_FULL, STEPS_QUICK = 30, 10
+REPS_FULL, REPS_QUICK = 3, 1
+OFF, ON, PASSIVE = "lending off", "lending on", "lending on, passive OpenMP waits"
+WAYS = {OFF: (False, {}), ON: (True, {}), PASSIVE: (True, {"OMP_WAIT_POLICY": "PASSIVE"})}
+
+
+def run_way(way: str, root: Path, steps: int) -> dict:
+    """One asynchronous run of the workload the ``way`` says, in this process (see ``main``)."""
+    import pandas as pd
+
+    from areal_core.run.setup import run_experiment
+    from bench.trl_peer_inputs import areal_config, prepare_tiny, tiny_workload
+
+    w = tiny_workload(prepare_tiny(root / "inputs"), P, G, T, steps)
+    cfg = areal_config("async", w, None)
+    cfg.trainer.lend_idle_cores = WAYS[way][0]
+    run_dir = root / "run"
+    summary = run_experiment(cfg, run_dir, max_steps=steps, progress=False)
+    m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step").iloc[WARMUP:]
+    lent = m["trainer_lent_share"].dropna()
+    return {
+        "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
+        "mean_step_s": float(m["step_time_s"].mean()),
+        "mean_train_s": float(m["train_time_s"].mean()),
+        "lent_share": float(lent.mean()) if len(lent) else 0.0,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "run_dir": str(run_dir),
+    }
+
+
+def _in_fresh_process(way: str, root: Path, steps: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update(WAYS[way][1])
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.core_lending", way, str(root), str(steps)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"core_lending run '{way}' failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool) -> dict:
+    root = work_dir("core_lending", quick)
+    steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
+    repetitions = []
+    for r in range(reps):
+        runs = {}
+        for i, way in enumerate(WAYS):
+            print(f"core_lending repetition {r + 1}/{reps}: {way}, {steps} steps ...", flush=True)
+            runs[way] = _in_fresh_process(way, root / f"rep{r + 1}" / f"way{i}", steps)
+            print(f"  {runs[way]['effective_train_tokens_per_s']:,.0f} tokens/s", flush=True)
+        base = runs[OFF]["effective_train_tokens_per_s"]
+        repetitions.append(
+            {"runs": runs, "over_off": {w: x["effective_train_tokens_per_s"] / base for w, x in runs.items()}}
+        )
+    over = {w: [rep["over_off"][w] for rep in repetitions] for w in WAYS}
+    rows = []
+    for w in WAYS:
+        tps = [rep["runs"][w]["effective_train_tokens_per_s"] for rep in repetitions]
+        rows.append(
+            [
+                w,
+                *(f"{x:,.0f}" for x in tps),
+                f"{statistics.fmean(over[w]):.3f}",
+                f"{min(over[w]):.3f}-{max(over[w]):.3f}",
+                f"{statistics.fmean(rep['runs'][w]['mean_train_s'] for rep in repetitions):.3f}",
+                f"{statistics.fmean(rep['runs'][w]['lent_share'] for rep in repetitions):.2f}",
+            ]
+        )
+    heads = ["way", *(f"rep {i + 1}" for i in range(reps)), "over off", "range", "training s a step", "lent"]
+    print(format_table(heads, rows))
+    if quick:
+        print("note: --quick is a smoke check: one short repetition, not a result")
+    return {
+        "setup": {"model": "tiny (bench trl_peer's)", "prompts": P, "answers": G, "new_tokens": T, "steps": steps},
+        "repetitions": repetitions,
+        "summary": {
+            "core_lending_on_over_off": statistics.fmean(over[ON]),
+            "core_lending_passive_over_off": statistics.fmean(over[PASSIVE]),
+        },
+    }
+
+
+if __name__ == "__main__":  # one run, in the fresh process ``_in_fresh_process`` starts
+    way_, root_, steps_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(run_way(way_, root_, steps_)))
