@@ -443,6 +443,27 @@ def core_split(r: dict) -> str:
     return _table(["cores"] + modes, rows)
 
 
+def core_lending(r: dict) -> str:
+    """The core_lending record: per way, tokens/s of each repetition, the mean and range of its ratio to
+    lending off (taken within each repetition), training seconds a step and the lent share (means)."""
+    reps = r["repetitions"]
+    rows = []
+    for way in reps[0]["runs"]:
+        runs = [rep["runs"][way] for rep in reps]
+        over = [rep["over_off"][way] for rep in reps]
+        rows.append(
+            [
+                way,
+                ", ".join(_rate(x["effective_train_tokens_per_s"]) for x in runs),
+                f"**{statistics.fmean(over):.2f}** ({min(over):.2f}-{max(over):.2f})",
+                f"{statistics.fmean(x['mean_train_s'] for x in runs):.3f}",
+                f"{statistics.fmean(x['lent_share'] for x in runs):.2f}",
+            ]
+        )
+    head = ["asynchronous run", "train tokens/s", "over lending off", "training s a step", "layer passes lent"]
+    return _table(head, rows)
+
+
 _SYSTEMS = ("TRL GRPOTrainer", "areal-flow sync", "areal-flow async")
 
 
@@ -1022,6 +1043,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "dynamic_batching.json": dynamic_batching,
     "checkpoints.json": checkpoints,
     "core_split.json": core_split,
+    "core_lending.json": core_lending,
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
