@@ -39,7 +39,7 @@ WAYS = {OFF: (False, {}), ON: (True, {}), PASSIVE: (True, {"OMP_WAIT_POLICY": "P
 
 
 def run_way(way: str, root: Path, steps: int) -> dict:
-    """One asynchronous run of the workload the ``way`` says, in this process (see ``main``)."""
+    """One asynchronous run of the workload the ``way`` says, in this process (the module run as a script)."""
     import pandas as pd
 
     from areal_core.run.setup import run_experiment
