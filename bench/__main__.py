@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("name", choices=("all",) + BENCHMARKS + LEARNING + DIAGNOSTICS)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps (same outputs)")
     ap.add_argument(
-        "--model", choices=("smollm2",), help="objective_ablation: on SmolLM2-135M instead of the tiny model"
+        "--model",
+        choices=("smollm2",),
+        help="objective_ablation, core_lending: on SmolLM2-135M instead of the tiny model",
     )
     ap.add_argument(
         "--emulate",
@@ -59,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs again in a process started with them, its record named NAME.emulated-KIND.json",
     )
     args = ap.parse_args(argv)
-    if args.model is not None and args.name != "objective_ablation":
-        ap.error("--model goes with objective_ablation only")
+    if args.model is not None and args.name not in ("objective_ablation", "core_lending"):
+        ap.error("--model goes with objective_ablation and core_lending only")
     if args.emulate is not None and args.name == "all":
         ap.error("--emulate goes with one benchmark at a time")
     if args.emulate is not None and os.environ.get(EMULATING) != args.emulate:

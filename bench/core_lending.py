@@ -1,8 +1,10 @@
 """What core lending gives an asynchronous run, and what the trainer's idle OpenMP threads take
-back: ``python -m bench core_lending [--quick]``.
+back: ``python -m bench core_lending [--model smollm2] [--quick]``.
 
 The tiny model's workload of ``bench trl_peer`` at P8 x G4, 64 new tokens (bench/trl_peer_inputs.py),
-areal-flow asynchronous (eta 4) as that benchmark runs it, three ways, each run in a fresh process:
+or with ``--model smollm2`` the workload of ``bench trl_peer_smollm2`` (SmolLM2-135M-Instruct, 8 x 8
+answers, 40 new tokens, in the CPU's matrix dtype), areal-flow asynchronous (eta 4) as those
+benchmarks run it, three ways, each run in a fresh process:
 
 * ``lending off``: the trainer computes on the cores the rollout server leaves it
   (``trainer.lend_idle_cores: false``);
@@ -13,8 +15,8 @@ areal-flow asynchronous (eta 4) as that benchmark runs it, three ways, each run 
   thread it stops using then sleeps at once; by default it first spins for a while, on the core the
   server is about to use.
 
-The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps of which WARMUP
-are excluded. Per run: effective train tokens/s, seconds a step and of it training, and the share of
+The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps (SmolLM2: REPS_SMOLLM2
+of STEPS_SMOLLM2) of which WARMUP are excluded. Per run: effective train tokens/s, seconds a step and of it training, and the share of
 the trainer's layer passes on lent cores; per repetition, each way's tokens/s over lending off's.
 --quick: one repetition of fewer steps, a smoke check.
 """
@@ -34,18 +36,27 @@ from bench.trl_peer_inputs import WARMUP
 P, G, T = 8, 4, 64
 STEPS_FULL, STEPS_QUICK = 30, 10
 REPS_FULL, REPS_QUICK = 3, 1
+STEPS_SMOLLM2, REPS_SMOLLM2 = 8, 2  # a SmolLM2 run of 8 steps takes about 2.5 minutes on 2 cores
+_WORKLOADS = {
+    "tiny": f"bench trl_peer's tiny model, P{P} x G{G}, T {T}",
+    "smollm2": "bench trl_peer_smollm2's SmolLM2-135M-Instruct, P8 x G8, T 40",
+}
 OFF, ON, PASSIVE = "lending off", "lending on", "lending on, passive OpenMP waits"
 WAYS = {OFF: (False, {}), ON: (True, {}), PASSIVE: (True, {"OMP_WAIT_POLICY": "PASSIVE"})}
 
 
-def run_way(way: str, root: Path, steps: int) -> dict:
-    """One asynchronous run of the workload the ``way`` says, in this process (the module run as a script)."""
+def run_way(way: str, model: str, root: Path, steps: int) -> dict:
+    """One asynchronous run of ``model``'s workload the ``way`` says, in this process (the module run
+    as a script)."""
     import pandas as pd
 
     from areal_core.run.setup import run_experiment
-    from bench.trl_peer_inputs import areal_config, prepare_tiny, tiny_workload
+    from bench.trl_peer_inputs import areal_config, prepare_tiny, smollm2_workload, tiny_workload
 
-    w = tiny_workload(prepare_tiny(root / "inputs"), P, G, T, steps)
+    if model == "smollm2":
+        w = smollm2_workload(root / "inputs", steps)[0]
+    else:
+        w = tiny_workload(prepare_tiny(root / "inputs"), P, G, T, steps)
     cfg = areal_config("async", w, None)
     cfg.trainer.lend_idle_cores = WAYS[way][0]
     run_dir = root / "run"
@@ -62,11 +73,11 @@ def run_way(way: str, root: Path, steps: int) -> dict:
     }
 
 
-def _in_fresh_process(way: str, root: Path, steps: int) -> dict:
+def _in_fresh_process(way: str, model: str, root: Path, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env.update(WAYS[way][1])
     out = subprocess.run(
-        [sys.executable, "-m", "bench.core_lending", way, str(root), str(steps)],
+        [sys.executable, "-m", "bench.core_lending", way, model, str(root), str(steps)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -77,15 +88,17 @@ def _in_fresh_process(way: str, root: Path, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(quick: bool) -> dict:
-    root = work_dir("core_lending", quick)
+def run(quick: bool, model: str = "tiny") -> dict:
+    root = work_dir("core_lending" + ("" if model == "tiny" else f"_{model}"), quick)
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
+    if model == "smollm2" and not quick:
+        steps, reps = STEPS_SMOLLM2, REPS_SMOLLM2
     repetitions = []
     for r in range(reps):
         runs = {}
         for i, way in enumerate(WAYS):
             print(f"core_lending repetition {r + 1}/{reps}: {way}, {steps} steps ...", flush=True)
-            runs[way] = _in_fresh_process(way, root / f"rep{r + 1}" / f"way{i}", steps)
+            runs[way] = _in_fresh_process(way, model, root / f"rep{r + 1}" / f"way{i}", steps)
             print(f"  {runs[way]['effective_train_tokens_per_s']:,.0f} tokens/s", flush=True)
         base = runs[OFF]["effective_train_tokens_per_s"]
         repetitions.append(
@@ -110,7 +123,7 @@ def run(quick: bool) -> dict:
     if quick:
         print("note: --quick is a smoke check: one short repetition, not a result")
     return {
-        "setup": {"model": "tiny (bench trl_peer's)", "prompts": P, "answers": G, "new_tokens": T, "steps": steps},
+        "setup": {"model": model, "workload": _WORKLOADS[model], "steps": steps},
         "repetitions": repetitions,
         "summary": {
             "core_lending_on_over_off": statistics.fmean(over[ON]),
@@ -120,5 +133,5 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":  # one run, in the fresh process ``_in_fresh_process`` starts
-    way_, root_, steps_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(run_way(way_, root_, steps_)))
+    way_, model_, root_, steps_ = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(run_way(way_, model_, root_, steps_)))
