@@ -1044,6 +1044,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "checkpoints.json": checkpoints,
     "core_split.json": core_split,
     "core_lending.json": core_lending,
+    "core_lending_smollm2.json": core_lending,
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
