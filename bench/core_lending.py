@@ -15,9 +15,10 @@ benchmarks run it, three ways, each run in a fresh process:
   thread it stops using then sleeps at once; by default it first spins for a while, on the core the
   server is about to use.
 
-The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps (SmolLM2: REPS_SMOLLM2
-of STEPS_SMOLLM2) of which WARMUP are excluded. Per run: effective train tokens/s, seconds a step and of it training, and the share of
-the trainer's layer passes on lent cores; per repetition, each way's tokens/s over lending off's.
+The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps (SmolLM2:
+REPS_SMOLLM2 of STEPS_SMOLLM2) of which WARMUP are excluded. Per run: effective train tokens/s,
+seconds a step and of it training and waiting for answers, and the share of the trainer's layer
+passes on lent cores; per repetition, each way's tokens/s over lending off's.
 --quick: one repetition of fewer steps, a smoke check.
 """
 
@@ -52,6 +53,7 @@ def run_way(way: str, model: str, root: Path, steps: int) -> dict:
 
     from areal_core.run.setup import run_experiment
     from bench.trl_peer_inputs import areal_config, prepare_tiny, smollm2_workload, tiny_workload
+    from bench.trl_peer_systems import step_parts
 
     if model == "smollm2":
         w = smollm2_workload(root / "inputs", steps)[0]
@@ -61,12 +63,12 @@ def run_way(way: str, model: str, root: Path, steps: int) -> dict:
     cfg.trainer.lend_idle_cores = WAYS[way][0]
     run_dir = root / "run"
     summary = run_experiment(cfg, run_dir, max_steps=steps, progress=False)
-    m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step").iloc[WARMUP:]
-    lent = m["trainer_lent_share"].dropna()
+    m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")
+    lent = m["trainer_lent_share"].iloc[WARMUP:].dropna()
     return {
         "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
-        "mean_step_s": float(m["step_time_s"].mean()),
-        "mean_train_s": float(m["train_time_s"].mean()),
+        "mean_step_s": float(m["step_time_s"].iloc[WARMUP:].mean()),
+        **step_parts(m),
         "lent_share": float(lent.mean()) if len(lent) else 0.0,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "run_dir": str(run_dir),
