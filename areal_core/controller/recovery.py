@@ -153,10 +153,17 @@ class ServerRecovery:
         if not await client.health():
             await client.aclose()
             return False
-        i = pool.join(client)
         try:
             await wait_healthy(client, self.request_timeout_s, after=" after joining")
-            async with self._servers_lock:
+        except RolloutServerError as e:
+            await client.aclose()
+            log.warning("rollout server %s could not join: %s", client.url, e)
+            return False
+        # A member from the moment it joins the pool until the lock is let go, so a push never
+        # sees it before the transport has made it one of its receivers (a weight-update group).
+        async with self._servers_lock:
+            i = pool.join(client)
+            try:
                 live = pool.live()
                 if self.transport.staged_version is None:  # nothing newer than the checkpoint yet
                     path = await asyncio.to_thread(self.restart_source)
@@ -164,12 +171,12 @@ class ServerRecovery:
                     await self.transport.members_changed(live)
                 else:
                     await self.transport.resend(live, live.index(client))
-        except (RolloutServerError, TransportUnsupported, RuntimeError, OSError) as e:
-            pool.leave(i)
-            log.warning("rollout server %s could not join: %s", client.url, e)
-            return False
-        finally:
-            await pool.release(i)
+            except (RolloutServerError, TransportUnsupported, RuntimeError, OSError) as e:
+                pool.leave(i)
+                log.warning("rollout server %s could not join: %s", client.url, e)
+                return False
+            finally:
+                await pool.release(i)
         self.joined.append(client.url)
         log.info("rollout server %s joined (%d in the pool)", client.url, len(pool.live()))
         return True

@@ -290,3 +290,69 @@ def test_a_float32_trainer_reaches_bfloat16_servers_through_every_transport(bf16
     for name, w in want.items():
         for g in got:
             assert torch.equal(g[name], w), f"{name}: a bfloat16 server does not hold the rounded weights after {kind}"
+
+
+class _GatedClient(EmbeddedClient):
+    """A server whose second health check answers once ``gate`` is set (the others at once): a join
+    waits there, after the server was seen to answer."""
+
+    def __init__(self, url: str, gate: asyncio.Event, timeout_s: float = 60.0):
+        super().__init__(url, timeout_s)
+        self.gate, self.checks, self.waiting = gate, 0, asyncio.Event()
+
+    async def health(self) -> bool:
+        self.checks += 1
+        if self.checks == 2:
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().health()
+
+
+@pytest.mark.parametrize("order", ["push during the join", "push after the join"])
+def test_a_push_while_a_server_joins_an_elastic_pool_reaches_every_member(two_servers, order):
+    """An elastic pool of server 0 under the distributed transport; server 1 joins while the trainer
+    pushes the next version. The push reaches the members the transport has made part of its group
+    (never the joiner before it joined the group), and both servers end at the pushed version."""
+    from areal_core.controller.recovery import ServerRecovery
+    from areal_core.rollout.pool import RolloutPool
+
+    servers, root = two_servers
+    transport = DistributedTransport()
+    recovery = ServerRecovery(transport, 60.0, None, str(root / "v0"), 0, elastic=True)
+    model = tiny_qwen2(81)
+
+    async def go():
+        gate = asyncio.Event()
+        pool = RolloutPool(servers.urls[:1], make_client=EmbeddedClient)
+        recovery.bind(pool, None)
+        joiner = _GatedClient(servers.urls[1], gate)
+        try:
+            await recovery.connect()
+            transport.stage(model, 60)
+            await recovery.push(60)
+            with torch.no_grad():
+                next(model.parameters()).add_(0.5)
+            transport.stage(model, 61)
+            joining = asyncio.ensure_future(recovery.join(joiner))
+            await joiner.waiting.wait()  # the join has seen the server answer and waits on its next check
+            if order == "push during the join":
+                await recovery.push(61)
+                gate.set()
+                joined = await joining
+            else:
+                gate.set()
+                joined = await joining
+                await recovery.push(61)
+            return joined, [(await c.model_info()).weight_version for c in pool.live()]
+        finally:
+            for c in pool.clients:
+                await c.aclose()
+
+    try:
+        joined, versions = asyncio.run(go())
+    finally:
+        transport.close()
+    assert joined and versions == [61, 61]
+    name, want = next(iter(named_weights(model).items()))
+    for url in servers.urls:
+        assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], want.flatten())
