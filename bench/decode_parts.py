@@ -12,7 +12,9 @@ batch so the table shows each part before and after:
 * ``three-call attention`` or ``fused attention``, whichever the engine does not take: decode
   attention as a score product, a softmax and a value product, or as one flash-attention call
   (``KVForward.fused_attention`` switched);
-* ``F.linear products`` (bfloat16): plain ``F.linear`` products (``KVForward.packed`` turned off).
+* ``F.linear products`` (bfloat16): plain ``F.linear`` products (``KVForward.packed`` turned off);
+* ``module norms`` (bfloat16, where the norms are not folded into the products): each RMSNorm
+  run by the model's own module instead of one fused ``F.rms_norm`` call.
 
 The engine is driven step by step; its parts are timed by wrapping them in place (a
 ``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
@@ -123,7 +125,7 @@ def parts_of(s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-WAYS = ("as it runs", "fused attention", "three-call attention", "F.linear products")
+WAYS = ("as it runs", "fused attention", "three-call attention", "F.linear products", "module norms")
 
 
 def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") -> dict[str, float]:
@@ -141,6 +143,10 @@ def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") 
         eng.kv.weights_changed()
     if way.endswith(" attention"):
         eng.kv.fused_attention = way == "fused attention"
+    if way == "module norms":
+        for f, layer in zip(eng.kv.fused, eng.kv.layers):
+            f.norm1, f.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        eng.kv._final_norm = eng.kv.norm
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -168,6 +174,7 @@ def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
     engine_attention = "fused attention" if fused_decode_attention(dtype, cpu) else "three-call attention"
     other = "three-call attention" if engine_attention == "fused attention" else "fused attention"
     ways = ["as it runs", other] + (["F.linear products"] if onednn.packable(dtype, cpu) else [])
+    ways += ["module norms"] if dtype != torch.float32 else []  # (float32: folded into the products)
     for w in ways:
         run_batch(model, batch, 4, w)  # warm-up: first-call costs off the clock
     runs: dict[str, list] = {w: [] for w in ways}

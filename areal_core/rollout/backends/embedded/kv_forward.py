@@ -135,6 +135,17 @@ def _foldable(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
     return type(norm).__name__ in _STANDARD_NORMS and dtype == torch.float32 and norm.weight.dtype == dtype
 
 
+def _one_call(norm: torch.nn.Module, dtype: torch.dtype):
+    """``norm`` as one fused ``F.rms_norm`` call where it is a standard RMSNorm holding ``dtype``
+    weights, else the module. The module makes a float32 copy of the rows and passes over it once per
+    operation (square, mean, scale, round, weight); the fused call reads the rows once and rounds
+    once, after the weight, where the module rounds before it too (so a value can differ in its last place)."""
+    if type(norm).__name__ not in _STANDARD_NORMS or norm.weight.dtype != dtype:
+        return norm
+    w, eps = norm.weight, norm.variance_epsilon
+    return lambda x: F.rms_norm(x, x.shape[-1:], w, eps)
+
+
 class KVForward:
     """Prefill and decode over a model with a compacted, growable KV cache."""
 
@@ -194,12 +205,7 @@ class KVForward:
         """
         self.fused = [self._pack(layer) if self.packed else self._fuse(layer) for layer in self.layers]
         self._lm_head = onednn.pack(self.lm_head.weight) if self.packed else None
-        norm = self.norm
-        if _foldable(norm, self.dtype):
-            w, eps = norm.weight, norm.variance_epsilon
-            self._final_norm = lambda x: F.rms_norm(x, x.shape[-1:], w, eps)
-        else:
-            self._final_norm = norm
+        self._final_norm = _one_call(self.norm, self.dtype)
 
     def _qkv_weights(self, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused q/k/v projection's weight and bias (rows per kv head, see the module docstring)."""
@@ -229,7 +235,7 @@ class KVForward:
                 eps = norm.variance_epsilon
                 norms.append(lambda x, eps=eps: _rms(x, eps))
             else:
-                norms.append(norm)
+                norms.append(_one_call(norm, self.dtype))
         return FusedLayer(
             norms[0],
             qkv.contiguous(),
@@ -244,17 +250,16 @@ class KVForward:
         )
 
     def _pack(self, layer: torch.nn.Module) -> PackedLayer:
-        """``layer`` as a :class:`PackedLayer`; its norms stay the model's modules (bfloat16 norm weights
-        are never folded)."""
+        """``layer`` as a :class:`PackedLayer`; its norms are not folded (bfloat16 norm weights never are)."""
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = self._qkv_weights(attn)
         return PackedLayer(
-            layer.input_layernorm,
+            _one_call(layer.input_layernorm, self.dtype),
             onednn.pack(qkv),
             qkv_bias,
             onednn.pack(attn.o_proj.weight),
             attn.o_proj.bias,
-            layer.post_attention_layernorm,
+            _one_call(layer.post_attention_layernorm, self.dtype),
             onednn.pack(mlp.gate_proj.weight),
             mlp.gate_proj.bias,
             onednn.pack(mlp.up_proj.weight),
