@@ -8,17 +8,21 @@ benchmarks run it, three ways, each run in a fresh process:
 
 * ``lending off``: the trainer computes on the cores the rollout server leaves it
   (``trainer.lend_idle_cores: false``);
-* ``lending on``: it also borrows the server's core while no generate request is in flight
-  (trainer/core_lending.py), as ``bench trl_peer`` runs it;
-* ``lending on, passive OpenMP waits``: the same in a process started with ``OMP_WAIT_POLICY=PASSIVE``,
-  which the OpenMP runtime reads once, at start. When the trainer goes back to its own threads, the
-  thread it stops using then sleeps at once; by default it first spins for a while, on the core the
-  server is about to use.
+* ``lending on``: it also borrows the server's core while no generate request is in flight, in the
+  steps that follow a step in which the server was idle in at least half of the trainer's layer
+  passes (trainer/core_lending.py, ``trainer.lend_min_idle_share`` at its default), as ``bench
+  trl_peer`` runs it;
+* ``lending at every idle moment``: it borrows whenever no request is in flight, whatever the step
+  before was like (``trainer.lend_min_idle_share: 0``);
+* ``every idle moment, passive OpenMP waits``: the same in a process started with
+  ``OMP_WAIT_POLICY=PASSIVE``, which the OpenMP runtime reads once, at start. When the trainer goes
+  back to its own threads, the thread it stops using then sleeps at once; by default it first spins
+  for a while, on the core the server is about to use.
 
-The ways interleave (off, on, passive, then again), REPS repetitions of STEPS steps (SmolLM2:
+The ways interleave (off, on, every moment, passive, then again), REPS repetitions of STEPS steps (SmolLM2:
 REPS_SMOLLM2 of STEPS_SMOLLM2) of which WARMUP are excluded. Per run: effective train tokens/s,
-seconds a step and of it training and waiting for answers, and the share of the trainer's layer
-passes on lent cores; per repetition, each way's tokens/s over lending off's.
+seconds a step and of it training and waiting for answers, and the shares of the trainer's layer
+passes that found the server idle and that ran on lent cores; per repetition, each way's tokens/s over lending off's.
 --quick: one repetition of fewer steps, a smoke check.
 """
 
@@ -42,8 +46,15 @@ _WORKLOADS = {
     "tiny": f"bench trl_peer's tiny model, P{P} x G{G}, T {T}",
     "smollm2": "bench trl_peer_smollm2's SmolLM2-135M-Instruct, P8 x G8, T 40",
 }
-OFF, ON, PASSIVE = "lending off", "lending on", "lending on, passive OpenMP waits"
-WAYS = {OFF: (False, {}), ON: (True, {}), PASSIVE: (True, {"OMP_WAIT_POLICY": "PASSIVE"})}
+OFF, ON, EVERY = "lending off", "lending on", "lending at every idle moment"
+PASSIVE = "every idle moment, passive OpenMP waits"
+# way: (trainer.lend_idle_cores, trainer.lend_min_idle_share (None: its default), the process's environment)
+WAYS = {
+    OFF: (False, None, {}),
+    ON: (True, None, {}),
+    EVERY: (True, 0.0, {}),
+    PASSIVE: (True, 0.0, {"OMP_WAIT_POLICY": "PASSIVE"}),
+}
 
 
 def run_way(way: str, model: str, root: Path, steps: int) -> dict:
@@ -60,24 +71,35 @@ def run_way(way: str, model: str, root: Path, steps: int) -> dict:
     else:
         w = tiny_workload(prepare_tiny(root / "inputs"), P, G, T, steps)
     cfg = areal_config("async", w, None)
-    cfg.trainer.lend_idle_cores = WAYS[way][0]
+    lend, min_idle_share, _ = WAYS[way]
+    cfg.trainer.lend_idle_cores = lend
+    if min_idle_share is not None:
+        cfg.trainer.lend_min_idle_share = min_idle_share
     run_dir = root / "run"
     summary = run_experiment(cfg, run_dir, max_steps=steps, progress=False)
     m = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")
     lent = m["trainer_lent_share"].iloc[WARMUP:].dropna()
+    idle = m["trainer_idle_share"].iloc[WARMUP:].dropna()
     return {
         "effective_train_tokens_per_s": summary["effective_train_tokens_per_s"],
         "mean_step_s": float(m["step_time_s"].iloc[WARMUP:].mean()),
         **step_parts(m),
+        "idle_share": float(idle.mean()) if len(idle) else None,  # (None: lending off, not counted)
         "lent_share": float(lent.mean()) if len(lent) else 0.0,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "run_dir": str(run_dir),
     }
 
 
+def idle_cell(runs) -> str:
+    """The mean share of layer passes that found the server idle ("-": not counted, lending off)."""
+    shares = [x["idle_share"] for x in runs if x.get("idle_share") is not None]
+    return f"{statistics.fmean(shares):.2f}" if shares else "-"
+
+
 def _in_fresh_process(way: str, model: str, root: Path, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update(WAYS[way][1])
+    env.update(WAYS[way][2])
     out = subprocess.run(
         [sys.executable, "-m", "bench.core_lending", way, model, str(root), str(steps)],
         cwd=REPO_ROOT,
@@ -117,10 +139,11 @@ def run(quick: bool, model: str = "tiny") -> dict:
                 f"{statistics.fmean(over[w]):.3f}",
                 f"{min(over[w]):.3f}-{max(over[w]):.3f}",
                 f"{statistics.fmean(rep['runs'][w]['mean_train_s'] for rep in repetitions):.3f}",
+                idle_cell(rep["runs"][w] for rep in repetitions),
                 f"{statistics.fmean(rep['runs'][w]['lent_share'] for rep in repetitions):.2f}",
             ]
         )
-    heads = ["way", *(f"rep {i + 1}" for i in range(reps)), "over off", "range", "training s a step", "lent"]
+    heads = ["way", *(f"rep {i + 1}" for i in range(reps)), "over off", "range", "training s a step", "idle", "lent"]
     print(format_table(heads, rows))
     if quick:
         print("note: --quick is a smoke check: one short repetition, not a result")
@@ -129,6 +152,7 @@ def run(quick: bool, model: str = "tiny") -> dict:
         "repetitions": repetitions,
         "summary": {
             "core_lending_on_over_off": statistics.fmean(over[ON]),
+            "core_lending_every_moment_over_off": statistics.fmean(over[EVERY]),
             "core_lending_passive_over_off": statistics.fmean(over[PASSIVE]),
         },
     }

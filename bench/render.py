@@ -445,7 +445,10 @@ def core_split(r: dict) -> str:
 
 def core_lending(r: dict) -> str:
     """The core_lending record: per way, tokens/s of each repetition, the mean and range of its ratio to
-    lending off (taken within each repetition), training seconds a step and the lent share (means)."""
+    lending off (taken within each repetition), training seconds a step, and the shares of layer passes
+    that found the server idle (where counted) and that were lent (means)."""
+    from bench.core_lending import idle_cell
+
     reps = r["repetitions"]
     rows = []
     for way in reps[0]["runs"]:
@@ -457,10 +460,18 @@ def core_lending(r: dict) -> str:
                 ", ".join(_rate(x["effective_train_tokens_per_s"]) for x in runs),
                 f"**{statistics.fmean(over):.2f}** ({min(over):.2f}-{max(over):.2f})",
                 f"{statistics.fmean(x['mean_train_s'] for x in runs):.3f}",
+                idle_cell(runs),
                 f"{statistics.fmean(x['lent_share'] for x in runs):.2f}",
             ]
         )
-    head = ["asynchronous run", "train tokens/s", "over lending off", "training s a step", "layer passes lent"]
+    head = [
+        "asynchronous run",
+        "train tokens/s",
+        "over lending off",
+        "training s a step",
+        "layer passes, server idle",
+        "layer passes lent",
+    ]
     return _table(head, rows)
 
 

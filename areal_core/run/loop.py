@@ -144,9 +144,13 @@ class LoopResult:
     first_step: int = 1  # the first step this loop trains
 
 
-def _lent_share(lending: CoreLending | None) -> float:
-    share = lending.take_share() if lending is not None else None
-    return math.nan if share is None else share
+def _lending_shares(lending: CoreLending | None) -> dict[str, float]:
+    """Of the trainer's layer passes since the last row, the share that found the servers idle and
+    the share that ran on their cores too (NaN without lending)."""
+    shares = lending.end_step() if lending is not None else None
+    if shares is None:
+        return {"trainer_idle_share": math.nan, "trainer_lent_share": math.nan}
+    return {"trainer_idle_share": shares.idle, "trainer_lent_share": shares.lent}
 
 
 def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop, generated: int) -> dict:
@@ -159,8 +163,7 @@ def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory
         # of the wait for the batch, the part for grades alone (single-turn episodes only: NaN otherwise)
         "reward_wait_s": loop.buffer.last_reward_wait_s if c.measures_reward_wait else math.nan,
         "generated_tokens": generated,
-        # of the trainer's layer passes since the last row, the share that ran on idle servers' cores too
-        "trainer_lent_share": _lent_share(loop.lending),
+        **_lending_shares(loop.lending),
         # with a curriculum: as of this step's batches (deterministic runs learn in admission order)
         **{f"pass_rate_{b}": p for b, p in c.pass_rates(version * loop.batch_size).items()},
         **{f"mix_{b}": p for b, p in c.curriculum_mix(version * loop.batch_size).items()},

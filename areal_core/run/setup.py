@@ -378,7 +378,11 @@ def _loop(run: RunSetup, policy, training, pools, controller, publisher, before,
         progress=run.progress,
         schedule=ScheduleLog(run.dir, meta),
         costs=CostLedger(cfg.cost),
-        lending=CoreLending(controller.generating, run.trainer_threads, lent) if lent else None,
+        lending=(
+            CoreLending(controller.generating, run.trainer_threads, lent, cfg.trainer.lend_min_idle_share)
+            if lent
+            else None
+        ),
     )
 
 

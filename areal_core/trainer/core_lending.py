@@ -12,6 +12,14 @@ a request that arrives while the trainer is inside one layer shares the cores fo
 region on the one descheduled thread; measured, two trainer threads beside a generating server
 gave the trainer nothing.)
 
+Lending pays only where the servers sit idle for long stretches, the trainer the slower side by
+far. Where they generate most of the time and are idle only in short gaps (a small model, the two
+sides nearly matched), a borrowed thread keeps colliding with a server starting again and costs
+more than it brings (``python -m bench core_lending``: the tiny model idle in about a fifth of the
+trainer's layer passes trains slower with lending, SmolLM2 idle in three quarters faster). So the
+trainer borrows during a step only if the servers were idle in at least ``min_idle_share`` of its
+layer passes of the step before (``end_step``); it keeps counting them while it does not borrow.
+
 Only ``omp_set_num_threads``'s caller is affected, so the hooks run on the training thread:
 forward pre-hooks, and for the backward a hook on each layer's output gradient (CPU backward runs
 on the thread that called it).
@@ -22,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -30,16 +39,30 @@ from areal_core.numerics import thread_invariant
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class StepShares:
+    """Of a step's layer passes (forward or backward), the share that found the servers idle and the
+    share that ran on their cores too."""
+
+    idle: float
+    lent: float
+
+
 class CoreLending:
     """``busy()``: whether the rollout servers have work now; ``base``: the trainer's own threads;
-    ``lent``: the servers' threads it may borrow while they have none."""
+    ``lent``: the servers' threads it may borrow while they have none; ``min_idle_share``: the share
+    of the last step's layer passes the servers must have been idle in for this step to borrow."""
 
-    def __init__(self, busy: Callable[[], bool], base: int, lent: int):
+    def __init__(self, busy: Callable[[], bool], base: int, lent: int, min_idle_share: float):
         if base < 1 or lent < 1:
             raise ValueError(f"core lending needs base >= 1 and lent >= 1 threads, got {base} and {lent}")
-        self.busy, self.base, self.lent = busy, base, lent
-        self.checks = 0  # layer passes (forward or backward) the trainer started
-        self.borrowed = 0  # of which on the lent cores too
+        if not 0.0 <= min_idle_share <= 1.0:
+            raise ValueError(f"core lending's min_idle_share must be in [0, 1], got {min_idle_share}")
+        self.busy, self.base, self.lent, self.min_idle_share = busy, base, lent, min_idle_share
+        self.borrowing = True  # in this step (the first one: until a step says otherwise)
+        self.checks = 0  # layer passes (forward or backward) the trainer started this step
+        self.idle = 0  # of which found the servers idle
+        self.borrowed = 0  # of which ran on the lent cores too
         self._handles: list = []
 
     def __deepcopy__(self, memo) -> CoreLending:
@@ -50,8 +73,10 @@ class CoreLending:
     def adjust(self, *_) -> None:
         if not self._handles:  # removed: a copied model's hooks outlive the handles
             return
-        n = self.base if self.busy() else self.base + self.lent
+        idle = not self.busy()
+        n = self.base + self.lent if idle and self.borrowing else self.base
         self.checks += 1
+        self.idle += idle
         self.borrowed += n > self.base
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
@@ -86,11 +111,16 @@ class CoreLending:
         self._handles.clear()
         torch.set_num_threads(self.base)
 
-    def take_share(self) -> float | None:
-        """The share of layer passes since the last call that ran on the lent cores too (None: none ran)."""
-        share = self.borrowed / self.checks if self.checks else None
-        self.checks = self.borrowed = 0
-        return share
+    def end_step(self) -> StepShares | None:
+        """Close the step: its shares (None: no layer pass), and whether the next step borrows (the
+        servers idle in at least ``min_idle_share`` of this step's passes; a step without passes
+        leaves it as it was)."""
+        if not self.checks:
+            return None
+        shares = StepShares(self.idle / self.checks, self.borrowed / self.checks)
+        self.borrowing = shares.idle >= self.min_idle_share
+        self.checks = self.idle = self.borrowed = 0
+        return shares
 
 
 def lent_threads(cfg, trainer_threads: int, cores: int, device: torch.device, dtype: torch.dtype) -> int:

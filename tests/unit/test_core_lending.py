@@ -39,33 +39,36 @@ def _record_threads(model, seen: dict):
 def test_threads_follow_the_servers_forward_and_backward(own_threads, busy_forward, busy_backward):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     busy = {"now": busy_forward}
-    lending = CoreLending(lambda: busy["now"], base=1, lent=3)
+    lending = CoreLending(lambda: busy["now"], base=1, lent=3, min_idle_share=0.0)
     seen: dict = {}
     with lending.installed(model):
         _record_threads(model, seen)
         loss = model(torch.randn(5, 8)).square().sum()
         busy["now"] = busy_backward
         loss.backward()
-        share = lending.take_share()
+        shares = lending.end_step()
     expect_fwd, expect_bwd = (1 if busy_forward else 4), (1 if busy_backward else 4)
     assert {k: v for k, v in seen.items() if k[0] == "fwd"} == {("fwd", "0"): expect_fwd, ("fwd", "2"): expect_fwd}
     assert {k: v for k, v in seen.items() if k[0] == "bwd"} == {("bwd", "0"): expect_bwd, ("bwd", "2"): expect_bwd}
-    assert share == ((not busy_forward) * 2 + (not busy_backward) * 2) / 4  # two layers, each way once
+    idle = ((not busy_forward) * 2 + (not busy_backward) * 2) / 4  # two layers, each way once
+    assert shares.idle == idle and shares.lent == idle
     assert torch.get_num_threads() == 1  # its own share back once unhooked
-    assert lending.take_share() is None  # nothing since the last call
+    assert lending.end_step() is None  # nothing since the last call
 
 
 def test_unhooked_model_computes_as_before(own_threads):
     model = torch.nn.Linear(4, 4)
-    lending = CoreLending(lambda: False, base=1, lent=1)
+    lending = CoreLending(lambda: False, base=1, lent=1, min_idle_share=0.5)
     with lending.installed(model):
         model(torch.randn(2, 4))
     model(torch.randn(2, 4))
-    assert lending.take_share() == 1.0  # the pass inside the block only
+    assert lending.end_step().lent == 1.0  # the pass inside the block only
     with pytest.raises(ValueError, match="no linear layer"):
-        CoreLending(lambda: False, base=1, lent=1).install(torch.nn.Tanh())
+        CoreLending(lambda: False, base=1, lent=1, min_idle_share=0.5).install(torch.nn.Tanh())
     with pytest.raises(ValueError, match="lent >= 1"):
-        CoreLending(lambda: False, base=1, lent=0)
+        CoreLending(lambda: False, base=1, lent=0, min_idle_share=0.5)
+    with pytest.raises(ValueError, match=r"min_idle_share must be in \[0, 1\], got 1.5"):
+        CoreLending(lambda: False, base=1, lent=1, min_idle_share=1.5)
 
 
 def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_threads):
@@ -81,17 +84,43 @@ def test_a_copy_of_a_hooked_model_shares_the_lending_and_goes_quiet_with_it(own_
                 return False
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
-    lending = CoreLending(Controller().generating, base=1, lent=2)
+    lending = CoreLending(Controller().generating, base=1, lent=2, min_idle_share=0.5)
     x = torch.randn(3, 4)
     with lending.installed(model):
         twin = copy.deepcopy(model)
         assert torch.equal(twin(x), model(x))
-        assert lending.take_share() == 1.0 and lending.borrowed == 0  # the twin's two layers counted too
+        assert lending.end_step().lent == 1.0 and lending.borrowed == 0  # the twin's two layers counted too
         twin(x)
-        assert lending.take_share() == 1.0 and torch.get_num_threads() == 3
+        assert lending.end_step().lent == 1.0 and torch.get_num_threads() == 3
     assert torch.get_num_threads() == 1
     twin(x)  # its hooks outlive the handles but do nothing any more
     assert lending.checks == 0 and torch.get_num_threads() == 1
+
+
+def test_a_step_borrows_only_after_a_step_whose_servers_were_idle_long_enough(own_threads):
+    """The servers idle in a quarter of a step's layer passes: the next step computes on its own
+    threads alone, idle servers or not, and still counts them; idle in half of them: it borrows again."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    pattern: list[bool] = []  # busy() answers, one per layer pass, in order
+    lending = CoreLending(lambda: pattern.pop(0), base=1, lent=1, min_idle_share=0.5)
+    seen: dict = {}
+
+    def step(busy: list[bool]) -> tuple:
+        pattern[:] = busy
+        seen.clear()
+        model(torch.randn(3, 4)).sum().backward()  # 3 forward + 3 backward passes
+        assert not pattern
+        return lending.end_step(), sorted(v for k, v in seen.items() if k[0] == "fwd")
+
+    with lending.installed(model):
+        _record_threads(model, seen)
+        first, threads = step([False, True, True, True, True, True])  # idle 1 of 6: borrowed there
+        assert (first.idle, first.lent) == (1 / 6, 1 / 6) and threads == [1, 1, 2]
+        second, threads = step([False, False, False, True, True, True])  # idle 3 of 6, not borrowed
+        assert (second.idle, second.lent) == (0.5, 0.0) and threads == [1, 1, 1]
+        third, threads = step([False] * 6)  # the step before was idle in half its passes: borrows
+        assert (third.idle, third.lent) == (1.0, 1.0) and threads == [2, 2, 2]
+        assert lending.end_step() is None and lending.borrowing  # (no pass: the decision stands)
 
 
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
