@@ -1091,6 +1091,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-11-28-avx2-float32.json": trl_peer_smollm2,
     "trl_peer_smollm2.2026-11-30-amx.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-02-epyc-zen5.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-02-amx.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,
