@@ -4,7 +4,7 @@ back: ``python -m bench core_lending [--model smollm2] [--quick]``.
 The tiny model's workload of ``bench trl_peer`` at P8 x G4, 64 new tokens (bench/trl_peer_inputs.py),
 or with ``--model smollm2`` the workload of ``bench trl_peer_smollm2`` (SmolLM2-135M-Instruct, 8 x 8
 answers, 40 new tokens, in the CPU's matrix dtype), areal-flow asynchronous (eta 4) as those
-benchmarks run it, three ways, each run in a fresh process:
+benchmarks run it, four ways, each run in a fresh process:
 
 * ``lending off``: the trainer computes on the cores the rollout server leaves it
   (``trainer.lend_idle_cores: false``);

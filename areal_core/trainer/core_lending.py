@@ -15,8 +15,9 @@ gave the trainer nothing.)
 Lending pays only where the servers sit idle for long stretches, the trainer the slower side by
 far. Where they generate most of the time and are idle only in short gaps (a small model, the two
 sides nearly matched), a borrowed thread keeps colliding with a server starting again and costs
-more than it brings (``python -m bench core_lending``: the tiny model idle in about a fifth of the
-trainer's layer passes trains slower with lending, SmolLM2 idle in three quarters faster). So the
+more than it brings (``python -m bench core_lending``: the tiny model, its server idle in a tenth
+to a third of the trainer's layer passes, trains slower with lending; SmolLM2, idle in three
+quarters of them, faster). So the
 trainer borrows during a step only if the servers were idle in at least ``min_idle_share`` of its
 layer passes of the step before (``end_step``); it keeps counting them while it does not borrow.
 
