@@ -131,8 +131,13 @@ def _bias(linear: torch.nn.Linear) -> torch.Tensor:
     return linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0])
 
 
+def _standard(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """A standard RMSNorm (weight times ``x * rsqrt(mean(x^2) + eps)``) holding ``dtype`` weights."""
+    return type(norm).__name__ in _STANDARD_NORMS and norm.weight.dtype == dtype
+
+
 def _foldable(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
-    return type(norm).__name__ in _STANDARD_NORMS and dtype == torch.float32 and norm.weight.dtype == dtype
+    return dtype == torch.float32 and _standard(norm, dtype)
 
 
 def _one_call(norm: torch.nn.Module, dtype: torch.dtype):
@@ -140,7 +145,7 @@ def _one_call(norm: torch.nn.Module, dtype: torch.dtype):
     weights, else the module. The module makes a float32 copy of the rows and passes over it once per
     operation (square, mean, scale, round, weight); the fused call reads the rows once and rounds
     once, after the weight, where the module rounds before it too (so a value can differ in its last place)."""
-    if type(norm).__name__ not in _STANDARD_NORMS or norm.weight.dtype != dtype:
+    if not _standard(norm, dtype):
         return norm
     w, eps = norm.weight, norm.variance_epsilon
     return lambda x: F.rms_norm(x, x.shape[-1:], w, eps)
