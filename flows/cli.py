@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    # a rollout server leaving the pool is a warning; one joining it (a requeued job back) is news as well
+    logging.getLogger("areal_core.controller.recovery").setLevel(logging.INFO)
     try:
         return args.func(args)
     except UsageError as e:

@@ -8,7 +8,8 @@ the rollout servers a job array on n2, the reward workers a dask-jobqueue job on
   once, no token staler than eta, every answer graded on n3, each job on its node, none left in
   ``squeue`` after; the time from submission to the first trained step is printed;
 - one rollout server's job is cancelled with ``scancel`` mid-run and then requeued: it leaves the
-  pool, comes back (a new URL) and joins again; nothing lost, nothing trained twice;
+  pool, comes back (a new URL) and joins again; the run, stopped once it has and resumed, loses
+  nothing and trains nothing twice;
 - the trainer's job is requeued mid-run (what a preemption does): the requeued job resumes the run
   from its last checkpoint with new pools, and the run ends once, followed throughout;
 - the run is cancelled (SIGTERM to ``areal-flow train``, as a Prefect cancellation does): no job of
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,10 +199,14 @@ def test_a_megatron_trainer_runs_its_ranks_as_tasks_on_two_nodes(cluster):
 
 
 def test_a_rollout_job_cancelled_and_requeued_leaves_and_rejoins_the_pool(cluster):
+    """The run is set far longer than the test needs, so it is still training whenever the requeued
+    server comes back (how long Slurm takes to start it again varies with the machine and its load):
+    once the server has joined, Ctrl-C stops the run at a checkpoint, and ``--resume`` finishes it a
+    few steps later; the ledger then covers the whole run, the leave and the join included."""
     run = cluster.shared / "run-requeue"
-    steps = 250  # (long enough for the requeued task to wait out cred_expire, start and join: ~0.4 s a step)
-    config = _config(cluster, "slurm-requeue", steps)
-    with open(cluster.root / "requeue-run.log", "w") as out:
+    config = _config(cluster, "slurm-requeue", 5000)
+    log = cluster.root / "requeue-run.log"
+    with open(log, "w") as out:
         proc = subprocess.Popen(_train(cluster, config, run), env=_env(cluster), stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_for(run / "schedule/step-000004.parquet", proc, 900)
@@ -214,19 +220,40 @@ def test_a_rollout_job_cancelled_and_requeued_leaves_and_rejoins_the_pool(cluste
             time.sleep(0.5)
         cluster.run(["scontrol", "requeue", task])
         deadline = time.monotonic() + 300
-        while not set(listed.read_text().split()) - before:  # the requeued task, on a new port
-            assert proc.poll() is None, "the run ended before the requeued server announced itself"
+        while not (new := set(listed.read_text().split()) - before):  # the requeued task, on a new port
+            assert proc.poll() is None, log.read_text()[-5000:]
             assert time.monotonic() < deadline, f"{task} did not serve again within 300 s"
             time.sleep(0.5)
-        assert proc.wait(timeout=1800) == 0, (cluster.root / "requeue-run.log").read_text()[-5000:]
+        (url,) = new
+        deadline = time.monotonic() + 120
+        while f"rollout server {url} joined (2 in the pool)" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-5000:]
+            assert time.monotonic() < deadline, f"{url} did not join within 120 s: " + log.read_text()[-3000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == 130, log.read_text()[-5000:]
     finally:
         if proc.poll() is None:
             proc.kill()
+    first = log.read_text()
+    gone = [line for line in first.splitlines() if "is gone; it left the pool" in line]
+    assert len(gone) == 1 and f"http://{cluster.nodes['n2'].address}:" in gone[0], first[-3000:]
+    assert url.startswith(f"http://{cluster.nodes['n2'].address}:") and url not in gone[0]
+    stopped = int(re.findall(r"stopped at step (\d+)", first)[-1])
+    assert cluster.queue() == []
+
+    steps = stopped + 3
+    again = subprocess.run(
+        [*_train(cluster, config, run), "--resume", "--max-steps", str(steps)],
+        env=_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert f"resuming from checkpoint v{stopped}" in again.stdout, again.stdout[-3000:]
     cfg = _loaded(config)
-    summary = _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])
-    pool = summary["rollout_pool"]
-    assert len(pool["left"]) == 1 and len(pool["joined"]) == 1, pool  # it left, and came back on a new port
-    assert pool["joined"][0].startswith(f"http://{cluster.nodes['n2'].address}:")
+    _check_ledger(run, steps, cfg["trainer"]["batch_size"], cfg["trainer"]["eta"])  # nothing lost or trained twice
     assert cluster.queue() == []
 
 
