@@ -5,7 +5,7 @@ over *fused* copies of some of them, built by :meth:`KVForward.weights_changed`:
 
 * per layer, one ``[(groups + 2) * kv_heads * head_dim, hidden]`` projection for q, k and v,
   rows ordered per kv head ``j`` as ``[q heads of group j, k_j, v_j]``: the rotary embedding
-  then applies to one strided view, and ``[k_j, v_j]`` is one contiguous row to cache;
+  then applies to one strided view, and one indexed copy writes every ``k_j`` and ``v_j`` to the cache;
 * per layer, one ``[2 * intermediate, hidden]`` projection for gate and up;
 * in float32, each layer's two RMSNorm weights folded into the projection that follows;
 * in bfloat16 on a CPU (``onednn.packable``): every projection's weight packed once for oneDNN
@@ -16,10 +16,13 @@ Whoever changes the model's weights (in place or by replacing parameters) must c
 :meth:`KVForward.weights_changed` before the next forward. The KV cache does not depend
 on the weights and is left as it is.
 
-Cache layout: per layer one tensor ``[slots, kv_heads, capacity, 2 * head_dim]`` (K then V
-per position), plus one additive mask ``[slots, kv_heads, capacity]`` (0 where a position
-holds a token, -inf elsewhere) shared by the layers. Row ``i`` belongs to the ``i``-th
-running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVForward.move_rows`).
+Cache layout: per layer one tensor ``[slots, kv_heads, 2, capacity, head_dim]`` (a head's keys,
+then its values, each over consecutive positions), plus one additive mask ``[slots, kv_heads,
+capacity]`` (0 where a position holds a token, -inf elsewhere) shared by the layers. Decode
+attention reads the keys in its score product and the values in its value product: apart, each
+is one block of memory, where keys and values interleaved position by position made each product
+pull the other's cache lines too (docs/PERFORMANCE.md, "Where a decode step goes"). Row ``i``
+belongs to the ``i``-th running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVForward.move_rows`).
 Grouped-query attention views the queries as ``[n * kv_heads, groups, head_dim]``, so K/V
 heads are never repeated in memory.
 
@@ -340,11 +343,11 @@ class KVForward:
         )
         old_s, old_c = self.slots, self.capacity
         # zeros, not empty: masked positions still enter the matmuls and must be finite
-        shape = (new_slots, self.n_kv, new_cap, 2 * self.head_dim)
+        shape = (new_slots, self.n_kv, 2, new_cap, self.head_dim)
         for i in range(len(self.layers)):
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if old_s:
-                t[:old_s, :, :old_c] = self.kv[i][:old_s, :, :old_c]
+                t[:old_s, :, :, :old_c] = self.kv[i][:old_s, :, :, :old_c]
             if i < len(self.kv):
                 self.kv[i] = t
             else:
@@ -353,7 +356,8 @@ class KVForward:
         mask[:old_s, :, :old_c] = self.mask
         self.mask = mask
         self.slots, self.capacity = new_slots, new_cap
-        # flat row of (slot, kv head, position 0) in a cache tensor viewed as [-1, 2 * head_dim]
+        # flat index of (slot, kv head, position 0) in the mask; in a cache tensor viewed as
+        # [-1, head_dim], that head's keys start at twice it, its values ``capacity`` rows further
         self._row_base = torch.arange(new_slots * self.n_kv, device=self.device).view(new_slots, self.n_kv) * new_cap
         if self._rope.shape[0] < new_cap:
             self._rope = self._rope_table(new_cap)
@@ -369,7 +373,7 @@ class KVForward:
         s = torch.tensor(src, device=self.device)
         length = min(length, self.capacity)
         for t in self.kv:
-            t[d, :, :length] = t[s, :, :length]
+            t[d, :, :, :length] = t[s, :, :, :length]
         self.mask[d] = self.mask[s]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -397,8 +401,10 @@ class KVForward:
         h = F.embedding(tokens, self.embed.weight)  # [n, hidden]
         rope = self._rope[lengths]  # [n, 2, hd]
         cos, sin = rope[:, None, None, 0], rope[:, None, None, 1]  # [n, 1, 1, hd]
-        write = (self._row_base[:n] + lengths[:, None]).view(-1)  # [n * kv]
-        self.mask.view(-1).index_fill_(0, write, 0.0)
+        write = self._row_base[:n] + lengths[:, None]  # [n, kv]: the new position in the mask
+        self.mask.view(-1).index_fill_(0, write.view(-1), 0.0)
+        k_at = write + self._row_base[:n]  # and its key in the cache, its value `capacity` rows on
+        kv_write = torch.stack((k_at, k_at + self.capacity), dim=-1).view(-1)  # [n * kv * 2]
         split = None if self.batch_invariant else self._split_at(lengths, L)
         if split is not None:
             Ls, long_rows = split
@@ -407,43 +413,44 @@ class KVForward:
         for f, cache in zip(self.fused, self.kv):
             y = self._qkv(f, h).view(n, kv, g + 2, hd)
             apply_rope(y[:, :, : g + 1], cos, sin, inplace=True)  # the queries and the key
-            cache.view(-1, 2 * hd).index_copy_(0, write, y[:, :, g:].reshape(n * kv, 2 * hd))
-            rows = cache[:n, :, :L].reshape(n * kv, L, 2 * hd)
+            cache.view(-1, hd).index_copy_(0, kv_write, y[:, :, g:].reshape(n * kv * 2, hd))
+            keys = cache[:n, :, 0, :L].reshape(n * kv, L, hd)  # views
+            values = cache[:n, :, 1, :L].reshape(n * kv, L, hd)
             q = y[:, :, :g].reshape(n * kv, g, hd)
             if self.batch_invariant and g > INVARIANT_MAX_QUERY_ROWS:
-                o = self._attention_by_head_chunks(mask, q, rows)
+                o = self._attention_by_head_chunks(mask, q, keys, values)
             elif split is None and self.fused_attention:
-                o = self._fused_attention(mask, q, rows)
+                o = self._fused_attention(mask, q, keys, values)
             elif split is None:
-                o = self._attention(mask, q, rows)
+                o = self._attention(mask, q, keys, values)
             else:
-                o = self._merged_attention(self._scores(mask, q, rows), rows, q, cache, long_rows, Ls, max_len)
+                scores = self._scores(mask, q, keys)
+                o = self._merged_attention(scores, values, q, cache, long_rows, Ls, max_len)
             h = self._mlp(f, self._out_proj(f, h, o.view(n, -1)))
         return self._logits(h)
 
-    def _scores(self, mask, q, rows) -> torch.Tensor:
-        """Scaled ``q [b, g, hd]`` . keys of ``rows [b, L, 2*hd]``, plus ``mask [b, 1, L]``: ``[b, g, L]``
+    def _scores(self, mask, q, keys) -> torch.Tensor:
+        """Scaled ``q [b, g, hd]`` . ``keys [b, L, hd]``, plus ``mask [b, 1, L]``: ``[b, g, L]``
         (a transposed view). Computed as keys . q^T, ``[b, L, g]``: the keys enter the matmul in place,
         where q . keys^T made a copy of every row's keys first (a third of decode attention's time)."""
-        keys = rows[..., : self.head_dim]
         return torch.baddbmm(mask.transpose(1, 2), keys, q.transpose(1, 2), alpha=self.scale).transpose(1, 2)
 
-    def _attention(self, mask, q, rows) -> torch.Tensor:
-        """Softmax attention of ``q [n*kv, g, hd]`` over ``rows [n*kv, L, 2*hd]`` (K then V), ``mask [n*kv, 1, L]``."""
-        probs = torch.softmax(self._scores(mask, q, rows), dim=-1, dtype=torch.float32).to(self.dtype)
-        return torch.bmm(probs, rows[..., self.head_dim :])
+    def _attention(self, mask, q, keys, values) -> torch.Tensor:
+        """Softmax attention of ``q [n*kv, g, hd]`` over ``keys``/``values [n*kv, L, hd]``, ``mask [n*kv, 1, L]``."""
+        probs = torch.softmax(self._scores(mask, q, keys), dim=-1, dtype=torch.float32).to(self.dtype)
+        return torch.bmm(probs, values)
 
-    def _fused_attention(self, mask, q, rows) -> torch.Tensor:
+    def _fused_attention(self, mask, q, keys, values) -> torch.Tensor:
         """:meth:`_attention` as one fused flash-attention call: ``q``'s ``g`` query heads as the g query
         rows of one head per ``[n*kv]`` row (the module docstring)."""
-        hd = self.head_dim
-        k, v = rows[..., :hd].unsqueeze(1), rows[..., hd:].unsqueeze(1)
+        k, v = keys.unsqueeze(1), values.unsqueeze(1)
         return F.scaled_dot_product_attention(q.unsqueeze(1), k, v, attn_mask=mask.unsqueeze(1), scale=self.scale)[:, 0]
 
-    def _attention_by_head_chunks(self, mask, q, rows) -> torch.Tensor:
+    def _attention_by_head_chunks(self, mask, q, keys, values) -> torch.Tensor:
         """:meth:`_attention` for at most INVARIANT_MAX_QUERY_ROWS query heads per call (batch-invariant mode)."""
         step = INVARIANT_MAX_QUERY_ROWS
-        return torch.cat([self._attention(mask, q[:, j : j + step], rows) for j in range(0, q.shape[1], step)], dim=1)
+        chunks = [self._attention(mask, q[:, j : j + step], keys, values) for j in range(0, q.shape[1], step)]
+        return torch.cat(chunks, dim=1)
 
     def _split_at(self, lengths: torch.Tensor, L: int) -> tuple[int, torch.Tensor] | None:
         """Where to split the decode attention (see the module docstring): ``(Ls, long rows)``, or
@@ -460,25 +467,26 @@ class KVForward:
         Ls = int(desc[best])
         return Ls, torch.nonzero(lengths + 1 > Ls)[:, 0]
 
-    def _merged_attention(self, scores, rows, q, cache, long_rows, Ls: int, L: int) -> torch.Tensor:
-        """Softmax attention whose first ``Ls`` positions are ``scores``/``rows`` (all rows) and whose
+    def _merged_attention(self, scores, values, q, cache, long_rows, Ls: int, L: int) -> torch.Tensor:
+        """Softmax attention whose first ``Ls`` positions are ``scores``/``values`` (all rows) and whose
         positions ``Ls..L-1`` exist for ``long_rows`` only; ``[n*kv, g, hd]``."""
         kv, g, hd = self.n_kv, self.groups, self.head_dim
         top = scores.amax(dim=-1, keepdim=True).float()  # finite: every row holds position 0
         p = torch.exp(scores.float() - top)
         total = p.sum(dim=-1, keepdim=True)
-        o = torch.bmm(p.to(self.dtype), rows[..., hd:]).float()  # unnormalised
+        o = torch.bmm(p.to(self.dtype), values).float()  # unnormalised
         m = long_rows.shape[0]
-        tail = cache[long_rows, :, Ls:L].reshape(m * kv, L - Ls, 2 * hd)
+        tail = cache[long_rows, :, :, Ls:L]  # [m, kv, 2, L - Ls, hd], a copy
+        tail_k, tail_v = (tail[:, :, i].reshape(m * kv, L - Ls, hd) for i in (0, 1))
         q2 = q.view(-1, kv, g, hd)[long_rows].reshape(m * kv, g, hd)
         mask2 = self.mask[long_rows, :, Ls:L].reshape(m * kv, 1, L - Ls)
-        s2 = self._scores(mask2, q2, tail)
+        s2 = self._scores(mask2, q2, tail_k)
         top2 = s2.amax(dim=-1, keepdim=True).float()  # finite: a long row holds a position past Ls
         p2 = torch.exp(s2.float() - top2)
         sel = (long_rows[:, None] * kv + torch.arange(kv, device=long_rows.device)).reshape(-1)  # their [n*kv] rows
         new_top = torch.maximum(top[sel], top2)
         a, b = torch.exp(top[sel] - new_top), torch.exp(top2 - new_top)
-        o[sel] = o[sel] * a + torch.bmm(p2.to(self.dtype), tail[..., hd:]).float() * b
+        o[sel] = o[sel] * a + torch.bmm(p2.to(self.dtype), tail_v).float() * b
         total[sel] = total[sel] * a + p2.sum(dim=-1, keepdim=True) * b
         return (o / total).to(self.dtype)
 
@@ -513,7 +521,7 @@ class KVForward:
         for f, cache in zip(self.fused, self.kv):
             y = self._qkv(f, h).view(m, L, kv, g + 2, hd)
             apply_rope(y[..., : g + 1, :], cos, sin, inplace=True)
-            cache.view(self.slots, kv, self.capacity, 2, hd)[row_t, :, :L] = y[..., g:, :].transpose(1, 2)
+            cache[row_t, :, :, :L] = y[..., g:, :].permute(0, 2, 3, 1, 4)  # [m, kv, 2, L, hd]
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
             kt = y[..., g, :].permute(0, 2, 3, 1)[:, :, None]  # [m, kv, 1, hd, L]
             v = y[..., g + 1, :].transpose(1, 2)[:, :, None]  # [m, kv, 1, L, hd]
