@@ -134,6 +134,11 @@ def test_areal_config_sync_and_async():
     assert [trainer_torch_threads(c, inputs.CORES) for c in (sync, asyn)] == [2, 1]
     assert (sync.trainer.eta, sync.rollout.weight_update) == (0, "drain")
     assert (asyn.trainer.eta, asyn.rollout.weight_update) == (4, "reprefill")
+    # both at their fastest: neither pays for runs that repeat bit for bit (the synchronous default
+    # would put its server on the batch-invariant engine; the asynchronous one lends cores)
+    for cfg in (sync, asyn):
+        assert (cfg.rollout.deterministic, cfg.rollout.batch_invariant) == (False, False)
+    assert asyn.trainer.lend_idle_cores is True
     with pytest.raises(ValueError, match="mode must be"):
         inputs.areal_config("fast", w, None)
 
