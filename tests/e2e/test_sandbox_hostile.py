@@ -81,7 +81,14 @@ def _modes() -> list[str]:
 
 
 class _Listener:
-    """A TCP server on ``host`` (all addresses: 0.0.0.0) recording whether anything connected."""
+    """A TCP server on ``host`` (all addresses: 0.0.0.0) recording whether an attack connected.
+
+    Only a connection that sends the attacks' ``pwned`` counts: its port came from the kernel's free
+    ones, and another test in the other pytest-xdist worker may have been handed the same port a moment
+    before and poll it while its own server finds it taken (a launcher retries on another port). Such
+    connections are kept apart in ``strays``."""
+
+    HELLO = b"pwned"
 
     def __init__(self, host: str = "127.0.0.1"):
         self.sock = socket.socket()
@@ -90,6 +97,7 @@ class _Listener:
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
         self.connections = 0
+        self.strays: list[bytes] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -100,8 +108,25 @@ class _Listener:
                 conn, _ = self.sock.accept()
             except (TimeoutError, OSError):
                 continue
-            self.connections += 1
-            conn.close()
+            with conn:
+                first = self._first_bytes(conn)
+            if first.startswith(self.HELLO):
+                self.connections += 1
+            else:
+                self.strays.append(first)
+
+    def _first_bytes(self, conn: socket.socket) -> bytes:
+        conn.settimeout(2.0)
+        got = b""
+        try:
+            while len(got) < len(self.HELLO):
+                part = conn.recv(64)
+                if not part:
+                    break
+                got += part
+        except OSError:  # a timeout or a reset: what came so far
+            pass
+        return got
 
     def close(self):
         self._stop.set()
@@ -268,6 +293,28 @@ def test_disk_use_bounded(hostile):
         assert "wrote 32 MB" not in _got(hostile, "disk_fill_many_files")
     else:  # documented fallback: only each file's size is bounded (the work folder is deleted after the run)
         assert "wrote 32 MB" in _got(hostile, "disk_fill_many_files")
+
+
+def test_the_listener_counts_an_attack_and_keeps_a_stray_apart():
+    """A client that only connects (another test polling a port it was handed too) is no attack; one
+    that sends what the attacks send is, whatever else it sends after."""
+    listener = _Listener()
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=2) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=2):
+            pass
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=2) as s:
+            s.sendall(b"pw")
+            time.sleep(0.1)
+            s.sendall(b"ned and more")
+        deadline = time.monotonic() + 10
+        while listener.connections + len(listener.strays) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        listener.close()
+    assert listener.connections == 1
+    assert sorted(b[:5] for b in listener.strays) == [b"", b"GET /"]
 
 
 def test_sandbox_mode_is_stated():
