@@ -38,7 +38,9 @@ def _flags() -> set[str]:
 
 
 def probe(env: dict, threads: str = "1,2,3,4") -> dict:
-    e = {**os.environ, **env}
+    # passive OpenMP waits unless the caller set a policy: on a 2-core machine the 3- and 4-thread cases
+    # otherwise spin against each other and the other test worker (the policy changes no arithmetic)
+    e = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **env}
     e.pop("MKL_CBWR", None)  # what a fresh process gets: areal_core sets it
     r = subprocess.run(
         [sys.executable, "-m", "tests.numerics_probe", "--threads", threads],
