@@ -25,6 +25,7 @@ from areal_core.data.prompting import decode_response, encode_prompt
 from areal_core.data.records import Record
 from areal_core.eval.benchmarks import Benchmark, get_benchmark, load_benchmark, reference_response, reference_text
 from areal_core.eval.passk import maj_at_k, pass_at_k
+from areal_core.models.config import model_context
 from areal_core.reward.config import RewardConfig
 from areal_core.reward.result import RewardResult
 from areal_core.rollout.backend import Sampling
@@ -127,18 +128,6 @@ def _checkpoint_folder(url: str) -> str | None:
         return store.local_copy(int(m.group(2)))
     except VersionNotFoundError:
         return None  # a folder named like a version, but not one: load it as it is
-
-
-def model_context(folder: str) -> int | None:
-    """The model's positions (``max_position_embeddings`` of its config.json); None if it does not say."""
-    import json
-
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            n = json.load(f).get("max_position_embeddings")
-    except OSError:
-        return None
-    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def load_tokenizer(folder_or_url: str):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import os
 from typing import Literal
 
 from pydantic import Field
@@ -58,3 +60,13 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # where the embedded engine and the torch trainer compute: auto = CUDA when torch sees a GPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+def model_context(folder: str) -> int | None:
+    """The model's positions (``max_position_embeddings`` of its config.json); None if it does not say."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            n = json.load(f).get("max_position_embeddings")
+    except OSError:
+        return None
+    return int(n) if isinstance(n, int) and n > 0 else None

@@ -62,6 +62,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from areal_core.configbase import Section
+from areal_core.models.config import model_context
 from areal_core.rollout import auth
 from areal_core.rollout.backend import (
     DEFAULT_WEIGHT_UPDATE,
@@ -135,14 +136,13 @@ def context_length(cfg: VLLMConfig, model_path: str) -> int:
     """The longest sequence a server holds: ``max_model_len``, else the model's ``max_position_embeddings``."""
     if cfg.max_model_len is not None:
         return cfg.max_model_len
-    path = Path(model_path) / "config.json"
-    try:
-        return int(json.loads(path.read_text())["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    n = model_context(model_path)
+    if n is None:
         raise ValueError(
-            f"{path}: expected max_position_embeddings (an integer) to size vLLM's prefill step ({e!r}); "
-            "set rollout.backend.max_model_len"
-        ) from e
+            f"{Path(model_path) / 'config.json'}: expected max_position_embeddings (a positive integer) to size "
+            "vLLM's prefill step; set rollout.backend.max_model_len"
+        )
+    return n
 
 
 def vllm_env(cfg: VLLMConfig, index: int, base: dict[str, str], api_key: str | None = None) -> dict[str, str]:
