@@ -23,6 +23,7 @@ import contextvars
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -72,22 +73,16 @@ def _subprocess_classes():
                 _SPAWN_ENV.reset(token)
 
         async def close(self):
-            """Dask's close, tolerating a process that exited (and was reaped) between its returncode
-            check and its scan of the process's children: the scheduler stops itself when the closing
-            cluster tells it to, so this race fails a finished run's last line. Then there is nothing
-            left to kill, and the rest of the close (the status) still runs."""
-            import psutil
-
-            try:
-                await super().close()
-            except psutil.NoSuchProcess:  # the process, or one of its children, was gone
-                log.debug("%s: process %s or a child of it had exited already", type(self).__name__, self.process.pid)
-                if self.process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        self.process.kill()
-                await self.process.wait()
-                self.process = None
-                await super(dask_subprocess.Subprocess, self).close()
+            """Dask's close (kill the process and everything it started, then mark it closed), with
+            the process's group killed in one signal (``kill_tree``). Dask kills the children one at a
+            time, then the process: a nanny shutting down meanwhile saw its resource tracker killed,
+            started another and printed tracebacks into the run's output; and a process that had
+            exited (the scheduler stops when the closing cluster tells it to) failed the close."""
+            if self.process is not None and self.process.returncode is None:
+                kill_tree(self.process.pid)
+                await self.process.communicate()
+            self.process = None
+            await super(dask_subprocess.Subprocess, self).close()
 
     class Scheduler(SpawnsWithEnv, dask_subprocess.SubprocessScheduler):
         def __init__(self, env: dict, **kwargs):
@@ -100,6 +95,34 @@ def _subprocess_classes():
             super().__init__(scheduler, **kwargs)
 
     return Scheduler, Worker
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` and every process it started: its process group (it leads one: it was
+    started in a session of its own) in one signal, so none of them runs on after another was
+    killed; then its descendants in other groups. Gone processes are skipped."""
+    import psutil
+
+    try:
+        elsewhere = [p for p in psutil.Process(pid).children(recursive=True) if _group(p) != pid]
+    except psutil.NoSuchProcess:
+        elsewhere = []
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    for p in elsewhere:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+def _group(p) -> int | None:
+    """The process group of psutil process ``p``; None once it is gone."""
+    try:
+        return os.getpgid(p.pid)
+    except ProcessLookupError:
+        return None
 
 
 def _write_certificates(security, folder: str) -> dict[str, str]:

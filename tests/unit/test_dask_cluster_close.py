@@ -1,9 +1,12 @@
 """The reward cluster's subprocess scheduler and workers close when their process, or a child of it, is
-gone already: distributed's close checks the process's return code, then scans its children, and a
-process that exits in between made that scan raise psutil.NoSuchProcess and failed a finished run."""
+gone already (distributed's close checks the process's return code, then scans its children, and a
+process that exits in between made that scan raise psutil.NoSuchProcess and failed a finished run),
+and close a process with everything of its group at once (distributed kills the children first, one
+by one: a nanny that outlived its resource tracker printed tracebacks into an interrupted run's output)."""
 
 import asyncio
 import sys
+import time
 
 import psutil
 import pytest
@@ -73,3 +76,63 @@ def test_a_closed_cluster_leaves_nothing_in_the_temporary_folder(tmp_path, monke
     finally:
         cluster.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# A process of the cluster as the close finds it: it leads a group (a session of its own) in which it
+# started children (a nanny's worker and resource tracker), and a process in a session of its own (a
+# grader's helper). It waits for its first child and, should it outlive it, says so in a file (a nanny
+# that saw its resource tracker die started another and printed tracebacks into the run's output).
+# Forty more children make killing them one at a time slow enough for it to notice nearly always.
+LEADER = """
+import os, subprocess, sys
+first = subprocess.Popen(["sleep", "600"])
+rest = [subprocess.Popen(["sleep", "600"]) for _ in range(40)]
+apart = subprocess.Popen(["sleep", "600"], start_new_session=True)
+print(" ".join(str(p.pid) for p in [first, *rest, apart]), flush=True)
+os.waitpid(first.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write("outlived a child")
+"""
+
+
+async def _close_a_leader(node, flag) -> list[int]:
+    """Start LEADER as ``node``'s process, close ``node``; the pids of what the leader started."""
+    node.process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LEADER, str(flag), stdout=asyncio.subprocess.PIPE, start_new_session=True
+    )
+    started = [int(p) for p in (await node.process.stdout.readline()).split()]
+    node.status = Status.running
+    await asyncio.wait_for(node.close(), 30)
+    return started
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_close_kills_the_process_group_at_once_and_what_it_started_elsewhere(tmp_path):
+    scheduler_cls, worker_cls = _subprocess_classes()
+    for i, (cls, args) in enumerate([(scheduler_cls, ())] * 3 + [(worker_cls, ("tls://127.0.0.1:1",))] * 3):
+        node, flag = cls(*args, env={}), tmp_path / f"round{i}"
+        started = asyncio.run(_close_a_leader(node, flag))
+        assert node.process is None and node.status == Status.closed
+        assert not flag.exists(), f"round {i}: the process ran on after a child of its group was killed"
+        deadline = time.monotonic() + 10  # (the sleeps are reaped by init once their parent is gone)
+        while not all(map(_gone, started)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p for p in started if not _gone(p)] == []  # the one in a session of its own too
+
+
+def test_without_the_fix_the_process_outlives_its_children(tmp_path):
+    """The reference: distributed's close kills the children one by one, then the process, which sees
+    a child die first (in one of ten rounds at least; nearly every round in practice)."""
+    for i in range(10):
+        flag = tmp_path / f"round{i}"
+        asyncio.run(_close_a_leader(dask_subprocess.SubprocessScheduler(), flag))
+        time.sleep(0.2)  # (its last write, if it outlived a child)
+        if flag.exists():
+            return
+    pytest.fail("the process never outlived a child in ten rounds")
