@@ -14,5 +14,5 @@ def weights_sha256(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     return h.hexdigest()

@@ -71,8 +71,10 @@ class Trainer:
         ]
         self._low = [(p, m) for p, m in zip(self._params, self.masters) if p is not m]
         o = cfg.optim
+        # fused: one kernel per parameter, faster than the per-tensor loop torch picks on CPU, and like it
+        # the same bits on every thread count and vector width
         self.optimizer = torch.optim.AdamW(
-            self.masters, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+            self.masters, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
         self.last_plan: dict | None = None  # the last step's minibatches and micro-batches (indices into its batch)

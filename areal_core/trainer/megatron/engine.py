@@ -74,8 +74,8 @@ class MegatronEngine:
         self._names = [n for n, _ in self.module.named_parameters()]
         self._params = [p for _, p in self.module.named_parameters()]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self._params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        self.optimizer = torch.optim.AdamW(  # fused, as the torch trainer's
+            self._params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, total_steps))
 
