@@ -94,11 +94,11 @@ def run_train_command(args) -> int:
     cfg = config_from(args.config, overrides)
     b = cfg.trainer.backend
     if b.kind == "megatron" and os.environ.get("RANK", "0") != "0":  # a torchrun (or srun) rank other than 0
-        from areal_core.trainer.megatron.follower import follow
+        from areal_core.trainer.megatron.follower import follow_then_leave
 
         # Ctrl-C is rank 0's alone: it stops at a checkpoint (which needs this rank), then releases it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        follow(b.tensor_parallel_size)
+        follow_then_leave(b.tensor_parallel_size)
         return 0
     if args.deployment:
         return _submit_to_deployment(args, overrides)

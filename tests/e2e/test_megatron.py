@@ -302,7 +302,15 @@ def run_two_ranks(case: str, tmp_path) -> dict:
             raise
     for rank, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
-    return json.loads((tmp_path / "rank0.json").read_text())
+    found = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    return {k: v for f in found if f.exists() for k, v in json.loads(f.read_text()).items()}
+
+
+def test_a_released_follower_leaves_its_process_groups_before_it_exits(tmp_path):
+    """A follower process leaves gloo's group once rank 0 releases it (and exits 0): with the group
+    alive at exit, gloo's worker threads meet interpreter finalization, which can abort the process."""
+    r = run_two_ranks("leave", tmp_path)
+    assert r == {"commands": 0, "initialized_after": False, "model_parallel_after": False}
 
 
 @pytest.mark.slow
@@ -329,6 +337,8 @@ def test_tensor_and_data_parallel_on_two_processes(tmp_path):
 
 def _worker(case: str, out_dir: str) -> None:
     torch.set_num_threads(1)
+    if case == "leave":
+        return _leave(out_dir)
     rank = int(os.environ["RANK"])
     res: dict = {}
     assert case == "parallel"
@@ -391,6 +401,27 @@ def _worker(case: str, out_dir: str) -> None:
         with open(os.path.join(out_dir, "rank0.json"), "w") as f:
             json.dump({**both[0], **both[1]}, f)
     parallel.shutdown()
+
+
+def _leave(out_dir: str) -> None:
+    """Rank 0 releases rank 1 at once (as when it rejects the model); rank 1 reports what is left."""
+    from megatron.core import parallel_state as ps
+
+    from areal_core.trainer.megatron.follower import follow_then_leave
+
+    if int(os.environ["RANK"]) == 0:
+        parallel.init_parallel(2)
+        parallel.send_command("stop")
+        parallel.shutdown()
+        return
+    n = follow_then_leave(2)
+    res = {
+        "commands": n,
+        "initialized_after": torch.distributed.is_initialized(),
+        "model_parallel_after": ps.model_parallel_is_initialized(),
+    }
+    with open(os.path.join(out_dir, "rank1.json"), "w") as f:
+        json.dump(res, f)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ A run with ``torchrun --nproc-per-node N`` and tensor-parallel size ``tp``::
         ...  # the run loop, unchanged: trainer.step / state_dict / load_state_dict
         trainer.close()
     else:
-        follow(tp)
+        follow_then_leave(tp)  # follow(), then leave the process groups
 
 Rank 0 broadcasts each call (``init``, ``load_hf``, ``step``, ``gather_hf``, ``gather_hf_grads``, ``state``,
 ``load_state``, ``adopt_moments``, ``stop``) with its arguments; a follower runs the same
@@ -57,6 +57,18 @@ def follow(tp_size: int) -> int:
         n += 1
 
 
+def follow_then_leave(tp_size: int) -> int:
+    """What a follower process runs: :func:`follow`, then leave the process groups
+    (:func:`~areal_core.trainer.megatron.parallel.shutdown`) while the interpreter is still whole, as
+    rank 0 does. A process that exits with its gloo group alive leaves gloo's worker threads to
+    interpreter finalization, which can abort it (``terminate called without an active exception``,
+    status 134) and so fail a run that stopped cleanly at a checkpoint."""
+    try:
+        return follow(tp_size)
+    finally:
+        parallel.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "from the environment, as torchrun sets them).",
     )
     ap.add_argument("--tensor-parallel-size", type=int, required=True)
-    follow(ap.parse_args(argv).tensor_parallel_size)
+    follow_then_leave(ap.parse_args(argv).tensor_parallel_size)
     return 0
 
 
