@@ -67,6 +67,56 @@ class _SiLUOneThread(torch.autograd.Function):
             return torch.ops.aten.silu_backward(grad, x)
 
 
+class _TargetLogprobs(torch.autograd.Function):
+    """``log_softmax(h @ weight.T .float() / temperature)`` at each row's target, and its gradient.
+
+    The same bits as those four operations under autograd, at a fraction of their memory traffic.
+    Autograd would keep float32 ``[rows, vocab]`` tensors (the upcast logits, their scaled copy, the
+    log-softmax and, in the backward, the scattered gradient and its scaled copy): hundreds of MB
+    each for a micro-batch of a thousand tokens over a 49k vocabulary, each freshly mapped and
+    faulted in. Here only the products' ``[rows, vocab]`` tensors exist whole, in the model's dtype
+    (the logits, kept for the backward, and their gradient); the float32 work runs on
+    ``_CHUNK`` elements' worth of rows at a time, which stays in cache. The products keep their
+    shapes, so they round as before; the float32 steps are row-wise, so chunking leaves their bits
+    unchanged (tests/unit/test_packed_forward.py)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, temperature: float):
+        logits = torch.nn.functional.linear(h, weight)
+        out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+        for rows in _row_chunks(logits):
+            out[rows] = _log_softmax(logits[rows], temperature).gather(-1, targets[rows, None])[:, 0]
+        ctx.save_for_backward(h, weight, targets, logits)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, targets, logits = ctx.saved_tensors
+        t = ctx.temperature
+        g_logits = torch.empty_like(logits)
+        for rows in _row_chunks(logits):
+            ls = _log_softmax(logits[rows], t)
+            g = torch.zeros_like(ls).scatter_(-1, targets[rows, None], grad[rows, None])
+            g = torch._log_softmax_backward_data(g, ls, -1, torch.float32)
+            g_logits[rows] = g / t if t != 1.0 else g
+        return g_logits @ weight, g_logits.t() @ h, None, None
+
+
+_CHUNK = 1 << 20  # float32 elements of [rows, vocab] work at a time (4 MiB)
+
+
+def _row_chunks(logits: torch.Tensor) -> list[slice]:
+    n, vocab = logits.shape
+    step = max(1, _CHUNK // vocab)
+    return [slice(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = logits.float()
+    return torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
+
+
 def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     """The Llama family's gated MLP, ``down(silu(gate(x)) * up(x))``, through the model's own
     projections."""
@@ -158,7 +208,7 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
 
     pred = torch.tensor(lay.pred, device=dev)
     targets = torch.tensor(lay.targets, device=dev)
-    logits = model.lm_head(h.index_select(0, pred)).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+    head = model.lm_head
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("the packed forward's LM head has no bias (the Llama family's has none)")
+    return _TargetLogprobs.apply(h.index_select(0, pred), head.weight, targets, temperature)

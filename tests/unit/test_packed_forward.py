@@ -217,3 +217,34 @@ def test_a_bfloat16_model_trains_on_a_float32_residual_stream():
     err = lambda x, ref: ((x - ref).norm() / ref.norm()).item()  # noqa: E731
     assert err(lp_ours, lp_exact) < 0.8 * err(lp_bf16, lp_exact)  # 0.51 measured; near 1 with a bf16 stream
     assert err(g_ours, g_exact) < 0.8 * err(g_bf16, g_exact)  # 0.58 measured; near 1 with a bf16 stream
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [1, 3 * 1000, 1 << 20])  # one row at a time, 3 (last chunk partial), all
+def test_the_lm_heads_chunked_target_logprobs_give_autograds_bits(monkeypatch, dtype, temperature, chunk):
+    """The LM head's target log-probabilities and their gradients, a few rows at a time, are bit for
+    bit what upcast, scale, log_softmax and gather give under autograd on the whole micro-batch."""
+    from areal_core.trainer import packed_forward
+
+    monkeypatch.setattr(packed_forward, "_CHUNK", chunk)
+    g = torch.Generator().manual_seed(7)
+    n, hidden, vocab = 11, 32, 1000
+    h0 = torch.randn(n, hidden, generator=g).to(dtype)
+    w0 = (torch.randn(vocab, hidden, generator=g) * 0.3).to(dtype)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    up = torch.randn(n, generator=g)
+    results = []
+    for fused in (False, True):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        if fused:
+            lp = packed_forward._TargetLogprobs.apply(h, w, targets, temperature)
+        else:
+            logits = torch.nn.functional.linear(h, w).float() / temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+        lp.backward(up)
+        results.append((lp.detach(), h.grad, w.grad))
+    for name, a, b in zip(("logprobs", "hidden grad", "weight grad"), *results):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert results[1][0].dtype == torch.float32
+    assert results[1][1].abs().sum() > 0 and results[1][2].abs().sum() > 0
