@@ -704,6 +704,38 @@ def decode_parts(r: dict) -> str:
     return _table(head, rows) + (f"\n\nOne-thread matmul rate (GFLOP/s): {rates}." if rates else "")
 
 
+def trainer_parts(r: dict) -> str:
+    """The trainer_parts record: each part of ``Trainer.step`` (median seconds, min-max, share of the
+    step) per thread count, then AdamW's fused step against the per-tensor loop."""
+    res = r["result"]
+    threads = list(res["parts"])
+    head = ["part"] + [f"{n} thread(s): s (min-max)" for n in threads] + [f"{n} thread(s): share" for n in threads]
+    names = [k for k in res["parts"][threads[0]] if k != "step_s"]
+    rows = []
+    for part in [*names, "step_s"]:
+        cells = [res["parts"][n][part] for n in threads]
+        steps = [res["parts"][n]["step_s"]["median"] for n in threads]
+        label = "**whole step**" if part == "step_s" else part
+        rows.append(
+            [label]
+            + [f"{_sig3(c['median'])} ({_sig3(c['min'])}-{_sig3(c['max'])})" for c in cells]
+            + [f"{100 * c['median'] / s:.1f} %" for c, s in zip(cells, steps)]
+        )
+    adam = [
+        [n, _sig3(a["loop_s"]["median"]), _sig3(a["fused_s"]["median"]), _spread_of(a["loop_over_fused"])]
+        for n, a in res["adam"].items()
+    ]
+    return (
+        _table(head, rows)
+        + "\n\n"
+        + _table(["threads", "per-tensor loop s", "fused s", "loop / fused (min-max)"], adam)
+    )
+
+
+def _spread_of(x: dict) -> str:
+    return f"{x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f})"
+
+
 def test_suite(r: dict) -> str:
     """The test_suite record: ``make test`` per kernel set, its wall time, pytest's counts and its
     slowest test."""
@@ -1107,6 +1139,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-12-02-epyc-zen5-idle-share.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-02-epyc-zen5-sync-fastest.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-03-epyc-zen4.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-03-epyc-zen4-lm-head-chunks.json#systems": trl_peer_smollm2_systems,
+    "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
     "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,
