@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ _RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_A
 @contextlib.contextmanager
 def local_ranks(processes: int, tp_size: int, log_dir: str | Path) -> Iterator[list[subprocess.Popen]]:
     """Start followers for ranks ``1..processes-1`` and make this process rank 0 (its environment
-    names the rendezvous until the context ends); on exit every follower still running is killed."""
+    names the rendezvous until the context ends); on exit every follower still running is killed.
+    Once the context's body ends normally the followers (released by rank 0) must exit cleanly: one
+    that exits otherwise (a crash while it leaves, a kill) is a RuntimeError naming its rank, how it
+    ended and its log."""
     if processes == 1 or "RANK" in os.environ:
         yield []
         return
@@ -65,6 +69,9 @@ def local_ranks(processes: int, tp_size: int, log_dir: str | Path) -> Iterator[l
         yield procs
         for p in procs:  # released by MegatronTrainer.close(): they exit on their own
             p.wait(timeout=60)
+        failed = [_how_it_ended(rank, p.returncode, log_dir) for rank, p in enumerate(procs, 1) if p.returncode]
+        if failed:
+            raise RuntimeError("; ".join(failed))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -75,3 +82,9 @@ def local_ranks(processes: int, tp_size: int, log_dir: str | Path) -> Iterator[l
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _how_it_ended(rank: int, status: int, log_dir: str | Path) -> str:
+    """Why a follower that rank 0 released did not exit cleanly, and where its log is."""
+    how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+    return f"megatron rank {rank} {how} (its log: {Path(log_dir) / f'megatron_rank{rank}.log'})"
