@@ -68,31 +68,29 @@ class _SiLUOneThread(torch.autograd.Function):
 
 
 class _TargetLogprobs(torch.autograd.Function):
-    """``log_softmax(h @ weight.T .float() / temperature)`` at each row's target, and its gradient.
+    """``log_softmax(logits.float() / temperature)`` at each row's target, and its gradient.
 
-    The same bits as those four operations under autograd, at a fraction of their memory traffic.
+    The same bits as those operations under autograd, at a fraction of their memory traffic.
     Autograd would keep float32 ``[rows, vocab]`` tensors (the upcast logits, their scaled copy, the
     log-softmax and, in the backward, the scattered gradient and its scaled copy): hundreds of MB
     each for a micro-batch of a thousand tokens over a 49k vocabulary, each freshly mapped and
-    faulted in. Here only the products' ``[rows, vocab]`` tensors exist whole, in the model's dtype
-    (the logits, kept for the backward, and their gradient); the float32 work runs on
-    ``_CHUNK`` elements' worth of rows at a time, which stays in cache. The products keep their
-    shapes, so they round as before; the float32 steps are row-wise, so chunking leaves their bits
-    unchanged (tests/unit/test_packed_forward.py)."""
+    faulted in. Here only the logits and their gradient exist whole, in the model's dtype; the
+    float32 work runs on ``_CHUNK`` elements' worth of rows at a time, which stays in cache. Every
+    float32 step is row-wise, so chunking leaves its bits unchanged (tests/unit/test_packed_forward.py).
+    The LM head itself stays the model's module (its hooks and any adapter run as they would)."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, temperature: float):
-        logits = torch.nn.functional.linear(h, weight)
-        out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+    def forward(ctx, logits, targets, temperature: float):
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         for rows in _row_chunks(logits):
             out[rows] = _log_softmax(logits[rows], temperature).gather(-1, targets[rows, None])[:, 0]
-        ctx.save_for_backward(h, weight, targets, logits)
+        ctx.save_for_backward(logits, targets)
         ctx.temperature = temperature
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        h, weight, targets, logits = ctx.saved_tensors
+        logits, targets = ctx.saved_tensors
         t = ctx.temperature
         g_logits = torch.empty_like(logits)
         for rows in _row_chunks(logits):
@@ -100,7 +98,7 @@ class _TargetLogprobs(torch.autograd.Function):
             g = torch.zeros_like(ls).scatter_(-1, targets[rows, None], grad[rows, None])
             g = torch._log_softmax_backward_data(g, ls, -1, torch.float32)
             g_logits[rows] = g / t if t != 1.0 else g
-        return g_logits @ weight, g_logits.t() @ h, None, None
+        return g_logits, None, None
 
 
 _CHUNK = 1 << 20  # float32 elements of [rows, vocab] work at a time (4 MiB)
@@ -208,7 +206,4 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
 
     pred = torch.tensor(lay.pred, device=dev)
     targets = torch.tensor(lay.targets, device=dev)
-    head = model.lm_head
-    if getattr(head, "bias", None) is not None:
-        raise NotImplementedError("the packed forward's LM head has no bias (the Llama family's has none)")
-    return _TargetLogprobs.apply(h.index_select(0, pred), head.weight, targets, temperature)
+    return _TargetLogprobs.apply(model.lm_head(h.index_select(0, pred)), targets, temperature)

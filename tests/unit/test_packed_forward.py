@@ -237,14 +237,29 @@ def test_the_lm_heads_chunked_target_logprobs_give_autograds_bits(monkeypatch, d
     results = []
     for fused in (False, True):
         h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        logits = torch.nn.functional.linear(h, w)
         if fused:
-            lp = packed_forward._TargetLogprobs.apply(h, w, targets, temperature)
+            lp = packed_forward._TargetLogprobs.apply(logits, targets, temperature)
         else:
-            logits = torch.nn.functional.linear(h, w).float() / temperature
-            lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+            lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets[:, None])[:, 0]
         lp.backward(up)
         results.append((lp.detach(), h.grad, w.grad))
     for name, a, b in zip(("logprobs", "hidden grad", "weight grad"), *results):
         assert a.dtype == b.dtype and torch.equal(a, b), name
     assert results[1][0].dtype == torch.float32
     assert results[1][1].abs().sum() > 0 and results[1][2].abs().sum() > 0
+
+
+def test_the_lm_head_runs_as_the_models_own_module():
+    """Hooks on the LM head (core lending's thread count, an adapter's) see its forward and its
+    output's gradient, as for every other linear layer."""
+    model = _llama(1)
+    seen = []
+    model.lm_head.register_forward_pre_hook(lambda m, args: seen.append("forward"))
+
+    def after(module, args, out):
+        out.register_hook(lambda g: seen.append("backward"))
+
+    model.lm_head.register_forward_hook(after)
+    response_logprobs(model, [[1, 2, 3, 4], [5, 6, 7]], [2, 1], 0.7).sum().backward()
+    assert seen == ["forward", "backward"]
