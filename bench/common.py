@@ -131,6 +131,26 @@ def _looks_numeric(s: str) -> bool:
     return True
 
 
+def synthetic_answer(traj_id: str, group_id: str, seq_no: int, prompt: list[int], out: list[int], reward: float):
+    """A finished answer for the trainer's benchmarks: generated at version 0, its sampling
+    log-probabilities placeholders (-1 a token), stopped on its own."""
+    from areal_core.types import Trajectory
+
+    return Trajectory(
+        traj_id=traj_id,
+        group_id=group_id,
+        seq_no=seq_no,
+        admit_version=0,
+        prompt_ids=prompt,
+        output_ids=out,
+        output_logprobs=[-1.0] * len(out),
+        output_versions=[0] * len(out),
+        finish_reason="stop",
+        reward=reward,
+        correct=None,
+    )
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing or b is zero."""
     if a is None or b is None or b == 0:

@@ -32,7 +32,7 @@ import time
 import torch
 
 from bench.attention_options import OPTIONS, padded, time_forward_backward, trainer_attention
-from bench.common import Timer, format_table, median, progress, ratio, spread
+from bench.common import Timer, format_table, median, progress, ratio, spread, synthetic_answer
 
 B = 128
 N_SAMPLES = 8
@@ -49,8 +49,6 @@ def heavy_tailed_lengths(n: int, rng: random.Random) -> list[int]:
 
 
 def make_batch(rng: random.Random, vocab: int):
-    from areal_core.types import Trajectory
-
     batch = []
     lens = heavy_tailed_lengths(B, rng)
     for g in range(B // N_SAMPLES):
@@ -58,21 +56,8 @@ def make_batch(rng: random.Random, vocab: int):
         for s in range(N_SAMPLES):
             i = g * N_SAMPLES + s
             out = [rng.randrange(3, vocab) for _ in range(lens[i])]
-            batch.append(
-                Trajectory(
-                    traj_id=f"b-p{g}-s{s}",
-                    group_id=f"p{g}",
-                    seq_no=i,
-                    admit_version=0,
-                    prompt_ids=prompt,
-                    output_ids=out,
-                    output_logprobs=[-1.0] * len(out),
-                    output_versions=[0] * len(out),
-                    finish_reason="stop",
-                    reward=float(rng.random() < 0.4) * 10 - 5,
-                    correct=None,
-                )
-            )
+            reward = float(rng.random() < 0.4) * 10 - 5
+            batch.append(synthetic_answer(f"b-p{g}-s{s}", f"p{g}", i, prompt, out, reward))
     return batch
 
 

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from bench.common import format_table, median, progress, ratio, spread
+from bench.common import format_table, median, progress, ratio, spread, synthetic_answer
 
 THREADS = (1, 2)
 PARTS = ("forward", "backward", "accumulate", "clip", "optimizer", "round")
@@ -36,28 +36,12 @@ PARTS = ("forward", "backward", "accumulate", "clip", "optimizer", "round")
 def _batch(tokenizer, prompts: list[list[int]], answers_per_prompt: int, max_new: int, rng: random.Random):
     """One step's answers: ``answers_per_prompt`` per prompt, max_new / 2 to max_new tokens each, rewards
     +5 / -5 mixed in every group (so every answer has an advantage)."""
-    from areal_core.types import Trajectory
-
     vocab = len(tokenizer)
     batch = []
     for g, prompt in enumerate(prompts):
         for s in range(answers_per_prompt):
             out = [rng.randrange(3, vocab) for _ in range(rng.randint(max_new // 2, max_new))]
-            batch.append(
-                Trajectory(
-                    traj_id=f"p{g}-s{s}",
-                    group_id=f"p{g}",
-                    seq_no=len(batch),
-                    admit_version=0,
-                    prompt_ids=prompt,
-                    output_ids=out,
-                    output_logprobs=[-1.0] * len(out),
-                    output_versions=[0] * len(out),
-                    finish_reason="stop",
-                    reward=5.0 if s % 2 else -5.0,
-                    correct=None,
-                )
-            )
+            batch.append(synthetic_answer(f"p{g}-s{s}", f"p{g}", len(batch), prompt, out, 5.0 if s % 2 else -5.0))
     return batch
 
 
