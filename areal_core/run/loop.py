@@ -36,6 +36,7 @@ from areal_core.run.costs import CostLedger
 from areal_core.run.metrics import RunLog, ledger_rows
 from areal_core.run.schedule import CHECKPOINT_FILE, ScheduleLog
 from areal_core.storage import run_state
+from areal_core.storage.fsutil import FileData
 from areal_core.trainer.base import StepResult, TrainEngine
 from areal_core.trainer.core_lending import CoreLending
 from areal_core.types import Trajectory
@@ -318,7 +319,7 @@ def record_schedule(loop: Loop, step: int, version: int, batch: list[Trajectory]
     )
 
 
-def resume_files(loop: Loop, step: int) -> dict[str, bytes]:
+def resume_files(loop: Loop, step: int) -> dict[str, FileData]:
     """A checkpoint's resume state as of ``step``: sampler, untrained answers, trainer, metrics; and
     the schedule of the steps since the previous checkpoint."""
     files = run_state.encode(

@@ -40,6 +40,7 @@ from typing import Any
 from areal_core.storage import adapters
 from areal_core.storage.delta import materialise
 from areal_core.storage.fsutil import (
+    FileData,
     filesystem,
     invalidate,
     is_local_fs,
@@ -48,6 +49,7 @@ from areal_core.storage.fsutil import (
     pipe_atomic,
     put_file_atomic,
     retry,
+    write_local_file,
 )
 from areal_core.storage.localize import localize
 from areal_core.storage.manifest import (
@@ -302,10 +304,10 @@ class CheckpointStore:
         model: Any,
         tokenizer: Any = None,
         meta: dict | None = None,
-        extra: dict[str, bytes | memoryview] | None = None,
+        extra: dict[str, FileData] | None = None,
     ) -> str:
         """save_pretrained ``model`` (safetensors) and ``tokenizer`` and publish them as
-        ``version``, with ``extra`` files ({relative path: bytes}, e.g. a run's resumable
+        ``version``, with ``extra`` files ({relative path: ``fsutil.FileData``}, e.g. a run's resumable
         state) in the same version, so they appear with it or not at all. Returns the
         version folder URL."""
         check_version(version)
@@ -319,10 +321,7 @@ class CheckpointStore:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             for name, data in (extra or {}).items():
-                dest = os.path.join(tmp, *name.split("/"))
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with open(dest, "wb") as f:
-                    f.write(data)
+                write_local_file(os.path.join(tmp, *name.split("/")), data)
             return self.publish_folder(version, tmp, meta)
 
     def read_file(self, version: int, name: str) -> bytes:

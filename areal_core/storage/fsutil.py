@@ -226,6 +226,22 @@ def _local_replace_from(dest: str, write: Callable[[Any], None]) -> None:
         raise
 
 
+FileData = bytes | memoryview | Callable[[str], None]
+"""A file's contents for a checkpoint: its bytes, or a callable that writes the file at the path it
+is given (so that a large file, the optimizer state, is serialized on the writer's thread, straight
+into the file)."""
+
+
+def write_local_file(path: str, data: FileData) -> None:
+    """Write ``data`` (``FileData``) as the new local file ``path``, creating its folders."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if callable(data):
+        data(path)
+        return
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def pipe_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write ``data`` at ``path`` on ``fs`` so it appears whole or not at all.
 

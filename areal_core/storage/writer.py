@@ -2,7 +2,7 @@
 
     writer = CheckpointWriter.from_config(store, cfg.storage)
     tensors, files = snapshot_model(model, tokenizer)            # on the training thread
-    files.update(run_state.encode(...))                          # resume state, as bytes
+    files.update(run_state.encode(...))                          # resume state
     writer.submit(step, tensors, files, meta={"step": step})     # returns at once unless
     ...                                                          # the previous write still runs
     writer.close()                                               # waits for the last write
@@ -34,6 +34,7 @@ import torch
 
 from areal_core.storage import adapters, delta
 from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
+from areal_core.storage.fsutil import FileData, write_local_file
 from areal_core.storage.manifest import check_meta, check_version, path_problem
 from areal_core.storage.snapshot import WEIGHTS, write_weights
 
@@ -97,7 +98,7 @@ class CheckpointWriter:
         self,
         version: int,
         tensors: dict[str, torch.Tensor],
-        files: dict[str, bytes | memoryview],
+        files: dict[str, FileData],
         meta: dict | None = None,
         full: bool = False,
         adapter_config: dict | None = None,
@@ -106,7 +107,8 @@ class CheckpointWriter:
 
         ``tensors``: CPU tensors the writer now owns (the caller must not mutate them),
         named as in model.safetensors; ``files``: every other file of the version
-        ({relative path: bytes}: config, tokenizer, resume state). ``full``: write
+        ({relative path: ``fsutil.FileData``}: config, tokenizer, resume state; a callable one runs on
+        the writer's thread, so what it writes must not change meanwhile). ``full``: write
         full weights even in delta format (e.g. the final checkpoint). Blocks while
         the previous write runs (``last_wait_s``); raises CheckpointWriteError if
         the previous write failed (this version is then not queued). ``adapter_config``: ``tensors``
@@ -176,7 +178,7 @@ class CheckpointWriter:
         self,
         version: int,
         tensors: dict[str, torch.Tensor],
-        files: dict[str, bytes | memoryview],
+        files: dict[str, FileData],
         meta: dict,
         full: bool,
         adapter_config: dict | None = None,
@@ -192,10 +194,7 @@ class CheckpointWriter:
         stage = tempfile.mkdtemp(dir=self._staging_root, prefix=f"v{version}-")
         try:
             for name, data in files.items():
-                path = os.path.join(stage, *name.split("/"))
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(data)
+                write_local_file(os.path.join(stage, *name.split("/")), data)
             if adapter_config is not None:
                 weights = adapters.write_adapters(tensors, adapter_config, stage)
                 meta.update(format=adapters.FORMAT, base_version=adapter_config["base_version"])

@@ -115,7 +115,11 @@ class CoreLending:
     def end_step(self) -> StepShares | None:
         """Close the step: its shares (None: no layer pass), and whether the next step borrows (the
         servers idle in at least ``min_idle_share`` of this step's passes; a step without passes
-        leaves it as it was)."""
+        leaves it as it was). Until the next layer pass the trainer is back on its own share: what
+        runs between steps (publishing, a checkpoint's copy) would otherwise keep the threads of the
+        last pass, and collide with the servers when they start generating."""
+        if self._handles and torch.get_num_threads() != self.base:
+            torch.set_num_threads(self.base)
         if not self.checks:
             return None
         shares = StepShares(self.idle / self.checks, self.borrowed / self.checks)

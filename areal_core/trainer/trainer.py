@@ -85,10 +85,11 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Optimizer and lr-scheduler state, and the float32 masters of a lower-precision model
-        (the published checkpoint holds only their rounding)."""
+        (the published checkpoint holds only their rounding). Its tensors are the live ones, as in
+        torch's ``state_dict``: the next step changes them (``run_state.encode`` keeps a copy)."""
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self._low:
-            state["master_weights"] = {n: m.detach().clone() for n, m in self.named_masters().items()}
+            state["master_weights"] = {n: m.detach() for n, m in self.named_masters().items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:

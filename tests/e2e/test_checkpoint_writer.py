@@ -86,6 +86,33 @@ def test_written_checkpoint_loads_and_carries_its_files(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "ckpt") if n.startswith(".staging-")]  # cleaned on close
 
 
+def test_the_trainer_state_is_the_one_encoded_though_training_goes_on_while_it_is_written(tmp_path):
+    """run_state.encode copies the trainer's state and the writer serializes the copy into its file:
+    a step that changes the live tensors in place after encode (while the write runs) leaves the
+    checkpoint as it was at encode, and a resume reads it back."""
+    from areal_core.run.metrics import RunLog
+    from areal_core.storage import run_state
+
+    model, tok = tiny(2)
+    tensors, files = snapshot_model(model, tok)
+    moments = torch.arange(6, dtype=torch.float32)
+    live = {"optimizer": {"state": {0: {"exp_avg": moments}}}, "master_weights": {"w": moments[:3]}}
+    cfg = {"trainer": {"batch_size": 4}}
+    resume = run_state.encode(
+        3, cfg, {"n_submitted": 4}, live, RunLog(tmp_path / "run").to_parquet_bytes(), None, {"commit": "x"}
+    )
+    assert callable(resume[run_state.TRAINER])  # serialized on the writer's thread, into the file
+    moments.add_(100.0)  # the next step, before the write
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    with CheckpointWriter(store) as writer:
+        writer.submit(3, tensors, {**files, **resume}, meta={"step": 3})
+    saved = run_state.load_latest(store, cfg)
+    assert saved.version == 3 and saved.state["controller"] == {"n_submitted": 4}
+    assert torch.equal(saved.trainer["optimizer"]["state"][0]["exp_avg"], torch.arange(6, dtype=torch.float32))
+    assert torch.equal(saved.trainer["master_weights"]["w"], torch.arange(3, dtype=torch.float32))
+    store.verify(3)
+
+
 def _block_after_first_file(monkeypatch, reached: threading.Event, release: threading.Event):
     real = ckpt_mod.move_file_atomic
 
