@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from areal_core.numerics import one_thread
 from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
 from areal_core.storage.fsutil import FileData
 
@@ -114,10 +115,17 @@ def encode(
     }
     return {
         STATE: json.dumps(state).encode(),
-        TRAINER: functools.partial(torch.save, copy.deepcopy(trainer)),
+        TRAINER: functools.partial(torch.save, _copy(trainer)),
         METRICS: runlog_files["metrics.parquet"],
         LEDGER: runlog_files["ledger.parquet"],
     }
+
+
+def _copy(trainer: dict) -> dict:
+    """A copy of the trainer state, made on one thread: a memory-bound copy gains little from more,
+    and threads beyond the trainer's own would collide with servers generating beside it."""
+    with one_thread():
+        return copy.deepcopy(trainer)
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
