@@ -226,7 +226,7 @@ def _local_replace_from(dest: str, write: Callable[[Any], None]) -> None:
         raise
 
 
-FileData = bytes | memoryview | Callable[[str], None]
+FileData = bytes | Callable[[str], None]
 """A file's contents for a checkpoint: its bytes, or a callable that writes the file at the path it
 is given (so that a large file, the optimizer state, is serialized on the writer's thread, straight
 into the file)."""
