@@ -530,8 +530,12 @@ def trl_peer_smollm2_systems(r: dict) -> str:
     x = r["result"]
     reps = x["repetitions"]
     parts = all("mean_train_s" in rep["runs"]["areal-flow sync"] for rep in reps)  # (older records: not kept)
+    keys = ("mean_train_s", "mean_rollout_wait_s")
     head = ["system"] + [f"rep {i + 1}" for i in range(len(reps))] + ["mean ± sd", "step (mean)"]
     head += ["of it training", "waiting for answers"] if parts else []
+    if all("mean_lent_threads_s" in rep["runs"]["areal-flow async"] for rep in reps):  # (newer records)
+        keys += ("mean_own_threads_s", "mean_lent_threads_s", "mean_generating_s")
+        head += ["training on its own threads", "on lent ones too", "server generating"]
     head.append(f"completion tokens trained ({x['workload']['steps']} steps)")
     threads = x["workload"].get("sync_server_threads") or 1
     names = {"TRL GRPOTrainer": "TRL `GRPOTrainer`"}
@@ -543,10 +547,7 @@ def trl_peer_smollm2_systems(r: dict) -> str:
         runs = [rep["runs"][s] for rep in reps]
         step = statistics.mean(run["mean_step_s"] for run in runs)
         trained = ", ".join(dict.fromkeys(f"{run['tokens_trained']:,}" for run in runs))
-        split = [
-            f"{statistics.mean(run[k] for run in runs):.1f} s" if k in runs[0] else ""
-            for k in ("mean_train_s", "mean_rollout_wait_s")
-        ]
+        split = [f"{statistics.mean(run[k] for run in runs):.1f} s" if runs[0].get(k) is not None else "" for k in keys]
         rows.append(
             [names[s], *(f"{v:.2f}" for v in e["values"]), f"{e['mean']:.2f} ± {e['sd']:.2f}", f"{step:.0f} s"]
             + (split if parts else [])

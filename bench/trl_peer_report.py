@@ -84,7 +84,9 @@ def _mean_of(runs: list[dict], key: str) -> float | None:
 def print_report(title: str, res: dict, quick: bool) -> None:
     reps = res["repetitions"]
     heads = ["system"] + [f"rep {i + 1}" for i in range(len(reps))]
-    heads += ["mean ± sd", "min", "max", "step s", "of it training", "waiting for answers", "reward"]
+    parts = ("mean_train_s", "mean_rollout_wait_s", "mean_own_threads_s", "mean_lent_threads_s", "mean_generating_s")
+    heads += ["mean ± sd", "min", "max", "step s", "of it training", "waiting for answers"]
+    heads += ["on its own threads", "on lent ones too", "server generating", "reward"]
     rows = []
     for label in SYSTEMS:
         s = res["effective_train_tokens_per_s"][label]
@@ -98,7 +100,7 @@ def print_report(title: str, res: dict, quick: bool) -> None:
                 s["min"],
                 s["max"],
                 statistics.fmean(r["mean_step_s"] for r in runs),
-                *(_mean_of(runs, k) for k in ("mean_train_s", "mean_rollout_wait_s")),
+                *(_mean_of(runs, k) for k in parts),
                 statistics.fmean(rewards) if rewards else None,
             ]
         )

@@ -215,12 +215,22 @@ def run_areal(mode: str, w: Workload, run_dir: Path, reward: dict | None) -> dic
 
 def step_parts(m) -> dict:
     """Where an areal-flow step's time went after warm-up (means over the steps of ``metrics.parquet``'s
-    ``m``): training, and waiting for the rollout servers' answers (what asynchrony takes off a step)."""
+    ``m``): training, and waiting for the rollout servers' answers (what asynchrony takes off a step);
+    the servers' generating seconds; with core lending, the trainer's seconds on its own threads and
+    on the lent ones too (None without lending)."""
     after = m.iloc[WARMUP:]
-    return {
+    parts = {
         "mean_train_s": float(after["train_time_s"].mean()),
         "mean_rollout_wait_s": float(after["cost_trainer_waiting_rollout_s"].mean()),
+        "mean_generating_s": float(after["cost_rollout_generating_s"].mean()),
     }
+    for key, col in (
+        ("mean_own_threads_s", "trainer_own_threads_s"),
+        ("mean_lent_threads_s", "trainer_lent_threads_s"),
+    ):
+        xs = after[col].dropna()
+        parts[key] = float(xs.mean()) if len(xs) else None
+    return parts
 
 
 def system_dir(label: str, work_dir: Path) -> Path:

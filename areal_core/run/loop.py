@@ -147,11 +147,19 @@ class LoopResult:
 
 def _lending_shares(lending: CoreLending | None) -> dict[str, float]:
     """Of the trainer's layer passes since the last row, the share that found the servers idle and
-    the share that ran on their cores too (NaN without lending)."""
+    the share that ran on their cores too, and the seconds it computed on its own threads and on
+    theirs too (NaN without lending; ``StepShares``)."""
     shares = lending.end_step() if lending is not None else None
     if shares is None:
-        return {"trainer_idle_share": math.nan, "trainer_lent_share": math.nan}
-    return {"trainer_idle_share": shares.idle, "trainer_lent_share": shares.lent}
+        return dict.fromkeys(
+            ("trainer_idle_share", "trainer_lent_share", "trainer_own_threads_s", "trainer_lent_threads_s"), math.nan
+        )
+    return {
+        "trainer_idle_share": shares.idle,
+        "trainer_lent_share": shares.lent,
+        "trainer_own_threads_s": shares.own_s,
+        "trainer_lent_threads_s": shares.lent_s,
+    }
 
 
 def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop, generated: int) -> dict:

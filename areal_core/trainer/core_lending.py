@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,27 +44,42 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class StepShares:
     """Of a step's layer passes (forward or backward), the share that found the servers idle and the
-    share that ran on their cores too."""
+    share that ran on their cores too; and the step's seconds by the threads it computed on, each
+    pass counted from its start to the next pass's, the last one's to ``end_step`` (so the
+    optimizer's step and what else runs before the step's row counts with it); the time before the
+    first pass counts in neither."""
 
     idle: float
     lent: float
+    own_s: float  # on the trainer's own threads (the servers generating, or this step not borrowing)
+    lent_s: float  # on the servers' threads too
 
 
 class CoreLending:
     """``busy()``: whether the rollout servers have work now; ``base``: the trainer's own threads;
     ``lent``: the servers' threads it may borrow while they have none; ``min_idle_share``: the share
-    of the last step's layer passes the servers must have been idle in for this step to borrow."""
+    of the last step's layer passes the servers must have been idle in for this step to borrow;
+    ``clock``: seconds, for the step's time on each thread count."""
 
-    def __init__(self, busy: Callable[[], bool], base: int, lent: int, min_idle_share: float):
+    def __init__(
+        self,
+        busy: Callable[[], bool],
+        base: int,
+        lent: int,
+        min_idle_share: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if base < 1 or lent < 1:
             raise ValueError(f"core lending needs base >= 1 and lent >= 1 threads, got {base} and {lent}")
         if not 0.0 <= min_idle_share <= 1.0:
             raise ValueError(f"core lending's min_idle_share must be in [0, 1], got {min_idle_share}")
-        self.busy, self.base, self.lent, self.min_idle_share = busy, base, lent, min_idle_share
+        self.busy, self.base, self.lent, self.min_idle_share, self.clock = busy, base, lent, min_idle_share, clock
         self.borrowing = True  # in this step (the first one: until a step says otherwise)
         self.checks = 0  # layer passes (forward or backward) the trainer started this step
         self.idle = 0  # of which found the servers idle
         self.borrowed = 0  # of which ran on the lent cores too
+        self.seconds = {False: 0.0, True: 0.0}  # this step's seconds on its own threads (False) and lent ones
+        self._pass: tuple[float, bool] | None = None  # the last pass's start, and whether it borrowed
         self._handles: list = []
 
     def __deepcopy__(self, memo) -> CoreLending:
@@ -79,8 +95,16 @@ class CoreLending:
         self.checks += 1
         self.idle += idle
         self.borrowed += n > self.base
+        self._pass = (self._tally(), n > self.base)
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
+
+    def _tally(self) -> float:
+        """Now, after adding the time since the last pass started to its thread count's seconds."""
+        now = self.clock()
+        if self._pass is not None:
+            self.seconds[self._pass[1]] += now - self._pass[0]
+        return now
 
     def _after_forward(self, _module, _inputs, output) -> None:
         if isinstance(output, torch.Tensor) and output.requires_grad:
@@ -120,11 +144,17 @@ class CoreLending:
         last pass, and collide with the servers when they start generating."""
         if self._handles and torch.get_num_threads() != self.base:
             torch.set_num_threads(self.base)
+        if self._pass is not None:
+            self._tally()
+            self._pass = None
         if not self.checks:
             return None
-        shares = StepShares(self.idle / self.checks, self.borrowed / self.checks)
+        shares = StepShares(
+            self.idle / self.checks, self.borrowed / self.checks, self.seconds[False], self.seconds[True]
+        )
         self.borrowing = shares.idle >= self.min_idle_share
         self.checks = self.idle = self.borrowed = 0
+        self.seconds = {False: 0.0, True: 0.0}
         return shares
 
 

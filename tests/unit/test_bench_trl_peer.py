@@ -158,14 +158,28 @@ def test_a_synchronous_server_may_take_every_core_while_its_trainer_waits():
 def test_step_parts_are_the_means_after_warm_up():
     import pandas as pd
 
+    nan = float("nan")
     m = pd.DataFrame(
         {
             "train_time_s": [50.0, 50.0, 10.0, 12.0],
             "cost_trainer_waiting_rollout_s": [9.0, 9.0, 4.0, 6.0],
+            "cost_rollout_generating_s": [40.0, 40.0, 5.0, 7.0],
+            "trainer_own_threads_s": [1.0, 1.0, 6.0, 4.0],
+            "trainer_lent_threads_s": [2.0, 2.0, 3.0, 5.0],
         }
     )
     assert inputs.WARMUP == 2
-    assert trl_peer_systems.step_parts(m) == {"mean_train_s": 11.0, "mean_rollout_wait_s": 5.0}
+    assert trl_peer_systems.step_parts(m) == {
+        "mean_train_s": 11.0,
+        "mean_rollout_wait_s": 5.0,
+        "mean_generating_s": 6.0,
+        "mean_own_threads_s": 5.0,
+        "mean_lent_threads_s": 4.0,
+    }
+    # without core lending (a synchronous run) the row holds NaN: no figure
+    m["trainer_own_threads_s"] = m["trainer_lent_threads_s"] = nan
+    parts = trl_peer_systems.step_parts(m)
+    assert parts["mean_own_threads_s"] is None and parts["mean_lent_threads_s"] is None
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,36 @@ def test_a_step_borrows_only_after_a_step_whose_servers_were_idle_long_enough(ow
         assert lending.end_step() is None and lending.borrowing  # (no pass: the decision stands)
 
 
+def test_a_steps_seconds_are_split_by_the_threads_each_pass_ran_on(own_threads):
+    """Each pass counts from its start to the next pass's, the last one to the step's end; the time
+    before the first pass counts in neither. A clock that moves 1 s per reading except where told."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    pattern: list[bool] = []  # busy() answers, one per layer pass, in order
+    now = {"t": 0.0}
+
+    def clock() -> float:
+        now["t"] += step_of.pop(0)
+        return now["t"]
+
+    step_of: list[float] = []  # what each clock reading adds: the passes' durations, in order
+    lending = CoreLending(lambda: pattern.pop(0), base=1, lent=1, min_idle_share=0.0, clock=clock)
+    with lending.installed(model):
+        # passes: fwd 0 (busy), fwd 1 (idle), bwd 1 (idle), bwd 0 (busy); readings at each pass and at the end
+        pattern[:] = [True, False, False, True]
+        step_of[:] = [5.0, 1.0, 2.0, 4.0, 8.0]  # 5 s before the first pass: counted in neither
+        model(torch.randn(3, 4)).sum().backward()
+        shares = lending.end_step()
+        assert not pattern and not step_of
+        assert (shares.own_s, shares.lent_s) == (1.0 + 8.0, 2.0 + 4.0)  # fwd 0 and bwd 0 own, the others lent
+        assert (shares.idle, shares.lent) == (0.5, 0.5)
+        pattern[:] = [False] * 4
+        step_of[:] = [3.0, 1.0, 1.0, 1.0, 1.0]  # the next step starts afresh: nothing carried over
+        model(torch.randn(3, 4)).sum().backward()
+        shares = lending.end_step()
+        assert (shares.own_s, shares.lent_s) == (0.0, 4.0)
+    assert lending.end_step() is None
+
+
 def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_away():
     from areal_core.run.setup import trainer_torch_threads
 
