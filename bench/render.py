@@ -1145,6 +1145,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-12-03-epyc-zen4-checkpoint-writer.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-03-epyc-zen4-checkpoint-one-thread.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds-2.json#systems": trl_peer_smollm2_systems,
     "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
     "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
