@@ -150,16 +150,10 @@ def _lending_shares(lending: CoreLending | None) -> dict[str, float]:
     the share that ran on their cores too, and the seconds it computed on its own threads and on
     theirs too (NaN without lending; ``StepShares``)."""
     shares = lending.end_step() if lending is not None else None
+    columns = ("trainer_idle_share", "trainer_lent_share", "trainer_own_threads_s", "trainer_lent_threads_s")
     if shares is None:
-        return dict.fromkeys(
-            ("trainer_idle_share", "trainer_lent_share", "trainer_own_threads_s", "trainer_lent_threads_s"), math.nan
-        )
-    return {
-        "trainer_idle_share": shares.idle,
-        "trainer_lent_share": shares.lent,
-        "trainer_own_threads_s": shares.own_s,
-        "trainer_lent_threads_s": shares.lent_s,
-    }
+        return dict.fromkeys(columns, math.nan)
+    return dict(zip(columns, (shares.idle, shares.lent, shares.own_s, shares.lent_s), strict=True))
 
 
 def step_row(step: int, version: int, result: StepResult, batch: list[Trajectory], loop: Loop, generated: int) -> dict:

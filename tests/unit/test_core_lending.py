@@ -126,7 +126,7 @@ def test_a_step_borrows_only_after_a_step_whose_servers_were_idle_long_enough(ow
 
 def test_a_steps_seconds_are_split_by_the_threads_each_pass_ran_on(own_threads):
     """Each pass counts from its start to the next pass's, the last one to the step's end; the time
-    before the first pass counts in neither. A clock that moves 1 s per reading except where told."""
+    before the first pass counts in neither. The clock moves by a given amount at each reading."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     pattern: list[bool] = []  # busy() answers, one per layer pass, in order
     now = {"t": 0.0}
