@@ -64,11 +64,33 @@ OPTIONS = {
 }
 
 
+def on_whole_sequences(fn):
+    """``fn`` as the trainer calls its attention, with each sequence's key count (``key_lens``; a shared
+    prompt's answers bring fewer queries than keys): every sequence gets a query at each of its
+    positions, zeros where the trainer has none, and only the trainer's queries' outputs are kept,
+    so ``fn`` does the work it would on whole sequences (what the trainer did before it computed a
+    shared prompt's attention once)."""
+
+    def call(q, k, v, lens, scale, key_lens=None):
+        if key_lens is None or list(key_lens) == list(lens):
+            return fn(q, k, v, lens, scale)
+        at, start = [], 0
+        for n, m in zip(lens, key_lens):  # the trainer's queries are the last n of the sequence's m
+            at += range(start + m - n, start + m)
+            start += m
+        idx = torch.tensor(at, device=q.device)
+        whole = q.new_zeros(start, *q.shape[1:]).index_copy(0, idx, q)
+        return fn(whole, k, v, list(key_lens), scale).index_select(0, idx)
+
+    return call
+
+
 @contextlib.contextmanager
 def trainer_attention(fn):
-    """Run the packed training forward with attention ``fn`` instead of its own (for before/after rows)."""
+    """Run the packed training forward with attention ``fn`` (on whole sequences: ``on_whole_sequences``)
+    instead of its own (for before/after rows)."""
     saved = packed_forward.packed_causal_attention
-    packed_forward.packed_causal_attention = fn
+    packed_forward.packed_causal_attention = on_whole_sequences(fn)
     try:
         yield
     finally:

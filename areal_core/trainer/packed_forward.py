@@ -20,11 +20,11 @@ follow the thread count (``numerics.one_thread``).
 Answers to the same prompt share it: a group's prompt enters the stream once,
 followed by each answer's tokens. Projections and MLPs then run on the prompt
 once instead of once per answer (GRPO-style groups of 8 answers to a 30-token
-prompt halve the tokens of the quickstart's batches); for attention, each
-answer's segment gathers the prompt's queries, keys and values in front of its
-own, so every answer attends to exactly what it would alone. Gradients that
-reach the shared prompt from all its answers add up, as they would have over
-separate copies.
+prompt halve the tokens of the quickstart's batches), and so does attention: the
+prompt attends to itself once, and each answer's queries attend to the prompt's
+keys and values, gathered in front of its own, so every answer attends to exactly
+what it would alone. Gradients that reach the shared prompt from all its answers
+add up, as they would have over separate copies.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ class _Layout:
 
     ids: list[int]  # the stream's tokens
     pos: list[int]  # their positions within their own sequence
-    segments: list[int]  # attention segments' lengths, in order
-    gather: list[int] | None  # stream index of each segment token (None: the segments are the stream)
-    scatter: list[int] | None  # for each stream token, the segment token whose attention output it takes
+    queries: list[int]  # attention segments' query counts, in stream order (they tile the stream)
+    keys: list[int]  # their key counts: a shared prompt's answers also see the prompt
+    gather: list[int] | None  # stream index of each segment key (None: the keys are the stream)
     pred: list[int]  # stream index of the hidden state that scores each response token, in input order
     targets: list[int]  # the response tokens, in input order
 
@@ -137,27 +137,29 @@ def _layout(seqs: list[list[int]], starts: list[int]) -> _Layout:
             pos += range(len(s))
             pred += range(a + st - 1, a + len(s) - 1)
             a += len(s)
-        return _Layout(ids, pos, [len(s) for s in seqs], None, None, pred, targets)
-    ids, pos, segments, gather = [], [], [], []
-    scatter: list[int] = []
-    pred_of: dict[int, range | list[int]] = {}
+        lens = [len(s) for s in seqs]
+        return _Layout(ids, pos, lens, lens, None, pred, targets)
+    ids, pos, queries, keys, gather = [], [], [], [], []
+    pred_of: dict[int, list[int]] = {}
     for prompt, members in groups.items():
         n_p, p0 = len(prompt), len(ids)
         ids += prompt
         pos += range(n_p)
-        scatter += range(len(gather), len(gather) + n_p)  # the prompt's output: from its first answer's segment
-        for i in members:
+        queries.append(n_p)  # the prompt attends to itself, once
+        keys.append(n_p)
+        gather += range(p0, p0 + n_p)
+        for i in members:  # each answer's queries: to the prompt, then causally to itself
             answer = seqs[i][n_p:]
             a0 = len(ids)
             ids += answer
             pos += range(n_p, n_p + len(answer))
-            scatter += range(len(gather) + n_p, len(gather) + n_p + len(answer))
+            queries.append(len(answer))
+            keys.append(n_p + len(answer))
             gather += range(p0, p0 + n_p)
             gather += range(a0, a0 + len(answer))
-            segments.append(n_p + len(answer))
             pred_of[i] = [p0 + n_p - 1, *range(a0, a0 + len(answer) - 1)]
     pred = [j for i in range(len(seqs)) for j in pred_of[i]]
-    return _Layout(ids, pos, segments, gather, scatter, pred, targets)
+    return _Layout(ids, pos, queries, keys, gather, pred, targets)
 
 
 def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -180,7 +182,6 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
     ids = torch.tensor(lay.ids, device=dev)
     pos = torch.tensor(lay.pos, device=dev)
     gather = None if lay.gather is None else torch.tensor(lay.gather, device=dev)
-    scatter = None if lay.scatter is None else torch.tensor(lay.scatter, device=dev)
 
     low = inner.embed_tokens.weight.dtype  # the products' dtype; the residual stream is float32
     h = inner.embed_tokens(ids)[None].float()  # [1, T, H]
@@ -195,11 +196,9 @@ def response_logprobs(model, seqs: list[list[int]], starts: list[int], temperatu
         k = attn.k_proj(x).view(T, -1, d)
         v = attn.v_proj(x).view(T, -1, d)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if gather is not None:  # each answer's segment: its prompt's tokens, then its own
-            q, k, v = q.index_select(0, gather), k.index_select(0, gather), v.index_select(0, gather)
-        o = packed_causal_attention(q, k, v, lay.segments, attn.scaling)
-        if scatter is not None:
-            o = o.index_select(0, scatter)
+        if gather is not None:  # each answer's keys and values: its prompt's, then its own
+            k, v = k.index_select(0, gather), v.index_select(0, gather)
+        o = packed_causal_attention(q, k, v, lay.queries, attn.scaling, lay.keys)
         h = h + attn.o_proj(o.reshape(T, -1))[None]
         h = h + _mlp(layer.mlp, layer.post_attention_layernorm(h).to(low))
     h = inner.norm(h)[0].to(low)

@@ -81,3 +81,63 @@ def test_bfloat16_gradients_come_back_in_bfloat16_near_the_exact_ones(lens):
     for name, a, b in zip("qkv", ours, theirs):
         assert a.dtype == torch.bfloat16, name
         torch.testing.assert_close(a.double(), b, atol=2e-2, rtol=2e-2, msg=f"grad of {name}")
+
+
+def _reference_last_queries(q, k, v, lens, key_lens, scale):
+    """Each sequence's ``key_lens[i]`` positions in full (their queries too, taken from a full-length
+    query stream), with only its last ``lens[i]`` outputs kept: fewer queries than keys is the tail of
+    an ordinary causal attention."""
+    rep = q.shape[1] // k.shape[1]
+    outs, a, c = [], 0, 0
+    for n, m in zip(lens, key_lens):
+        qs = q[a : a + n].double().transpose(0, 1)  # [h, n, d]: positions m - n .. m - 1
+        ks, vs = (t[c : c + m].double().transpose(0, 1).repeat_interleave(rep, 0) for t in (k, v))
+        s = qs @ ks.transpose(1, 2) * scale
+        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+        outs.append((s.softmax(-1) @ vs).transpose(0, 1))
+        a, c = a + n, c + m
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("impl", ["fused_cpu", "per_sequence_sdpa"])
+@pytest.mark.parametrize(("lens", "key_lens"), [([1], [9]), ([5, 7, 1, 3], [12, 7, 4, 30]), ([4, 40], [44, 41])])
+def test_fewer_queries_than_keys_see_every_key_up_to_their_own_position(impl, lens, key_lens):
+    """An answer sharing its prompt brings only its own queries: each is the last of its sequence's keys,
+    so query i of n sees keys 0..m - n + i (not 0..i, PyTorch's causal mask for n < m)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(sum(lens), 4, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(sum(key_lens), 2, 8, generator=g, requires_grad=True) for _ in range(2))
+    fn = packed_causal_attention if impl == "fused_cpu" else per_sequence_sdpa
+    out = fn(q, k, v, lens, 0.3, key_lens)
+    ref = _reference_last_queries(q, k, v, lens, key_lens, 0.3)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=g)
+    ours = torch.autograd.grad(out, (q, k, v), grad)
+    theirs = torch.autograd.grad(ref, (q, k, v), grad.double())
+    for name, a, b in zip("qkv", ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"grad of {name}")
+
+
+def test_fewer_queries_than_keys_in_bfloat16_stay_near_the_exact_values():
+    lens, key_lens = [5, 2, 30], [40, 9, 30]
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(sum(lens), 6, 16, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(sum(key_lens), 2, 16, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(2))
+    out = packed_causal_attention(q, k, v, lens, 0.25, key_lens)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = _reference_last_queries(*exact, lens, key_lens, 0.25)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    grad = torch.randn(out.shape, generator=g).to(torch.bfloat16)
+    ours = torch.autograd.grad(out, (q, k, v), grad)
+    theirs = torch.autograd.grad(ref, exact, grad.double())
+    for name, a, b in zip("qkv", ours, theirs):
+        assert a.dtype == torch.bfloat16, name
+        torch.testing.assert_close(a.double(), b, atol=2e-2, rtol=2e-2, msg=f"grad of {name}")
+
+
+def test_key_counts_that_do_not_fit_are_named():
+    q, k, v = _inputs([3, 4])
+    with pytest.raises(ValueError, match="key counts"):
+        packed_causal_attention(q, k, v, [3, 4], 1.0, [4, 3])  # fewer keys than queries
+    with pytest.raises(ValueError, match="key counts"):
+        packed_causal_attention(q, k, v, [3, 4], 1.0, [3, 5])  # not the 7 keys there are

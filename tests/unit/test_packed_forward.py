@@ -98,7 +98,13 @@ def test_shared_prompts_match_hf(model):
     seqs, starts = _grouped(g)
     lay = _layout(seqs, starts)
     assert len(lay.ids) == sum(len(s) for s in seqs) - 2 * 7 - 4  # p1 stored once (not 3x), p2 once (not 2x)
-    assert lay.gather is not None and len(lay.segments) == len(seqs)
+    # each prompt attends to itself once, then each of its answers' queries to the prompt and itself
+    assert lay.queries == [7, 5, 9, 1, 4, 1, 12, 4, 6, 3, 2] and sum(lay.queries) == len(lay.ids)
+    assert (
+        lay.keys == [7, 12, 16, 8, 4, 5, 16, 4, 10, 3, 5]
+        and lay.gather is not None
+        and len(lay.gather) == sum(lay.keys)
+    )
     ours = response_logprobs(model, seqs, starts, 0.9)
     ref = _reference(model, seqs, starts, 0.9)
     torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=0)
