@@ -212,9 +212,9 @@ def replay(
     dtype = getattr(torch, meta["dtype"]) if "dtype" in meta else model_dtype(original.cfg.model)[0]
     model = _model(original.cfg, original.store, from_step, dtype)
     runlog = RunLog(out_dir)
-    verdicts = _Verdicts(original, say, _threads_hint(original.cfg, meta))
     with contextlib.ExitStack() as stack:
         used_threads = _use_threads(_replay_threads(threads, dtype, meta, say), stack)
+        verdicts = _Verdicts(original, say, _threads_hint(original.cfg, meta, used_threads))
         trainer = _trainer_at(original, model, from_step, out_dir, stack)
         ckpts = _replay_store(original, model, from_step, out_dir)
         with ckpts:
@@ -349,11 +349,11 @@ def _replay_threads(threads: int | None, dtype: torch.dtype, meta: dict, say) ->
     return original
 
 
-def _threads_hint(cfg: ExperimentConfig, meta: dict) -> str:
-    """What to try when an exact replay differs: the original's thread count, where this one ran another
-    (a trainer other than the torch one may round by thread)."""
+def _threads_hint(cfg: ExperimentConfig, meta: dict, used: int) -> str:
+    """What to try when an exact replay on ``used`` threads differs: the original's thread count, where
+    this one ran another (a trainer other than the torch one may round by thread)."""
     original = int(meta["trainer_threads"])
-    if torch.get_num_threads() == original:
+    if used == original:
         return ""
     return f" (the original {cfg.trainer.backend.kind} trainer ran {original} thread(s): try --threads {original})"
 
