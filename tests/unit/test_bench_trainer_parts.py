@@ -36,3 +36,34 @@ def test_the_parts_of_a_step_are_timed_and_the_trainer_is_left_as_it_was():
     seen = dict(times.s)
     tr.step(batch, 0)  # outside the block nothing is timed
     assert times.s == seen
+
+
+def test_the_prompt_attention_pairs_time_both_ways_and_leave_the_trainers_attention():
+    """Each batch is stepped twice: once through the trainer's attention (answers bring fewer queries
+    than keys), once through the whole-sequence form, which never calls it; afterwards the trainer's
+    attention is what it was."""
+    from areal_core.trainer import packed_forward
+    from areal_core.trainer.config import TrainerConfig
+    from areal_core.trainer.trainer import Trainer
+
+    model, tok = build_tiny_model(seed=0)
+    tr = Trainer(model, TrainerConfig(batch_size=8, microbatching="dynamic"), temperature=1.0, total_steps=10)
+    own = packed_forward.packed_causal_attention
+    calls = []
+
+    def counting(q, k, v, lens, scale, key_lens=None):  # the trainer's own attention, counted
+        calls.append(list(key_lens) != list(lens))
+        return own(q, k, v, lens, scale, key_lens)
+
+    rng = random.Random(0)
+    batches = [trainer_parts._batch(tok, [[5, 6, 7, 8], [9, 10, 11]], 4, 12, rng) for _ in range(3)]
+    packed_forward.packed_causal_attention = counting
+    try:
+        tr.step(batches[0], 0)
+        per_step = len(calls)
+        s = trainer_parts._attention_pairs(tr, batches[1:])
+        assert packed_forward.packed_causal_attention is counting
+    finally:
+        packed_forward.packed_causal_attention = own
+    assert len(s["once"]) == len(s["per_answer"]) == 2 and min(s["once"] + s["per_answer"]) > 0
+    assert per_step > 0 and all(calls) and len(calls) == 3 * per_step  # the two "once" steps only
