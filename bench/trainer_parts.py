@@ -139,6 +139,38 @@ def _attention_pairs(tr, batches: list) -> dict:
     return s
 
 
+class _Pairs:
+    """Seconds of two ways timed in interleaved pairs per thread count (``{n: {slow: [...], fast: [...]}}``):
+    their table, the record's entry and the summary's ratios (slow over fast, pair by pair)."""
+
+    def __init__(self, seconds: dict, slow: str, fast: str):
+        self.seconds, self.slow, self.fast = seconds, slow, fast
+
+    def _ratios(self, s: dict) -> list[float]:
+        return [b / a for a, b in zip(s[self.fast], s[self.slow])]
+
+    def print(self, heads: list[str], title: str) -> None:
+        rows = []
+        for n, s in self.seconds.items():
+            r = self._ratios(s)
+            rows.append((f"{n}", median(s[self.slow]), median(s[self.fast]), median(r), min(r), max(r)))
+        ratio_head = f"{self.slow.replace('_', ' ')} / {self.fast} (median)"
+        print(format_table(["threads", *heads, ratio_head, "min", "max"], rows, title=title))
+
+    def result(self) -> dict:
+        return {
+            str(n): {
+                f"{self.slow}_s": spread(s[self.slow]),
+                f"{self.fast}_s": spread(s[self.fast]),
+                f"{self.slow}_over_{self.fast}": spread(self._ratios(s)),
+            }
+            for n, s in self.seconds.items()
+        }
+
+    def summary(self, prefix: str) -> dict:
+        return {f"{prefix}_{n}t": ratio(median(s[self.slow]), median(s[self.fast])) for n, s in self.seconds.items()}
+
+
 def run(quick: bool) -> dict:
     from areal_core.data.prompting import encode_prompt
     from areal_core.data.tasks import synthetic_task
@@ -206,27 +238,12 @@ def run(quick: bool) -> dict:
             title=f"SmolLM2-135M Trainer.step in {dtype_name} ({why}), {B} answers a step",
         )
     )
-    adam_rows = []
-    for n, s in adam.items():
-        r = [b / a for a, b in zip(s["fused"], s["loop"])]
-        adam_rows.append((f"{n}", median(s["loop"]), median(s["fused"]), median(r), min(r), max(r)))
-    print(
-        format_table(
-            ["threads", "per-tensor loop s", "fused s", "loop / fused (median)", "min", "max"],
-            adam_rows,
-            title=f"AdamW's step on the float32 masters ({sum(m.numel() for m in tr.masters):,} parameters)",
-        )
-    )
-    attention_rows = []
-    for n, s in attention.items():
-        r = [b / a for a, b in zip(s["once"], s["per_answer"])]
-        attention_rows.append((f"{n}", median(s["per_answer"]), median(s["once"]), median(r), min(r), max(r)))
-    print(
-        format_table(
-            ["threads", "per answer s", "once s", "per answer / once (median)", "min", "max"],
-            attention_rows,
-            title="Trainer.step, a shared prompt's attention computed once per answer against once",
-        )
+    adam_timed = _Pairs(adam, "loop", "fused")
+    masters = sum(m.numel() for m in tr.masters)
+    adam_timed.print(["per-tensor loop s", "fused s"], f"AdamW's step on the float32 masters ({masters:,} parameters)")
+    attention_timed = _Pairs(attention, "per_answer", "once")
+    attention_timed.print(
+        ["per answer s", "once s"], "Trainer.step, a shared prompt's attention computed once per answer against once"
     )
     return {
         "setup": {
@@ -247,34 +264,12 @@ def run(quick: bool) -> dict:
                 str(n): {p: spread([r[p] for r in rows]) for p in ("step_s", *PARTS, "other")}
                 for n, rows in per_threads.items()
             },
-            "adam": {
-                str(n): {
-                    "loop_s": spread(s["loop"]),
-                    "fused_s": spread(s["fused"]),
-                    "loop_over_fused": spread([b / a for a, b in zip(s["fused"], s["loop"])]),
-                }
-                for n, s in adam.items()
-            },
-            "prompt_attention": {
-                str(n): {
-                    "per_answer_s": spread(s["per_answer"]),
-                    "once_s": spread(s["once"]),
-                    "per_answer_over_once": spread([b / a for a, b in zip(s["once"], s["per_answer"])]),
-                }
-                for n, s in attention.items()
-            },
+            "adam": adam_timed.result(),
+            "prompt_attention": attention_timed.result(),
         },
         "summary": {
-            **{
-                f"trainer_parts_adam_loop_over_fused_{n}t": ratio(median(s["loop"]), median(s["fused"]))
-                for n, s in adam.items()
-            },
-            **{
-                f"trainer_parts_prompt_attention_per_answer_over_once_{n}t": ratio(
-                    median(s["per_answer"]), median(s["once"])
-                )
-                for n, s in attention.items()
-            },
+            **adam_timed.summary("trainer_parts_adam_loop_over_fused"),
+            **attention_timed.summary("trainer_parts_prompt_attention_per_answer_over_once"),
         },
     }
 

@@ -67,3 +67,14 @@ def test_the_prompt_attention_pairs_time_both_ways_and_leave_the_trainers_attent
         packed_forward.packed_causal_attention = own
     assert len(s["once"]) == len(s["per_answer"]) == 2 and min(s["once"] + s["per_answer"]) > 0
     assert per_step > 0 and all(calls) and len(calls) == 3 * per_step  # the two "once" steps only
+
+
+def test_timed_pairs_give_the_slow_over_fast_ratio_pair_by_pair(capsys):
+    timed = trainer_parts._Pairs({1: {"loop": [4.0, 9.0, 2.0], "fused": [2.0, 3.0, 2.0]}}, "loop", "fused")
+    result = timed.result()["1"]
+    assert result["loop_over_fused"]["median"] == 2.0
+    assert (result["loop_over_fused"]["min"], result["loop_over_fused"]["max"]) == (1.0, 3.0)
+    assert result["loop_s"]["median"] == 4.0 and result["fused_s"]["median"] == 2.0
+    assert timed.summary("x") == {"x_1t": 2.0}
+    timed.print(["loop s", "fused s"], "title")
+    assert "loop / fused (median)" in capsys.readouterr().out
