@@ -1138,6 +1138,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer.2026-12-02-epyc-zen5.json": trl_peer,
     "trl_peer.2026-12-02-epyc-zen5-sync-fastest.json": trl_peer,
     "trl_peer.2026-12-03-epyc-zen4.json": trl_peer,
+    "trl_peer.2026-12-04-epyc-zen4.json": trl_peer,
     "trl_peer.2026-12-02-amx.json": trl_peer,
     "trl_peer.2026-12-02-epyc-zen4.json": trl_peer,
     "trl_peer.2026-12-02-epyc-zen5-idle-share.json": trl_peer,
