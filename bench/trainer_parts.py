@@ -125,7 +125,10 @@ def _adam_pair(masters: list[torch.Tensor], pairs: int) -> dict:
 
 def _attention_pairs(tr, batches: list) -> dict:
     """``Trainer.step`` on each batch twice, a shared prompt's attention once and once per answer,
-    alternating which goes first; seconds per step."""
+    alternating which goes first; seconds per step. The per-answer way still has the prompt's own
+    segment (its queries against itself) as well, once a group more than the trainer computed
+    before the change: a prompt-sized block beside its answers' whole ones, a small overstatement
+    of the gain."""
     from areal_core.trainer.packed_attention import packed_causal_attention
 
     s: dict[str, list[float]] = {"once": [], "per_answer": []}
