@@ -57,12 +57,19 @@ def _tokens_first(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.transpose(1, 2) for p in parts], 1)[0]
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=8)
+def _causal_mask(size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive causal mask [size, size] (row r sees columns 0..r; read only)."""
+    return torch.zeros(size, size, dtype=dtype).masked_fill_(
+        torch.ones(size, size, dtype=torch.bool).triu(1), float("-inf")
+    )
+
+
 def _lower_right_mask(n_q: int, n_k: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask [1, 1, n_q, n_k] by which query i sees keys 0..n_k - n_q + i (read only)."""
-    return torch.zeros(n_q, n_k, dtype=dtype).masked_fill_(
-        torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1), float("-inf")
-    )[None, None]
+    """The additive mask [1, 1, n_q, n_k] by which query i sees keys 0..n_k - n_q + i (read only): rows
+    n_k - n_q .. n_k - 1 of a causal mask, a view of one cached per power-of-two size, so the cache
+    stays a few masks of the longest sequence's size whatever lengths come."""
+    return _causal_mask(1 << (n_k - 1).bit_length(), dtype)[n_k - n_q : n_k, :n_k][None, None]
 
 
 def _flash_args(n_q: int, n_k: int, dtype: torch.dtype) -> dict:

@@ -141,3 +141,18 @@ def test_key_counts_that_do_not_fit_are_named():
         packed_causal_attention(q, k, v, [3, 4], 1.0, [4, 3])  # fewer keys than queries
     with pytest.raises(ValueError, match="key counts"):
         packed_causal_attention(q, k, v, [3, 4], 1.0, [3, 5])  # not the 7 keys there are
+
+
+def test_bottom_right_masks_are_views_of_a_few_cached_causal_masks():
+    """Each (queries, keys) mask equals the mask built directly, and however many lengths come, the
+    cache holds one causal mask per power-of-two size and dtype, not one per pair of lengths."""
+    from areal_core.trainer.packed_attention import _causal_mask, _lower_right_mask
+
+    _causal_mask.cache_clear()
+    for n_k in range(1, 70):
+        for n_q in range(1, n_k + 1):
+            direct = torch.zeros(n_q, n_k).masked_fill_(
+                torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1), float("-inf")
+            )
+            assert torch.equal(_lower_right_mask(n_q, n_k, torch.float32)[0, 0], direct), (n_q, n_k)
+    assert _causal_mask.cache_info().misses == 8  # built once per size 1, 2, 4, ..., 128 (not per key count)
