@@ -14,7 +14,10 @@ batch so the table shows each part before and after:
   (``KVForward.fused_attention`` switched);
 * ``F.linear products`` (bfloat16): plain ``F.linear`` products (``KVForward.packed`` turned off);
 * ``module norms`` (bfloat16, where the norms are not folded into the products): each RMSNorm
-  run by the model's own module instead of one fused ``F.rms_norm`` call.
+  run by the model's own module instead of one fused ``F.rms_norm`` call;
+* ``keys-first scores`` (bfloat16, where the engine takes three-call attention): the score product
+  as keys . q^T over the cache's view, where the engine computes q . keys^T over a copy of the keys
+  (``KVForward.query_first_scores`` switched off).
 
 The engine is driven step by step; its parts are timed by wrapping them in place (a
 ``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
@@ -125,7 +128,14 @@ def parts_of(s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-WAYS = ("as it runs", "fused attention", "three-call attention", "F.linear products", "module norms")
+WAYS = (
+    "as it runs",
+    "fused attention",
+    "three-call attention",
+    "F.linear products",
+    "module norms",
+    "keys-first scores",
+)
 
 
 def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") -> dict[str, float]:
@@ -147,6 +157,8 @@ def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") 
         for f, layer in zip(eng.kv.fused, eng.kv.layers):
             f.norm1, f.norm2 = layer.input_layernorm, layer.post_attention_layernorm
         eng.kv._final_norm = eng.kv.norm
+    if way == "keys-first scores":
+        eng.kv.query_first_scores = False
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -175,6 +187,7 @@ def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
     other = "three-call attention" if engine_attention == "fused attention" else "fused attention"
     ways = ["as it runs", other] + (["F.linear products"] if onednn.packable(dtype, cpu) else [])
     ways += ["module norms"] if dtype != torch.float32 else []  # (float32: folded into the products)
+    ways += ["keys-first scores"] if dtype == torch.bfloat16 and engine_attention == "three-call attention" else []
     for w in ways:
         run_batch(model, batch, 4, w)  # warm-up: first-call costs off the clock
     runs: dict[str, list] = {w: [] for w in ways}

@@ -408,13 +408,15 @@ def test_identical_requests_are_prefilled_once_and_sample_apart():
     assert [f.result().output_ids for f in greedy] == [want, want]
 
 
-def test_split_decode_attention_matches_hf():
+@pytest.mark.parametrize("query_first", [False, True])
+def test_split_decode_attention_matches_hf(query_first):
     """With rows of very different lengths the decode attention runs in two parts (all rows over the
     first positions, the long rows over the rest, merged by their softmax maxima and sums); greedy
-    outputs stay HF's, and the split is really taken."""
+    outputs stay HF's, with the score products either way round, and the split is really taken."""
     model = tiny_model("qwen2", seed=6)
     engine = RolloutEngine(copy.deepcopy(model), start=False, kv_slots=8, kv_capacity=16)
     engine.kv.split_min_positions = 1
+    engine.kv.query_first_scores = query_first
     taken = []
     split_at = engine.kv._split_at
     engine.kv._split_at = lambda lengths, L: (lambda r: (taken.append(r is not None), r)[1])(split_at(lengths, L))

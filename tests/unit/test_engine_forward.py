@@ -66,16 +66,41 @@ def test_prefill_and_decode_match_hf(arch, extra):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_both_ways_of_decode_attention_match_hf(fused):
+ATTENTION_WAYS = ["fused", "three calls, keys first", "three calls, queries first"]
+
+
+def _attention_way(kv: KVForward, way: str) -> KVForward:
+    kv.fused_attention = way == "fused"
+    kv.query_first_scores = way.endswith("queries first")
+    return kv
+
+
+@pytest.mark.parametrize("way", ATTENTION_WAYS)
+def test_each_way_of_decode_attention_matches_hf(way):
     """Decode attention as one flash-attention call and as three (a score product, a softmax and a
-    value product): each matches plain HF forward passes in float32, grouped kv heads included."""
+    value product; the score product either way round): each matches plain HF forward passes in
+    float32, grouped kv heads included."""
     model = tiny_model("llama", seed=11, num_key_value_heads=4)
-    kv = KVForward(model, max_slots=4, init_slots=1, init_capacity=4)
-    kv.fused_attention = fused
+    kv = _attention_way(KVForward(model, max_slots=4, init_slots=1, init_capacity=4), way)
     got = run_kv(kv, PROMPTS, CONT)
     want = hf_next_logits(model, [p + c for p, c in zip(PROMPTS, CONT)])
     torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+
+
+def test_bf16_decode_scores_queries_first_by_default_and_as_close_to_float32_as_keys_first():
+    """In bfloat16 the score product runs as q . keys^T over a copy of the keys (not in batch-invariant
+    mode): against the float32 forward no further off than keys . q^T over the cache's view."""
+    model = tiny_model("llama", seed=11, num_key_value_heads=4)
+    want = hf_next_logits(model, [p + c for p, c in zip(PROMPTS, CONT)])
+    model = model.to(torch.bfloat16)
+    assert KVForward(model, max_slots=4).query_first_scores
+    assert not KVForward(model, max_slots=4, batch_invariant=True).query_first_scores
+    err = {}
+    for way in ATTENTION_WAYS[1:]:
+        kv = _attention_way(KVForward(model, max_slots=4, init_slots=1, init_capacity=4), way)
+        err[way] = (run_kv(kv, PROMPTS, CONT) - want).abs().max()
+    assert err["three calls, keys first"] > 0  # bfloat16 arithmetic
+    assert err["three calls, queries first"] <= 1.5 * err["three calls, keys first"], err
 
 
 def test_decode_attention_is_fused_except_in_bf16_on_a_cpu_without_amx(monkeypatch):
