@@ -34,11 +34,21 @@ The engine is driven step by step; its parts are timed by wrapping them in place
 
 Each part's milliseconds a decode step and its share, medians over REPS batches (the first, a
 warm-up, left out); and the one-thread matmul rate of each dtype (``bench.engine.matmul_flops``),
-which says how fast this CPU's matrix units are. ``--quick``: 16 new tokens, two batches: a smoke check.
+which says how fast this CPU's matrix units are.
+
+Then decode attention at a long context, where its share of a step is largest: BATCH rows holding
+LONG_CONTEXT cached positions each (random prompt tokens, prefilled once), LONG_STEPS decode steps of
+the forward alone (no sampling) from there, per way of taking attention (as it runs, the other call
+style, and where the engine takes three calls in bfloat16 the keys-first scores), interleaved REPS
+times over the same cache; the milliseconds a step of the forward and of attention in it, medians.
+This in the machine's dtype only (bfloat16 where the CPU has bf16 units, else float32).
+
+``--quick``: 16 new tokens, two batches, a context of 128: a smoke check.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections import defaultdict
@@ -51,6 +61,7 @@ from bench.common import format_table
 from bench.engine import PROMPT, matmul_flops, prompts
 
 BATCH, NEW, REPS = 64, 32, 5
+LONG_CONTEXT, LONG_STEPS = 512, 16
 PARTS = ("projections", "attention", "output projection", "MLP", "norms", "LM head", "sampling", "bookkeeping")
 
 
@@ -148,17 +159,7 @@ def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") 
     eng = RolloutEngine(
         model, max_running=len(batch), start=False, kv_slots=len(batch), kv_capacity=PROMPT + new + 1, seed=1
     )
-    if way == "F.linear products" and eng.kv.packed:
-        eng.kv.packed = False
-        eng.kv.weights_changed()
-    if way.endswith(" attention"):
-        eng.kv.fused_attention = way == "fused attention"
-    if way == "module norms":
-        for f, layer in zip(eng.kv.fused, eng.kv.layers):
-            f.norm1, f.norm2 = layer.input_layernorm, layer.post_attention_layernorm
-        eng.kv._final_norm = eng.kv.norm
-    if way == "keys-first scores":
-        eng.kv.query_first_scores = False
+    take_way(eng.kv, way)
     clock = PartClock()
     try:
         instrument(eng, clock)
@@ -174,6 +175,89 @@ def run_batch(model, batch: list[list[int]], new: int, way: str = "as it runs") 
     return {**per_step, "total": clock.s["step"] / clock.steps}
 
 
+def take_way(kv, way: str) -> None:
+    """Switch a fresh ``KVForward`` from how it runs to ``way`` (one of ``WAYS``)."""
+    if way not in WAYS:
+        raise ValueError(f"way must be one of {WAYS}, got {way!r}")
+    if way == "F.linear products" and kv.packed:
+        kv.packed = False
+        kv.weights_changed()
+    if way.endswith(" attention"):
+        kv.fused_attention = way == "fused attention"
+    if way == "module norms":
+        for f, layer in zip(kv.fused, kv.layers):
+            f.norm1, f.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        kv._final_norm = kv.norm
+    if way == "keys-first scores":
+        kv.query_first_scores = False
+
+
+def attention_ways(dtype: torch.dtype) -> tuple[str, list[str]]:
+    """The engine's decode attention in ``dtype`` on this CPU and the attention ways to set beside it."""
+    three = not fused_decode_attention(dtype, torch.device("cpu"))
+    engine_attention = "three-call attention" if three else "fused attention"
+    other = "fused attention" if three else "three-call attention"
+    return engine_attention, [other] + (["keys-first scores"] if three and dtype == torch.bfloat16 else [])
+
+
+def long_context(name: str, dtype: torch.dtype, positions: int, reps: int) -> list[dict]:
+    """Decode attention at a long context (the module docstring): per way, the forward's and its
+    attention's milliseconds a decode step, medians over ``reps`` interleaved passes."""
+    from areal_core.rollout.backends.embedded.kv_forward import KVForward
+    from bench import models
+
+    model = models.load(name, dtype)
+    engine_attention, others = attention_ways(dtype)
+    ways = ["as it runs", *others]
+    r = random.Random(BATCH)
+    prompt_rows = [[r.randrange(3, min(model.config.vocab_size, 1000)) for _ in range(positions)] for _ in range(BATCH)]
+    length = positions + LONG_STEPS + 1
+    kv = KVForward(model, max_slots=BATCH, init_slots=BATCH, init_capacity=length)
+    kv.ensure(BATCH, length)
+    for i in range(0, BATCH, 8):
+        kv.prefill(list(range(i, i + 8)), prompt_rows[i : i + 8])
+    as_it_runs = (kv.fused_attention, kv.query_first_scores)
+    clock = PartClock()
+    for attr in ("_fused_attention", "_attention", "_merged_attention"):
+        clock.wrap(kv, attr, "attention")
+    clock.on = True
+    tokens = torch.tensor([p[0] for p in prompt_rows])
+
+    def steps(way: str) -> tuple[float, float]:
+        kv.fused_attention, kv.query_first_scores = as_it_runs
+        if way != "as it runs":
+            take_way(kv, way)  # (attention ways only: switches, the cache stays)
+        clock.s.clear()
+        lengths = torch.full((BATCH,), positions)
+        t0 = time.perf_counter()
+        for k in range(LONG_STEPS):
+            kv.decode(tokens, lengths, positions + k + 1)
+            lengths += 1
+        return (time.perf_counter() - t0) / LONG_STEPS, clock.s["attention"] / LONG_STEPS
+
+    for w in ways:
+        steps(w)  # warm-up
+    runs: dict[str, list] = {w: [] for w in ways}
+    for _ in range(reps):
+        for w in ways:
+            runs[w].append(steps(w))
+    dt = str(dtype).removeprefix("torch.")
+    return [
+        {
+            "dtype": dt,
+            "way": w,
+            "label": f"{dt}, {w}" + (f" ({engine_attention})" if w == "as it runs" else ""),
+            "positions": positions,
+            "batch": BATCH,
+            "decode_steps": LONG_STEPS,
+            "forward_ms": 1000 * statistics.median(r[0] for r in runs[w]),
+            "attention_ms": 1000 * statistics.median(r[1] for r in runs[w]),
+            "runs_forward_ms": [1000 * r[0] for r in runs[w]],
+        }
+        for w in ways
+    ]
+
+
 def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
     """Medians over ``reps`` batches (after one warm-up) of each part's milliseconds per decode step: a
     row for the engine as it runs and one for each part as it was (``WAYS``; the F.linear products
@@ -183,11 +267,11 @@ def measure(name: str, dtype: torch.dtype, new: int, reps: int) -> list[dict]:
     model = models.load(name, dtype)
     batch = prompts(BATCH, min(model.config.vocab_size, 1000), BATCH)
     cpu = torch.device("cpu")
-    engine_attention = "fused attention" if fused_decode_attention(dtype, cpu) else "three-call attention"
-    other = "three-call attention" if engine_attention == "fused attention" else "fused attention"
+    engine_attention, attention_others = attention_ways(dtype)
+    other = attention_others[0]
     ways = ["as it runs", other] + (["F.linear products"] if onednn.packable(dtype, cpu) else [])
     ways += ["module norms"] if dtype != torch.float32 else []  # (float32: folded into the products)
-    ways += ["keys-first scores"] if dtype == torch.bfloat16 and engine_attention == "three-call attention" else []
+    ways += attention_others[1:]
     for w in ways:
         run_batch(model, batch, 4, w)  # warm-up: first-call costs off the clock
     runs: dict[str, list] = {w: [] for w in ways}
@@ -226,24 +310,44 @@ def print_rows(rows: list[dict]) -> None:
     print(format_table(heads, table, title=f"SmolLM2-135M-Instruct decode step at batch {BATCH}, one thread"))
 
 
+def print_long_rows(rows: list[dict]) -> None:
+    heads = ["way", "forward ms a step", "attention ms a step", "attention share"]
+    table = [
+        [
+            r["label"],
+            f"{r['forward_ms']:.1f}",
+            f"{r['attention_ms']:.1f}",
+            f"{100 * r['attention_ms'] / r['forward_ms']:.0f} %",
+        ]
+        for r in rows
+    ]
+    r0 = rows[0]
+    title = f"decode at {r0['positions']} cached positions, batch {r0['batch']}, one thread (forward only)"
+    print(format_table(heads, table, title=title))
+
+
 def run(quick: bool) -> dict:
     from areal_core.device import cpu_bf16_units
     from areal_core.rollout.backends.embedded.malloc import keep_freed_memory
 
     torch.set_num_threads(1)
     keep_freed_memory()  # as the server runs the engine (and bench engine measures it)
-    new, reps = (16, 2) if quick else (NEW, REPS)
+    new, reps, context = (16, 2, 128) if quick else (NEW, REPS, LONG_CONTEXT)
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_bf16_units() else [])
     rows = []
     for d in dtypes:
         rate = matmul_flops(d) / 1e9
         rows += [{**row, "matmul_gflops_one_thread": rate} for row in measure("smollm2-135m", d, new, reps)]
     print_rows(rows)
+    long_rows = long_context("smollm2-135m", dtypes[-1], context, reps)
+    print_long_rows(long_rows)
     if quick:
-        print("note: --quick is a smoke check (16 tokens, two batches): not a result")
+        print("note: --quick is a smoke check (16 tokens, two batches, a context of 128): not a result")
     summary = {
         f"decode_step_ms_smollm2_{r['dtype']}"
         + ("" if r["as_it_runs"] else "_" + r["way"].replace(" ", "_").replace(".", "")): r["ms_per_step"]["total"]
         for r in rows
     }
-    return {"rows": rows, "summary": summary}
+    for r in long_rows:
+        summary[f"long_context_forward_ms_{r['dtype']}_{r['way'].replace(' ', '_')}"] = r["forward_ms"]
+    return {"rows": rows, "long_context": long_rows, "summary": summary}

@@ -702,7 +702,31 @@ def decode_parts(r: dict) -> str:
     rates = ", ".join(
         f"{dt} {rate:.0f}" for dt, rate in {x["dtype"]: x["matmul_gflops_one_thread"] for x in rows_}.items()
     )
-    return _table(head, rows) + (f"\n\nOne-thread matmul rate (GFLOP/s): {rates}." if rates else "")
+    out = _table(head, rows) + (f"\n\nOne-thread matmul rate (GFLOP/s): {rates}." if rates else "")
+    if r.get("long_context"):
+        out += "\n\n" + _decode_long_context(r["long_context"])
+    return out
+
+
+def _decode_long_context(rows_: list[dict]) -> str:
+    """decode_parts' long-context rows: the forward's and attention's milliseconds a step per way."""
+    x0 = rows_[0]
+    head = [
+        f"way, {x0['positions']} cached positions, batch {x0['batch']}",
+        "forward: ms a step",
+        "attention: ms a step",
+        "attention's share",
+    ]
+    rows = [
+        [
+            x["label"],
+            f"{x['forward_ms']:.1f}",
+            f"{x['attention_ms']:.1f}",
+            f"{100 * x['attention_ms'] / x['forward_ms']:.0f} %",
+        ]
+        for x in rows_
+    ]
+    return _table(head, rows)
 
 
 def trainer_parts(r: dict) -> str:

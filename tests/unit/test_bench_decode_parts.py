@@ -4,6 +4,7 @@ and its wrapping of a real (tiny) engine counts decode steps only."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench import decode_parts
 
@@ -39,3 +40,11 @@ def test_a_tiny_engine_is_timed_on_its_decode_steps_only():
     assert all(v >= 0 for k, v in got.items() if k != "projections")
     assert sum(got[k] for k in decode_parts.PARTS) == pytest.approx(got["total"])
     assert got["attention"] > 0 and got["MLP"] > 0 and got["sampling"] > 0
+
+
+def test_long_context_times_each_attention_way_over_one_cache():
+    rows = decode_parts.long_context("tiny", torch.float32, 24, 1)
+    engine_attention, others = decode_parts.attention_ways(torch.float32)
+    assert [r["way"] for r in rows] == ["as it runs", *others] and engine_attention in rows[0]["label"]
+    assert all(0 < r["attention_ms"] < r["forward_ms"] for r in rows)
+    assert all(r["positions"] == 24 and len(r["runs_forward_ms"]) == 1 for r in rows)
