@@ -1145,6 +1145,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "decode_parts.2026-12-02-epyc-zen4.json": decode_parts,
     "decode_parts.2026-12-02-epyc-zen5-night.json": decode_parts,
     "decode_parts.emulated-avx2.json": decode_parts,
+    "decode_parts.2026-12-04-epyc-zen4.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,

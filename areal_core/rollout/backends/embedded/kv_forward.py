@@ -434,15 +434,18 @@ class KVForward:
     def _scores(self, mask, q, keys) -> torch.Tensor:
         """Scaled ``q [b, g, hd]`` . ``keys [b, L, hd]``, plus ``mask [b, 1, L]``: ``[b, g, L]``.
 
-        ``keys`` is a view of the cache whose rows lie ``capacity`` positions apart, which a batched
-        product copies before it multiplies. In bfloat16 (``query_first_scores``) the keys are copied
-        once, contiguous, and enter as the transposed right operand of q . keys^T: the scores come out
-        contiguous, so the softmax after them reads rows in order too. Over 30 layers' caches, 64 rows
-        at 48 positions on an AMD EPYC with AVX-512 BF16, the score product and the softmax take
-        about 0.8 of keys . q^T's time (at 20-250 positions 0.80-0.86). In float32 (torch's MKL path)
-        keys . q^T, ``[b, L, g]``, returned as a transposed view, is as fast at 48 positions and the
-        faster one from about 128; batch-invariant mode keeps it in every dtype (its summation order
-        was checked that way)."""
+        ``keys`` is a view of the cache whose rows lie ``capacity`` positions apart, which the batched
+        bfloat16 product copies before it multiplies, whichever side it enters. In bfloat16
+        (``query_first_scores``) the keys are copied explicitly and enter as the transposed right
+        operand of q . keys^T: the scores come out contiguous, so the softmax reads its rows in order,
+        and the product is faster. ``python -m bench decode_parts`` on an AMD EPYC with AVX-512 BF16
+        (docs/PERFORMANCE.md): attention 15.7 against 18.2 ms a decode step of SmolLM2 at batch 64 and
+        16-48 positions, and at 512 cached positions 136 against 170 ms, the forward 257 against 296.
+        Float32 (torch's MKL path) keeps keys . q^T, ``[b, L, g]`` returned as a transposed view: the
+        other way round was 7-11 % faster up to 48 positions and 10-12 % slower from 128 (a
+        micro-benchmark over 30 layers' caches), and float32 decode attention is one fused call
+        outside the split and batch-invariant mode anyway. Batch-invariant mode keeps it
+        in every dtype (its summation order was checked that way)."""
         if self.query_first_scores:
             return torch.baddbmm(mask, q, keys.contiguous().transpose(1, 2), alpha=self.scale)
         return torch.baddbmm(mask.transpose(1, 2), keys, q.transpose(1, 2), alpha=self.scale).transpose(1, 2)
