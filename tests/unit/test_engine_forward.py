@@ -87,14 +87,16 @@ def test_each_way_of_decode_attention_matches_hf(way):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
 
 
-def test_bf16_decode_scores_queries_first_by_default_and_as_close_to_float32_as_keys_first():
-    """In bfloat16 the score product runs as q . keys^T over a copy of the keys (not in batch-invariant
-    mode): against the float32 forward no further off than keys . q^T over the cache's view."""
+def test_bf16_decode_scores_queries_first_where_onednn_runs_them_and_as_close_to_float32_as_keys_first():
+    """In bfloat16 where oneDNN runs the products the score product is q . keys^T over a copy of the
+    keys (not in batch-invariant mode): against the float32 forward no further off than keys . q^T
+    over the cache's view."""
     model = tiny_model("llama", seed=11, num_key_value_heads=4)
     want = hf_next_logits(model, [p + c for p, c in zip(PROMPTS, CONT)])
     model = model.to(torch.bfloat16)
-    assert KVForward(model, max_slots=4).query_first_scores
+    assert KVForward(model, max_slots=4).query_first_scores is BF16_PACKED
     assert not KVForward(model, max_slots=4, batch_invariant=True).query_first_scores
+    assert not KVForward(tiny_model("llama", seed=11), max_slots=4).query_first_scores  # float32
     err = {}
     for way in ATTENTION_WAYS[1:]:
         kv = _attention_way(KVForward(model, max_slots=4, init_slots=1, init_capacity=4), way)

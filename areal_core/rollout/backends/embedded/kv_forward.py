@@ -199,7 +199,7 @@ class KVForward:
         # decode attention in one flash-attention call, else three (benchmarks set it)
         self.fused_attention = fused_decode_attention(self.dtype, self.device)
         # decode scores as q . keys^T over a copy of the keys, else keys . q^T (:meth:`_scores`; benchmarks set it)
-        self.query_first_scores = self.dtype == torch.bfloat16 and not batch_invariant
+        self.query_first_scores = onednn.packable(self.dtype, self.device) and not batch_invariant
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
@@ -435,8 +435,9 @@ class KVForward:
         """Scaled ``q [b, g, hd]`` . ``keys [b, L, hd]``, plus ``mask [b, 1, L]``: ``[b, g, L]``.
 
         ``keys`` is a view of the cache whose rows lie ``capacity`` positions apart, which the batched
-        bfloat16 product copies before it multiplies, whichever side it enters. In bfloat16
-        (``query_first_scores``) the keys are copied explicitly and enter as the transposed right
+        bfloat16 product copies before it multiplies, whichever side it enters. In bfloat16 where
+        oneDNN runs the products (``query_first_scores``: ``onednn.packable``, not in batch-invariant
+        mode) the keys are copied explicitly and enter as the transposed right
         operand of q . keys^T: the scores come out contiguous, so the softmax reads its rows in order,
         and the product is faster. ``python -m bench decode_parts`` on an AMD EPYC with AVX-512 BF16
         (docs/PERFORMANCE.md): attention 15.7 against 18.2 ms a decode step of SmolLM2 at batch 64 and
@@ -445,7 +446,8 @@ class KVForward:
         other way round was 7-11 % faster up to 48 positions and 10-12 % slower from 128 (a
         micro-benchmark over 30 layers' caches), and float32 decode attention is one fused call
         outside the split and batch-invariant mode anyway. Batch-invariant mode keeps it
-        in every dtype (its summation order was checked that way)."""
+        in every dtype (its summation order was checked that way), and so does bfloat16 on a CPU
+        without AVX-512 (with AVX2 kernels emulated the other way was 0.4-7 % slower)."""
         if self.query_first_scores:
             return torch.baddbmm(mask, q, keys.contiguous().transpose(1, 2), alpha=self.scale)
         return torch.baddbmm(mask.transpose(1, 2), keys, q.transpose(1, 2), alpha=self.scale).transpose(1, 2)
