@@ -1157,6 +1157,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "engine.2026-12-02-epyc-zen5-night.json": engine,
     "engine.2026-12-03-epyc-zen4.json": engine,
     "engine.2026-12-04-epyc-zen4.json": engine,
+    "engine.2026-12-04-epyc-zen4-query-first.json": engine,
     "trl_peer.json": trl_peer,
     "trl_peer.2026-11-30-amx.json": trl_peer,
     "trl_peer.emulated-avx2.json": trl_peer,
