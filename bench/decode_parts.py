@@ -62,6 +62,9 @@ from bench.engine import PROMPT, matmul_flops, prompts
 
 BATCH, NEW, REPS = 64, 32, 5
 LONG_CONTEXT, LONG_STEPS = 512, 16
+# KVForward's decode attention methods, each timed as attention (the last calls _attention, but only
+# in batch-invariant mode, which these benchmarks do not run)
+ATTENTION_CALLS = ("_fused_attention", "_attention", "_merged_attention", "_attention_by_head_chunks")
 PARTS = ("projections", "attention", "output projection", "MLP", "norms", "LM head", "sampling", "bookkeeping")
 
 
@@ -96,7 +99,7 @@ def instrument(engine, clock: PartClock) -> None:
         clock.wrap(f, "norm1", "norm1")
         clock.wrap(f, "norm2", "norm2")
     clock.wrap(kv, "_final_norm", "final norm")
-    for name in ("_fused_attention", "_attention", "_merged_attention", "_attention_by_head_chunks"):
+    for name in ATTENTION_CALLS:
         clock.wrap(kv, name, "attention")
     clock.wrap(kv, "_out_proj", "output projection")
     clock.wrap(kv, "_mlp", "MLP with its norm")
@@ -218,7 +221,7 @@ def long_context(name: str, dtype: torch.dtype, positions: int, reps: int) -> li
         kv.prefill(list(range(i, i + 8)), prompt_rows[i : i + 8])
     as_it_runs = (kv.fused_attention, kv.query_first_scores)
     clock = PartClock()
-    for attr in ("_fused_attention", "_attention", "_merged_attention"):
+    for attr in ATTENTION_CALLS:
         clock.wrap(kv, attr, "attention")
     clock.on = True
     tokens = torch.tensor([p[0] for p in prompt_rows])
