@@ -198,8 +198,9 @@ class KVForward:
         self.packed = onednn.packable(self.dtype, self.device) and not batch_invariant
         # decode attention in one flash-attention call, else three (benchmarks set it)
         self.fused_attention = fused_decode_attention(self.dtype, self.device)
-        # decode scores as q . keys^T over a copy of the keys, else keys . q^T (:meth:`_scores`; benchmarks set it)
-        self.query_first_scores = onednn.packable(self.dtype, self.device) and not batch_invariant
+        # decode scores as q . keys^T over a copy of the keys, else keys . q^T (:meth:`_scores`; benchmarks
+        # set it): where oneDNN runs the bfloat16 products, as for packing
+        self.query_first_scores = self.packed
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
