@@ -167,14 +167,6 @@ def onednn_avx512_bf16(flags: set[str] | None = None, cap: str | None = None) ->
     return "avx512f" in flags and _onednn_level(cap) >= _ONEDNN_LEVELS.index("AVX512_CORE")
 
 
-def onednn_amx(flags: set[str] | None = None, cap: str | None = None) -> bool:
-    """Whether oneDNN may compute bfloat16 products with AMX tiles here: the CPU has them
-    (``amx_bf16``) and ``ONEDNN_MAX_CPU_ISA`` does not cap oneDNN below them (as the emulation of an
-    AVX-512 BF16 CPU does)."""
-    flags = set(_cpu_flags()) if flags is None else flags
-    return "amx_bf16" in flags and _onednn_level(cap) >= _ONEDNN_LEVELS.index("AVX10_1_512_AMX")
-
-
 def onednn_bf16_units(flags: set[str] | None = None, cap: str | None = None) -> list[str]:
     """The CPU's bfloat16 matrix units that oneDNN may use here, as /proc/cpuinfo names them
     (``amx_bf16``, ``avx512_bf16``): those the CPU has, less those ``ONEDNN_MAX_CPU_ISA`` caps away

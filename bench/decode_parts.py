@@ -6,8 +6,8 @@ each as the engine runs it and with one of its parts as it was before, the ways 
 batch so the table shows each part before and after:
 
 * ``as it runs``: decode attention the way the engine takes it in that dtype on this CPU
-  (``fused_decode_attention``: one fused flash-attention call, except in bfloat16 where oneDNN has
-  no AMX tiles: three calls), and in bfloat16 the products' weights packed once for oneDNN
+  (``fused_decode_attention``: one fused flash-attention call, except in bfloat16 on a CPU: three
+  calls), and in bfloat16 the products' weights packed once for oneDNN
   (``embedded/onednn.py``); its label says which attention;
 * ``three-call attention`` or ``fused attention``, whichever the engine does not take: decode
   attention as a score product, a softmax and a value product, or as one flash-attention call

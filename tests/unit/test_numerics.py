@@ -21,7 +21,6 @@ from areal_core.numerics import (
     kind_label,
     mkl_mode,
     one_thread,
-    onednn_amx,
     onednn_avx512_bf16,
     onednn_bf16_units,
     require_repeatable,
@@ -175,21 +174,6 @@ def test_require_repeatable_in_this_process():
 )
 def test_onednn_runs_avx512_bf16_kernels_where_the_cpu_and_the_cap_allow(flags, cap, avx512):
     assert onednn_avx512_bf16(flags, cap) is avx512
-
-
-@pytest.mark.parametrize(
-    "flags, cap, amx",
-    [
-        ({"avx2", "avx512f", "avx512_bf16"}, "ALL", False),  # AVX-512 BF16 without tiles (EPYC)
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "ALL", True),  # AMX (Xeon)
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "avx512_core_amx", True),
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX10_1_512_AMX", True),
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX512_CORE_BF16", False),  # the EPYC's emulation
-        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX2", False),
-    ],
-)
-def test_onednn_uses_amx_where_the_cpu_has_tiles_and_the_cap_allows(flags, cap, amx):
-    assert onednn_amx(flags, cap) is amx
 
 
 @pytest.mark.parametrize(

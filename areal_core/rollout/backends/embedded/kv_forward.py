@@ -33,9 +33,10 @@ the weighted sum in float32 and reads K and V in place. Over a cache the CPU hol
 half the time of a score product, a softmax and a value product; inside a step, where each layer's
 cache comes from memory, less is gained (``python -m bench decode_parts``, SmolLM2 at batch 64:
 float32 attention 27.2 -> 20.1 ms a step on an Intel Xeon with AMX, 23.3 -> 19.4 on an AMD EPYC
-with AVX-512 BF16). In bfloat16 the fused call pays only where oneDNN has AMX tiles for its block
-products (20.7 -> 20.0 ms on the Xeon); on a CPU without them it is the slower way (16.3 -> 26.3 ms
-on the EPYC), so there bfloat16 decode attention takes the three calls
+with AVX-512 BF16). In bfloat16 on a CPU the fused call is the slower way, with AMX tiles or without
+(on an AMD EPYC with AVX-512 BF16 16.3 ms a step against 26.3; on an Intel Xeon with AMX, since the
+score product takes the queries first over a copy of the keys (:meth:`KVForward._scores`), 14.1
+against 22.2), so bfloat16 decode attention on a CPU takes the three calls
 (:func:`fused_decode_attention`).
 
 Decode attention in two parts when lengths differ a lot: continuous batching nearly always
@@ -73,7 +74,6 @@ from areal_core.models.weights import (  # noqa: F401 - re-exported: the engine'
     load_model,
     read_weights,
 )
-from areal_core.numerics import onednn_amx
 from areal_core.rollout.backends.embedded import onednn
 
 _NEG_INF = float("-inf")
@@ -125,9 +125,9 @@ class PackedLayer:
 
 def fused_decode_attention(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether decode attention runs as one fused flash-attention call (else a score product, a
-    softmax and a value product): everywhere but in bfloat16 on a CPU where oneDNN has no AMX tiles,
-    whose flash kernel is the slower way there (the module docstring)."""
-    return device.type != "cpu" or dtype != torch.bfloat16 or onednn_amx()
+    softmax and a value product): everywhere but in bfloat16 on a CPU, where torch's flash kernel is
+    the slower way with AMX tiles and without (the module docstring)."""
+    return device.type != "cpu" or dtype != torch.bfloat16
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor:
