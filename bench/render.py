@@ -1170,6 +1170,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer.2026-12-03-epyc-zen4.json": trl_peer,
     "trl_peer.2026-12-04-epyc-zen4.json": trl_peer,
     "trl_peer.2026-12-02-amx.json": trl_peer,
+    "trl_peer.2026-12-05-amx-6-207.json": trl_peer,
     "trl_peer.2026-12-02-epyc-zen4.json": trl_peer,
     "trl_peer.2026-12-02-epyc-zen5-idle-share.json": trl_peer,
     "trl_peer_smollm2.json": trl_peer_smollm2,
