@@ -17,7 +17,10 @@ batch so the table shows each part before and after:
   run by the model's own module instead of one fused ``F.rms_norm`` call;
 * ``keys-first scores`` (bfloat16, where the engine takes three-call attention): the score product
   as keys . q^T over the cache's view, where the engine computes q . keys^T over a copy of the keys
-  (``KVForward.query_first_scores`` switched off).
+  (``KVForward.query_first_scores`` switched off);
+* ``needed positions only`` (bfloat16, where oneDNN runs the products): decode attention over the
+  positions the longest row needs, a view the products copy, where the engine reads the whole
+  capacity in place when it is at most 1.25 times those (``KVForward.attend_in_place`` switched off).
 
 The engine is driven step by step; its parts are timed by wrapping them in place (a
 ``perf_counter`` pair a call: about 0.1 % of a step), on decode steps only:
@@ -39,7 +42,8 @@ which says how fast this CPU's matrix units are.
 Then decode attention at a long context, where its share of a step is largest: BATCH rows holding
 LONG_CONTEXT cached positions each (random prompt tokens, prefilled once), LONG_STEPS decode steps of
 the forward alone (no sampling) from there, per way of taking attention (as it runs, the other call
-style, and where the engine takes three calls in bfloat16 the keys-first scores), interleaved REPS
+style, and where the engine takes three calls in bfloat16 the keys-first scores and, where oneDNN
+runs the products, the needed positions only), interleaved REPS
 times over the same cache; the milliseconds a step of the forward and of attention in it, medians.
 This in the machine's dtype only (bfloat16 where the CPU has bf16 units, else float32).
 
@@ -149,6 +153,7 @@ WAYS = (
     "F.linear products",
     "module norms",
     "keys-first scores",
+    "needed positions only",
 )
 
 
@@ -193,6 +198,8 @@ def take_way(kv, way: str) -> None:
         kv._final_norm = kv.norm
     if way == "keys-first scores":
         kv.query_first_scores = False
+    if way == "needed positions only":
+        kv.attend_in_place = False
 
 
 def attention_ways(dtype: torch.dtype) -> tuple[str, list[str]]:
@@ -200,7 +207,11 @@ def attention_ways(dtype: torch.dtype) -> tuple[str, list[str]]:
     three = not fused_decode_attention(dtype, torch.device("cpu"))
     engine_attention = "three-call attention" if three else "fused attention"
     other = "fused attention" if three else "three-call attention"
-    return engine_attention, [other] + (["keys-first scores"] if three and dtype == torch.bfloat16 else [])
+    bf16_three = three and dtype == torch.bfloat16
+    in_place = bf16_three and onednn.packable(dtype, torch.device("cpu"))
+    return engine_attention, [other] + (["keys-first scores"] if bf16_three else []) + (
+        ["needed positions only"] if in_place else []
+    )
 
 
 def long_context(name: str, dtype: torch.dtype, positions: int, reps: int) -> list[dict]:
@@ -219,7 +230,7 @@ def long_context(name: str, dtype: torch.dtype, positions: int, reps: int) -> li
     kv.ensure(BATCH, length)
     for i in range(0, BATCH, 8):
         kv.prefill(list(range(i, i + 8)), prompt_rows[i : i + 8])
-    as_it_runs = (kv.fused_attention, kv.query_first_scores)
+    as_it_runs = (kv.fused_attention, kv.query_first_scores, kv.attend_in_place)
     clock = PartClock()
     for attr in ATTENTION_CALLS:
         clock.wrap(kv, attr, "attention")
@@ -227,7 +238,7 @@ def long_context(name: str, dtype: torch.dtype, positions: int, reps: int) -> li
     tokens = torch.tensor([p[0] for p in prompt_rows])
 
     def steps(way: str) -> tuple[float, float]:
-        kv.fused_attention, kv.query_first_scores = as_it_runs
+        kv.fused_attention, kv.query_first_scores, kv.attend_in_place = as_it_runs
         if way != "as it runs":
             take_way(kv, way)  # (attention ways only: switches, the cache stays)
         clock.s.clear()

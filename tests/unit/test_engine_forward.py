@@ -115,6 +115,87 @@ def test_decode_attention_is_fused_except_in_bf16_on_a_cpu():
     assert KVForward(tiny_model("qwen2", seed=11), max_slots=4).fused_attention  # float32 here: fused
 
 
+def _in_place_calls(kv: KVForward) -> list[bool]:
+    """Record, per decode step, whether attention read the whole capacity in place (its keys and
+    values then one contiguous block each)."""
+    seen, decide, attend = [], kv._in_place, kv._attention
+
+    def spy_decide(L):
+        seen.append(decide(L))
+        return seen[-1]
+
+    def spy_attend(mask, q, keys, values):
+        if seen and seen[-1]:
+            assert keys.shape[1] == kv.capacity and keys.is_contiguous() and values.is_contiguous()
+        return attend(mask, q, keys, values)
+
+    kv._in_place, kv._attention = spy_decide, spy_attend
+    return seen
+
+
+def _decode_then_move(kv: KVForward) -> torch.Tensor:
+    """:func:`run_kv`, then row 3 moved onto row 1 (which held a longer sequence: its stale positions
+    past row 3's length stay in the cache) and three rows decoded twice more; the last logits."""
+    run_kv(kv, PROMPTS, CONT)
+    lengths = [len(p) + len(c) for p, c in zip(PROMPTS, CONT)]
+    kv.move_rows([1], [3], lengths[3])
+    lengths = torch.tensor([lengths[0], lengths[3], lengths[2]])
+    for token in (46, 47):
+        logits = kv.decode(torch.tensor([token] * 3), lengths, int(lengths.max()) + 1)
+        lengths += 1
+    return logits
+
+
+def _moved_reference(model) -> torch.Tensor:
+    seqs = [p + c for p, c in zip(PROMPTS, CONT)]
+    return hf_next_logits(model, [s + [46, 47] for s in (seqs[0], seqs[3], seqs[2])])
+
+
+def test_decode_attention_over_the_whole_capacity_in_place_matches_hf():
+    """Three-call decode attention reading every cached position up to the capacity in place (those no
+    row holds masked, a moved row's stale ones among them) gives plain HF's logits, in float32 where
+    the way is forced; it runs where the capacity is at most IN_PLACE_WIDENING times the positions."""
+    from areal_core.rollout.backends.embedded.kv_forward import IN_PLACE_WIDENING
+
+    model = tiny_model("llama", seed=11, num_key_value_heads=4)
+    kv = _attention_way(KVForward(model, max_slots=4, init_slots=1, init_capacity=4), "three calls, keys first")
+    assert not kv.attend_in_place  # float32: MKL's products read the view in place anyway
+    kv.attend_in_place = True
+    in_place = _in_place_calls(kv)
+    torch.testing.assert_close(_decode_then_move(kv), _moved_reference(model), atol=2e-4, rtol=0)
+    # the cache holds 11 positions while the continuations run (a prompt of 6, 4 tokens and the next):
+    # the steps needing 7 and 8 (11 > 1.25 * 8) read those, the next two and the first after the move
+    # all 11; the last needs 12, the cache doubles to 22, and it reads the 12
+    assert kv.capacity == 22 and IN_PLACE_WIDENING == 1.25
+    assert in_place == [False, False, True, True, True, False]
+
+
+@pytest.mark.skipif(
+    not onednn.packable(torch.bfloat16, torch.device("cpu")),
+    reason="this CPU's torch has no oneDNN bfloat16 products (no AVX-512 or bf16 units)",
+)
+def test_bf16_decode_attention_reads_the_whole_capacity_in_place_and_is_as_close_to_float32():
+    """Where oneDNN runs the bfloat16 products (which copy a view of the cache before they multiply),
+    decode attention reads the whole capacity in place, outside batch-invariant mode; against the
+    float32 forward no further off than over the positions needed."""
+    model = tiny_model("llama", seed=11, num_key_value_heads=4)
+    want = _moved_reference(model)
+    model = model.to(torch.bfloat16)
+    assert KVForward(model, max_slots=4).attend_in_place
+    err = {}
+    for in_place in (True, False):
+        kv = KVForward(model, max_slots=4, init_slots=1, init_capacity=4)
+        kv.attend_in_place = in_place
+        seen = _in_place_calls(kv)
+        err[in_place] = (_decode_then_move(kv) - want).abs().max()
+        assert any(seen) is in_place
+    assert 0 < err[True] <= 1.5 * err[False], err
+    invariant = KVForward(model, max_slots=4, init_slots=1, init_capacity=4, batch_invariant=True)
+    seen = _in_place_calls(invariant)
+    _decode_then_move(invariant)
+    assert seen and not any(seen)
+
+
 def test_weights_changed_rebuilds_the_fused_weights_and_keeps_the_cache():
     old, new = tiny_model("qwen2", seed=12), tiny_model("qwen2", seed=13)
     model = copy.deepcopy(old)

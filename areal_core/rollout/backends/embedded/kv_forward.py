@@ -16,15 +16,26 @@ Whoever changes the model's weights (in place or by replacing parameters) must c
 :meth:`KVForward.weights_changed` before the next forward. The KV cache does not depend
 on the weights and is left as it is.
 
-Cache layout: per layer one tensor ``[slots, kv_heads, 2, capacity, head_dim]`` (a head's keys,
-then its values, each over consecutive positions), plus one additive mask ``[slots, kv_heads,
-capacity]`` (0 where a position holds a token, -inf elsewhere) shared by the layers. Decode
+Cache layout: per layer one tensor ``[2, slots, kv_heads, capacity, head_dim]`` (every row's keys,
+then every row's values, each head's over consecutive positions), plus one additive mask ``[slots,
+kv_heads, capacity]`` (0 where a position holds a token, -inf elsewhere) shared by the layers. Decode
 attention reads the keys in its score product and the values in its value product: apart, each
 is one block of memory, where keys and values interleaved position by position made each product
 pull the other's cache lines too (docs/PERFORMANCE.md, "Where a decode step goes"). Row ``i``
 belongs to the ``i``-th running sequence; the caller keeps them compacted in rows ``0..n-1`` (:meth:`KVForward.move_rows`).
 Grouped-query attention views the queries as ``[n * kv_heads, groups, head_dim]``, so K/V
 heads are never repeated in memory.
+
+Decode attention over the whole capacity, in place: the keys (and the values) of rows ``0..n-1``
+over all ``capacity`` positions are one contiguous ``[n * kv_heads, capacity, head_dim]`` block,
+which the bfloat16 batched products take as they are, where over the first ``L`` positions only
+(rows ``capacity`` positions apart) they copy it first. Positions no row holds are masked (-inf,
+their cache zeros or a moved row's stale, finite values), so reading them changes no result but
+costs their reads; the three-call bfloat16 attention takes the whole capacity where it is at most
+:data:`IN_PLACE_WIDENING` times the positions the longest row needs (:meth:`KVForward._in_place`).
+On an Intel Xeon with AMX (SmolLM2 at batch 64, one thread, the forward a decode step), with the
+capacity about 1.2 times the positions needed, reading it in place was 1.6, 4.5, 9 and 12.5 % faster
+at 48, 96, 192 and 384 positions; at 1.5 times it was level at 256 positions and slower below.
 
 Decode attention is one fused flash-attention call (``F.scaled_dot_product_attention``, torch's
 CPU flash kernel): the ``groups`` query heads that share a KV head enter as that head's query
@@ -81,6 +92,9 @@ INVARIANT_MIN_ROWS = 16  # batch-invariant mode: projections see at least this m
 INVARIANT_BLOCK = 64  # batch-invariant mode: decode attention spans a multiple of this many positions
 INVARIANT_MAX_QUERY_ROWS = 3  # batch-invariant mode: decode attention's query heads per call, at most
 _STANDARD_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")
+# decode attention reads the whole capacity in place where it is at most this many times the positions
+# the longest row needs (the module docstring)
+IN_PLACE_WIDENING = 1.25
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -201,6 +215,8 @@ class KVForward:
         # decode scores as q . keys^T over a copy of the keys, else keys . q^T (:meth:`_scores`; benchmarks
         # set it): where oneDNN runs the bfloat16 products, as for packing
         self.query_first_scores = self.packed
+        # bfloat16 decode attention over the whole capacity in place (:meth:`_in_place`; benchmarks set it)
+        self.attend_in_place = self.packed
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
@@ -346,11 +362,11 @@ class KVForward:
         )
         old_s, old_c = self.slots, self.capacity
         # zeros, not empty: masked positions still enter the matmuls and must be finite
-        shape = (new_slots, self.n_kv, 2, new_cap, self.head_dim)
+        shape = (2, new_slots, self.n_kv, new_cap, self.head_dim)
         for i in range(len(self.layers)):
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if old_s:
-                t[:old_s, :, :, :old_c] = self.kv[i][:old_s, :, :, :old_c]
+                t[:, :old_s, :, :old_c] = self.kv[i][:, :old_s, :, :old_c]
             if i < len(self.kv):
                 self.kv[i] = t
             else:
@@ -359,9 +375,10 @@ class KVForward:
         mask[:old_s, :, :old_c] = self.mask
         self.mask = mask
         self.slots, self.capacity = new_slots, new_cap
-        # flat index of (slot, kv head, position 0) in the mask; in a cache tensor viewed as
-        # [-1, head_dim], that head's keys start at twice it, its values ``capacity`` rows further
+        # flat index of (slot, kv head, position 0) in the mask, and of its key in a cache tensor viewed
+        # as [-1, head_dim]; its value lies ``_values_at`` rows further
         self._row_base = torch.arange(new_slots * self.n_kv, device=self.device).view(new_slots, self.n_kv) * new_cap
+        self._values_at = new_slots * self.n_kv * new_cap
         if self._rope.shape[0] < new_cap:
             self._rope = self._rope_table(new_cap)
 
@@ -376,7 +393,7 @@ class KVForward:
         s = torch.tensor(src, device=self.device)
         length = min(length, self.capacity)
         for t in self.kv:
-            t[d, :, :, :length] = t[s, :, :, :length]
+            t[:, d, :, :length] = t[:, s, :, :length]
         self.mask[d] = self.mask[s]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -404,21 +421,22 @@ class KVForward:
         h = F.embedding(tokens, self.embed.weight)  # [n, hidden]
         rope = self._rope[lengths]  # [n, 2, hd]
         cos, sin = rope[:, None, None, 0], rope[:, None, None, 1]  # [n, 1, 1, hd]
-        write = self._row_base[:n] + lengths[:, None]  # [n, kv]: the new position in the mask
+        write = self._row_base[:n] + lengths[:, None]  # [n, kv]: the new position in the mask and the cache
         self.mask.view(-1).index_fill_(0, write.view(-1), 0.0)
-        k_at = write + self._row_base[:n]  # and its key in the cache, its value `capacity` rows on
-        kv_write = torch.stack((k_at, k_at + self.capacity), dim=-1).view(-1)  # [n * kv * 2]
+        kv_write = torch.stack((write, write + self._values_at), dim=-1).view(-1)  # [n * kv * 2]
         split = None if self.batch_invariant else self._split_at(lengths, L)
         if split is not None:
             Ls, long_rows = split
             L = Ls
+        elif self._in_place(L):
+            L = self.capacity
         mask = self.mask.view(-1, 1, self.capacity)[: n * kv, :, :L]  # [n*kv, 1, L]
         for f, cache in zip(self.fused, self.kv):
             y = self._qkv(f, h).view(n, kv, g + 2, hd)
             apply_rope(y[:, :, : g + 1], cos, sin, inplace=True)  # the queries and the key
             cache.view(-1, hd).index_copy_(0, kv_write, y[:, :, g:].reshape(n * kv * 2, hd))
-            keys = cache[:n, :, 0, :L].reshape(n * kv, L, hd)  # views
-            values = cache[:n, :, 1, :L].reshape(n * kv, L, hd)
+            keys = cache[0, :n, :, :L].reshape(n * kv, L, hd)  # views
+            values = cache[1, :n, :, :L].reshape(n * kv, L, hd)
             q = y[:, :, :g].reshape(n * kv, g, hd)
             if self.batch_invariant and g > INVARIANT_MAX_QUERY_ROWS:
                 o = self._attention_by_head_chunks(mask, q, keys, values)
@@ -432,10 +450,22 @@ class KVForward:
             h = self._mlp(f, self._out_proj(f, h, o.view(n, -1)))
         return self._logits(h)
 
+    def _in_place(self, L: int) -> bool:
+        """Whether decode attention over ``L`` positions reads the whole capacity in place instead (the
+        module docstring): three-call bfloat16 attention outside batch-invariant mode, where the
+        capacity is at most :data:`IN_PLACE_WIDENING` times ``L``."""
+        return (
+            self.attend_in_place
+            and not self.fused_attention
+            and not self.batch_invariant
+            and self.capacity <= IN_PLACE_WIDENING * L
+        )
+
     def _scores(self, mask, q, keys) -> torch.Tensor:
         """Scaled ``q [b, g, hd]`` . ``keys [b, L, hd]``, plus ``mask [b, 1, L]``: ``[b, g, L]``.
 
-        ``keys`` is a view of the cache whose rows lie ``capacity`` positions apart, which the batched
+        ``keys`` is a view of the cache whose rows lie ``capacity`` positions apart (where it does not
+        span the whole capacity, :meth:`_in_place`), which the batched
         bfloat16 product copies before it multiplies, whichever side it enters. In bfloat16 where
         oneDNN runs the products (``query_first_scores``: ``onednn.packable``, not in batch-invariant
         mode) the keys are copied explicitly and enter as the transposed right
@@ -494,8 +524,8 @@ class KVForward:
         total = p.sum(dim=-1, keepdim=True)
         o = torch.bmm(p.to(self.dtype), values).float()  # unnormalised
         m = long_rows.shape[0]
-        tail = cache[long_rows, :, :, Ls:L]  # [m, kv, 2, L - Ls, hd], a copy
-        tail_k, tail_v = (tail[:, :, i].reshape(m * kv, L - Ls, hd) for i in (0, 1))
+        tail = cache[:, long_rows, :, Ls:L]  # [2, m, kv, L - Ls, hd], a copy
+        tail_k, tail_v = (tail[i].reshape(m * kv, L - Ls, hd) for i in (0, 1))
         q2 = q.view(-1, kv, g, hd)[long_rows].reshape(m * kv, g, hd)
         mask2 = self.mask[long_rows, :, Ls:L].reshape(m * kv, 1, L - Ls)
         s2 = self._scores(mask2, q2, tail_k)
@@ -539,7 +569,7 @@ class KVForward:
         for f, cache in zip(self.fused, self.kv):
             y = self._qkv(f, h).view(m, L, kv, g + 2, hd)
             apply_rope(y[..., : g + 1, :], cos, sin, inplace=True)
-            cache[row_t, :, :, :L] = y[..., g:, :].permute(0, 2, 3, 1, 4)  # [m, kv, 2, L, hd]
+            cache[:, row_t, :, :L] = y[..., g:, :].permute(3, 0, 2, 1, 4)  # [2, m, kv, L, hd]
             q = (y[..., :g, :] * self.scale).permute(0, 2, 3, 1, 4)  # [m, kv, g, L, hd]
             kt = y[..., g, :].permute(0, 2, 3, 1)[:, :, None]  # [m, kv, 1, hd, L]
             v = y[..., g + 1, :].transpose(1, 2)[:, :, None]  # [m, kv, 1, L, hd]
