@@ -1195,6 +1195,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-12-04-epyc-zen4-query-first.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-05-amx-6-207.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-05-amx-6-207-three-call.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-05-amx-6-207-in-place.json#systems": trl_peer_smollm2_systems,
     "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
     "trainer_parts.2026-12-04-epyc-zen4.json": trainer_parts,
     "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
