@@ -308,20 +308,15 @@ def hf_logprobs(model, prompt: list[int], out: list[int], temperature: float) ->
     return logits.argmax(-1), lp[torch.arange(len(out)), torch.tensor(out)]
 
 
-async def _generated_tokens(c: VLLMClient) -> int:
-    """The engine's count of tokens generated since it started (``/metrics``)."""
-    return vb._metric((await c._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:generation_tokens_total")
-
-
 async def _decoding(c: VLLMClient, request, tokens: int = 8, timeout_s: float = 30.0) -> asyncio.Task:
     """``request`` (a coroutine) started as a task, returned once the engine has generated ``tokens``
     tokens more than before it was sent: the request is decoding, not only received. (``/load`` is no
     such sign: vLLM's counter of requests in flight drifts, e.g. it still counts a request aborted while
     queued under a pause, so a request can look received before it is, or never.)"""
-    before = await _generated_tokens(c)
+    before = await c.metric("vllm:generation_tokens_total")
     task = asyncio.create_task(request)
     deadline = time.monotonic() + timeout_s
-    while not task.done() and await _generated_tokens(c) < before + tokens:
+    while not task.done() and await c.metric("vllm:generation_tokens_total") < before + tokens:
         assert time.monotonic() < deadline, "the request never started decoding"
         await asyncio.sleep(0.01)
     return task

@@ -336,6 +336,11 @@ class VLLMClient(HTTPClient):
         0.32.0 reported 1 with nothing in flight), so it is a figure to show, not a sign to wait on."""
         return int((await self._json("GET", "/load") or {}).get("server_load", 0))
 
+    async def metric(self, name: str) -> int:
+        """One Prometheus metric of ``/metrics``, summed over its samples (e.g.
+        ``vllm:generation_tokens_total``, the tokens generated since the server started)."""
+        return _metric((await self._request("GET", "/metrics")).decode("utf-8", "replace"), name)
+
     async def info(self) -> ServerInfo:
         """``running + waiting``: the generate requests in flight at the server (``/load``); the
         split is the engine's gauge, which keeps its last step's value while the engine idles."""
@@ -349,10 +354,7 @@ class VLLMClient(HTTPClient):
                 f"weight_info.weight_version {label!r} is not an integer label (POST /update_weight_version first)",
             ) from e
         in_flight = await self.in_flight()
-        running = min(
-            in_flight,
-            _metric((await self._request("GET", "/metrics")).decode("utf-8", "replace"), "vllm:num_requests_running"),
-        )
+        running = min(in_flight, await self.metric("vllm:num_requests_running"))
         paused = (await self._json("GET", "/is_paused") or {}).get("is_paused")
         return ServerInfo(weight_version=version, running=running, waiting=in_flight - running, paused=paused is True)
 
