@@ -708,6 +708,35 @@ def decode_parts(r: dict) -> str:
     return out
 
 
+def kv_growth(r: dict) -> str:
+    """The kv_growth record: long answers through the engine per way its KV cache grows, and the ratio
+    of the two per repetition."""
+    st = r["setup"]
+    head = [
+        f"way ({st['batch']} answers of {st['new_tokens']} tokens, {st['dtype']})",
+        "tokens/s (median)",
+        "s a batch",
+        "decode steps in place",
+        "capacity at the end",
+    ]
+    rows = [
+        [
+            x["way"],
+            f"{x['tokens_per_s']:.1f}",
+            f"{x['wall_s']:.1f}",
+            f"{x['in_place_steps']} of {x['decode_steps']}",
+            str(x["capacity"]),
+        ]
+        for x in r["rows"]
+    ]
+    ratios = r["ratios"]
+    per_rep = ", ".join(f"{x:.3f}" for x in ratios)
+    return (
+        _table(head, rows)
+        + f"\n\nGrows by 1.25 over doubles: **{statistics.median(ratios):.3f}** (per repetition: {per_rep})."
+    )
+
+
 def _decode_long_context(rows_: list[dict]) -> str:
     """decode_parts' long-context rows: the forward's and attention's milliseconds a step per way."""
     x0 = rows_[0]
@@ -1138,6 +1167,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "test_suite.2026-11-29-epyc.json": test_suite,
     "test_suite.2026-12-02-epyc-zen5.json": test_suite,
     "test_suite.2026-12-05-amx-6-207.json": test_suite,
+    "kv_growth.2026-12-05-amx-6-207.json": kv_growth,
     "decode_parts.json": decode_parts,
     "decode_parts.2026-11-29-epyc.json": decode_parts,
     "decode_parts.2026-12-01-epyc.json": decode_parts,

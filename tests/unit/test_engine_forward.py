@@ -170,6 +170,40 @@ def test_decode_attention_over_the_whole_capacity_in_place_matches_hf():
     assert in_place == [False, False, True, True, True, False]
 
 
+@pytest.mark.parametrize(
+    "growth,capacities,in_place",
+    [
+        # by 1.25: every step after the first growth reads the whole capacity
+        (1.25, [10, 13, 17, 22, 28, 35], [False] + [True] * 23),
+        # doubling: after a growth, not until the positions reach 0.8 of the capacity
+        (2.0, [10, 20, 40], [False, True, True, True] + [False] * 5 + [True] * 5 + [False] * 10),
+    ],
+)
+def test_capacity_grows_by_the_in_place_widening_so_attention_keeps_reading_it_in_place(growth, capacities, in_place):
+    """Where decode attention may read the whole capacity in place, a capacity that the longest row
+    outgrows grows by IN_PLACE_WIDENING (elsewhere it doubles), so the widening never exceeds it after
+    a growth; across the growths the logits are plain HF's (float32, the way forced)."""
+    from areal_core.rollout.backends.embedded.kv_forward import IN_PLACE_WIDENING
+
+    model = tiny_model("llama", seed=11, num_key_value_heads=4)
+    assert KVForward(model, max_slots=4).capacity_growth == 2.0  # float32 reads no capacity in place
+    assert IN_PLACE_WIDENING == 1.25
+    kv = _attention_way(KVForward(model, max_slots=4, init_slots=4, init_capacity=10), "three calls, keys first")
+    kv.attend_in_place, kv.capacity_growth = True, growth
+    seen = _in_place_calls(kv)
+    kv.ensure(4, 7)
+    kv.prefill(list(range(4)), PROMPTS)
+    cont = [[4 + (5 * i + 3 * k) % 60 for k in range(24)] for i in range(4)]
+    lengths, grown = torch.tensor([len(p) for p in PROMPTS]), [kv.capacity]
+    for step in range(24):  # the longest row (a prompt of 6) needs 7 to 30 positions
+        logits = kv.decode(torch.tensor([c[step] for c in cont]), lengths, int(lengths.max()) + 1)
+        lengths += 1
+        grown += [kv.capacity] if kv.capacity != grown[-1] else []
+    torch.testing.assert_close(logits, hf_next_logits(model, [p + c for p, c in zip(PROMPTS, cont)]), atol=2e-4, rtol=0)
+    assert grown == capacities
+    assert seen == in_place
+
+
 @pytest.mark.skipif(
     not onednn.packable(torch.bfloat16, torch.device("cpu")),
     reason="this CPU's torch has no oneDNN bfloat16 products (no AVX-512 or bf16 units)",

@@ -33,6 +33,12 @@ which the bfloat16 batched products take as they are, where over the first ``L``
 their cache zeros or a moved row's stale, finite values), so reading them changes no result but
 costs their reads; the three-call bfloat16 attention takes the whole capacity where it is at most
 :data:`IN_PLACE_WIDENING` times the positions the longest row needs (:meth:`KVForward._in_place`).
+Where it may, a capacity that a row outgrows grows by that same factor (elsewhere it doubles), so
+once the cache has grown it is always read in place: growing by 1.25 copies the cache about every
+fifth of its positions instead of at every doubling (over a long answer about three times the
+bytes, each growth about what two decode steps' attention reads), and a growth holds 2.25 times
+the old cache at its peak instead of 3. The initial capacity (or a KV budget's reservation) can
+still exceed it.
 On an Intel Xeon with AMX (SmolLM2 at batch 64, one thread, the forward a decode step), with the
 capacity about 1.2 times the positions needed, reading it in place was 1.6, 4.5, 9 and 12.5 % faster
 at 48, 96, 192 and 384 positions; at 1.5 times it was level at 256 positions and slower below.
@@ -71,6 +77,7 @@ machine that runs it; docs/PERFORMANCE.md gives its cost.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -217,6 +224,9 @@ class KVForward:
         self.query_first_scores = self.packed
         # bfloat16 decode attention over the whole capacity in place (:meth:`_in_place`; benchmarks set it)
         self.attend_in_place = self.packed
+        # how much the capacity grows when a row outgrows it (:meth:`ensure`): where attention reads the
+        # whole capacity, by IN_PLACE_WIDENING, so that it always may; else it doubles (benchmarks set it)
+        self.capacity_growth = IN_PLACE_WIDENING if self.attend_in_place else 2.0
         self._rope = torch.empty(0, 2, self.head_dim, dtype=self.dtype, device=self.device)
         self.fused: list[FusedLayer | PackedLayer] = []
         self.weights_changed()
@@ -345,7 +355,8 @@ class KVForward:
         self._row_base = torch.empty(0, self.n_kv, dtype=torch.long, device=self.device)
 
     def ensure(self, slots: int, length: int) -> None:
-        """Make room for ``slots`` rows of ``length`` positions, keeping the contents."""
+        """Make room for ``slots`` rows of ``length`` positions, keeping the contents. Rows double;
+        the capacity grows by ``capacity_growth`` (at least to ``length``) when ``length`` exceeds it."""
         if slots <= self.slots and length <= self.capacity:
             return
         if slots > self.max_slots:
@@ -358,15 +369,18 @@ class KVForward:
         new_cap = (
             self.capacity
             if length <= self.capacity
-            else min(self.max_positions, max(length, 2 * self.capacity, self.init_capacity))
+            else min(
+                self.max_positions, max(length, math.ceil(self.capacity_growth * self.capacity), self.init_capacity)
+            )
         )
         old_s, old_c = self.slots, self.capacity
-        # zeros, not empty: masked positions still enter the matmuls and must be finite
+        # what is not copied is zeroed: masked positions still enter the matmuls and must be finite
         shape = (2, new_slots, self.n_kv, new_cap, self.head_dim)
         for i in range(len(self.layers)):
-            t = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if old_s:
-                t[:, :old_s, :, :old_c] = self.kv[i][:, :old_s, :, :old_c]
+            t = torch.empty(shape, dtype=self.dtype, device=self.device)
+            t[:, :old_s, :, :old_c] = self.kv[i][:, :old_s, :, :old_c] if old_s else 0
+            t[:, :old_s, :, old_c:] = 0
+            t[:, old_s:] = 0
             if i < len(self.kv):
                 self.kv[i] = t
             else:
