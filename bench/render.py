@@ -737,6 +737,33 @@ def kv_growth(r: dict) -> str:
     )
 
 
+def core_interference(r: dict) -> str:
+    """The core_interference record: each kernel's milliseconds on one CPU alone and beside the other
+    CPU's kernel, and the slowdown's median, quartiles and range over the repetitions."""
+    from bench.core_interference import quartiles
+
+    rows = [
+        [
+            x["kernel"],
+            x["beside"],
+            f"{statistics.median(x['alone_ms']):.2f}",
+            f"{statistics.median(x['beside_ms']):.2f}",
+            "**{:.2f}** ({:.2f}-{:.2f}; {:.2f}-{:.2f})".format(
+                x["slowdown"], *quartiles(x["slowdowns"]), min(x["slowdowns"]), max(x["slowdowns"])
+            ),
+        ]
+        for x in r["rows"]
+    ]
+    head = [
+        "kernel on the first CPU",
+        "looping on the second",
+        "ms alone",
+        "ms beside",
+        f"slowdown: median (quartiles; range) of {r['setup']['repetitions']} repetitions",
+    ]
+    return _table(head, rows)
+
+
 def _decode_long_context(rows_: list[dict]) -> str:
     """decode_parts' long-context rows: the forward's and attention's milliseconds a step per way."""
     x0 = rows_[0]
@@ -1168,6 +1195,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "test_suite.2026-12-02-epyc-zen5.json": test_suite,
     "test_suite.2026-12-05-amx-6-207.json": test_suite,
     "kv_growth.2026-12-05-amx-6-207.json": kv_growth,
+    "core_interference.2026-12-05-amx-6-207.json": core_interference,
     "decode_parts.json": decode_parts,
     "decode_parts.2026-11-29-epyc.json": decode_parts,
     "decode_parts.2026-12-01-epyc.json": decode_parts,
