@@ -136,6 +136,7 @@ class Pair:
         return seconds, self.res[1].get(timeout=600)
 
     def close(self) -> None:
+        self.stop.set()  # a worker still looping (an error mid-pair) stops and reads its last command
         for q in self.cmd:
             q.put(None)
         for p in self.procs:
