@@ -378,8 +378,9 @@ class KVForward:
         shape = (2, new_slots, self.n_kv, new_cap, self.head_dim)
         for i in range(len(self.layers)):
             t = torch.empty(shape, dtype=self.dtype, device=self.device)
-            t[:, :old_s, :, :old_c] = self.kv[i][:, :old_s, :, :old_c] if old_s else 0
-            t[:, :old_s, :, old_c:] = 0
+            if old_s:
+                t[:, :old_s, :, :old_c] = self.kv[i][:, :old_s, :, :old_c]
+                t[:, :old_s, :, old_c:] = 0
             t[:, old_s:] = 0
             if i < len(self.kv):
                 self.kv[i] = t
