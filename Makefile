@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 
-.PHONY: demo test test-unit test-nightly setup clean ui-browser slurm bench-trl vllm-venv docs
+.PHONY: demo test test-unit test-nightly setup clean ui-browser slurm bench-trl vllm-venv docs bytecode
 
 # torch first, pinned: pip resolves `torch==2.13.0` from the index configured for this machine, whose
 # build (CPU or CUDA) it gets; installing it before anything else keeps a dependency from pulling
@@ -28,10 +28,17 @@ $(FULL): $(BASE)
 
 setup: $(FULL)
 
+# the project's own modules compiled to bytecode (__pycache__, git-ignored), only those changed since:
+# every process of a run or a test (servers, workers, graders) imports them, and where
+# PYTHONDONTWRITEBYTECODE is set Python never writes these files itself, so each process would compile
+# every module it imports again (about a second of CPU a process on the 2-core machines)
+bytecode: $(BASE)
+	@$(PY) -m compileall -q -j 0 -x '\.venvs/|infra/gpu_' areal_core flows tasks infra bench tests
+
 # the demo's folder: a finished demo there is not trained over (the target says how to run another);
 # a stopped one (Ctrl-C) is continued from its last checkpoint
 DEMO_DIR ?= runs/quickstart
-demo: $(BASE)
+demo: $(BASE) bytecode
 	@if [ -f $(DEMO_DIR)/summary.json ]; then \
 	  echo "$(DEMO_DIR) holds a finished demo (summary.json): make demo DEMO_DIR=$(DEMO_DIR)-2 runs another, rm -rf $(DEMO_DIR) starts afresh"; \
 	elif [ -d $(DEMO_DIR)/checkpoints ]; then \
@@ -47,7 +54,7 @@ demo: $(BASE)
 # fails the target before any test runs (`.venv/bin/ruff format .` formats the tree);
 # --durations: the 25 slowest tests are listed at the end
 TEST_WORKERS ?= 2
-test: $(FULL)
+test: $(FULL) bytecode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not nightly"
@@ -55,11 +62,11 @@ test: $(FULL)
 # the tests that bring up the whole local Prefect stack (server, worker, deployments, UI screenshots),
 # the load tests, the real 135M model's load-and-publish test, and the longer whole runs of optional
 # parts (pyproject's `nightly` marker lists them); CI (.ci/run) runs them after make test
-test-nightly: $(FULL)
+test-nightly: $(FULL) bytecode
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m nightly
 
 # tests/unit alone: no servers, processes or Prefect (about 1 min on 2 cores)
-test-unit: $(FULL)
+test-unit: $(FULL) bytecode
 	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests/unit
 
 # the docs site (mkdocs.yml): the reference pages regenerated from the code first (their test fails on a
