@@ -1194,6 +1194,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "test_suite.2026-11-29-epyc.json": test_suite,
     "test_suite.2026-12-02-epyc-zen5.json": test_suite,
     "test_suite.2026-12-05-amx-6-207.json": test_suite,
+    "test_suite.2026-12-06-amx-6-207.json": test_suite,
     "kv_growth.2026-12-05-amx-6-207.json": kv_growth,
     "core_interference.2026-12-05-amx-6-207.json": core_interference,
     "decode_parts.json": decode_parts,
