@@ -33,7 +33,7 @@ setup: $(FULL)
 # PYTHONDONTWRITEBYTECODE is set Python never writes these files itself, so each process would compile
 # every module it imports again (about a second of CPU a process on the 2-core machines)
 bytecode: $(BASE)
-	@$(PY) -m compileall -q -j 0 -x '\.venvs/|infra/gpu_' areal_core flows tasks infra bench tests
+	@$(PY) -m compileall -q -j 0 -x '\.venvs/|infra/gpu_wheels|infra/gpu_model_' areal_core flows tasks infra bench tests
 
 # the demo's folder: a finished demo there is not trained over (the target says how to run another);
 # a stopped one (Ctrl-C) is continued from its last checkpoint
