@@ -1195,6 +1195,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "test_suite.2026-12-02-epyc-zen5.json": test_suite,
     "test_suite.2026-12-05-amx-6-207.json": test_suite,
     "test_suite.2026-12-06-amx-6-207.json": test_suite,
+    "test_suite.2026-12-06-epyc-zen4.json": test_suite,
     "kv_growth.2026-12-05-amx-6-207.json": kv_growth,
     "kv_growth.2026-12-06-epyc-zen4.json": kv_growth,
     "core_interference.2026-12-05-amx-6-207.json": core_interference,
