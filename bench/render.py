@@ -1262,6 +1262,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "trl_peer_smollm2.2026-12-05-amx-6-207-three-call.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-05-amx-6-207-in-place.json#systems": trl_peer_smollm2_systems,
     "trl_peer_smollm2.2026-12-06-epyc-zen4.json#systems": trl_peer_smollm2_systems,
+    "trl_peer_smollm2.2026-12-06-epyc-zen4-2.json#systems": trl_peer_smollm2_systems,
     "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
     "trainer_parts.2026-12-04-epyc-zen4.json": trainer_parts,
     "trainer_parts.2026-12-06-epyc-zen4.json": trainer_parts,
