@@ -7,8 +7,9 @@ A rendered block sits between two markers in a Markdown file::
     <!-- end rendered -->
 
 ``python -m bench.render`` rewrites every block of the files in ``DOCS`` from its record with the
-record's renderer (``RENDERERS``, by the record's file name); ``python -m bench.render --check``
-rewrites nothing and exits 1 naming each block that differs from what its record gives (the unit test
+record's renderer (``RENDERERS``, by the record's file name, a dated copy by its benchmark's:
+:func:`renderer_name`); ``python -m bench.render --check`` rewrites nothing and exits 1 naming each
+block that differs from what its record gives (the unit test
 ``tests/unit/test_rendered_docs.py`` runs it). Each block ends with its record's source line:
 command, commit, CPU (model and the instruction sets that choose kernels), load and date.
 
@@ -1164,6 +1165,9 @@ def sim_validation(r: dict) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
+    "trainer_parts.json": trainer_parts,
+    "core_interference.json": core_interference,
+    "kv_growth.json": kv_growth,
     "preemption_slurm.json": preemption_slurm,
     "determinism_cost.json": determinism_costs,
     "determinism.json": determinism,
@@ -1178,95 +1182,21 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "core_split.json": core_split,
     "core_lending.json": core_lending,
     "core_lending_smollm2.json": core_lending,
-    "core_lending.2026-12-02-amx.json": core_lending,
-    "core_lending_smollm2.2026-12-02-amx.json": core_lending,
-    "core_lending.2026-12-02-epyc-zen4.json": core_lending,
-    "core_lending.2026-12-02-epyc-zen5.json": core_lending,
     "demo.json": demo,
     "eta_until_clear.json": campaign_decision,
     "dtype_control.json": dtype_control,
-    "dtype_control.2026-11-30-amx.json": dtype_control,
     "objective_campaign.2026-11-30-amx.json": campaign_decision,
     "objective_campaign.2026-11-30-amx.json#off-policy": functools.partial(
         campaign_off_policy, runs=Path("bench/results/objective_campaign.2026-11-30-amx_runs")
     ),
     "test_suite.json": test_suite,
-    "test_suite.2026-11-29-epyc.json": test_suite,
-    "test_suite.2026-12-02-epyc-zen5.json": test_suite,
-    "test_suite.2026-12-05-amx-6-207.json": test_suite,
-    "test_suite.2026-12-06-amx-6-207.json": test_suite,
-    "test_suite.2026-12-06-epyc-zen4.json": test_suite,
-    "kv_growth.2026-12-05-amx-6-207.json": kv_growth,
-    "kv_growth.2026-12-06-epyc-zen4.json": kv_growth,
-    "core_interference.2026-12-05-amx-6-207.json": core_interference,
-    "core_interference.2026-12-06-epyc-zen4.json": core_interference,
     "decode_parts.json": decode_parts,
-    "decode_parts.2026-11-29-epyc.json": decode_parts,
-    "decode_parts.2026-12-01-epyc.json": decode_parts,
-    "decode_parts.2026-12-02-epyc-zen5.json": decode_parts,
-    "decode_parts.2026-12-02-amx.json": decode_parts,
-    "decode_parts.2026-12-02-epyc-zen4.json": decode_parts,
-    "decode_parts.2026-12-02-epyc-zen5-night.json": decode_parts,
-    "decode_parts.emulated-avx2.json": decode_parts,
-    "decode_parts.2026-12-04-epyc-zen4.json": decode_parts,
-    "decode_parts.2026-12-05-amx-6-207.json": decode_parts,
-    "decode_parts.2026-12-05-amx-6-207-three-call.json": decode_parts,
-    "decode_parts.2026-12-05-amx-6-207-in-place.json": decode_parts,
-    "decode_parts.2026-12-06-epyc-zen4.json": decode_parts,
     "smollm2_quickstart_bf16.json": quickstart_gains,
     "weight_update.json": weight_update,
     "engine.json": engine,
-    "engine.2026-11-30-amx.json": engine,
-    "engine.2026-12-01-epyc.json": engine,
-    "engine.2026-12-02-epyc-zen5.json": engine,
-    "engine.2026-12-02-amx.json": engine,
-    "engine.2026-12-02-epyc-zen4.json": engine,
-    "engine.2026-12-02-epyc-zen5-night.json": engine,
-    "engine.2026-12-03-epyc-zen4.json": engine,
-    "engine.2026-12-04-epyc-zen4.json": engine,
-    "engine.2026-12-04-epyc-zen4-query-first.json": engine,
-    "engine.2026-12-05-amx-6-207.json": engine,
-    "engine.2026-12-05-amx-6-207-three-call.json": engine,
-    "engine.2026-12-05-amx-6-207-in-place.json": engine,
-    "engine.2026-12-06-epyc-zen4.json": engine,
     "trl_peer.json": trl_peer,
-    "trl_peer.2026-11-30-amx.json": trl_peer,
-    "trl_peer.emulated-avx2.json": trl_peer,
-    "trl_peer.2026-12-02-epyc-zen5.json": trl_peer,
-    "trl_peer.2026-12-02-epyc-zen5-sync-fastest.json": trl_peer,
-    "trl_peer.2026-12-03-epyc-zen4.json": trl_peer,
-    "trl_peer.2026-12-04-epyc-zen4.json": trl_peer,
-    "trl_peer.2026-12-06-epyc-zen4.json": trl_peer,
-    "trl_peer.2026-12-02-amx.json": trl_peer,
-    "trl_peer.2026-12-05-amx-6-207.json": trl_peer,
-    "trl_peer.2026-12-02-epyc-zen4.json": trl_peer,
-    "trl_peer.2026-12-02-epyc-zen5-idle-share.json": trl_peer,
     "trl_peer_smollm2.json": trl_peer_smollm2,
     "trl_peer_smollm2.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-11-28-avx2-float32.json": trl_peer_smollm2,
-    "trl_peer_smollm2.2026-11-30-amx.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-02-epyc-zen5.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-02-amx.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-02-epyc-zen5-idle-share.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-02-epyc-zen5-sync-fastest.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-lm-head-chunks.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-lm-head-module.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-checkpoint-writer.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-checkpoint-one-thread.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-03-epyc-zen4-lending-seconds-2.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-04-epyc-zen4-prompt-attention-once.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-04-epyc-zen4-query-first.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-05-amx-6-207.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-05-amx-6-207-three-call.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-05-amx-6-207-in-place.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-06-epyc-zen4.json#systems": trl_peer_smollm2_systems,
-    "trl_peer_smollm2.2026-12-06-epyc-zen4-2.json#systems": trl_peer_smollm2_systems,
-    "trainer_parts.2026-12-03-epyc-zen4.json": trainer_parts,
-    "trainer_parts.2026-12-04-epyc-zen4.json": trainer_parts,
-    "trainer_parts.2026-12-06-epyc-zen4.json": trainer_parts,
-    "trl_peer_smollm2.2026-11-30-amx-bf16-backward.json#systems": trl_peer_smollm2_systems,
     "trl_peer.2026-11-28-run1.json": trl_peer_repetitions,
     "trl_peer.2026-11-28-run2.json": trl_peer_repetitions,
     "trl_peer_smollm2.2026-11-28-before-lending.json": trl_peer_smollm2_systems,
@@ -1284,10 +1214,16 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 
 
 def renderer_name(record_path: str) -> str:
-    """The ``RENDERERS`` key of a block's record: its file's (or folder's) name, with ``#part`` if any."""
+    """The ``RENDERERS`` key of a block's record: its file's (or folder's) name, with ``#part`` if any;
+    a dated copy of a benchmark's record (``engine.2026-12-06-epyc-zen4.json``) not registered under
+    its own name takes the benchmark's (``engine.json``)."""
     path, _, part = record_path.partition("#")
     name = Path(path).name
-    return f"{name}#{part}" if part else name
+    key = f"{name}#{part}" if part else name
+    stem, dot, rest = name.partition(".")
+    if key in RENDERERS or not dot or rest == "json" or not name.endswith(".json"):
+        return key
+    return f"{stem}.json#{part}" if part else f"{stem}.json"
 
 
 def render_block(record_path: str, root: Path = REPO_ROOT) -> str:
