@@ -28,19 +28,26 @@ def results_dir(quick: bool):
 EMULATING = "AREAL_BENCH_EMULATING"
 
 
-def run_one(
-    name: str, quick: bool, model: str | None = None, emulate: str | None = None, sync_server_threads: int | None = None
-) -> dict:
+# the options only some benchmarks take (each passed to their ``run`` by name), and those benchmarks
+ONLY_WITH = {"model": ("objective_ablation", "core_lending"), "sync_server_threads": ("trl_peer_smollm2",)}
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+def run_one(name: str, quick: bool, emulate: str | None = None, **options) -> dict:
+    """Run benchmark ``name`` with ``options`` (``ONLY_WITH``; None: not given) and save its record;
+    ``--model`` also names the record (``NAME_MODEL.json``)."""
     mod = importlib.import_module(f"bench.{name}")
     print(f"\n=== {name}{' (quick)' if quick else ''}{f' (emulating {emulate})' if emulate else ''} ===", flush=True)
     t0 = time.perf_counter()
-    options = {k: v for k, v in (("model", model), ("sync_server_threads", sync_server_threads)) if v is not None}
+    options = {k: v for k, v in options.items() if v is not None}
     result = mod.run(quick, **options)
-    cmd, suffix = f"python -m bench {name}", ""
-    if model is not None:
-        cmd, name = f"{cmd} --model {model}", f"{name}_{model}"
-    if sync_server_threads is not None:
-        cmd = f"{cmd} --sync-server-threads {sync_server_threads}"
+    cmd = f"python -m bench {name}" + "".join(f" {_flag(k)} {v}" for k, v in options.items())
+    if "model" in options:
+        name = f"{name}_{options['model']}"
+    suffix = ""
     if emulate is not None:  # the record's machine names the kernels, so summary.json files it under them
         cmd, suffix = f"{cmd} --emulate {emulate}", f".emulated-{emulate}"
     wall = time.perf_counter() - t0
@@ -72,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         help="trl_peer_smollm2: the synchronous run's server on N torch threads (default: every core)",
     )
     args = ap.parse_args(argv)
-    if args.model is not None and args.name not in ("objective_ablation", "core_lending"):
-        ap.error("--model goes with objective_ablation and core_lending only")
-    if args.sync_server_threads is not None and (args.name != "trl_peer_smollm2" or args.sync_server_threads < 1):
-        ap.error("--sync-server-threads goes with trl_peer_smollm2 only, and takes a thread count >= 1")
+    for option, benchmarks in ONLY_WITH.items():
+        if getattr(args, option) is not None and args.name not in benchmarks:
+            ap.error(f"{_flag(option)} goes with {' and '.join(benchmarks)} only")
+    if args.sync_server_threads is not None and args.sync_server_threads < 1:
+        ap.error("--sync-server-threads takes a thread count >= 1")
     if args.emulate is not None and args.name == "all":
         ap.error("--emulate goes with one benchmark at a time")
     if args.emulate is not None and os.environ.get(EMULATING) != args.emulate:
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for name in names:
         try:
-            run_one(name, args.quick, args.model, args.emulate, args.sync_server_threads)
+            run_one(name, args.quick, args.emulate, **{option: getattr(args, option) for option in ONLY_WITH})
         except Exception as e:  # reported, recorded and reflected in the exit code
             if len(names) == 1:
                 raise
