@@ -829,7 +829,7 @@ def _spread_of(x: dict) -> str:
 
 def test_suite(r: dict) -> str:
     """The test_suite record: ``make test`` per kernel set, its wall time, pytest's counts and its
-    slowest test."""
+    slowest test; the kernel set left out, if any, and why."""
     head = ["kernels", "`make test`", "pytest's clock", "passed", "failed", "skipped", "slowest test"]
     rows = []
     for x in r["rows"]:
@@ -840,7 +840,8 @@ def test_suite(r: dict) -> str:
             + [str(c.get("passed", 0)), str(c.get("failed", 0)), str(c.get("skipped", 0))]
             + [f"`{slow['test']}` ({slow['s']:.0f} s)" if slow else "-"]
         )
-    return _table(head, rows)
+    left_out = f"\n\nLeft out: {r['left_out']}." if r.get("left_out") else ""
+    return _table(head, rows) + left_out
 
 
 def rl_vs_sft(r: dict) -> str:

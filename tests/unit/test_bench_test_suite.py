@@ -38,3 +38,46 @@ def test_the_last_summary_line_counts_and_a_missing_one_is_an_error():
     assert r["counts"] == {"passed": 5, "skipped": 1} and r["pytest_s"] == 2.5 and r["failed"] == []
     with pytest.raises(ValueError, match="no pytest summary line"):
         parse_pytest("ruff: 3 errors\n")
+
+
+def _fake_suite(monkeypatch, capabilities: dict[str | None, str]) -> list[str | None]:
+    """run() with the CPU kind probe answering ``capabilities`` per emulation and the suite itself
+    replaced by a record of which emulations it ran."""
+    import bench.test_suite as ts
+
+    ran = []
+    monkeypatch.setattr(ts, "emulation_env", lambda emulated, env: {"EMULATED": emulated})
+    monkeypatch.setattr(ts, "_kind", lambda env: {"aten_capability": capabilities[env["EMULATED"]]})
+
+    def suite(target, env, log_path):
+        ran.append(env["EMULATED"])
+        return {
+            "command_s": 1.0,
+            "pytest_s": 1.0,
+            "counts": {"passed": 1},
+            "exit_status": 0,
+            "failed": [],
+            "load_avg_1m": [0.1, 0.2],
+        }
+
+    monkeypatch.setattr(ts, "run_suite", suite)
+    return ran
+
+
+def test_an_avx512_cpu_runs_its_own_kernels_then_the_avx2_emulation(monkeypatch, tmp_path):
+    import bench.test_suite as ts
+
+    monkeypatch.setattr(ts, "RUNS_DIR", tmp_path)
+    ran = _fake_suite(monkeypatch, {None: "AVX512", "avx2": "AVX2"})
+    r = ts.run(quick=False)
+    assert ran == [None, "avx2"] and r["left_out"] is None and len(r["rows"]) == 2
+
+
+def test_an_avx2_only_cpu_leaves_out_the_emulation_that_would_repeat_its_own_run(monkeypatch, tmp_path):
+    import bench.test_suite as ts
+
+    monkeypatch.setattr(ts, "RUNS_DIR", tmp_path)
+    ran = _fake_suite(monkeypatch, {None: "AVX2", "avx2": "AVX2"})
+    r = ts.run(quick=False)
+    assert ran == [None] and len(r["rows"]) == 1
+    assert r["left_out"] == "AVX2 only (emulated): this CPU's own kernels are AVX2 already"
