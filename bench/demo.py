@@ -2,7 +2,8 @@
 warm start from the cache), with the kernels of this CPU and, beside them, with AVX2 kernels only
 (``areal_core.numerics.EMULATIONS["avx2"]``: torch's, oneDNN's and MKL's kernels capped at AVX2, the
 arithmetic of a CPU without AVX-512, emulated here; the same cores, so an estimate of such a machine,
-not a measurement of one).
+not a measurement of one). On a CPU whose own kernels are AVX2 the emulated pair is left out (it
+would repeat the first) and the record says so.
 
 Each pair is the product's own command, ``make demo DEMO_DIR=...`` with ``AREAL_FLOW_CACHE`` an empty
 folder of its own, then again into a new folder with the same cache; then ``make demo`` into the
@@ -39,6 +40,22 @@ def _kind(env: dict) -> dict:
         [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def kernel_sets(quick: bool) -> tuple[dict[str, str | None], str | None]:
+    """The sets of ``KERNELS`` a benchmark runs here (this CPU's alone if ``quick``), and the one left
+    out with why: an emulation whose kernels are this CPU's own (an AVX2-only CPU) would repeat its run."""
+    if quick:
+        return {"this CPU's": KERNELS["this CPU's"]}, None
+    own = _kind(emulation_env(None, os.environ))["aten_capability"]
+    sets, left_out = {}, None
+    for label, emulated in KERNELS.items():
+        if emulated and _kind(emulation_env(emulated, os.environ))["aten_capability"] == own:
+            left_out = f"{label}: this CPU's own kernels are {own} already"
+            say(f"left out {left_out}")
+        else:
+            sets[label] = emulated
+    return sets, left_out
 
 
 def _make_demo(run_dir: Path, env: dict, log: Path) -> tuple[int, float, str]:
@@ -98,7 +115,8 @@ def run(quick: bool) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     rows = []
-    for kernels, emulated in list(KERNELS.items())[: 1 if quick else 2]:
+    sets, left_out = kernel_sets(quick)
+    for kernels, emulated in sets.items():
         rows += _pair(kernels, emulated, root, quick)
     table = [
         [
@@ -115,4 +133,4 @@ def run(quick: bool) -> dict:
     heads = ["kernels", "run", "command", "run's wall", "RL time", "held-out", "tokens/s"]
     print(format_table(heads, table))
     shutil.rmtree(root, ignore_errors=True)
-    return {"rows": rows}
+    return {"rows": rows, "left_out": left_out}

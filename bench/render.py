@@ -570,7 +570,8 @@ def trl_peer_smollm2_systems(r: dict) -> str:
 
 
 def demo(r: dict) -> str:
-    """The demo record: ``make demo`` first (warm start trained) and later (cached), per kernel set."""
+    """The demo record: ``make demo`` first (warm start trained) and later (cached), per kernel set; the
+    set left out, if any, and why."""
     head = ["kernels", "run", "command", "run's own wall time", "RL time", "held-out before -> after", "tokens/s"]
     rows = []
     for x in r["rows"]:
@@ -582,7 +583,12 @@ def demo(r: dict) -> str:
             [kernels, x["run"], _min_s(x["command_s"]), _min_s(x["run_wall_s"]), _min_s(x["rl_time_s"])]
             + [f"{_num(x['before'])} -> {_num(x['after'])}", f"{x['tokens_per_s']:,.0f}"]
         )
-    return _table(head, rows)
+    return _table(head, rows) + _left_out(r)
+
+
+def _left_out(r: dict) -> str:
+    """The sentence after a per-kernel-set table naming the set left out (``bench.demo.kernel_sets``)."""
+    return f"\n\nLeft out: {r['left_out']}." if r.get("left_out") else ""
 
 
 def quickstart_gains(r: dict) -> str:
@@ -840,8 +846,7 @@ def test_suite(r: dict) -> str:
             + [str(c.get("passed", 0)), str(c.get("failed", 0)), str(c.get("skipped", 0))]
             + [f"`{slow['test']}` ({slow['s']:.0f} s)" if slow else "-"]
         )
-    left_out = f"\n\nLeft out: {r['left_out']}." if r.get("left_out") else ""
-    return _table(head, rows) + left_out
+    return _table(head, rows) + _left_out(r)
 
 
 def rl_vs_sft(r: dict) -> str:

@@ -25,7 +25,7 @@ import time
 
 from areal_core.numerics import emulation_env
 from bench.common import REPO_ROOT, RUNS_DIR, format_table
-from bench.demo import KERNELS, _kind
+from bench.demo import _kind, kernel_sets
 
 SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d.]+)s", re.M)
 DURATION = re.compile(r"^(?P<s>[\d.]+)s (?P<what>call|setup|teardown)\s+(?P<test>\S+)", re.M)
@@ -74,16 +74,11 @@ def run_suite(target: str, env: dict, log_path) -> dict:
 def run(quick: bool) -> dict:
     logs = RUNS_DIR / "test_suite"
     logs.mkdir(parents=True, exist_ok=True)
-    kernels = {"this CPU's": KERNELS["this CPU's"]} if quick else KERNELS
-    rows, left_out = [], None
-    for label, emulated in kernels.items():
+    sets, left_out = kernel_sets(quick)
+    rows = []
+    for label, emulated in sets.items():
         env = emulation_env(emulated, os.environ)
         kind = _kind(env)
-        if emulated and rows and kind["aten_capability"] == rows[0]["kind"]["aten_capability"]:
-            # an AVX2-only CPU: the emulation would rerun the same kernels on the same cores
-            left_out = f"{label}: this CPU's own kernels are {kind['aten_capability']} already"
-            print(f"left out {left_out}", flush=True)
-            continue
         target = "test-unit" if quick else "test"
         print(f"make {target} with {label} kernels ({kind['aten_capability']}) ...", flush=True)
         r = run_suite(target, env, logs / f"{target}-{kind['aten_capability'].lower()}.log")

@@ -40,14 +40,29 @@ def test_the_last_summary_line_counts_and_a_missing_one_is_an_error():
         parse_pytest("ruff: 3 errors\n")
 
 
-def _fake_suite(monkeypatch, capabilities: dict[str | None, str]) -> list[str | None]:
-    """run() with the CPU kind probe answering ``capabilities`` per emulation and the suite itself
-    replaced by a record of which emulations it ran."""
+def _probe_answers(monkeypatch, capabilities: dict[str | None, str]) -> None:
+    """The CPU kind probe answering ``capabilities`` per emulation (None: this CPU's own kernels)."""
+    import bench.demo
+    import bench.test_suite
+
+    for module in (bench.demo, bench.test_suite):
+        monkeypatch.setattr(module, "emulation_env", lambda emulated, env: {"EMULATED": emulated})
+        monkeypatch.setattr(module, "_kind", lambda env: {"aten_capability": capabilities[env["EMULATED"]]})
+
+
+def test_an_avx512_cpu_runs_its_own_kernels_then_the_avx2_emulation(monkeypatch):
+    from bench.demo import kernel_sets
+
+    _probe_answers(monkeypatch, {None: "AVX512", "avx2": "AVX2"})
+    assert kernel_sets(quick=False) == ({"this CPU's": None, "AVX2 only (emulated)": "avx2"}, None)
+    assert kernel_sets(quick=True) == ({"this CPU's": None}, None)
+
+
+def test_an_avx2_only_cpu_leaves_out_the_emulation_that_would_repeat_its_own_run(monkeypatch, tmp_path):
     import bench.test_suite as ts
 
+    _probe_answers(monkeypatch, {None: "AVX2", "avx2": "AVX2"})
     ran = []
-    monkeypatch.setattr(ts, "emulation_env", lambda emulated, env: {"EMULATED": emulated})
-    monkeypatch.setattr(ts, "_kind", lambda env: {"aten_capability": capabilities[env["EMULATED"]]})
 
     def suite(target, env, log_path):
         ran.append(env["EMULATED"])
@@ -61,23 +76,7 @@ def _fake_suite(monkeypatch, capabilities: dict[str | None, str]) -> list[str | 
         }
 
     monkeypatch.setattr(ts, "run_suite", suite)
-    return ran
-
-
-def test_an_avx512_cpu_runs_its_own_kernels_then_the_avx2_emulation(monkeypatch, tmp_path):
-    import bench.test_suite as ts
-
     monkeypatch.setattr(ts, "RUNS_DIR", tmp_path)
-    ran = _fake_suite(monkeypatch, {None: "AVX512", "avx2": "AVX2"})
-    r = ts.run(quick=False)
-    assert ran == [None, "avx2"] and r["left_out"] is None and len(r["rows"]) == 2
-
-
-def test_an_avx2_only_cpu_leaves_out_the_emulation_that_would_repeat_its_own_run(monkeypatch, tmp_path):
-    import bench.test_suite as ts
-
-    monkeypatch.setattr(ts, "RUNS_DIR", tmp_path)
-    ran = _fake_suite(monkeypatch, {None: "AVX2", "avx2": "AVX2"})
     r = ts.run(quick=False)
     assert ran == [None] and len(r["rows"]) == 1
     assert r["left_out"] == "AVX2 only (emulated): this CPU's own kernels are AVX2 already"
