@@ -471,7 +471,10 @@ async def _scenario(url: str, hf0, hf1, m0: str, m1: str, report: dict) -> None:
             await cl.aclose()
 
 
+# nightly: its server starts take minutes on 2 cores (122-194 s measured), enough to put make test past
+# 10 minutes on an AVX2-only CPU
 @pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.skipif(not VENV_PY.exists(), reason=f"no vLLM venv at {vb.VENV}: create it with `make vllm-venv`")
 def test_real_vllm_cpu_server(tmp_path):
     m0, m1 = tmp_path / "m0", tmp_path / "m1"
