@@ -34,6 +34,7 @@ class Admission:
         self._deferred: dict[int, tuple] = {}  # deterministic mode: first seq_no -> a finished group's tally
         self._first_seq: dict[str, int] = {}  # deterministic mode: group id -> its first seq_no
         self.gate_wait_s = 0.0  # time admission spent held at the gate (the cost ledger's "gate")
+        self.held = False  # admission is held at the gate now: no new request before the next version
 
     async def wait(self) -> None:
         """Until one more group of n passes the gate (the last of its n requests must)."""
@@ -44,7 +45,11 @@ class Admission:
         async with self._gate:
             if not allowed():
                 t0 = time.perf_counter()
-                await self._gate.wait_for(allowed)
+                self.held = True
+                try:
+                    await self._gate.wait_for(allowed)
+                finally:
+                    self.held = False
                 self.gate_wait_s += time.perf_counter() - t0
 
     async def advance(self, version: int) -> None:

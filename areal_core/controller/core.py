@@ -165,6 +165,11 @@ class RolloutController:
         """Whether any generate request is awaiting its answer now (callable from any thread)."""
         return any(any(p.in_flight) for p in list(self.generator.pools.values()))
 
+    def held_at_gate(self) -> bool:
+        """Whether admission waits at the staleness gate now: no new generate request before the
+        trainer's next version reaches the servers (callable from any thread)."""
+        return self.admission.held
+
     def live_urls(self) -> list[str]:
         """The trainable servers in the pool now (an elastic pool's change as servers leave and join)."""
         return [c.url for c in self.generator.pools[TRAINABLE].live()]

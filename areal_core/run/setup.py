@@ -379,7 +379,13 @@ def _loop(run: RunSetup, policy, training, pools, controller, publisher, before,
         schedule=ScheduleLog(run.dir, meta),
         costs=CostLedger(cfg.cost),
         lending=(
-            CoreLending(controller.generating, run.trainer_threads, lent, cfg.trainer.lend_min_idle_share)
+            CoreLending(
+                controller.generating,
+                run.trainer_threads,
+                lent,
+                cfg.trainer.lend_min_idle_share,
+                held=controller.held_at_gate,
+            )
             if lent
             else None
         ),

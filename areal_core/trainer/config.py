@@ -117,7 +117,8 @@ class TrainerConfig(Section):
     lend_idle_cores: bool | None = None
     # with lending on: the trainer borrows in a step only if the servers were idle in at least this
     # share of its layer passes (forward and backward) of the step before; where they are idle only in
-    # short gaps between requests, a borrowed thread collides with them (0: borrow at every idle moment)
+    # short gaps between requests, a borrowed thread collides with them (0: borrow at every idle moment);
+    # while admission waits at the staleness gate with no request in flight it borrows regardless
     lend_min_idle_share: float = Field(0.5, ge=0.0, le=1.0)
     # low-rank adapters {rank, alpha, targets}: only they train and travel; None = full fine-tuning
     lora: LoraConfig | None = None

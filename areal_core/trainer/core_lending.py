@@ -20,6 +20,12 @@ to a third of the trainer's layer passes, trains slower with lending; SmolLM2, i
 quarters of them, faster). So the
 trainer borrows during a step only if the servers were idle in at least ``min_idle_share`` of its
 layer passes of the step before (``end_step``); it keeps counting them while it does not borrow.
+Whatever that share, it borrows while the servers are idle *and* admission waits at the staleness
+gate (``held``): then no request can start before this step's new version reaches them, so the
+idle stretch lasts to the step's end and a borrowed thread collides with nothing (a multi-turn
+episode's next turn aside). Without it, a trainer whose servers were idle in a little under
+``min_idle_share`` of a step's passes computed the next step on its own threads alone while they
+waited at the gate for it (docs/PERFORMANCE.md, "The TRL peer").
 
 Only ``omp_set_num_threads``'s caller is affected, so the hooks run on the training thread:
 forward pre-hooks, and for the backward a hook on each layer's output gradient (CPU backward runs
@@ -55,10 +61,16 @@ class StepShares:
     lent_s: float  # on the servers' threads too
 
 
+def _never() -> bool:
+    return False
+
+
 class CoreLending:
     """``busy()``: whether the rollout servers have work now; ``base``: the trainer's own threads;
     ``lent``: the servers' threads it may borrow while they have none; ``min_idle_share``: the share
     of the last step's layer passes the servers must have been idle in for this step to borrow;
+    ``held()``: whether the servers can get no new work before the trainer's next version (admission
+    waits at the staleness gate), when an idle pass borrows whatever the last step's share;
     ``clock``: seconds, for the step's time on each thread count."""
 
     def __init__(
@@ -67,13 +79,15 @@ class CoreLending:
         base: int,
         lent: int,
         min_idle_share: float,
+        held: Callable[[], bool] = _never,
         clock: Callable[[], float] = time.perf_counter,
     ):
         if base < 1 or lent < 1:
             raise ValueError(f"core lending needs base >= 1 and lent >= 1 threads, got {base} and {lent}")
         if not 0.0 <= min_idle_share <= 1.0:
             raise ValueError(f"core lending's min_idle_share must be in [0, 1], got {min_idle_share}")
-        self.busy, self.base, self.lent, self.min_idle_share, self.clock = busy, base, lent, min_idle_share, clock
+        self.busy, self.base, self.lent, self.min_idle_share = busy, base, lent, min_idle_share
+        self.held, self.clock = held, clock
         self.borrowing = True  # in this step (the first one: until a step says otherwise)
         self.checks = 0  # layer passes (forward or backward) the trainer started this step
         self.idle = 0  # of which found the servers idle
@@ -91,7 +105,7 @@ class CoreLending:
         if not self._handles:  # removed: a copied model's hooks outlive the handles
             return
         idle = not self.busy()
-        n = self.base + self.lent if idle and self.borrowing else self.base
+        n = self.base + self.lent if idle and (self.borrowing or self.held()) else self.base
         self.checks += 1
         self.idle += idle
         self.borrowed += n > self.base

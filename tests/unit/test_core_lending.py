@@ -172,3 +172,25 @@ def test_the_servers_threads_are_lent_only_where_the_default_split_gave_them_awa
         invariant = thread_invariant(dtype)[0]
         assert lent({"trainer.lend_idle_cores": None}, 2, dtype=dtype) == (1 if invariant else 0)
     assert lent({"trainer.lend_idle_cores": True}, 2, dtype=torch.float32) == 1
+
+
+def test_idle_servers_held_at_the_gate_lend_whatever_the_last_steps_share(own_threads):
+    """After a step whose servers were idle in too few passes, the next step borrows only in the
+    passes that find them idle with admission held at the staleness gate; idle but not held, or held
+    but still generating, it computes on its own thread."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    busy: list[bool] = []  # busy() answers, one per layer pass, in order
+    held: list[bool] = []  # held() answers, asked only in passes that find the servers idle
+    lending = CoreLending(lambda: busy.pop(0), base=1, lent=1, min_idle_share=0.5, held=lambda: held.pop(0))
+    seen: dict = {}
+    with lending.installed(model):
+        _record_threads(model, seen)
+        lending.borrowing = False  # as after a step whose servers were idle in under half its passes
+        busy[:] = [True, False, False, False]  # fwd 0, fwd 1, bwd 1, bwd 0
+        held[:] = [False, True, True]
+        model(torch.randn(3, 4)).sum().backward()
+        assert not busy and not held
+        assert (seen[("fwd", "0")], seen[("fwd", "1")], seen[("bwd", "1")], seen[("bwd", "0")]) == (1, 1, 2, 2)
+        shares = lending.end_step()
+        assert (shares.idle, shares.lent) == (0.75, 0.5)
+        assert torch.get_num_threads() == 1
