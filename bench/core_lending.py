@@ -10,8 +10,9 @@ benchmarks run it, four ways, each run in a fresh process:
   (``trainer.lend_idle_cores: false``);
 * ``lending on``: it also borrows the server's core while no generate request is in flight, in the
   steps that follow a step in which the server was idle in at least half of the trainer's layer
-  passes (trainer/core_lending.py, ``trainer.lend_min_idle_share`` at its default), as ``bench
-  trl_peer`` runs it;
+  passes (trainer/core_lending.py, ``trainer.lend_min_idle_share`` at its default), and in any
+  step while the server is idle with admission held at the staleness gate, as ``bench trl_peer``
+  runs it;
 * ``lending at every idle moment``: it borrows whenever no request is in flight, whatever the step
   before was like (``trainer.lend_min_idle_share: 0``);
 * ``every idle moment, passive OpenMP waits``: the same in a process started with
