@@ -65,6 +65,7 @@ from concurrent.futures import Future
 
 import torch
 
+from areal_core.models.decoder_weights import load_served_model
 from areal_core.models.digest import weights_sha256
 from areal_core.rollout.backend import DEFAULT_WEIGHT_UPDATE, WeightUpdateMode, weight_update_mode
 from areal_core.rollout.backends.embedded.engine_batch import BatchSteps
@@ -74,7 +75,6 @@ from areal_core.rollout.backends.embedded.kv_forward import (
     KVForward,
     apply_weights,
     eos_token_ids,
-    load_model,
     read_weights,
 )
 from areal_core.rollout.backends.embedded.sampling import BatchSampler, RequestError, Sequence, new_sequence
@@ -176,8 +176,9 @@ class RolloutEngine(BatchSteps):
     def from_pretrained(
         cls, model_path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", **kwargs
     ) -> RolloutEngine:
-        """Load a Hugging Face model folder (local path or fsspec URL) onto ``device``."""
-        return cls(load_model(model_path, dtype).to(device), model_path=model_path, **kwargs)
+        """Load a Hugging Face model folder (local path or fsspec URL) onto ``device``: its weights only,
+        where :mod:`~areal_core.models.decoder_weights` describes the model (the engine runs its own forward)."""
+        return cls(load_served_model(model_path, dtype).to(device), model_path=model_path, **kwargs)
 
     # -- state ---------------------------------------------------------------
     @property

@@ -156,8 +156,10 @@ def _bias(linear: torch.nn.Linear) -> torch.Tensor:
 
 
 def _standard(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
-    """A standard RMSNorm (weight times ``x * rsqrt(mean(x^2) + eps)``) holding ``dtype`` weights."""
-    return type(norm).__name__ in _STANDARD_NORMS and norm.weight.dtype == dtype
+    """A standard RMSNorm (weight times ``x * rsqrt(mean(x^2) + eps)``) holding ``dtype`` weights: one of
+    the Hugging Face classes named, or a :class:`~areal_core.models.decoder_weights.RMSNorm` that says so."""
+    known = type(norm).__name__ in _STANDARD_NORMS or getattr(norm, "standard", False)
+    return known and norm.weight.dtype == dtype
 
 
 def _foldable(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
