@@ -11,7 +11,8 @@ runs, an hour or so on 2 cores); DIAGNOSTICS, measurements that explain or check
 the cores go; the simulator against measured runs; the TRL peer on SmolLM2, an hour, and what
 TRL's own settings cost; the engine-vs-trainer logprob gap of bf16 servers; how long `make demo`
 takes, first and later; where the engine's decode step and the trainer's step go; long answers
-by how the KV cache grows; how much one core's work slows the other's); `all` leaves both out.
+by how the KV cache grows; how much one core's work slows the other's; what a rollout server's
+process computes before it serves); `all` leaves both out.
 
 Benchmarks are not tests: they print tables and write JSON, and assert nothing about time.
 ``python -m bench.render`` renders the docs' tables marked as coming from a record (bench/render.py).
@@ -58,6 +59,7 @@ DIAGNOSTICS = (
     "decode_parts",
     "kv_growth",
     "core_interference",
+    "server_start",
     "trainer_parts",
     "test_suite",
 )

@@ -771,6 +771,26 @@ def core_interference(r: dict) -> str:
     return _table(head, rows)
 
 
+def server_start(r: dict) -> str:
+    """The server_start record: each way's CPU seconds per process (median and range), wall, and
+    transformers' model over weights only within each repetition."""
+    rows = []
+    for x in r["rows"]:
+        cpu, ratios = x["cpu_s"], x["cpu_over_weights_only"]
+        rows.append(
+            [
+                x["model"],
+                x["way"],
+                f"{statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f})",
+                f"{statistics.median(x['wall_s']):.2f}",
+                f"**{statistics.median(ratios):.2f}** ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "",
+            ]
+        )
+    n = r["setup"]["repetitions"]
+    head = ["model", "process", f"CPU s: median (range) of {n}", "wall s", "CPU over weights only (range)"]
+    return _table(head, rows)
+
+
 def _decode_long_context(rows_: list[dict]) -> str:
     """decode_parts' long-context rows: the forward's and attention's milliseconds a step per way."""
     x0 = rows_[0]
@@ -1173,6 +1193,7 @@ def sim_validation(r: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "trainer_parts.json": trainer_parts,
     "core_interference.json": core_interference,
+    "server_start.json": server_start,
     "kv_growth.json": kv_growth,
     "preemption_slurm.json": preemption_slurm,
     "determinism_cost.json": determinism_costs,

@@ -31,7 +31,10 @@ def check_decoder(model: torch.nn.Module, *, training: bool = False) -> None:
             f"model_type {arch!r} is not supported (supported decoders: {', '.join(SUPPORTED)})"
         )
     layer_types = getattr(cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
+    # a Mistral's window is its config's sliding_window (its attention takes it from there); a Qwen2's
+    # only where use_sliding_window says so
+    windowed = getattr(cfg, "use_sliding_window", False) or (arch == "mistral" and getattr(cfg, "sliding_window", None))
+    if any(t != "full_attention" for t in layer_types) or windowed:
         raise UnsupportedModelError(f"{arch}: sliding-window attention is not supported")
     inner = getattr(model, "model", None)
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):

@@ -5,11 +5,14 @@ the engine's forward."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from areal_core.models.decoder import rope_table
-from areal_core.models.decoder_weights import DecoderWeights, load_decoder_weights, load_served_model
+from areal_core.models.decoder import UnsupportedModelError, check_decoder, rope_table
+from areal_core.models.decoder_weights import PLAIN_KEYS, DecoderWeights, load_decoder_weights, load_served_model
 from areal_core.models.digest import weights_sha256
 from areal_core.models.weights import eos_token_ids, load_model
 from areal_core.rollout.backends.embedded.kv_forward import KVForward
@@ -65,6 +68,10 @@ def test_the_weights_only_model_is_the_hugging_face_model_for_the_engine(tmp_pat
     folder = saved(tmp_path, arch, extra)
     hf, ours = load_model(folder, dtype), load_decoder_weights(folder, dtype)
     assert isinstance(ours, DecoderWeights)
+    # a default rotary table: the config read from config.json alone, with transformers' values
+    assert isinstance(ours.config, SimpleNamespace) == ("rope_parameters" not in extra)
+    for key in (*PLAIN_KEYS, "num_key_value_heads", "attention_bias", "mlp_bias"):
+        assert getattr(ours.config, key, False) == getattr(hf.config, key, False), key
     ours_named = dict(ours.named_parameters(remove_duplicate=False))
     hf_named = dict(hf.named_parameters(remove_duplicate=False))
     assert sorted(ours_named) == sorted(hf_named)
@@ -102,3 +109,24 @@ def test_a_checkpoint_missing_a_tensor_is_refused_with_its_name(tmp_path):
     save_file(tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"lacks 1 tensors.*layers\.1\.self_attn\.k_proj\.bias"):
         load_decoder_weights(folder, torch.float32)
+
+
+def test_a_config_that_leaves_a_key_to_its_default_is_read_by_transformers(tmp_path):
+    folder = saved(tmp_path, "qwen2", {})
+    path = tmp_path / "config.json"
+    raw = json.loads(path.read_text())
+    del raw["hidden_act"]  # (a default that transformers' config class supplies)
+    path.write_text(json.dumps(raw))
+    ours, hf = load_decoder_weights(folder, torch.float32), load_model(folder, torch.float32)
+    assert not isinstance(ours.config, SimpleNamespace) and ours.config.hidden_act == "silu"
+    assert weights_sha256(ours) == weights_sha256(hf)
+
+
+def test_a_mistral_with_a_sliding_window_is_refused_as_the_engine_cannot_serve_it(tmp_path):
+    folder = saved(tmp_path, "mistral", {})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "sliding_window": 64}))
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        load_served_model(folder, torch.float32)
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        check_decoder(load_model(folder, torch.float32))

@@ -22,6 +22,8 @@ torch.set_num_threads(1)
 cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 model = DecoderWeights(cfg).eval()  # what a server loads (a process without transformers' modeling code)
+for p in model.parameters():  # (allocated, not initialised)
+    torch.nn.init.normal_(p, 0, 0.02)
 r = random.Random(0)
 batch = [[r.randrange(3, 49152) for _ in range(16)] for _ in range(64)]
 faults = []

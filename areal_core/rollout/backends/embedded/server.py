@@ -118,9 +118,6 @@ def serve(args: argparse.Namespace) -> None:
     eng = args.engine_config
     torch.set_num_threads(eng.torch_threads)
     keep_freed_memory()  # each step's large tensors reuse the heap's pages (malloc.py)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     engine = RolloutEngine.from_pretrained(
         args.model_path,
