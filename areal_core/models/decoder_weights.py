@@ -64,13 +64,11 @@ def plain_config(raw: dict) -> SimpleNamespace | None:
     """A folder's config.json read as the model's config where it says everything this module reads
     and its rotary table is the default one; None otherwise (transformers' ``AutoConfig`` reads it:
     about 3 s of imports in a server process on a 2-core AMD EPYC)."""
-    if any(k not in raw for k in PLAIN_KEYS):
+    if any(k not in raw for k in PLAIN_KEYS) or "rope_theta" not in {**raw, **(raw.get("rope_parameters") or {})}:
         return None
     config = SimpleNamespace(
         **{"num_key_value_heads": raw["num_attention_heads"], "attention_bias": False, "mlp_bias": False, **raw}
     )
-    if "rope_theta" not in raw and "rope_theta" not in (raw.get("rope_parameters") or {}):
-        return None
     return config if describes(config) and rope_parameters(config)["rope_type"] == "default" else None
 
 
