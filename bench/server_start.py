@@ -62,7 +62,7 @@ def run(quick: bool) -> dict:
     from bench import models
 
     names, reps = (("tiny",), 1) if quick else (("tiny", "smollm2-135m"), REPS)
-    rows, table = [], []
+    rows, table, summary = [], [], {}
     for name in names:
         folder = models.model_folder(name)
         runs: dict[str, list[dict]] = {w: [] for w in WAYS}
@@ -71,6 +71,7 @@ def run(quick: bool) -> dict:
                 runs[way].append(start_once(way, folder))
             print(f"  {name} repetition {rep + 1}/{reps}", flush=True)
         ratios = [t["cpu_s"] / w["cpu_s"] for t, w in zip(runs["transformers' model"], runs["weights only"])]
+        summary[f"transformers_over_weights_only_cpu_{name.replace('-', '_')}"] = statistics.median(ratios)
         for way in WAYS:
             cpu = [x["cpu_s"] for x in runs[way]]
             wall = [x["wall_s"] for x in runs[way]]
@@ -96,11 +97,4 @@ def run(quick: bool) -> dict:
                 ]
             )
     print(format_table(["model", "way", "CPU s (range)", "wall s", "CPU over weights only"], table))
-    by = {(r["model"], r["way"]): r for r in rows}
-    summary = {
-        f"transformers_over_weights_only_cpu_{n.replace('-', '_')}": statistics.median(
-            by[(n, "transformers' model")]["cpu_over_weights_only"]
-        )
-        for n in names
-    }
     return {"setup": {"repetitions": reps, "dtype": "float32"}, "rows": rows, "summary": summary}
