@@ -316,8 +316,9 @@ def _generate_greedy_exact(model, tok, pairs):
 
 @pytest.fixture(scope="module")
 def trained(records):
-    """A tiny model after 250 warm-start steps on 1,500 problems, validated every 25 steps on chains
-    of up to 3 links (the lengths it partly learns), and what warm_start returned: the next two tests share it."""
+    """A tiny model after 175 warm-start steps on 1,500 problems, validated every 25 steps on chains
+    of up to 3 links (the lengths it partly learns: about a fifth right by then), and what warm_start
+    returned: the next two tests share it."""
     tok = build_char_tokenizer()
     pairs = [(r.prompt, r.solution) for r in records[0][:1500]]
     val = [(r.prompt, r.solution) for r in records[0][1500:] if r.meta["k"] <= 3][:200]
@@ -327,7 +328,7 @@ def trained(records):
         model,
         tok,
         pairs,
-        WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=1.0, check_every=25),
+        WarmStart(steps=175, batch_size=32, lr=3e-3, stop_at_accuracy=1.0, check_every=25),
         seed=0,
         progress=False,
         weights=weights,
@@ -351,20 +352,23 @@ def test_greedy_exact_match_agrees_with_greedy_generation(records, trained):
 @pytest.mark.slow
 def test_warm_start_stops_when_validation_accuracy_reaches_the_target(trained):
     full = trained.full  # 1.0 is out of reach: every step ran
-    assert full["steps"] == 250 and len(full["val_curve"]) == 10
-    target = next(a for _, a in full["val_curve"] if a > 0.1)  # a level the curve reaches part way
+    assert full["steps"] == 175 and len(full["val_curve"]) == 7
+    # the first level the curve reaches above zero (part way: the last check is higher), so the rerun
+    # stops as early as the curve allows
+    target = next(a for _, a in full["val_curve"] if a > 0)
+    assert target < full["val_curve"][-1][1]
     stopped = warm_start(
         build_tiny(ARCH, trained.tok, 0),
         trained.tok,
         trained.pairs,
-        WarmStart(steps=250, batch_size=32, lr=3e-3, stop_at_accuracy=target, check_every=25),
+        WarmStart(steps=175, batch_size=32, lr=3e-3, stop_at_accuracy=target, check_every=25),
         seed=0,
         progress=False,
         weights=trained.weights,
         val_pairs=trained.val,
     )
     first = next(s for s, a in full["val_curve"] if a >= target)
-    assert stopped["steps"] == first < 250
+    assert stopped["steps"] == first < 175
     assert stopped["val_curve"] == full["val_curve"][: first // 25]  # checks change nothing in training
     assert stopped["val_accuracy"] >= target
 
