@@ -22,6 +22,7 @@ from pathlib import Path
 
 from areal_core.run.decide import Budget, Comparison, compare, next_seed, unclear
 from areal_core.run.folder import code_version
+from areal_core.storage.config_keys import WHERE_KEYS, config_differences
 from areal_core.storage.fsutil import write_text_atomic
 
 OUTCOMES = {
@@ -71,14 +72,16 @@ def _refuse(run_dir: Path, why: str) -> CampaignFolderError:
 
 
 def reusable(run_dir: Path, config: dict, code: dict) -> bool:
-    """Whether ``run_dir`` holds a finished run (summary.json) of ``config`` (as config.json holds it)
-    at the code ``code``; False where it holds nothing yet or a run that did not finish
-    (:func:`stopped_at`). A folder that holds another run is a :class:`CampaignFolderError` saying
-    what differs (a campaign never trains over a run)."""
+    """Whether ``run_dir`` holds a finished run (summary.json) of ``config`` (as config.json holds it;
+    where its servers and reward workers were may differ: ``config_keys.WHERE_KEYS``) at the code
+    ``code``; False where it holds nothing yet or a run that did not finish (:func:`stopped_at`). A
+    folder that holds another run is a :class:`CampaignFolderError` saying what differs (a campaign
+    never trains over a run)."""
     if not (run_dir / "config.json").is_file():
         return False
-    if json.loads((run_dir / "config.json").read_text()) != config:
-        raise _refuse(run_dir, "its config differs from the campaign's")
+    differ = config_differences(json.loads((run_dir / "config.json").read_text()), config, may_differ=WHERE_KEYS)
+    if differ:
+        raise _refuse(run_dir, f"its config differs from the campaign's in {', '.join(differ[:10])}")
     if not (run_dir / "summary.json").is_file():
         return False
     summary = json.loads((run_dir / "summary.json").read_text())

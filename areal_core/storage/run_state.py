@@ -26,12 +26,12 @@ import io
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from areal_core.numerics import one_thread
 from areal_core.storage.checkpoints import CheckpointError, CheckpointStore
+from areal_core.storage.config_keys import MUTABLE_KEYS, config_differences
 from areal_core.storage.fsutil import FileData
 
 log = logging.getLogger(__name__)
@@ -43,35 +43,6 @@ STATE, TRAINER, METRICS, LEDGER = (
     "resume/metrics.parquet",
     "resume/ledger.parquet",
 )
-# config keys a resumed run may change; everything else must match the stopped run
-MUTABLE_KEYS = (
-    "trainer.max_steps",
-    "eval",
-    "reward.scheduler_address",
-    "reward.n_workers",
-    # where the servers and the cluster are, and how the run authenticates to them
-    "reward.tls_ca_file",
-    "reward.tls_client_cert",
-    "reward.tls_client_key",
-    "rollout.backend.urls",
-    "rollout.backend.api_key_file",
-    "rollout.backend.api_key_env",
-    "rollout.backend.allow_unauthenticated",
-    "rollout.urls",
-    "rollout.request_timeout_s",
-    "rollout.min_servers",
-    "rollout.join_from",
-    "storage.keep_last",
-    "storage.checkpoint_every",
-    "storage.checkpoint_every_s",
-    "storage.format",
-    "storage.full_every",
-    # a run stopped by its budget continues once the budget is raised
-    "cost",
-    # where the pools run (a run stopped on one cluster may continue on another)
-    "cluster",
-)
-REMOVED_KEYS = ("log_every",)  # no longer in the config: a run saved with them still resumes
 
 
 class ResumeError(CheckpointError):
@@ -126,22 +97,6 @@ def _copy(trainer: dict) -> dict:
     and threads beyond the trainer's own would collide with servers generating beside it."""
     with one_thread():
         return copy.deepcopy(trainer)
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def config_differences(saved: dict, current: dict) -> list[str]:
-    """Keys (dotted) whose values differ, except those a resume may change (or that were removed)."""
-    a, b = _flat(saved), _flat(current)
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return [k for k in keys if not any(k == m or k.startswith(m + ".") for m in MUTABLE_KEYS + REMOVED_KEYS)]
 
 
 def check_resumable(store: CheckpointStore, config: dict, upgrade=None) -> tuple[int, dict] | None:

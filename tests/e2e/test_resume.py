@@ -22,7 +22,7 @@ from areal_core.experiment import load_config
 from areal_core.rollout.backend import Sampling
 from areal_core.rollout.weight_transport import DiskTransport
 from areal_core.run.setup import run_experiment
-from areal_core.storage import CheckpointStore, run_state
+from areal_core.storage import CheckpointStore, config_keys, run_state
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 REPO = HERE.parent
@@ -211,12 +211,12 @@ def test_resume_refuses_a_changed_config(tmp_path):
     changed = load_config(
         HERE / "data/e2e.yaml", {"trainer.batch_size": 32, "trainer.max_steps": 99, "eval.n_problems": 5}
     ).model_dump(mode="json")
-    assert run_state.config_differences(saved, changed) == ["trainer.batch_size"]
+    assert config_keys.config_differences(saved, changed) == ["trainer.batch_size"]
 
 
 def test_a_run_saved_with_a_removed_key_still_resumes():
     current = load_config(HERE / "data/e2e.yaml").model_dump(mode="json")
-    assert run_state.config_differences({**current, "log_every": 5}, current) == []
+    assert config_keys.config_differences({**current, "log_every": 5}, current) == []
 
 
 class _InstantRewards:

@@ -24,10 +24,11 @@ class FakeTrainer:
     """Writes what a finished run leaves (config.json, summary.json, metrics.parquet-free) with an outcome
     from the seed and the setting; counts what it trained."""
 
-    def __init__(self, noise: float = 0.004):
+    def __init__(self, noise: float = 0.004, config_of=_config_of):
         self.trained: list[tuple[str, int]] = []
         self.resumed: list[tuple[str, int]] = []
         self.noise = noise
+        self.config_of = config_of
 
     def __call__(self, label: str, seed: int, ov: dict, run_dir: Path, resume: bool) -> None:
         self.trained.append((label, seed))
@@ -37,7 +38,7 @@ class FakeTrainer:
         level = 0.3 + 0.1 * ((seed * 7) % 5)  # the seeds differ much more than the settings
         jitter = self.noise * (1 if (seed + len(label)) % 2 else -1)
         after = level + EFFECT[label] + jitter
-        (run_dir / "config.json").write_text(json.dumps(_config_of(ov)))
+        (run_dir / "config.json").write_text(json.dumps(self.config_of(ov)))
         (run_dir / "summary.json").write_text(
             json.dumps({"accuracy_before": level - 0.1, "accuracy_after": after, "code": code_version()})
         )
@@ -159,6 +160,29 @@ def test_a_stopped_run_is_continued_from_its_checkpoint_only_at_the_same_code(tm
             run_campaign(_plan(seeds=2), tmp_path, _config_of, refused, say=lambda s: None)
         assert (label, 1) not in refused.trained and refused.resumed == []
         shutil.rmtree(run_dir_of(tmp_path, label, 1))
+
+
+def test_a_campaign_reuses_and_continues_its_runs_where_only_their_reward_cluster_moved(tmp_path):
+    """A campaign started again against a reward cluster at another address, with other certificate
+    files (a standing cluster restarted, a pool provisioned afresh): its finished runs are reused and a
+    stopped one continues; a setting that changes what a run computes still refuses the folder."""
+
+    def config_at(**reward):
+        return lambda ov: {**_config_of(ov), "reward": {"timeout_s": 30.0, **reward}}
+
+    a = config_at(scheduler_address="tls://10.0.0.1:8786", tls_ca_file="/etc/a/ca.pem", n_workers=4)
+    b = config_at(scheduler_address="tls://10.0.0.2:9000", tls_ca_file="/etc/b/ca.pem", n_workers=2)
+    run_campaign(_plan(seeds=1), tmp_path, a, FakeTrainer(config_of=a), say=lambda s: None)
+    _stopped_run(run_dir_of(tmp_path, "eta4", 1), a({"x": "eta4", "seed": 1}), 3, code_version())
+    moved = FakeTrainer(config_of=b)
+    d = run_campaign(_plan(seeds=2), tmp_path, b, moved, say=lambda s: None)
+    assert d["runs_reused"] == 3 and moved.resumed == [("eta4", 1)]
+    assert sorted(moved.trained) == [("eta0", 1), ("eta4", 1), ("naive", 1)]
+    other = config_at(scheduler_address="tls://10.0.0.2:9000", timeout_s=5.0)
+    with pytest.raises(
+        CampaignFolderError, match=r"eta0-s0 holds a run .*differs from the campaign's in reward\.timeout_s;"
+    ):
+        run_campaign(_plan(seeds=2), tmp_path, other, FakeTrainer(config_of=other), say=lambda s: None)
 
 
 def test_the_budget_stops_a_campaign_and_says_what_is_still_unclear(tmp_path):

@@ -267,7 +267,7 @@ def test_a_run_saved_before_a_key_was_added_still_resumes():
     """A checkpoint's config from before ``trainer.off_policy`` existed (it had ``behav_weight_cap: null``)
     reads as the current default; one whose cap was set does not (it trained otherwise)."""
     from areal_core.experiment import load_config, upgraded_config
-    from areal_core.storage.run_state import config_differences
+    from areal_core.storage.config_keys import config_differences
 
     current = load_config("configs/quickstart.yaml").model_dump(mode="json")
     saved = json.loads(json.dumps(current))
