@@ -35,3 +35,18 @@ def warm_cache(tmp_path_factory) -> str:
     """A warm-start cache for the runs of this pytest process: the tiny model's supervised warm start
     is made once per config, not once per test (an entry is written under a temp name and renamed)."""
     return str(tmp_path_factory.mktemp("warmstart-cache"))
+
+
+@pytest.fixture(scope="session")
+def shared_rewards() -> dict[str, str]:
+    """A reward cluster for this pytest process's in-process runs whose subject is not the cluster
+    itself: the ``reward.*`` overrides with which a run reaches it as an external TLS scheduler (its
+    address and certificate files), as a user's runs reach a standing cluster, instead of starting a
+    cluster of its own (three processes, ~4 s of CPU on a 2-core EPYC). It is the cluster a
+    ``RewardService`` starts, with the same preloads; runs about a cluster's start, its faults or its
+    shutdown, and hostile programs that could harm a worker, start their own."""
+    from areal_core.reward.config import RewardConfig
+    from areal_core.reward.service import RewardService
+
+    with RewardService(RewardConfig()) as rewards:
+        yield {f"reward.{k}": v for k, v in rewards.client_settings().items()}

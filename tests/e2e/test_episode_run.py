@@ -10,13 +10,14 @@ from areal_core.run.setup import run_experiment
 
 
 @pytest.mark.slow
-def test_retry_episode_runs_end_to_end(tmp_path, warm_cache):
+def test_retry_episode_runs_end_to_end(tmp_path, warm_cache, shared_rewards):
     cfg = load_config(
         "tests/data/e2e.yaml",
         {
             "episode": {"kind": "retry", "max_turns": 2, "discount": 0.5},
             "trainer.max_steps": 3,
             "rollout.sampling.max_new_tokens": 24,
+            **shared_rewards,
         },
     )
     summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)

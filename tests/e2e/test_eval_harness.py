@@ -131,13 +131,13 @@ def test_unknown_benchmark_fails_before_starting_anything(tmp_path):
 
 
 @pytest.mark.slow
-def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache):
+def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache, shared_rewards):
     """Evaluating a run's final checkpoint without further settings scores the run's own held-out
     problems with its own sampling: the number `train` printed, problem for problem."""
     from areal_core.experiment import load_config
     from areal_core.run.setup import run_experiment
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "data/campaign_tiny.yaml", shared_rewards)
     run = tmp_path / "run"
     s = run_experiment(cfg, run, progress=False, cache_dir=warm_cache)
     ckpt = str(run / "checkpoints" / f"v{s['final_version']}")

@@ -373,7 +373,7 @@ def test_the_config_and_the_example_chain_agent():
 
 
 @pytest.mark.slow
-def test_a_short_real_run_through_the_controller(tmp_path, warm_cache):
+def test_a_short_real_run_through_the_controller(tmp_path, warm_cache, shared_rewards):
     """The tiny model on the chain task with the example agent: embedded server, Dask grading, the
     trainer; every answer took two calls, with the agent's "|" masked, and the ledger holds."""
     import pandas as pd
@@ -387,6 +387,7 @@ def test_a_short_real_run_through_the_controller(tmp_path, warm_cache):
             "episode": {"kind": "openai_agent", "path": "areal_core.episodes.examples:chain_agent"},
             "trainer.max_steps": 2,
             "rollout.sampling.max_new_tokens": 24,
+            **shared_rewards,
         },
     )
     summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)

@@ -142,12 +142,18 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache):
+def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache, shared_rewards):
     """eta 0 (synchronous): the trained set is fixed by the data stream, so a run that
     crashed after step 2 and resumed trains exactly the uninterrupted run's ids, step by step."""
     cfg = load_config(
         HERE / "data/e2e.yaml",
-        {"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4, "storage.checkpoint_every": 2},
+        {
+            "trainer.eta": 0,
+            "rollout.weight_update": "drain",
+            "trainer.max_steps": 4,
+            "storage.checkpoint_every": 2,
+            **shared_rewards,
+        },
     )
     B, n, steps = cfg.trainer.batch_size, cfg.rollout.n_samples, 4
     run_dir = tmp_path / "run"
@@ -172,7 +178,7 @@ def test_crashed_sync_run_resumes_to_the_same_trajectories(tmp_path, warm_cache)
 
 
 @pytest.mark.slow
-def test_a_campaign_continues_the_run_it_was_stopped_in(tmp_path, warm_cache):
+def test_a_campaign_continues_the_run_it_was_stopped_in(tmp_path, warm_cache, shared_rewards):
     """A campaign stopped in a run's step 3, started again: that run continues from its checkpoint of
     step 2, which names the code that wrote it, and the campaign trains nothing else."""
     from areal_core.run.campaign import CampaignPlan, run_campaign
@@ -185,7 +191,7 @@ def test_a_campaign_continues_the_run_it_was_stopped_in(tmp_path, warm_cache):
         return load_config(config, {**base, **ov}).model_dump(mode="json")
 
     def train(label, seed, ov, run_dir, resume, on_step=None):
-        cfg = load_config(config, {**base, **ov})
+        cfg = load_config(config, {**base, **ov, **shared_rewards})  # (where rewards are graded: not the run's own)
         run_experiment(cfg, run_dir, progress=False, cache_dir=warm_cache, resume=resume, on_step=on_step)
 
     def crash(row):

@@ -502,7 +502,7 @@ def test_backend_reports_a_server_that_dies_at_start(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_training_run_through_the_sglang_client(tmp_path, warm_cache):
+def test_a_training_run_through_the_sglang_client(tmp_path, warm_cache, shared_rewards):
     """The whole loop with `rollout.backend: {kind: sglang, urls: [...]}` against the stand-in
     (not SGLang: its answers are counting sequences, not the policy's): generation through SGLang's
     fields, weights by the disk transport wrapped in pause/continue, every trajectory once."""
@@ -520,6 +520,7 @@ def test_a_training_run_through_the_sglang_client(tmp_path, warm_cache):
                 "rollout.backend": {"kind": "sglang", "urls": [s.url], "api_key_env": "SGLANG_TEST_KEY"},
                 "rollout.weight_transport": {"kind": "disk"},
                 "trainer.max_steps": 3,
+                **shared_rewards,
             },
         )
         summary = run_experiment(cfg, tmp_path / "run", progress=False, cache_dir=warm_cache)
