@@ -50,3 +50,11 @@ def shared_rewards() -> dict[str, str]:
 
     with RewardService(RewardConfig()) as rewards:
         yield {f"reward.{k}": v for k, v in rewards.client_settings().items()}
+
+
+@pytest.fixture(scope="session")
+def shared_grading(shared_rewards):
+    """The same cluster as ``shared_rewards``, as the ``RewardConfig`` an evaluation grades with."""
+    from areal_core.reward.config import RewardConfig
+
+    return RewardConfig(**{k.removeprefix("reward."): v for k, v in shared_rewards.items()})

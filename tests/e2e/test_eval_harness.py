@@ -59,7 +59,7 @@ def test_summary_metrics_match_enumeration_of_subsets():
 
 
 @pytest.mark.slow
-def test_real_run_on_a_tiny_checkpoint(tmp_path):
+def test_real_run_on_a_tiny_checkpoint(tmp_path, shared_grading):
     tok = build_char_tokenizer()
     store = CheckpointStore(f"file://{tmp_path}/ckpt")
     url = store.publish(0, build_tiny(SMALL, tok, seed=0), tok)
@@ -73,6 +73,7 @@ def test_real_run_on_a_tiny_checkpoint(tmp_path):
         temperature=1.0,
         top_p=1.0,
         max_new_tokens=24,
+        grading=shared_grading,
         progress=False,
     )
     assert json.loads((out / "summary.json").read_text()) == summary
@@ -95,7 +96,7 @@ def test_real_run_on_a_tiny_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_answers_fit_the_model_context_and_prompts_that_fill_it_are_graded_wrong(tmp_path):
+def test_answers_fit_the_model_context_and_prompts_that_fill_it_are_graded_wrong(tmp_path, shared_grading):
     """A 96-position model on HumanEval (prompts of hundreds of characters) and on chain sums asked for 1024 new
     tokens: the HumanEval answers are not generated (graded wrong, named), the chain answers are cut to the
     room their prompt leaves, and the evaluation completes."""
@@ -110,6 +111,7 @@ def test_answers_fit_the_model_context_and_prompts_that_fill_it_are_graded_wrong
         temperature=1.0,
         top_p=1.0,
         max_new_tokens=1024,
+        grading=shared_grading,
         progress=False,
     )
     he = pd.read_parquet(tmp_path / "eval" / "humaneval" / "results.parquet")
@@ -131,7 +133,7 @@ def test_unknown_benchmark_fails_before_starting_anything(tmp_path):
 
 
 @pytest.mark.slow
-def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache, shared_rewards):
+def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache, shared_rewards, shared_grading):
     """Evaluating a run's final checkpoint without further settings scores the run's own held-out
     problems with its own sampling: the number `train` printed, problem for problem."""
     from areal_core.experiment import load_config
@@ -141,7 +143,9 @@ def test_heldout_of_a_run_agrees_with_what_the_run_reported(tmp_path, warm_cache
     run = tmp_path / "run"
     s = run_experiment(cfg, run, progress=False, cache_dir=warm_cache)
     ckpt = str(run / "checkpoints" / f"v{s['final_version']}")
-    summary = evaluate_checkpoint(ckpt, ["heldout"], out_dir=str(tmp_path / "eval"), progress=False)
+    summary = evaluate_checkpoint(
+        ckpt, ["heldout"], out_dir=str(tmp_path / "eval"), grading=shared_grading, progress=False
+    )
     got = summary["benchmarks"]["heldout"]
     assert summary["run_dir"] == str(run)
     assert got["n_problems"] == s["n_eval_problems"] == 8
