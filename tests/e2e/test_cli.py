@@ -124,16 +124,16 @@ def test_a_run_folder_with_checkpoints_needs_resume_and_resume_says_what_it_does
 
 
 @pytest.mark.slow
-def test_resume_with_a_changed_config_is_refused_before_starting(tmp_path, capsys):
+def test_resume_with_a_changed_config_is_refused_before_starting(tmp_path, capsys, shared_rewards):
     run = str(tmp_path / "run")
-    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--max-steps", "1"]) == 0
+    grading = [x for k, v in shared_rewards.items() for x in ("--set", f"{k}={v}")]  # (not the subject here)
+    assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--max-steps", "1", *grading]) == 0
     capsys.readouterr()
     assert main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--resume", "--set", "trainer.eta=0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot resume") and "trainer.eta" in err and "Traceback" not in err
-    assert (
-        main(["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume", "--max-steps", "2"]) == 0
-    )
+    again = ["train", CONFIG, "--run-dir", run, "--no-prefect", "--no-progress", "--resume", "--max-steps", "2"]
+    assert main([*again, *grading]) == 0
     out = capsys.readouterr().out
     assert "resuming from checkpoint v1" in out and "resumed from step: 1" in out
 
@@ -155,13 +155,14 @@ def test_eval_names_a_model_argument_it_cannot_load_before_starting(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_eval_reference_with_out_writes_its_report(tmp_path, capsys):
+def test_eval_reference_with_out_writes_its_report(tmp_path, capsys, shared_grading):
     import json
 
-    assert (
-        main(["eval", "--reference", "--bench", "synthetic", "--limit", "5", "--out", str(tmp_path), "--no-progress"])
-        == 0
-    )
+    g = shared_grading  # (where it grades is not the subject here)
+    grading = ["--scheduler", g.scheduler_address, "--tls-ca-file", g.tls_ca_file, "--tls-cert", g.tls_client_cert]
+    grading += ["--tls-key", g.tls_client_key] if g.tls_client_key else []
+    argv = ["eval", "--reference", "--bench", "synthetic", "--limit", "5", "--out", str(tmp_path), "--no-progress"]
+    assert main([*argv, *grading]) == 0
     report = json.loads((tmp_path / "reference.json").read_text())
     assert (
         report["n"] == 5
