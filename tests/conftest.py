@@ -1,4 +1,5 @@
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -38,7 +39,7 @@ def warm_cache(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def shared_rewards() -> dict[str, str]:
+def shared_rewards() -> Iterator[dict[str, str]]:
     """A reward cluster for this pytest process's in-process runs whose subject is not the cluster
     itself: the ``reward.*`` overrides with which a run reaches it as an external TLS scheduler (its
     address and certificate files), as a user's runs reach a standing cluster, instead of starting a
