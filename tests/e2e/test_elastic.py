@@ -45,7 +45,7 @@ def _info(url: str) -> dict:
     return json.loads(urllib.request.urlopen(req, timeout=30).read())
 
 
-def _config(urls: list[str], tmp_path: Path, steps: int, rewards: dict, **rollout):
+def _config(urls: list[str], tmp_path: Path, steps: int, **rollout):
     return load_config(
         HERE / "data/e2e.yaml",
         {
@@ -54,16 +54,15 @@ def _config(urls: list[str], tmp_path: Path, steps: int, rewards: dict, **rollou
             "trainer.max_steps": steps,
             "storage.checkpoint_every": 4,
             **{f"rollout.{k}": v for k, v in rollout.items()},
-            **rewards,
         },
     )
 
 
-def test_a_server_dies_and_another_joins(tmp_path, base, monkeypatch, warm_cache, shared_rewards):
+def test_a_server_dies_and_another_joins(tmp_path, base, monkeypatch, warm_cache):
     monkeypatch.setenv(KEY_ENV, KEY)
     a, b, c = (_server(base, tmp_path, name) for name in "abc")  # c: up, not yet part of the run
     join_file = str(tmp_path / "join.txt")
-    cfg = _config([a.url, b.url], tmp_path, 12, shared_rewards, min_servers=1, join_from=join_file)
+    cfg = _config([a.url, b.url], tmp_path, 12, min_servers=1, join_from=join_file)
 
     def on_step(row: dict) -> None:
         if row["step"] == 3:  # a dies mid-generation (the queue holds eta + 1 batches); c is announced
@@ -100,14 +99,12 @@ def test_a_server_dies_and_another_joins(tmp_path, base, monkeypatch, warm_cache
             s.stop()
 
 
-def test_too_few_servers_stop_the_run_at_a_checkpoint_that_resumes(
-    tmp_path, base, monkeypatch, warm_cache, shared_rewards
-):
+def test_too_few_servers_stop_the_run_at_a_checkpoint_that_resumes(tmp_path, base, monkeypatch, warm_cache):
     monkeypatch.setenv(KEY_ENV, KEY)
     a = _server(base, tmp_path, "a")
     servers = [a]
     try:
-        cfg = _config([a.url], tmp_path, 8, shared_rewards, min_servers=1)
+        cfg = _config([a.url], tmp_path, 8, min_servers=1)
 
         def on_step(row: dict) -> None:
             if row["step"] == 2:
@@ -122,7 +119,7 @@ def test_too_few_servers_stop_the_run_at_a_checkpoint_that_resumes(
         b = _server(base, tmp_path, "b")
         servers.append(b)
         summary = run_experiment(
-            _config([b.url], tmp_path, 8, shared_rewards, min_servers=1),
+            _config([b.url], tmp_path, 8, min_servers=1),
             tmp_path / "run",
             progress=False,
             cache_dir=warm_cache,

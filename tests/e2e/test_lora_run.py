@@ -223,18 +223,12 @@ def test_export_round_trips_through_plain_transformers(lora_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_run_resumes_exactly_once(tmp_path, warm_cache, shared_rewards):
+def test_lora_run_resumes_exactly_once(tmp_path, warm_cache):
     """A synchronous LoRA run stopped after the checkpoint of step 2 resumes: trainer base from v0,
     adapters and optimizer from v2, servers given the adapters before generating (eta 0: every
     token of step 3's batch is version 2's; one sampled by the base would be labelled 0)."""
     cfg = lora_config(
-        **{
-            "trainer.eta": 0,
-            "rollout.weight_update": "drain",
-            "trainer.max_steps": 4,
-            "storage.checkpoint_every": 2,
-            **shared_rewards,
-        }
+        **{"trainer.eta": 0, "rollout.weight_update": "drain", "trainer.max_steps": 4, "storage.checkpoint_every": 2}
     )
     run_dir = tmp_path / "run"
 
