@@ -196,22 +196,68 @@ class TensorTransport(WeightTransport):
             self._shm = None
 
 
-async def _unless_one_is_lost(coros) -> list:
-    """``run_all``, except that a server lost meanwhile raises at once: the group's other members
-    would wait for it until the group's timeout. (Their waits end with that timeout; the next
-    push goes to a new group of the servers left, ``members_changed``.)"""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    pending = set(tasks)
+class _Collective:
+    """A blocking collective call (a group's rendezvous, a broadcast) in a daemon thread of its own.
+
+    Once a member of the group has failed, the call cannot complete: it blocks until the group's
+    timeout (minutes). Whoever waits for it gives up (``until_a_member_fails``); the thread is left
+    to that timeout, and being a daemon it holds up neither the event loop's shutdown nor the
+    process's exit (a thread of the loop's executor would hold up both)."""
+
+    def __init__(self, fn, *args):
+        self.done = threading.Event()  # set when ``fn`` has returned or raised, before ``result`` resolves
+        self.result: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = self.result.get_loop()
+
+        def run() -> None:
+            try:
+                value, error = fn(*args), None
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter, if one is still waiting
+                value, error = None, e
+            self.done.set()
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
+                loop.call_soon_threadsafe(self._resolve, value, error)
+
+        threading.Thread(target=run, name=f"weights-{getattr(fn, '__name__', 'collective')}", daemon=True).start()
+
+    def _resolve(self, value, error: BaseException | None) -> None:
+        if self.result.done():  # given up on (cancelled)
+            return
+        if error is None:
+            self.result.set_result(value)
+        else:
+            self.result.set_exception(error)
+
+
+# how long the servers' answers are awaited after the trainer's side of a collective failed: a
+# server that died answers at once (connection refused or reset), one still waiting for the
+# collective never does before the group's timeout
+NAME_THE_FAILED_S = 10.0
+
+
+async def until_a_member_fails(collective: _Collective, calls) -> object:
+    """The collective's result once it and every server's side of it (``calls``) returned; the first
+    server's error as soon as one fails: the group then cannot complete, and its other members
+    would wait for the failed one until the group's timeout. (The collective is left to that
+    timeout; a server lost raises ``RolloutServerError`` with ``server_down``, and the next push
+    goes to a new group of the servers left, ``members_changed``.) When the collective fails first
+    (gloo's "connection closed" when a peer died), the servers' answers are awaited a little longer
+    (``NAME_THE_FAILED_S``), for the one that names the member lost; then its own error is raised."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    pending, deadline = {collective.result, *tasks}, None
     while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        lost = [
-            f.exception() for f in done if isinstance(f.exception(), RolloutServerError) and f.exception().server_down
-        ]
-        if lost:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t.exception() for t in tasks if t in done and not t.cancelled() and t.exception()]
+        if deadline is None and collective.result.done() and collective.result.exception():
+            deadline = time.monotonic() + NAME_THE_FAILED_S
+        if failed or (deadline is not None and time.monotonic() >= deadline):
             for t in pending:
                 t.cancel()
-            raise lost[0]
-    return await run_all(tasks)
+            await asyncio.gather(*pending, return_exceptions=True)
+            lost = [e for e in failed if isinstance(e, RolloutServerError) and e.server_down]
+            raise (lost or failed or [collective.result.exception()])[0]
+    return collective.result.result()
 
 
 class DistributedTransport(WeightTransport):
@@ -237,6 +283,7 @@ class DistributedTransport(WeightTransport):
         self._generation = 0
         self._send: dict[str, torch.Tensor] | None = None
         self._specs = None
+        self._sending: _Collective | None = None  # the last broadcast
 
     async def connect(self, clients: list[WeightClient]) -> None:
         await super().connect(clients)
@@ -253,19 +300,27 @@ class DistributedTransport(WeightTransport):
                 timeout=datetime.timedelta(seconds=self.timeout_s),
             )
         port = self._store.port
-        store = dist.PrefixStore(self._group, self._store)
-        join = asyncio.to_thread(make_process_group, self.backend, store, 0, world, self.timeout_s, self.address)
-        results = await run_all(
-            [join]
-            + [
+        self._pg = None  # (until the new group has formed, no push goes to the old one under the new name)
+        # each generation meets through a connection to the store of its own: a rendezvous left
+        # waiting for a member that was lost holds its connection until the group's timeout
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        own = dist.TCPStore(self.address, port, None, is_master=False, timeout=timeout, wait_for_workers=False)
+        store = dist.PrefixStore(self._group, own)
+        join = _Collective(make_process_group, self.backend, store, 0, world, self.timeout_s, self.address)
+        self._pg = await until_a_member_fails(
+            join,
+            [
                 c.init_weights_update_group(self.address, port, k + 1, world, self._group, self.backend)
                 for k, c in enumerate(clients)
-            ]
+            ],
         )
-        self._pg = results[0]
 
     def _stage(self, named: dict[str, torch.Tensor], version: int) -> None:
         device = "cuda" if self.backend == "nccl" else "cpu"
+        if self._sending is not None and not self._sending.done.is_set():
+            # a broadcast given up on (a member failed) may still read its buffers until the group's
+            # timeout: it keeps them, and this version goes to new ones
+            self._send = None
         if self._send is None:
             self._send = {n: torch.empty_like(t, device=device) for n, t in named.items()}
             self._specs = flat_layout(named)[0]
@@ -273,16 +328,16 @@ class DistributedTransport(WeightTransport):
             for n, t in named.items():
                 self._send[n].copy_(t)
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, pg: dist.ProcessGroup, send: dict[str, torch.Tensor]) -> None:
         for s in self._specs:
-            self._pg.broadcast(self._send[s.name], 0).wait()
+            pg.broadcast(send[s.name], 0).wait()
 
     async def _push(self, clients: list[WeightClient], version: int) -> None:
         if self._pg is None:
             raise RuntimeError("distributed transport: connect() comes before push()")
-        await _unless_one_is_lost(
-            [asyncio.to_thread(self._broadcast)]
-            + [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients]
+        self._sending = _Collective(self._broadcast, self._pg, self._send)
+        await until_a_member_fails(
+            self._sending, [c.update_weights_from_distributed(self._specs, self._group, version) for c in clients]
         )
 
     async def _resend(self, clients: list[WeightClient], i: int, version: int) -> None:

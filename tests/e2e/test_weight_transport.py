@@ -356,3 +356,47 @@ def test_a_push_while_a_server_joins_an_elastic_pool_reaches_every_member(two_se
     name, want = next(iter(named_weights(model).items()))
     for url in servers.urls:
         assert torch.equal(asyncio.run(_server_weights(url, [name]))[name], want.flatten())
+
+
+def test_a_member_lost_while_the_group_forms_ends_the_wait_at_once(two_servers):
+    """A server killed between the transport's check and its joining of a new group: ``connect``
+    raises its error (server down, named) at once, instead of waiting with the group's other
+    members for it until the group's timeout (300 s here, as by default); the survivor, whose
+    request to join that group is still pending, joins the next group and gets the weights."""
+    from areal_core.rollout.backends.embedded.launcher import start_server
+
+    servers, root = two_servers
+    doomed = start_server(str(root / "v0"), log_path=str(root / "doomed.log"))
+    t = DistributedTransport(timeout_s=300.0)
+    model = tiny_qwen2(7)
+
+    async def go():
+        survivor, dying = EmbeddedClient(servers.urls[0]), EmbeddedClient(doomed.url)
+        join = dying.init_weights_update_group
+
+        async def killed_first(*args):
+            doomed._signal(9)
+            await asyncio.to_thread(doomed.stop)  # (returns once it is gone)
+            return await join(*args)
+
+        dying.init_weights_update_group = killed_first
+        try:
+            with pytest.raises(RolloutServerError) as lost:
+                await asyncio.wait_for(t.connect([survivor, dying]), timeout=120)
+            await t.members_changed([survivor])  # the pool without it: a group of one
+            t.stage(model, 71)
+            await asyncio.wait_for(t.push([survivor]), timeout=120)
+            return lost.value, (await survivor.model_info()).weight_version
+        finally:
+            await survivor.aclose()
+            await dying.aclose()
+
+    try:
+        lost, version = asyncio.run(go())
+    finally:
+        t.close()
+        doomed.stop()
+    assert lost.url == doomed.url and lost.server_down, lost
+    assert version == 71
+    name, want = next(iter(named_weights(model).items()))
+    assert torch.equal(asyncio.run(_server_weights(servers.urls[0], [name]))[name], want.flatten())

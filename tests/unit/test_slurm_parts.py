@@ -175,7 +175,10 @@ def test_gloo_listens_on_the_interface_towards_the_master(monkeypatch):
 
     assert interface_of("127.0.0.1") == "lo" and interface_of("192.0.2.77") is None
     parallel = pytest.importorskip("areal_core.trainer.megatron.parallel")
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    # (set, then removed: the variable the code sets below is removed again after the test, not
+    # left to the other tests of this process)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     assert parallel.gloo_interface_towards_master() is None and "GLOO_SOCKET_IFNAME" not in os.environ
     here = address_towards("192.0.2.1", 9)  # (TEST-NET-1: only the route is asked for)
