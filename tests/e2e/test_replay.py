@@ -27,10 +27,10 @@ def train(run_dir: Path, cache: str, **overrides) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def original(tmp_path_factory, warm_cache) -> Path:
+def original(tmp_path_factory, warm_cache, shared_rewards) -> Path:
     """An asynchronous run (eta 2, in-flight weight updates): 8 steps, checkpoints v0, v3, v6, v8."""
     run = tmp_path_factory.mktemp("replay") / "original"
-    m = train(run, warm_cache)
+    m = train(run, warm_cache, **shared_rewards)
     assert (m["grad_norm"] > 0).sum() >= 4  # it trains: a replay that matched nothing-happened would prove nothing
     return run
 
