@@ -51,6 +51,7 @@ def _read(out: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # (each part is also a test of its own in make test; this is the script's whole run)
 def test_every_part_runs_on_the_cpu(tmp_path, capsys):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra; make setup)")
     prefect_before = "prefect" in sys.modules  # (another test in this worker may have imported it)

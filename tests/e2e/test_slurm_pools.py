@@ -29,7 +29,12 @@ HERE = Path(__file__).resolve().parents[1]  # tests/
 REPO = HERE.parent
 KEY = "slurm-pool-test-key"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(unavailable()), reason=f"Slurm: {unavailable()}")]
+# nightly (about 50 s of jobs on a 2-core EPYC); the parts without daemons, tests/unit/test_slurm_parts.py, in make test
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.nightly,
+    pytest.mark.skipif(bool(unavailable()), reason=f"Slurm: {unavailable()}"),
+]
 
 
 @pytest.fixture(scope="module")
