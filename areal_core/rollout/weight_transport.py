@@ -265,7 +265,8 @@ class DistributedTransport(WeightTransport):
     SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``; gloo on CPU,
     NCCL on GPU. A server that restarts makes everyone join a new group: a new name under the same
     rendezvous store (one ``TCPStore`` on one port for the transport's life, so a fixed
-    ``master_port`` serves every generation of the group)."""
+    ``master_port`` serves every generation of the group). A member that fails while its group
+    forms or a broadcast runs ends the wait at once (``until_a_member_fails``)."""
 
     kind = "distributed"
 
