@@ -205,9 +205,9 @@ class _Collective:
     process's exit (a thread of the loop's executor would hold up both)."""
 
     def __init__(self, fn, *args):
+        loop = asyncio.get_running_loop()
         self.done = threading.Event()  # set when ``fn`` has returned or raised, before ``result`` resolves
-        self.result: asyncio.Future = asyncio.get_running_loop().create_future()
-        loop = self.result.get_loop()
+        self.result: asyncio.Future = loop.create_future()
 
         def run() -> None:
             try:
@@ -290,7 +290,7 @@ class DistributedTransport(WeightTransport):
         await super().connect(clients)
         self._generation += 1
         self._group = f"areal-weights-{os.getpid()}-{self._generation}"
-        world = len(clients) + 1
+        world, timeout = len(clients) + 1, datetime.timedelta(seconds=self.timeout_s)
         if self._store is None:  # made once: a second store on a port the first holds fails (EADDRINUSE)
             self._store = dist.TCPStore(
                 self.address,
@@ -298,13 +298,12 @@ class DistributedTransport(WeightTransport):
                 world,
                 is_master=True,
                 wait_for_workers=False,
-                timeout=datetime.timedelta(seconds=self.timeout_s),
+                timeout=timeout,
             )
         port = self._store.port
         self._pg = None  # (until the new group has formed, no push goes to the old one under the new name)
         # each generation meets through a connection to the store of its own: a rendezvous left
         # waiting for a member that was lost holds its connection until the group's timeout
-        timeout = datetime.timedelta(seconds=self.timeout_s)
         own = dist.TCPStore(self.address, port, None, is_master=False, timeout=timeout, wait_for_workers=False)
         store = dist.PrefixStore(self._group, own)
         join = _Collective(make_process_group, self.backend, store, 0, world, self.timeout_s, self.address)
