@@ -77,7 +77,9 @@ def _stop_leftovers(procs: list[psutil.Process], timeout_s: float = 20.0) -> lis
 def test_trainer_killed_with_sigkill_resumes(tmp_path, shared_rewards):
     """kill -9 of the trainer process mid-run (eta 2: answers in flight), then --resume."""
     run_dir = tmp_path / "run"
-    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12})  # room to be killed mid-run
+    # room to be killed mid-run; resumed against a standing reward cluster (where rewards are graded
+    # may change on a resume: the killed run started its own)
+    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12, **shared_rewards})
     steps, B, eta = cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.trainer.eta
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [
@@ -126,8 +128,6 @@ def test_trainer_killed_with_sigkill_resumes(tmp_path, shared_rewards):
     ]
     assert saved.state["controller"]["groups"], "nothing admitted and untrained at the snapshot"
 
-    # (resumed against a standing reward cluster: where rewards are graded may change on a resume)
-    cfg = load_config(HERE / "data/e2e.yaml", {"trainer.max_steps": 12, **shared_rewards})
     summary = run_experiment(cfg, run_dir, progress=False, resume=True)
     assert summary["resumed_from_step"] == resumed_from
     ledger = check_run(run_dir, summary, steps, B, eta)
