@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from areal_core.aio import settle_threadsafe
 from areal_core.controller.settings import ControllerSettings, prompt_of
 from areal_core.reward.result import RewardResult
 from areal_core.reward.service import RewardService
@@ -29,21 +30,8 @@ class Grader:
         items = [(t.task, x, t.reference, tests) for t, x in zip(trajs, texts, strict=True)]
         fut = loop.create_future()
 
-        def settle(results, error) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(list(results))
-
-        def deliver(results, error) -> None:  # on a Dask client thread
-            try:
-                loop.call_soon_threadsafe(settle, results, error)
-            except RuntimeError:
-                if not loop.is_closed():
-                    raise
-                # the controller stopped while this group was being graded: nobody waits for it
+        def deliver(results, error) -> None:  # on a Dask client thread (a controller stopped meanwhile: dropped)
+            settle_threadsafe(fut, None if error is not None else list(results), error)
 
         self.rewards.submit_batch(items, on_done=deliver)
         return fut

@@ -31,6 +31,7 @@ from multiprocessing import shared_memory
 import torch
 import torch.distributed as dist
 
+from areal_core.aio import settle_threadsafe
 from areal_core.net import free_port
 from areal_core.rollout.backend import WeightClient
 from areal_core.rollout.client import RolloutServerError, run_all
@@ -205,9 +206,8 @@ class _Collective:
     process's exit (a thread of the loop's executor would hold up both)."""
 
     def __init__(self, fn, *args):
-        loop = asyncio.get_running_loop()
         self.done = threading.Event()  # set when ``fn`` has returned or raised, before ``result`` resolves
-        self.result: asyncio.Future = loop.create_future()
+        self.result: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def run() -> None:
             try:
@@ -215,18 +215,9 @@ class _Collective:
             except BaseException as e:  # noqa: BLE001 - handed to the waiter, if one is still waiting
                 value, error = None, e
             self.done.set()
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
-                loop.call_soon_threadsafe(self._resolve, value, error)
+            settle_threadsafe(self.result, value, error)
 
         threading.Thread(target=run, name=f"weights-{getattr(fn, '__name__', 'collective')}", daemon=True).start()
-
-    def _resolve(self, value, error: BaseException | None) -> None:
-        if self.result.done():  # given up on (cancelled)
-            return
-        if error is None:
-            self.result.set_result(value)
-        else:
-            self.result.set_exception(error)
 
 
 # how long the servers' answers are awaited after the trainer's side of a collective failed: a
