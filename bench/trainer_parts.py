@@ -24,6 +24,7 @@ steps per thread count for the attention; --quick: 2, 3 and 1 (a smoke check, no
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import sys
 import time
@@ -57,6 +58,7 @@ class PartTimes:
         self.s = dict.fromkeys(PARTS, 0.0)
 
     def _timed(self, part: str, fn):
+        @functools.wraps(fn)  # (with its attributes: the LR scheduler's mark on the optimizer's step)
         def call(*args, **kwargs):
             t0 = time.perf_counter()
             try:

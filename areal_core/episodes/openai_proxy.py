@@ -165,11 +165,13 @@ Handler = Callable[[str, Call], Awaitable[Reply]]
 # (bearer token, the conversation the path names or None) -> the conversation the request is for
 # (None: it names none, e.g. /v1/models); raises ProxyError (401) for a token that may not
 Authorize = Callable[[str, str | None], str | None]
+# where the bearer-token middleware leaves the request's conversation for the handlers
+CONVERSATION = web.RequestKey("conversation", str | None)
 
 
 def make_app(handle: Handler, authorize: Authorize) -> web.Application:
     async def answer(request: web.Request, chat: bool) -> web.Response:
-        conv = request["conversation"] or ""
+        conv = request[CONVERSATION] or ""
         try:
             try:
                 body = json.loads(await request.read())
@@ -210,7 +212,7 @@ def make_app(handle: Handler, authorize: Authorize) -> web.Application:
         header = request.headers.get("Authorization", "")
         token = header[len("Bearer ") :].strip() if header.startswith("Bearer ") else ""
         try:
-            request["conversation"] = authorize(token, request.match_info.get("conv"))
+            request[CONVERSATION] = authorize(token, request.match_info.get("conv"))
         except ProxyError as e:
             return _error(e.status, e.message, e.kind, e.param, e.code)
         return await handler(request)

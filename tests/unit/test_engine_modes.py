@@ -4,6 +4,7 @@ request id, and a stopped engine answering 503 (restartable) rather than 500."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import httpx
 import pytest
@@ -32,10 +33,12 @@ def _reference_keep_kv(old, new, prompt: list[int], out_before: list[int], n_aft
     """HF: the old model's cache over prompt + out_before[:-1], then the NEW model decodes from
     out_before[-1] on that cache (greedy): the tokens and logprobs keep_kv must produce."""
     cache = DynamicCache(config=old.config)
-    old(torch.tensor([prompt + out_before[:-1]]), past_key_values=cache, use_cache=True)
+    # (transformers renamed the argument; the old name goes in 5.40)
+    arg = "cache" if "cache" in inspect.signature(old.forward).parameters else "past_key_values"
+    old(torch.tensor([prompt + out_before[:-1]]), use_cache=True, **{arg: cache})
     tok, toks, lps = out_before[-1], [], []
     for _ in range(n_after):
-        logits = new(torch.tensor([[tok]]), past_key_values=cache, use_cache=True).logits[0, -1].float()
+        logits = new(torch.tensor([[tok]]), use_cache=True, **{arg: cache}).logits[0, -1].float()
         logp = torch.log_softmax(logits, -1)
         tok = int(torch.argmax(logits))
         toks.append(tok)

@@ -80,7 +80,7 @@ def _trainer_grad(model, batch, objective):
         n_tokens=sum(prep.n_trained),
     )
     loss.backward()
-    return _grads(model), float(loss)
+    return _grads(model), float(loss.detach())
 
 
 def _reference_grad(model, batch, use_mask=True):
